@@ -1,0 +1,198 @@
+//! Per-claim CDI specs: how a prepared claim's devices reach its containers.
+//!
+//! Each prepared claim gets one transient spec of kind
+//! `k8s.<driver>/claim` (NVIDIA's `k8s.gpu.nvidia.com/claim`), holding one
+//! CDI device per allocated device named `<claimUID>-<deviceName>`. The
+//! kubelet passes the qualified names to the runtime, which creates the
+//! device nodes in the container.
+
+pub mod spec;
+
+use crate::inventory::{Inventory, PublishedDevice};
+use crate::names::{ClaimUid, DeviceName, DriverName};
+pub use spec::{ContainerEdits, DeviceNode, Spec};
+
+/// `/dev/nvidia<minor>` and `/dev/nvidiactl` share this fixed major.
+pub const NVIDIA_MAJOR: u32 = 195;
+/// `/dev/nvidiactl`.
+pub const NVIDIACTL_MINOR: u32 = 255;
+/// CDI class of per-claim specs.
+pub const CLAIM_CLASS: &str = "claim";
+/// Tells the legacy NVIDIA container runtime hook to do nothing: the devices
+/// come from CDI, not from its own device selection.
+pub const VISIBLE_DEVICES_VOID: &str = "NVIDIA_VISIBLE_DEVICES=void";
+
+/// A claim's spec with where to write it and the ids to hand the kubelet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimSpec {
+    pub spec: Spec,
+    /// `<vendor>-claim_<claimUID>.json`, the reference library's transient
+    /// spec name, so tools like `cdi list` attribute it correctly.
+    pub file_name: String,
+    /// Fully qualified CDI device id for each requested device, in order.
+    pub device_ids: Vec<(DeviceName, String)>,
+}
+
+impl ClaimSpec {
+    pub fn to_json(&self) -> Result<Vec<u8>, serde_json::Error> {
+        serde_json::to_vec_pretty(&self.spec)
+    }
+
+    /// The CDI id of one device of the claim.
+    pub fn device_id(&self, device: &DeviceName) -> Option<&str> {
+        self.device_ids.iter().find(|(d, _)| d == device).map(|(_, id)| id.as_str())
+    }
+}
+
+/// Why a claim's spec cannot be built.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CdiError {
+    #[error("device {0} is not on this node (not in its GPU inventory)")]
+    UnknownDevice(DeviceName),
+    #[error("/proc/devices has no nvidia-uvm entry, so /dev/nvidia-uvm cannot be given to containers: load the nvidia-uvm kernel module (nvidia-modprobe -u -c=0)")]
+    UvmNotLoaded,
+    #[error("MIG device {0} needs /dev/nvidia-caps, but /proc/devices has no nvidia-caps entry: load the nvidia driver with MIG support")]
+    CapsNotLoaded(DeviceName),
+    #[error("MIG device {0} has no access capability in /proc/driver/nvidia-caps/mig-minors: check that the MIG instance still exists (nvidia-smi mig -lgi)")]
+    MissingMigCaps(DeviceName),
+    #[error("a claim needs at least one device")]
+    NoDevices,
+}
+
+/// CDI vendor of our specs: `k8s.<driver>`.
+pub fn vendor(driver: &DriverName) -> String {
+    format!("k8s.{driver}")
+}
+
+/// Builds the spec that gives `devices` of `claim` to its containers.
+pub fn claim_spec(driver: &DriverName, inventory: &Inventory, claim: &ClaimUid, devices: &[DeviceName]) -> Result<ClaimSpec, CdiError> {
+    if devices.is_empty() {
+        return Err(CdiError::NoDevices);
+    }
+    let uvm = inventory.device_majors.nvidia_uvm.ok_or(CdiError::UvmNotLoaded)?;
+    let vendor = vendor(driver);
+    let kind = format!("{vendor}/{CLAIM_CLASS}");
+    let mut cdi_devices: Vec<spec::Device> = Vec::new();
+    let mut device_ids = Vec::new();
+    for name in devices {
+        if device_ids.iter().any(|(d, _)| d == name) {
+            continue;
+        }
+        let device = inventory.find_device(name).ok_or_else(|| CdiError::UnknownDevice(name.clone()))?;
+        let cdi_name = format!("{claim}-{name}");
+        device_ids.push((name.clone(), format!("{kind}={cdi_name}")));
+        cdi_devices.push(spec::Device {
+            name: cdi_name,
+            container_edits: ContainerEdits { env: Vec::new(), device_nodes: device_nodes(inventory, name, &device)? },
+        });
+    }
+    let mut spec = Spec {
+        cdi_version: String::new(),
+        kind,
+        devices: cdi_devices,
+        container_edits: ContainerEdits {
+            env: vec![VISIBLE_DEVICES_VOID.to_string()],
+            device_nodes: vec![
+                DeviceNode::char("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
+                DeviceNode::char("/dev/nvidia-uvm", uvm, 0),
+                DeviceNode::char("/dev/nvidia-uvm-tools", uvm, 1),
+            ],
+        },
+    };
+    spec.cdi_version = spec::minimum_version(&spec).to_string();
+    Ok(ClaimSpec { spec, file_name: format!("{vendor}-{CLAIM_CLASS}_{claim}.json"), device_ids })
+}
+
+fn device_nodes(inventory: &Inventory, name: &DeviceName, device: &PublishedDevice<'_>) -> Result<Vec<DeviceNode>, CdiError> {
+    let gpu = device.gpu();
+    let mut nodes = vec![DeviceNode::char(format!("/dev/nvidia{}", gpu.minor), NVIDIA_MAJOR, gpu.minor)];
+    if let PublishedDevice::Mig { mig, .. } = device {
+        let major = inventory.device_majors.nvidia_caps.ok_or_else(|| CdiError::CapsNotLoaded(name.clone()))?;
+        let caps = mig.caps.ok_or_else(|| CdiError::MissingMigCaps(name.clone()))?;
+        for minor in [caps.gpu_instance, caps.compute_instance] {
+            nodes.push(DeviceNode::char(format!("/dev/nvidia-caps/nvidia-cap{minor}"), major, minor));
+        }
+    }
+    Ok(nodes)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::MigMode;
+    use crate::inventory::test_support::{gpu, inventory, mig};
+
+    fn uid() -> ClaimUid {
+        ClaimUid::new("0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").unwrap()
+    }
+
+    fn dn(s: &str) -> DeviceName {
+        DeviceName::new(s).unwrap()
+    }
+
+    fn node_paths(d: &spec::Device) -> Vec<&str> {
+        d.container_edits.device_nodes.iter().map(|n| n.path.as_str()).collect()
+    }
+
+    #[test]
+    fn gpu_claim_spec() {
+        let inv = inventory(vec![gpu(0), gpu(3)]);
+        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-3"), dn("gpu-0"), dn("gpu-3")]).unwrap();
+        assert_eq!(s.file_name, "k8s.gpu.nvidia.com-claim_0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a.json");
+        assert_eq!(s.spec.kind, "k8s.gpu.nvidia.com/claim");
+        assert_eq!(s.spec.cdi_version, "0.5.0", "the claim UID starts with a digit");
+        assert_eq!(s.device_ids.len(), 2, "duplicates collapse");
+        assert_eq!(s.device_id(&dn("gpu-3")), Some("k8s.gpu.nvidia.com/claim=0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a-gpu-3"));
+        assert_eq!(node_paths(&s.spec.devices[0]), ["/dev/nvidia3"]);
+        let common = &s.spec.container_edits;
+        assert_eq!(common.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
+        let paths: Vec<_> = common.device_nodes.iter().map(|n| (n.path.as_str(), n.major, n.minor)).collect();
+        assert_eq!(paths, [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 235, 0), ("/dev/nvidia-uvm-tools", 235, 1)]);
+        assert!(common.device_nodes.iter().all(|n| n.node_type == "c"));
+    }
+
+    #[test]
+    fn letter_first_uids_need_only_030() {
+        let inv = inventory(vec![gpu(0)]);
+        let uid = ClaimUid::new("ab4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").unwrap();
+        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid, &[dn("gpu-0")]).unwrap();
+        assert_eq!(s.spec.cdi_version, "0.3.0");
+    }
+
+    #[test]
+    fn mig_claim_spec_adds_cap_nodes() {
+        let mut parent = gpu(1);
+        parent.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 2, 1)]);
+        let inv = inventory(vec![parent]);
+        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-1-mig-1g10gb-19-2")]).unwrap();
+        assert_eq!(node_paths(&s.spec.devices[0]), ["/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]);
+        assert_eq!(s.spec.devices[0].container_edits.device_nodes[1].major, 236);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let driver = DriverName::nvidia_default();
+        let mut inv = inventory(vec![gpu(0)]);
+        assert_eq!(claim_spec(&driver, &inv, &uid(), &[dn("gpu-9")]), Err(CdiError::UnknownDevice(dn("gpu-9"))));
+        assert_eq!(claim_spec(&driver, &inv, &uid(), &[]), Err(CdiError::NoDevices));
+        inv.device_majors.nvidia_uvm = None;
+        assert_eq!(claim_spec(&driver, &inv, &uid(), &[dn("gpu-0")]), Err(CdiError::UvmNotLoaded));
+
+        let mut parent = gpu(1);
+        let mut m = mig("1g.10gb", 19, 0, 1);
+        m.caps = None;
+        parent.mig = MigMode::Enabled(vec![m]);
+        let inv = inventory(vec![parent]);
+        let name = dn("gpu-1-mig-1g10gb-19-0");
+        assert_eq!(claim_spec(&driver, &inv, &uid(), std::slice::from_ref(&name)), Err(CdiError::MissingMigCaps(name)));
+    }
+
+    #[test]
+    fn other_driver_names_change_the_vendor() {
+        let inv = inventory(vec![gpu(0)]);
+        let driver = DriverName::new("gpu.example.com").unwrap();
+        let s = claim_spec(&driver, &inv, &uid(), &[dn("gpu-0")]).unwrap();
+        assert_eq!(s.spec.kind, "k8s.gpu.example.com/claim");
+        assert!(s.file_name.starts_with("k8s.gpu.example.com-claim_"));
+    }
+}

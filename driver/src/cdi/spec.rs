@@ -1,0 +1,112 @@
+//! The subset of the CDI spec (github.com/cncf-tags/container-device-interface,
+//! `specs-go/config.go`) that our specs use, as plain serde types.
+
+use serde::Serialize;
+
+/// A CDI spec file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<Device>,
+    #[serde(skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+/// One named device of a spec.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    pub name: String,
+    /// Required by the schema even when empty.
+    pub container_edits: ContainerEdits,
+}
+
+/// Changes a runtime makes to a container for a device.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty()
+    }
+}
+
+/// A device node the runtime creates in the container.
+///
+/// We always give `type`, `major` and `minor`: a node "minimally specified"
+/// this way is created without the runtime stat-ing the host path, so a spec
+/// stays injectable even before the host's `/dev` entry appears.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    pub path: String,
+    #[serde(rename = "type")]
+    pub node_type: String,
+    pub major: i64,
+    pub minor: i64,
+}
+
+impl DeviceNode {
+    /// A character device.
+    pub fn char(path: impl Into<String>, major: u32, minor: u32) -> Self {
+        Self { path: path.into(), node_type: "c".into(), major: major.into(), minor: minor.into() }
+    }
+}
+
+/// The lowest CDI version that can express `spec`, following the reference
+/// library's rules (`specs-go/version.go`) for the fields we emit: device
+/// names starting with a digit need 0.5.0, a dot in the class needs 0.6.0,
+/// anything else is valid from 0.3.0. Older runtimes accept only old
+/// versions, so we never claim more than we need.
+pub fn minimum_version(spec: &Spec) -> &'static str {
+    let class = spec.kind.split_once('/').map_or("", |(_, class)| class);
+    if class.contains('.') {
+        return "0.6.0";
+    }
+    if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit())) {
+        return "0.5.0";
+    }
+    "0.3.0"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_shape_is_pinned() {
+        let spec = Spec {
+            cdi_version: "0.5.0".into(),
+            kind: "k8s.gpu.nvidia.com/claim".into(),
+            devices: vec![Device {
+                name: "1b2c-gpu-0".into(),
+                container_edits: ContainerEdits { env: vec![], device_nodes: vec![DeviceNode::char("/dev/nvidia0", 195, 0)] },
+            }],
+            container_edits: ContainerEdits { env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()], device_nodes: vec![] },
+        };
+        assert_eq!(
+            serde_json::to_string(&spec).unwrap(),
+            r#"{"cdiVersion":"0.5.0","kind":"k8s.gpu.nvidia.com/claim","devices":[{"name":"1b2c-gpu-0","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}]}}],"containerEdits":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}"#
+        );
+    }
+
+    #[test]
+    fn minimum_versions() {
+        let mut spec = Spec { cdi_version: String::new(), kind: "vendor.com/claim".into(), devices: vec![], container_edits: ContainerEdits::default() };
+        assert_eq!(minimum_version(&spec), "0.3.0");
+        spec.devices.push(Device { name: "a-gpu-0".into(), container_edits: ContainerEdits::default() });
+        assert_eq!(minimum_version(&spec), "0.3.0");
+        spec.devices.push(Device { name: "0a-gpu-0".into(), container_edits: ContainerEdits::default() });
+        assert_eq!(minimum_version(&spec), "0.5.0");
+        spec.kind = "vendor.com/my.class".into();
+        assert_eq!(minimum_version(&spec), "0.6.0");
+    }
+}

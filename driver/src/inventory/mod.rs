@@ -1,0 +1,381 @@
+//! The node's GPUs as plain data, and where that data comes from.
+//!
+//! Two sources fill the same model: NVML on a GPU node ([`nvml`]) and a YAML
+//! file for tests, demos and `simulate` ([`fake`]). Everything downstream
+//! (slices, CDI, health) reads only this model.
+
+pub mod catalog;
+pub mod fake;
+pub mod mig_layout;
+pub mod nvlink;
+pub mod nvml;
+pub mod pci;
+
+use std::fmt;
+
+use serde::Serialize;
+
+use crate::names::{DeviceName, InvalidName};
+use crate::version::Semver;
+pub use pci::PciBusId;
+
+/// Everything the driver knows about one node's GPUs.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Inventory {
+    /// Kernel driver version, e.g. `580.82.7`.
+    pub driver_version: Semver,
+    /// Highest CUDA version the driver supports, e.g. `13.0.0`.
+    pub cuda_driver_version: Semver,
+    /// Majors of the character devices whose major the kernel assigns at load.
+    pub device_majors: DeviceMajors,
+    /// GPUs ordered by minor number.
+    pub gpus: Vec<Gpu>,
+}
+
+/// Dynamic character-device majors from `/proc/devices`. `None` means the
+/// kernel module is not loaded (nvidia-uvm loads lazily on some hosts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceMajors {
+    pub nvidia_uvm: Option<u32>,
+    pub nvidia_caps: Option<u32>,
+}
+
+/// One physical GPU.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Gpu {
+    /// NVML index: enumeration order, not stable across reboots.
+    pub index: u32,
+    /// Minor number: `/dev/nvidia<minor>` and our device name `gpu-<minor>`.
+    pub minor: u32,
+    /// `GPU-<uuid>`, stable for the board's life.
+    pub uuid: String,
+    pub product_name: String,
+    pub brand: String,
+    /// NVIDIA's spelling: `Ampere`, `Hopper`, `Blackwell`, ...
+    pub architecture: String,
+    pub cuda_compute_capability: Semver,
+    pub pci_bus_id: PciBusId,
+    /// Root complex of the GPU's PCIe hierarchy, e.g. `pci0000:64`.
+    pub pcie_root: Option<String>,
+    pub numa_node: Option<u32>,
+    pub memory_bytes: u64,
+    pub mig: MigMode,
+    /// GPUs that reach each other over NVLink share a group; the value is the
+    /// lowest minor number in the group. `None` without active NVLink peers.
+    pub nvlink_group: Option<u32>,
+    /// NVLink fabric clique (multi-node NVLink, e.g. GB200 NVL72).
+    pub clique: Option<CliqueId>,
+    pub faults: Vec<Fault>,
+}
+
+/// Whether a GPU is partitioned.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase", tag = "mode", content = "devices")]
+pub enum MigMode {
+    /// The GPU is used whole.
+    Disabled,
+    /// MIG mode is on; only these instances are usable, never the whole GPU.
+    /// An empty list is a stranded GPU: nothing to publish.
+    Enabled(Vec<MigDevice>),
+}
+
+/// One MIG device: a GPU instance with one compute instance spanning it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDevice {
+    /// `MIG-<uuid>`.
+    pub uuid: String,
+    pub profile: MigProfile,
+    pub placement: Placement,
+    pub gpu_instance_id: u32,
+    pub compute_instance_id: u32,
+    /// `/dev/nvidia-caps` minors for this instance; `None` when unknown.
+    pub caps: Option<MigCapMinors>,
+    pub faults: Vec<Fault>,
+}
+
+/// What a MIG profile provides.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigProfile {
+    /// NVIDIA's name, e.g. `1g.10gb`, `1g.10gb+me`.
+    pub name: String,
+    /// NVML GPU-instance profile id (`nvidia-smi mig -cgi <id>`).
+    pub gi_profile_id: u32,
+    pub multiprocessors: u32,
+    pub copy_engines: u32,
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpeg_engines: u32,
+    pub ofa_engines: u32,
+    pub memory_bytes: u64,
+}
+
+/// Memory slices a GPU instance occupies: `[start, start + size)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct Placement {
+    pub start: u32,
+    pub size: u32,
+}
+
+impl Placement {
+    pub fn slices(self) -> std::ops::Range<u32> {
+        self.start..self.start + self.size
+    }
+
+    pub fn overlaps(self, other: Placement) -> bool {
+        self.start < other.start + other.size && other.start < self.start + self.size
+    }
+}
+
+/// Minors of `/dev/nvidia-caps/nvidia-cap<N>` granting access to a MIG device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigCapMinors {
+    pub gpu_instance: u32,
+    pub compute_instance: u32,
+}
+
+/// Identity of an NVLink fabric clique: `<clusterUUID>.<cliqueId>`, the form
+/// NVIDIA's ComputeDomain machinery uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CliqueId {
+    pub cluster_uuid: uuid::Uuid,
+    pub clique: u32,
+}
+
+impl fmt::Display for CliqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}.{}", self.cluster_uuid.hyphenated(), self.clique)
+    }
+}
+
+/// Something wrong with a device, as health checking reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Fault {
+    /// A critical XID error (e.g. 48 double-bit ECC, 79 fallen off the bus).
+    Xid(u32),
+    /// NVML reports the GPU as lost.
+    Lost,
+}
+
+/// A device the node publishes: a whole GPU or one MIG device of it.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PublishedDevice<'a> {
+    Gpu(&'a Gpu),
+    Mig { parent: &'a Gpu, mig: &'a MigDevice },
+}
+
+impl Gpu {
+    /// `gpu-<minor>`, as NVIDIA names it.
+    pub fn device_name(&self) -> Result<DeviceName, InvalidName> {
+        DeviceName::new(format!("gpu-{}", self.minor))
+    }
+}
+
+impl MigDevice {
+    /// `gpu-<parentMinor>-mig-<profile>-<giProfileId>-<placementStart>`, with
+    /// the profile lowered to a DNS label the way NVIDIA's driver does it
+    /// (`1g.10gb+me` becomes `1g10gb-me`).
+    pub fn device_name(&self, parent: &Gpu) -> Result<DeviceName, InvalidName> {
+        let profile: String = self
+            .profile
+            .name
+            .chars()
+            .filter(|&c| c != '.')
+            .map(|c| {
+                let c = c.to_ascii_lowercase();
+                if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' { c } else { '-' }
+            })
+            .collect();
+        let profile = profile.trim_matches('-');
+        DeviceName::new(format!(
+            "gpu-{}-mig-{}-{}-{}",
+            parent.minor, profile, self.profile.gi_profile_id, self.placement.start
+        ))
+    }
+}
+
+impl<'a> PublishedDevice<'a> {
+    pub fn name(&self) -> Result<DeviceName, InvalidName> {
+        match self {
+            PublishedDevice::Gpu(gpu) => gpu.device_name(),
+            PublishedDevice::Mig { parent, mig } => mig.device_name(parent),
+        }
+    }
+
+    /// The physical GPU this device lives on.
+    pub fn gpu(&self) -> &'a Gpu {
+        match self {
+            PublishedDevice::Gpu(gpu) => gpu,
+            PublishedDevice::Mig { parent, .. } => parent,
+        }
+    }
+
+    /// Faults of the device itself and, for a MIG device, of its parent GPU.
+    pub fn faults(&self) -> Vec<Fault> {
+        match self {
+            PublishedDevice::Gpu(gpu) => gpu.faults.clone(),
+            PublishedDevice::Mig { parent, mig } => {
+                parent.faults.iter().chain(&mig.faults).copied().collect()
+            }
+        }
+    }
+}
+
+impl Inventory {
+    /// The devices this node offers, in a stable order: per GPU (by minor),
+    /// the whole GPU when MIG is off, otherwise its MIG devices by placement.
+    pub fn published_devices(&self) -> Vec<PublishedDevice<'_>> {
+        let mut out = Vec::new();
+        for gpu in &self.gpus {
+            match &gpu.mig {
+                MigMode::Disabled => out.push(PublishedDevice::Gpu(gpu)),
+                MigMode::Enabled(migs) => {
+                    let mut migs: Vec<&MigDevice> = migs.iter().collect();
+                    migs.sort_by_key(|m| (m.placement.start, m.profile.gi_profile_id));
+                    out.extend(migs.into_iter().map(|mig| PublishedDevice::Mig { parent: gpu, mig }));
+                }
+            }
+        }
+        out
+    }
+
+    /// Looks a published device up by its device name.
+    pub fn find_device(&self, name: &DeviceName) -> Option<PublishedDevice<'_>> {
+        self.published_devices()
+            .into_iter()
+            .find(|d| d.name().is_ok_and(|n| &n == name))
+    }
+}
+
+/// Where an inventory comes from.
+pub trait InventorySource {
+    /// Reads the node's GPUs now. Called at start and whenever the plugin
+    /// re-discovers (e.g. after a health event).
+    fn discover(&self) -> Result<Inventory, DiscoveryError>;
+}
+
+/// Why discovery failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DiscoveryError {
+    #[error(transparent)]
+    Fake(#[from] fake::FakeInventoryError),
+    #[error(transparent)]
+    Nvml(#[from] nvml::NvmlDiscoveryError),
+}
+
+#[cfg(test)]
+pub(crate) mod test_support {
+    use super::*;
+
+    /// A plain healthy GPU for unit tests elsewhere in the crate.
+    pub fn gpu(minor: u32) -> Gpu {
+        Gpu {
+            index: minor,
+            minor,
+            uuid: format!("GPU-00000000-0000-0000-0000-{minor:012}"),
+            product_name: "NVIDIA H100 80GB HBM3".into(),
+            brand: "Nvidia".into(),
+            architecture: "Hopper".into(),
+            cuda_compute_capability: Semver::from_major_minor(9, 0),
+            pci_bus_id: PciBusId::parse(&format!("0000:{:02x}:00.0", 0x18 + minor)).unwrap(),
+            pcie_root: Some("pci0000:17".into()),
+            numa_node: Some(0),
+            memory_bytes: 80 << 30,
+            mig: MigMode::Disabled,
+            nvlink_group: None,
+            clique: None,
+            faults: vec![],
+        }
+    }
+
+    pub fn mig(profile: &str, gi_profile_id: u32, start: u32, size: u32) -> MigDevice {
+        MigDevice {
+            uuid: format!("MIG-00000000-0000-0000-0000-{start:012}"),
+            profile: MigProfile {
+                name: profile.into(),
+                gi_profile_id,
+                multiprocessors: 16,
+                copy_engines: 1,
+                decoders: 1,
+                encoders: 0,
+                jpeg_engines: 0,
+                ofa_engines: 0,
+                memory_bytes: 9984 << 20,
+            },
+            placement: Placement { start, size },
+            gpu_instance_id: start + 1,
+            compute_instance_id: 0,
+            caps: Some(MigCapMinors { gpu_instance: 12, compute_instance: 13 }),
+            faults: vec![],
+        }
+    }
+
+    pub fn inventory(gpus: Vec<Gpu>) -> Inventory {
+        Inventory {
+            driver_version: Semver::normalize("580.82.07").unwrap(),
+            cuda_driver_version: Semver::normalize("13.0").unwrap(),
+            device_majors: DeviceMajors { nvidia_uvm: Some(235), nvidia_caps: Some(236) },
+            gpus,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn device_names_follow_nvidia() {
+        let parent = gpu(3);
+        assert_eq!(parent.device_name().unwrap().as_str(), "gpu-3");
+        assert_eq!(mig("1g.10gb", 19, 4, 1).device_name(&parent).unwrap().as_str(), "gpu-3-mig-1g10gb-19-4");
+        assert_eq!(mig("1g.10gb+me", 20, 0, 1).device_name(&parent).unwrap().as_str(), "gpu-3-mig-1g10gb-me-20-0");
+    }
+
+    #[test]
+    fn mig_enabled_gpus_publish_only_their_instances() {
+        let mut partitioned = gpu(1);
+        partitioned.mig = MigMode::Enabled(vec![mig("3g.40gb", 9, 4, 4), mig("3g.40gb", 9, 0, 4)]);
+        let mut stranded = gpu(2);
+        stranded.mig = MigMode::Enabled(vec![]);
+        let inv = inventory(vec![gpu(0), partitioned, stranded]);
+        let names: Vec<String> =
+            inv.published_devices().iter().map(|d| d.name().unwrap().to_string()).collect();
+        assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4"]);
+        let found = inv.find_device(&DeviceName::new("gpu-1-mig-3g40gb-9-4").unwrap()).unwrap();
+        assert_eq!(found.gpu().minor, 1);
+        assert!(inv.find_device(&DeviceName::new("gpu-2").unwrap()).is_none());
+    }
+
+    #[test]
+    fn mig_devices_inherit_parent_faults() {
+        let mut parent = gpu(0);
+        parent.faults = vec![Fault::Lost];
+        let mut m = mig("1g.10gb", 19, 0, 1);
+        m.faults = vec![Fault::Xid(94)];
+        let d = PublishedDevice::Mig { parent: &parent, mig: &m };
+        assert_eq!(d.faults(), vec![Fault::Lost, Fault::Xid(94)]);
+    }
+
+    #[test]
+    fn clique_id_format() {
+        let c = CliqueId { cluster_uuid: uuid::Uuid::from_u128(0xabc), clique: 7 };
+        assert_eq!(c.to_string(), "00000000-0000-0000-0000-000000000abc.7");
+    }
+
+    #[test]
+    fn placements_overlap() {
+        let a = Placement { start: 0, size: 4 };
+        assert!(a.overlaps(Placement { start: 3, size: 1 }));
+        assert!(!a.overlaps(Placement { start: 4, size: 4 }));
+        assert_eq!(a.slices().count(), 4);
+    }
+}

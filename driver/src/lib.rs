@@ -1,0 +1,12 @@
+//! The GPU DRA driver's pure core: the node's GPU inventory, the
+//! ResourceSlices that publish it, and the CDI specs that hand devices to
+//! containers. No async runtime and no network here; the binaries are the
+//! edges.
+
+pub mod cdi;
+pub mod inventory;
+pub mod k8s_format;
+pub mod names;
+pub mod quantity;
+pub mod slices;
+pub mod version;

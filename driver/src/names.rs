@@ -1,0 +1,129 @@
+//! Names with rules, validated once where they enter the program.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::k8s_format;
+
+/// A name that broke its rule: which kind of name, the value, and the rule.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {kind} {value:?}: {rule}")]
+pub struct InvalidName {
+    pub kind: &'static str,
+    pub value: String,
+    pub rule: String,
+}
+
+macro_rules! checked_name {
+    ($(#[$doc:meta])* $name:ident, $kind:literal, $check:path) => {
+        $(#[$doc])*
+        #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            pub fn new(value: impl Into<String>) -> Result<Self, InvalidName> {
+                let value = value.into();
+                match $check(&value) {
+                    Ok(()) => Ok(Self(value)),
+                    Err(rule) => Err(InvalidName { kind: $kind, value, rule }),
+                }
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl FromStr for $name {
+            type Err = InvalidName;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                Self::new(s)
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl AsRef<str> for $name {
+            fn as_ref(&self) -> &str {
+                &self.0
+            }
+        }
+    };
+}
+
+checked_name!(
+    /// A DRA driver name such as `gpu.nvidia.com`: also the domain of our
+    /// attributes, the prefix of our taint keys and the CDI vendor suffix.
+    DriverName,
+    "driver name",
+    k8s_format::check_driver_name
+);
+
+checked_name!(
+    /// A Kubernetes node name (DNS subdomain); our pool is named after it.
+    NodeName,
+    "node name",
+    k8s_format::check_dns1123_subdomain
+);
+
+checked_name!(
+    /// A device name inside a pool (DNS label), e.g. `gpu-0`.
+    DeviceName,
+    "device name",
+    k8s_format::check_dns1123_label
+);
+
+checked_name!(
+    /// A ResourceClaim UID in RFC 4122 normalized form (36 lower-case
+    /// characters), the form the apiserver generates. Safe to put in a path.
+    ClaimUid,
+    "claim UID",
+    check_claim_uid
+);
+
+fn check_claim_uid(s: &str) -> Result<(), String> {
+    let normalized = s.len() == 36 && uuid::Uuid::try_parse(s).is_ok_and(|u| u.hyphenated().to_string() == s);
+    if normalized {
+        Ok(())
+    } else {
+        Err("must be a UUID in RFC 4122 normalized form, xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx \
+             with lower-case hexadecimal digits"
+            .to_string())
+    }
+}
+
+impl DriverName {
+    /// The driver name NVIDIA's driver uses; claims written for it port unchanged.
+    pub fn nvidia_default() -> Self {
+        Self("gpu.nvidia.com".to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn valid_names_are_accepted() {
+        assert_eq!(DriverName::new("gpu.nvidia.com").unwrap(), DriverName::nvidia_default());
+        assert!(NodeName::new("node-1.example").is_ok());
+        assert!(DeviceName::new("gpu-0-mig-1g10gb-19-0").is_ok());
+        assert!(ClaimUid::new("0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").is_ok());
+    }
+
+    #[test]
+    fn invalid_names_say_which_rule() {
+        let err = DeviceName::new("gpu.0").unwrap_err();
+        assert_eq!(err.kind, "device name");
+        assert!(err.to_string().contains("RFC 1123 label"), "{err}");
+        for bad in ["../../etc", "0B4F5A1E-9C1D-4A57-8D3C-1F2E3D4C5B6A", "0b4f5a1e9c1d4a578d3c1f2e3d4c5b6a", ""] {
+            assert!(ClaimUid::new(bad).is_err(), "{bad:?}");
+        }
+        assert!(NodeName::new("Node_1").is_err());
+    }
+}

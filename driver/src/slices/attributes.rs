@@ -1,0 +1,260 @@
+//! One published device as a `resource.k8s.io/v1` Device: NVIDIA's attribute
+//! and capacity names (so claims written for NVIDIA's driver port unchanged)
+//! plus ours (`nvlinkGroup`, `cliqueID`), and taints from health.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, DeviceTaint};
+
+use crate::inventory::{Fault, Gpu, Inventory, MigDevice, PublishedDevice};
+use crate::names::{DriverName, InvalidName};
+use crate::quantity;
+
+/// Attribute and capacity names. Bare names live in the driver's domain
+/// (`device.attributes['gpu.nvidia.com'].productName` in CEL).
+pub mod name {
+    pub const TYPE: &str = "type";
+    pub const UUID: &str = "uuid";
+    pub const PARENT_UUID: &str = "parentUUID";
+    pub const PROFILE: &str = "profile";
+    pub const PRODUCT_NAME: &str = "productName";
+    pub const BRAND: &str = "brand";
+    pub const ARCHITECTURE: &str = "architecture";
+    pub const CUDA_COMPUTE_CAPABILITY: &str = "cudaComputeCapability";
+    pub const DRIVER_VERSION: &str = "driverVersion";
+    pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
+    pub const NVLINK_GROUP: &str = "nvlinkGroup";
+    pub const CLIQUE_ID: &str = "cliqueID";
+    /// Standard attributes defined by Kubernetes (`k8s.io/dynamic-resource-allocation/deviceattribute`).
+    pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
+    pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
+    pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
+
+    pub const MEMORY: &str = "memory";
+    pub const MULTIPROCESSORS: &str = "multiprocessors";
+    pub const COPY_ENGINES: &str = "copyEngines";
+    pub const DECODERS: &str = "decoders";
+    pub const ENCODERS: &str = "encoders";
+    pub const JPEG_ENGINES: &str = "jpegEngines";
+    pub const OFA_ENGINES: &str = "ofaEngines";
+    /// Prefix of the per-memory-slice capacities of a MIG device.
+    pub const MEMORY_SLICE_PREFIX: &str = "memorySlice";
+
+    /// Values of `type`.
+    pub const TYPE_GPU: &str = "gpu";
+    pub const TYPE_MIG: &str = "mig";
+}
+
+/// Taint keys, in the driver's domain (`gpu.nvidia.com/xid`).
+pub mod taint {
+    pub const XID: &str = "xid";
+    pub const GPU_LOST: &str = "gpu-lost";
+    pub const NO_SCHEDULE: &str = "NoSchedule";
+    pub const NO_EXECUTE: &str = "NoExecute";
+}
+
+/// The apiserver's limit on string attribute values.
+const MAX_STRING_VALUE: usize = 64;
+
+fn string(v: impl Into<String>) -> DeviceAttribute {
+    let mut v = v.into();
+    // Free text from NVML (product names) could exceed the apiserver's limit
+    // and make the whole slice invalid; cut at a character boundary instead.
+    if v.len() > MAX_STRING_VALUE {
+        let mut end = MAX_STRING_VALUE;
+        while !v.is_char_boundary(end) {
+            end -= 1;
+        }
+        v.truncate(end);
+    }
+    DeviceAttribute { string: Some(v), ..Default::default() }
+}
+
+fn int(v: impl Into<i64>) -> DeviceAttribute {
+    DeviceAttribute { int: Some(v.into()), ..Default::default() }
+}
+
+fn version(v: &crate::version::Semver) -> DeviceAttribute {
+    DeviceAttribute { version: Some(v.to_string()), ..Default::default() }
+}
+
+fn capacity(q: k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> DeviceCapacity {
+    DeviceCapacity { value: q, request_policy: None }
+}
+
+/// Attributes shared by a GPU and its MIG devices.
+fn gpu_common_attributes(inv: &Inventory, gpu: &Gpu, attrs: &mut BTreeMap<String, DeviceAttribute>) {
+    attrs.insert(name::PRODUCT_NAME.into(), string(&gpu.product_name));
+    attrs.insert(name::BRAND.into(), string(&gpu.brand));
+    attrs.insert(name::ARCHITECTURE.into(), string(&gpu.architecture));
+    attrs.insert(name::CUDA_COMPUTE_CAPABILITY.into(), version(&gpu.cuda_compute_capability));
+    attrs.insert(name::DRIVER_VERSION.into(), version(&inv.driver_version));
+    attrs.insert(name::CUDA_DRIVER_VERSION.into(), version(&inv.cuda_driver_version));
+    if let Some(bus_id) = gpu.pci_bus_id.standard_attribute() {
+        attrs.insert(name::PCI_BUS_ID.into(), string(bus_id));
+    }
+    if let Some(root) = &gpu.pcie_root {
+        attrs.insert(name::PCIE_ROOT.into(), string(root));
+    }
+    if let Some(numa) = gpu.numa_node {
+        attrs.insert(name::NUMA_NODE.into(), int(numa));
+    }
+}
+
+fn gpu_device(inv: &Inventory, gpu: &Gpu) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
+    let mut attrs = BTreeMap::new();
+    attrs.insert(name::TYPE.into(), string(name::TYPE_GPU));
+    attrs.insert(name::UUID.into(), string(&gpu.uuid));
+    gpu_common_attributes(inv, gpu, &mut attrs);
+    if let Some(group) = gpu.nvlink_group {
+        attrs.insert(name::NVLINK_GROUP.into(), int(group));
+    }
+    if let Some(clique) = gpu.clique {
+        attrs.insert(name::CLIQUE_ID.into(), string(clique.to_string()));
+    }
+    let caps = BTreeMap::from([(name::MEMORY.to_string(), capacity(quantity::bytes(gpu.memory_bytes)))]);
+    (attrs, caps)
+}
+
+fn mig_device(
+    inv: &Inventory,
+    parent: &Gpu,
+    mig: &MigDevice,
+) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
+    let mut attrs = BTreeMap::new();
+    attrs.insert(name::TYPE.into(), string(name::TYPE_MIG));
+    attrs.insert(name::UUID.into(), string(&mig.uuid));
+    attrs.insert(name::PARENT_UUID.into(), string(&parent.uuid));
+    attrs.insert(name::PROFILE.into(), string(&mig.profile.name));
+    gpu_common_attributes(inv, parent, &mut attrs);
+    let p = &mig.profile;
+    let mut caps = BTreeMap::from([
+        (name::MULTIPROCESSORS.to_string(), capacity(quantity::count(p.multiprocessors.into()))),
+        (name::COPY_ENGINES.to_string(), capacity(quantity::count(p.copy_engines.into()))),
+        (name::DECODERS.to_string(), capacity(quantity::count(p.decoders.into()))),
+        (name::ENCODERS.to_string(), capacity(quantity::count(p.encoders.into()))),
+        (name::JPEG_ENGINES.to_string(), capacity(quantity::count(p.jpeg_engines.into()))),
+        (name::OFA_ENGINES.to_string(), capacity(quantity::count(p.ofa_engines.into()))),
+        (name::MEMORY.to_string(), capacity(quantity::bytes(p.memory_bytes))),
+    ]);
+    // Which memory slices the instance occupies, as NVIDIA's static MIG
+    // devices publish them.
+    for slice in mig.placement.slices() {
+        caps.insert(format!("{}{slice}", name::MEMORY_SLICE_PREFIX), capacity(quantity::count(1)));
+    }
+    (attrs, caps)
+}
+
+/// Taints for a device's faults: the most recent XID as
+/// `<driver>/xid=<code>:NoSchedule`, a lost GPU as `<driver>/gpu-lost:NoExecute`
+/// (running workloads cannot use a lost GPU either). Effects are limited to
+/// those every supported server accepts (`None` needs 1.35).
+pub fn taints(driver: &DriverName, faults: &[Fault]) -> Vec<DeviceTaint> {
+    let mut out = Vec::new();
+    if let Some(xid) = faults.iter().rev().find_map(|f| match f {
+        Fault::Xid(code) => Some(*code),
+        Fault::Lost => None,
+    }) {
+        out.push(DeviceTaint {
+            key: format!("{driver}/{}", taint::XID),
+            value: Some(xid.to_string()),
+            effect: taint::NO_SCHEDULE.into(),
+            time_added: None,
+        });
+    }
+    if faults.contains(&Fault::Lost) {
+        out.push(DeviceTaint {
+            key: format!("{driver}/{}", taint::GPU_LOST),
+            value: None,
+            effect: taint::NO_EXECUTE.into(),
+            time_added: None,
+        });
+    }
+    out
+}
+
+/// The API object for one published device.
+pub fn to_api_device(driver: &DriverName, inv: &Inventory, device: &PublishedDevice<'_>) -> Result<Device, InvalidName> {
+    let (attributes, capacity) = match device {
+        PublishedDevice::Gpu(gpu) => gpu_device(inv, gpu),
+        PublishedDevice::Mig { parent, mig } => mig_device(inv, parent, mig),
+    };
+    let taints = taints(driver, &device.faults());
+    Ok(Device {
+        name: device.name()?.to_string(),
+        attributes: Some(attributes),
+        capacity: Some(capacity),
+        taints: (!taints.is_empty()).then_some(taints),
+        ..Default::default()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::test_support::{gpu, inventory, mig};
+    use crate::inventory::{CliqueId, MigMode};
+
+    fn attr<'a>(d: &'a Device, key: &str) -> &'a DeviceAttribute {
+        d.attributes.as_ref().unwrap().get(key).unwrap_or_else(|| panic!("no attribute {key}"))
+    }
+
+    #[test]
+    fn gpu_attributes_match_nvidia_and_add_topology() {
+        let mut g = gpu(0);
+        g.nvlink_group = Some(0);
+        g.clique = Some(CliqueId { cluster_uuid: uuid::Uuid::from_u128(1), clique: 3 });
+        let inv = inventory(vec![g]);
+        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        assert_eq!(d.name, "gpu-0");
+        assert_eq!(attr(&d, "type").string.as_deref(), Some("gpu"));
+        assert_eq!(attr(&d, "productName").string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(attr(&d, "cudaComputeCapability").version.as_deref(), Some("9.0.0"));
+        assert_eq!(attr(&d, "driverVersion").version.as_deref(), Some("580.82.7"));
+        assert_eq!(attr(&d, "cudaDriverVersion").version.as_deref(), Some("13.0.0"));
+        assert_eq!(attr(&d, "resource.kubernetes.io/pciBusID").string.as_deref(), Some("0000:18:00.0"));
+        assert_eq!(attr(&d, "resource.kubernetes.io/pcieRoot").string.as_deref(), Some("pci0000:17"));
+        assert_eq!(attr(&d, "resource.kubernetes.io/numaNode").int, Some(0));
+        assert_eq!(attr(&d, "nvlinkGroup").int, Some(0));
+        assert_eq!(attr(&d, "cliqueID").string.as_deref(), Some("00000000-0000-0000-0000-000000000001.3"));
+        assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "80Gi");
+        assert!(d.taints.is_none());
+    }
+
+    #[test]
+    fn mig_attributes_and_capacities() {
+        let mut parent = gpu(2);
+        parent.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 5, 1)]);
+        let inv = inventory(vec![parent]);
+        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        assert_eq!(d.name, "gpu-2-mig-1g10gb-19-5");
+        assert_eq!(attr(&d, "type").string.as_deref(), Some("mig"));
+        assert_eq!(attr(&d, "profile").string.as_deref(), Some("1g.10gb"));
+        assert!(attr(&d, "parentUUID").string.as_deref().unwrap().starts_with("GPU-"));
+        assert!(d.attributes.as_ref().unwrap().get("nvlinkGroup").is_none());
+        let caps = d.capacity.as_ref().unwrap();
+        assert_eq!(caps["memory"].value.0, "9984Mi");
+        assert_eq!(caps["multiprocessors"].value.0, "16");
+        assert_eq!(caps["memorySlice5"].value.0, "1");
+        assert!(!caps.contains_key("memorySlice4"));
+    }
+
+    #[test]
+    fn long_free_text_is_cut_to_the_api_limit() {
+        let mut g = gpu(0);
+        g.product_name = "é".repeat(40);
+        let inv = inventory(vec![g]);
+        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        assert_eq!(attr(&d, "productName").string.as_ref().unwrap().len(), 64);
+    }
+
+    #[test]
+    fn faults_become_taints() {
+        let driver = DriverName::nvidia_default();
+        assert!(taints(&driver, &[]).is_empty());
+        let t = taints(&driver, &[Fault::Xid(48), Fault::Xid(79), Fault::Lost]);
+        assert_eq!(t.len(), 2);
+        assert_eq!((t[0].key.as_str(), t[0].value.as_deref(), t[0].effect.as_str()), ("gpu.nvidia.com/xid", Some("79"), "NoSchedule"));
+        assert_eq!((t[1].key.as_str(), t[1].effect.as_str()), ("gpu.nvidia.com/gpu-lost", "NoExecute"));
+    }
+}

@@ -1,0 +1,192 @@
+//! From an inventory, the ResourceSlices a node publishes.
+//!
+//! One pool per node, named after the node, with `spec.nodeName` set. Devices
+//! are split across as many slices as the API's per-slice limit needs; every
+//! slice of a pool carries the same generation and the pool's slice count, so
+//! consumers know when they have seen the whole pool.
+
+pub mod attributes;
+pub mod validation;
+
+use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+
+use crate::inventory::Inventory;
+use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
+use crate::names::{DriverName, InvalidName, NodeName};
+pub use validation::{FieldError, validate_slice};
+
+/// Builds a node's slices for one driver.
+#[derive(Debug, Clone)]
+pub struct SliceBuilder {
+    driver: DriverName,
+    node: NodeName,
+}
+
+/// Why slices could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum SliceError {
+    #[error(transparent)]
+    DeviceName(#[from] InvalidName),
+    #[error("ResourceSlice {slice} would be rejected by the apiserver: {}", join(.errors))]
+    Invalid { slice: String, errors: Vec<FieldError> },
+}
+
+fn join(errors: &[FieldError]) -> String {
+    errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; ")
+}
+
+impl SliceBuilder {
+    pub fn new(driver: DriverName, node: NodeName) -> Self {
+        Self { driver, node }
+    }
+
+    pub fn driver(&self) -> &DriverName {
+        &self.driver
+    }
+
+    pub fn node(&self) -> &NodeName {
+        &self.node
+    }
+
+    /// The slices for `inventory` at pool `generation`, validated against the
+    /// apiserver's rules. A node without devices publishes one empty slice, so
+    /// the pool exists and says "nothing here" rather than "not yet known".
+    pub fn build(&self, inventory: &Inventory, generation: i64) -> Result<Vec<ResourceSlice>, SliceError> {
+        let devices = inventory
+            .published_devices()
+            .iter()
+            .map(|d| attributes::to_api_device(&self.driver, inventory, d))
+            .collect::<Result<Vec<Device>, _>>()?;
+        let per_slice = devices_per_slice(&devices);
+        let mut chunks: Vec<Vec<Device>> = Vec::new();
+        let mut devices = devices.into_iter().peekable();
+        while devices.peek().is_some() {
+            chunks.push(devices.by_ref().take(per_slice).collect());
+        }
+        if chunks.is_empty() {
+            chunks.push(Vec::new());
+        }
+        let count = chunks.len() as i64;
+        let slices: Vec<ResourceSlice> = chunks
+            .into_iter()
+            .enumerate()
+            .map(|(i, devices)| ResourceSlice {
+                metadata: ObjectMeta { name: Some(self.slice_name(i)), ..Default::default() },
+                spec: ResourceSliceSpec {
+                    driver: self.driver.to_string(),
+                    node_name: Some(self.node.to_string()),
+                    pool: ResourcePool { name: self.node.to_string(), generation, resource_slice_count: count },
+                    devices: Some(devices),
+                    ..Default::default()
+                },
+            })
+            .collect();
+        for slice in &slices {
+            let errors = validate_slice(slice);
+            if !errors.is_empty() {
+                return Err(SliceError::Invalid { slice: slice.metadata.name.clone().unwrap_or_default(), errors });
+            }
+        }
+        Ok(slices)
+    }
+
+    /// `<node>-<driver>-<index>`: deterministic, so a publisher can apply
+    /// by name. Node names near the 253-character limit are shortened with
+    /// a hash to keep the name unique and valid.
+    pub fn slice_name(&self, index: usize) -> String {
+        let full = format!("{}-{}-{index}", self.node, self.driver);
+        if full.len() <= DNS1123_SUBDOMAIN_MAX {
+            return full;
+        }
+        let hash = fnv1a(full.as_bytes());
+        let suffix = format!("-{hash:016x}-{index}");
+        let mut prefix: String = full.chars().take(DNS1123_SUBDOMAIN_MAX - suffix.len()).collect();
+        // A subdomain label must end alphanumeric.
+        while prefix.ends_with(['-', '.']) {
+            prefix.pop();
+        }
+        format!("{prefix}{suffix}")
+    }
+}
+
+/// The API's per-slice device limit for these devices: halved when any
+/// device has taints or consumes counters.
+fn devices_per_slice(devices: &[Device]) -> usize {
+    let advanced = devices.iter().any(|d| {
+        d.taints.as_ref().is_some_and(|t| !t.is_empty()) || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
+    });
+    if advanced { validation::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { validation::MAX_DEVICES }
+}
+
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::inventory::Fault;
+    use crate::inventory::test_support::{gpu, inventory};
+    use crate::k8s_format::check_dns1123_subdomain;
+
+    fn builder() -> SliceBuilder {
+        SliceBuilder::new(DriverName::nvidia_default(), NodeName::new("node-a").unwrap())
+    }
+
+    fn sizes(slices: &[ResourceSlice]) -> Vec<usize> {
+        slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect()
+    }
+
+    #[test]
+    fn one_pool_per_node() {
+        let slices = builder().build(&inventory((0..8).map(gpu).collect()), 3).unwrap();
+        assert_eq!(slices.len(), 1);
+        let s = &slices[0];
+        assert_eq!(s.metadata.name.as_deref(), Some("node-a-gpu.nvidia.com-0"));
+        assert_eq!(s.spec.driver, "gpu.nvidia.com");
+        assert_eq!(s.spec.node_name.as_deref(), Some("node-a"));
+        assert_eq!((s.spec.pool.name.as_str(), s.spec.pool.generation, s.spec.pool.resource_slice_count), ("node-a", 3, 1));
+        assert_eq!(sizes(&slices), [8]);
+    }
+
+    #[test]
+    fn more_than_128_devices_split() {
+        let slices = builder().build(&inventory((0..200).map(gpu).collect()), 1).unwrap();
+        assert_eq!(sizes(&slices), [128, 72]);
+        assert!(slices.iter().all(|s| s.spec.pool.resource_slice_count == 2));
+        let names: Vec<_> = slices.iter().filter_map(|s| s.metadata.name.clone()).collect();
+        assert_eq!(names, ["node-a-gpu.nvidia.com-0", "node-a-gpu.nvidia.com-1"]);
+    }
+
+    #[test]
+    fn taints_halve_the_slice_size() {
+        let mut gpus: Vec<_> = (0..130).map(gpu).collect();
+        gpus[7].faults.push(Fault::Xid(79));
+        let slices = builder().build(&inventory(gpus), 1).unwrap();
+        assert_eq!(sizes(&slices), [64, 64, 2]);
+    }
+
+    #[test]
+    fn an_empty_node_publishes_an_empty_pool() {
+        let slices = builder().build(&inventory(vec![]), 1).unwrap();
+        assert_eq!(sizes(&slices), [0]);
+        assert_eq!(slices[0].spec.pool.resource_slice_count, 1);
+    }
+
+    #[test]
+    fn invalid_slices_fail_with_rule_and_field() {
+        let err = builder().build(&inventory(vec![gpu(0)]), -1).unwrap_err().to_string();
+        assert!(err.contains("node-a-gpu.nvidia.com-0"), "{err}");
+        assert!(err.contains("spec.pool.generation: Invalid value: -1"), "{err}");
+    }
+
+    #[test]
+    fn long_node_names_still_give_valid_distinct_slice_names() {
+        let node = NodeName::new(format!("{0}.{0}.{0}.{1}", "n".repeat(63), "n".repeat(50))).unwrap();
+        let b = SliceBuilder::new(DriverName::nvidia_default(), node);
+        let (a, c) = (b.slice_name(0), b.slice_name(1));
+        assert!(a.len() <= 253 && check_dns1123_subdomain(&a).is_ok(), "{a}");
+        assert_ne!(a, c);
+    }
+}

@@ -1,0 +1,78 @@
+//! `print-slices` and `print-cdi`: what the plugin would publish and write,
+//! computed by the same code paths, without touching the cluster or disk.
+
+use std::io::Write;
+
+use anyhow::{Context, Result};
+use gpu_dra_driver::cdi;
+use gpu_dra_driver::inventory::fake::FakeSource;
+use gpu_dra_driver::inventory::nvml::NvmlSource;
+use gpu_dra_driver::inventory::{Inventory, InventorySource};
+use gpu_dra_driver::slices::SliceBuilder;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use serde::Serialize;
+
+use crate::cli::{NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+
+/// The inventory source the flags select: the fake file, else NVML.
+pub fn inventory_source(node: &NodeArgs) -> Box<dyn InventorySource> {
+    match &node.fake_inventory {
+        Some(path) => Box::new(FakeSource::new(path, node.node_name.clone())),
+        None => Box::new(NvmlSource::new()),
+    }
+}
+
+fn discover(node: &NodeArgs) -> Result<Inventory> {
+    Ok(inventory_source(node).discover()?)
+}
+
+pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
+    let inventory = discover(&args.node)?;
+    let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone());
+    let slices = builder.build(&inventory, args.generation)?;
+    match args.output {
+        OutputFormat::Yaml => {
+            for slice in &slices {
+                writeln!(out, "---")?;
+                out.write_all(to_yaml(slice)?.as_bytes())?;
+            }
+        }
+        OutputFormat::Json => {
+            let list = SliceList { api_version: "v1", kind: "List", items: &slices };
+            serde_json::to_writer_pretty(&mut *out, &list)?;
+            writeln!(out)?;
+        }
+    }
+    Ok(())
+}
+
+/// A `v1` List, what `kubectl get -o json` prints for several objects.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct SliceList<'a> {
+    api_version: &'static str,
+    kind: &'static str,
+    items: &'a [ResourceSlice],
+}
+
+pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+    let inventory = discover(&args.node)?;
+    let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &args.claim_uid, &args.devices)
+        .with_context(|| format!("claim {}", args.claim_uid))?;
+    match args.output {
+        OutputFormat::Json => {
+            out.write_all(&spec.to_json()?)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Yaml => out.write_all(to_yaml(&spec.spec)?.as_bytes())?,
+    }
+    writeln!(note, "# would write {}", args.cdi_dir.join(&spec.file_name).display())?;
+    for (device, id) in &spec.device_ids {
+        writeln!(note, "# {device}: {id}")?;
+    }
+    Ok(())
+}
+
+fn to_yaml(value: &impl Serialize) -> Result<String> {
+    serde_yaml_ng::to_string(value).context("rendering YAML")
+}

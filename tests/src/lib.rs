@@ -1,0 +1,80 @@
+//! Helpers for the cross-process tests: build the workspace's binaries once
+//! and run them as a user would.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+/// The workspace root (where `examples/` lives).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().map(Path::to_path_buf).unwrap_or_default()
+}
+
+/// The example fake inventories shipped in `examples/inventories/`.
+pub fn example_inventories() -> Vec<PathBuf> {
+    let dir = workspace_root().join("examples/inventories");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn build(package: &str, bin: &str) -> PathBuf {
+    let run = escargot::CargoBuild::new()
+        .manifest_path(workspace_root().join("Cargo.toml"))
+        .package(package)
+        .bin(bin)
+        .current_release()
+        .current_target()
+        .run()
+        .unwrap_or_else(|e| panic!("building {bin}: {e}"));
+    run.path().to_path_buf()
+}
+
+/// Path of `gpu-kubelet-plugin`, built on first use.
+pub fn kubelet_plugin() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("gpu-kubelet-plugin", "gpu-kubelet-plugin"))
+}
+
+/// Path of `gpu-dra-controller`, built on first use.
+pub fn controller() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("gpu-dra-controller", "gpu-dra-controller"))
+}
+
+/// Runs `bin` with `args`, feeding `stdin`; the environment is cleared of the
+/// plugin's own variables so tests see only their flags.
+pub fn run(bin: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
+    use std::io::Write;
+    let mut cmd = Command::new(bin);
+    cmd.args(args)
+        .env_remove("NODE_NAME")
+        .env_remove("DRIVER_NAME")
+        .env_remove("FAKE_INVENTORY")
+        .env_remove("CDI_DIR")
+        .stdin(if stdin.is_some() { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
+    if let Some(input) = stdin {
+        let mut pipe = child.stdin.take().expect("stdin is piped");
+        pipe.write_all(input).expect("writing stdin");
+    }
+    child.wait_with_output().expect("waiting for the child")
+}
+
+/// Standard output as text, asserting success.
+pub fn stdout_ok(out: &Output) -> String {
+    assert!(
+        out.status.success(),
+        "exit {:?}\nstdout: {}\nstderr: {}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
+}

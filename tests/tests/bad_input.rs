@@ -1,0 +1,108 @@
+//! Bad input to the binaries: one line on standard error that names the
+//! file, the field and the fix; a non-zero exit; never a panic.
+
+use std::path::Path;
+use std::process::Output;
+
+use integration_tests::{kubelet_plugin, run, workspace_root};
+
+fn one_error_line(out: &Output) -> String {
+    let stderr = String::from_utf8(out.stderr.clone()).unwrap();
+    assert!(!out.status.success(), "should fail; stderr: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one line: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(out.stdout.is_empty(), "nothing on stdout when failing");
+    lines[0].to_string()
+}
+
+fn print_slices_with(dir: &Path, yaml: &str) -> (String, String) {
+    let file = dir.join("inventory.yaml");
+    std::fs::write(&file, yaml).unwrap();
+    let out = run(kubelet_plugin(), &["print-slices", "--node-name", "node-a", "--fake-inventory", file.to_str().unwrap()], None);
+    assert_eq!(out.status.code(), Some(1));
+    (one_error_line(&out), file.display().to_string())
+}
+
+#[test]
+fn unknown_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let (line, file) = print_slices_with(dir.path(), "gpus:\n  - model: H100-SXM\n    count: 8\n");
+    assert!(line.contains(&file), "{line}");
+    assert!(line.contains("gpus[0].model"), "{line}");
+    assert!(line.contains("unknown GPU model \"H100-SXM\""), "{line}");
+    assert!(line.contains("fix: use one of:") && line.contains("H100-80GB"), "{line}");
+}
+
+#[test]
+fn impossible_mig_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let (line, file) = print_slices_with(
+        dir.path(),
+        "gpus:\n  - model: A100-SXM4-80GB\n    count: 2\n    mig:\n      - gpus: [1]\n        instances: [4g.40gb, 3g.40gb, 1g.10gb]\n",
+    );
+    assert!(line.contains(&file), "{line}");
+    assert!(line.contains("gpus[0].mig[0].instances[2]"), "{line}");
+    assert!(line.contains("GPU 1 (A100-SXM4-80GB), MIG profile 1g.10gb"), "{line}");
+    assert!(line.contains("fix: "), "{line}");
+}
+
+#[test]
+fn malformed_yaml() {
+    let dir = tempfile::tempdir().unwrap();
+    let (line, file) = print_slices_with(dir.path(), "gpus:\n  - model: H100-80GB\n   count: 2\n");
+    assert!(line.contains(&file), "{line}");
+    assert!(line.contains("malformed inventory") && line.contains("line 3"), "{line}");
+    assert!(line.contains("fix: "), "{line}");
+
+    let (line, _) = print_slices_with(dir.path(), "gpus:\n  - model: H100-80GB\n    cnt: 2\n");
+    assert!(line.contains("gpus[0]: malformed inventory: unknown field `cnt`"), "{line}");
+    assert!(line.contains("fix: remove or correct that field"), "{line}");
+}
+
+#[test]
+fn missing_file() {
+    let out = run(kubelet_plugin(), &["print-slices", "--node-name", "n", "--fake-inventory", "/nonexistent/node.yaml"], None);
+    let line = one_error_line(&out);
+    assert!(line.contains("/nonexistent/node.yaml: cannot read the file"), "{line}");
+}
+
+#[test]
+fn missing_nvml_points_to_the_fake_source() {
+    // This machine has no NVIDIA driver: without --fake-inventory the plugin
+    // must say so once and say how to run anyway.
+    if Path::new("/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.1").exists() {
+        return;
+    }
+    let out = run(kubelet_plugin(), &["print-slices", "--node-name", "n"], None);
+    let line = one_error_line(&out);
+    assert!(line.contains("NVML"), "{line}");
+    assert!(line.contains("--fake-inventory FILE"), "{line}");
+}
+
+#[test]
+fn unknown_device_for_cdi() {
+    let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
+    let out = run(
+        kubelet_plugin(),
+        &["print-cdi", "--node-name", "n", "--fake-inventory", inventory.to_str().unwrap(), "--claim-uid", "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "--device", "gpu-9"],
+        None,
+    );
+    let line = one_error_line(&out);
+    assert!(line.contains("device gpu-9 is not on this node"), "{line}");
+}
+
+#[test]
+fn invalid_flags_are_usage_errors() {
+    let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
+    let out = run(
+        kubelet_plugin(),
+        &["print-cdi", "--node-name", "n", "--fake-inventory", inventory.to_str().unwrap(), "--claim-uid", "../../etc/passwd", "--device", "gpu-0"],
+        None,
+    );
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8(out.stderr).unwrap();
+    assert!(stderr.contains("--claim-uid") && stderr.contains("invalid claim UID"), "{stderr}");
+    assert!(!stderr.contains("panicked"));
+}

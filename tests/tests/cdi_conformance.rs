@@ -1,0 +1,143 @@
+//! Every CDI spec we generate is accepted by the CNCF's own Rust CDI library
+//! (`container-device-interface`, the project's port of the Go reference):
+//! it parses and validates the file, its minimum version equals the
+//! `cdiVersion` we emitted, and injecting each device into an OCI spec gives
+//! the container exactly the device nodes we meant.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+
+use container_device_interface::cache::new_cache;
+use container_device_interface::spec::read_spec;
+use container_device_interface::spec_dirs::with_spec_dirs;
+use container_device_interface::version::minimum_required_version;
+use gpu_dra_driver::cdi::{self, ClaimSpec};
+use gpu_dra_driver::inventory::fake;
+use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
+use integration_tests::{example_inventories, kubelet_plugin, run, stdout_ok};
+
+const CLAIM_UIDS: [&str; 2] = ["0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "c7d1e2f3-0a4b-4c5d-8e6f-708192a3b4c5"];
+
+/// Checks one spec file with the CNCF library; returns the device nodes the
+/// container gets for each CDI id.
+fn check_with_cncf_library(dir: &Path, file: &Path, emitted_version: &str, ids: &[String]) -> Vec<(String, BTreeSet<(String, i64, i64)>)> {
+    let spec = read_spec(&file.to_path_buf(), 0).unwrap_or_else(|e| panic!("{}: rejected: {e:#}", file.display()));
+    let minimum = minimum_required_version(&spec.cdi_spec).unwrap();
+    assert_eq!(minimum.to_string(), emitted_version, "{}: cdiVersion is not the minimum", file.display());
+
+    let cache = new_cache(vec![with_spec_dirs(&[dir.to_str().unwrap()])]);
+    let mut cache = cache.lock().unwrap();
+    let mut results = Vec::new();
+    for id in ids {
+        let mut oci = oci_spec::runtime::Spec::default();
+        cache
+            .inject_devices(Some(&mut oci), vec![id.clone()])
+            .unwrap_or_else(|e| panic!("{}: injecting {id}: {e}", file.display()));
+        let linux = oci.linux().as_ref().expect("injection adds linux devices");
+        let nodes = linux
+            .devices()
+            .as_ref()
+            .expect("device nodes")
+            .iter()
+            .map(|d| (d.path().display().to_string(), d.major(), d.minor()))
+            .collect();
+        let env = oci.process().as_ref().and_then(|p| p.env().clone()).unwrap_or_default();
+        assert!(env.iter().any(|e| e == "NVIDIA_VISIBLE_DEVICES=void"), "{id}: env {env:?}");
+        results.push((id.clone(), nodes));
+    }
+    results
+}
+
+fn write_spec(dir: &Path, spec: &ClaimSpec) -> PathBuf {
+    let path = dir.join(&spec.file_name);
+    std::fs::write(&path, spec.to_json().unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn every_device_of_every_example_passes_the_cncf_library() {
+    let driver = DriverName::nvidia_default();
+    let node = NodeName::new("node-a").unwrap();
+    let mut checked = 0;
+    for inventory_file in example_inventories() {
+        let inventory = fake::load(&inventory_file, &node).unwrap();
+        let names: Vec<DeviceName> = inventory.published_devices().iter().map(|d| d.name().unwrap()).collect();
+        for uid in CLAIM_UIDS {
+            let claim = ClaimUid::new(uid).unwrap();
+            // One claim per device, and one claim holding all of them.
+            let mut claims: Vec<Vec<DeviceName>> = names.iter().map(|n| vec![n.clone()]).collect();
+            claims.push(names.clone());
+            for devices in claims {
+                let dir = tempfile::tempdir().unwrap();
+                let spec = cdi::claim_spec(&driver, &inventory, &claim, &devices).unwrap();
+                let file = write_spec(dir.path(), &spec);
+                let ids: Vec<String> = spec.device_ids.iter().map(|(_, id)| id.clone()).collect();
+                let injected = check_with_cncf_library(dir.path(), &file, &spec.spec.cdi_version, &ids);
+                for ((device, _), (_, nodes)) in spec.device_ids.iter().zip(&injected) {
+                    let gpu = inventory.find_device(device).unwrap().gpu();
+                    let dev = format!("/dev/nvidia{}", gpu.minor);
+                    assert!(nodes.contains(&(dev.clone(), 195, gpu.minor.into())), "{device}: {nodes:?}");
+                    assert!(nodes.contains(&("/dev/nvidiactl".into(), 195, 255)), "{device}: {nodes:?}");
+                    assert!(nodes.iter().any(|(p, _, m)| p == "/dev/nvidia-uvm" && *m == 0), "{device}: {nodes:?}");
+                    assert!(nodes.iter().any(|(p, _, m)| p == "/dev/nvidia-uvm-tools" && *m == 1), "{device}: {nodes:?}");
+                    let caps = nodes.iter().filter(|(p, _, _)| p.starts_with("/dev/nvidia-caps/")).count();
+                    let is_mig = device.as_str().contains("-mig-");
+                    assert_eq!(caps, if is_mig { 2 } else { 0 }, "{device}: {nodes:?}");
+                    // No other GPU leaks into the container.
+                    let gpus = nodes.iter().filter(|(p, _, _)| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).count();
+                    assert_eq!(gpus, 1, "{device}: {nodes:?}");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked > 40, "checked {checked} specs");
+}
+
+#[test]
+fn print_cdi_output_passes_the_cncf_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
+    let out = run(
+        kubelet_plugin(),
+        &[
+            "print-cdi", "--node-name", "node-a", "--fake-inventory", inventory.to_str().unwrap(),
+            "--claim-uid", CLAIM_UIDS[0], "--device", "gpu-0-mig-1g10gb-19-3", "--device", "gpu-3",
+        ],
+        None,
+    );
+    let json = stdout_ok(&out);
+    let notes = String::from_utf8(out.stderr.clone()).unwrap();
+    let file_name = format!("k8s.gpu.nvidia.com-claim_{}.json", CLAIM_UIDS[0]);
+    assert!(notes.contains(&format!("would write /var/run/cdi/{file_name}")), "{notes}");
+    let file = dir.path().join(&file_name);
+    std::fs::write(&file, &json).unwrap();
+    let emitted: serde_json::Value = serde_json::from_str(&json).unwrap();
+    let ids: Vec<String> = ["gpu-0-mig-1g10gb-19-3", "gpu-3"]
+        .iter()
+        .map(|d| format!("k8s.gpu.nvidia.com/claim={}-{d}", CLAIM_UIDS[0]))
+        .collect();
+    for id in &ids {
+        assert!(notes.contains(id.as_str()), "{notes}");
+    }
+    let injected = check_with_cncf_library(dir.path(), &file, emitted["cdiVersion"].as_str().unwrap(), &ids);
+    let mig_nodes = &injected[0].1;
+    assert!(mig_nodes.contains(&("/dev/nvidia0".to_string(), 195, 0)), "{mig_nodes:?}");
+    assert_eq!(mig_nodes.iter().filter(|(p, _, _)| p.starts_with("/dev/nvidia-caps/nvidia-cap")).count(), 2);
+    assert!(injected[1].1.contains(&("/dev/nvidia3".to_string(), 195, 3)));
+}
+
+#[test]
+fn the_library_rejects_what_it_should() {
+    // Guard against a vacuous check: a spec claiming too low a version, and
+    // one with an unknown field, are refused by the same calls used above.
+    let dir = tempfile::tempdir().unwrap();
+    let low = r#"{"cdiVersion":"0.3.0","kind":"k8s.gpu.nvidia.com/claim","devices":[{"name":"0b4f-gpu-0","containerEdits":{"deviceNodes":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}]}}]}"#;
+    let file = dir.path().join("low.json");
+    std::fs::write(&file, low).unwrap();
+    let err = read_spec(&file, 0).unwrap_err();
+    assert!(format!("{err:#}").contains("at least v0.5.0"), "{err:#}");
+    let unknown = low.replace("\"major\"", "\"majr\"").replace("0.3.0", "0.5.0");
+    std::fs::write(&file, unknown).unwrap();
+    assert!(read_spec(&file, 0).is_err());
+}

@@ -1,0 +1,182 @@
+//! `gpu-kubelet-plugin print-slices` on every example inventory and on large
+//! generated nodes: the slices satisfy the apiserver's rules, as checked by
+//! our validator in-process and by `gpu-dra-controller validate-slices` in
+//! another process.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use gpu_dra_driver::slices::validate_slice;
+use integration_tests::{controller, example_inventories, kubelet_plugin, run, stdout_ok};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+fn print_slices(inventory: &Path, node: &str, format: &str) -> String {
+    let out = run(
+        kubelet_plugin(),
+        &["print-slices", "--node-name", node, "--fake-inventory", inventory.to_str().unwrap(), "-o", format],
+        None,
+    );
+    stdout_ok(&out)
+}
+
+fn slices_from_json(json: &str) -> Vec<ResourceSlice> {
+    let list: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(list["kind"], "List");
+    serde_json::from_value(list["items"].clone()).unwrap()
+}
+
+/// Invariants of one node's pool, on top of per-slice validity.
+fn check_pool(slices: &[ResourceSlice], node: &str) {
+    assert!(!slices.is_empty());
+    let mut names = BTreeSet::new();
+    for s in slices {
+        let errors = validate_slice(s);
+        assert!(errors.is_empty(), "{:?}: {errors:?}", s.metadata.name);
+        assert_eq!(s.spec.driver, "gpu.nvidia.com");
+        assert_eq!(s.spec.node_name.as_deref(), Some(node));
+        assert_eq!(s.spec.pool.name, node);
+        assert_eq!(s.spec.pool.generation, slices[0].spec.pool.generation);
+        assert_eq!(s.spec.pool.resource_slice_count, slices.len() as i64);
+        for d in s.spec.devices.iter().flatten() {
+            assert!(names.insert(d.name.clone()), "device {} appears twice in the pool", d.name);
+        }
+    }
+}
+
+fn validate_in_other_process(yaml: &str) {
+    let out = run(controller(), &["validate-slices", "-f", "-"], Some(yaml.as_bytes()));
+    let report = stdout_ok(&out);
+    assert!(!report.is_empty() && report.lines().all(|l| l.ends_with(": valid")), "{report}");
+}
+
+fn devices(slices: &[ResourceSlice]) -> Vec<&k8s_openapi::api::resource::v1::Device> {
+    slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect()
+}
+
+fn attr<'a>(d: &'a k8s_openapi::api::resource::v1::Device, key: &str) -> Option<&'a k8s_openapi::api::resource::v1::DeviceAttribute> {
+    d.attributes.as_ref().and_then(|a| a.get(key))
+}
+
+#[test]
+fn every_example_inventory_gives_valid_slices() {
+    let examples = example_inventories();
+    assert!(examples.len() >= 4, "{examples:?}");
+    for inventory in examples {
+        let slices = slices_from_json(&print_slices(&inventory, "node-a", "json"));
+        check_pool(&slices, "node-a");
+        let yaml = print_slices(&inventory, "node-a", "yaml");
+        let from_yaml: Vec<ResourceSlice> = serde_yaml_ng::Deserializer::from_str(&yaml)
+            .map(|doc| serde::Deserialize::deserialize(doc).unwrap())
+            .collect();
+        assert_eq!(from_yaml, slices, "{}: YAML and JSON outputs agree", inventory.display());
+        validate_in_other_process(&yaml);
+    }
+}
+
+fn example(name: &str) -> std::path::PathBuf {
+    integration_tests::workspace_root().join("examples/inventories").join(name)
+}
+
+#[test]
+fn dgx_h100_is_one_nvlink_group_of_eight() {
+    let slices = slices_from_json(&print_slices(&example("dgx-h100.yaml"), "dgx-1", "json"));
+    let devs = devices(&slices);
+    assert_eq!(devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>());
+    for d in &devs {
+        assert_eq!(attr(d, "type").unwrap().string.as_deref(), Some("gpu"));
+        assert_eq!(attr(d, "nvlinkGroup").unwrap().int, Some(0));
+        assert_eq!(attr(d, "productName").unwrap().string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
+        assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "80Gi");
+    }
+}
+
+#[test]
+fn a100_mig_node_publishes_instances_not_partitioned_gpus() {
+    let slices = slices_from_json(&print_slices(&example("a100-mig.yaml"), "node-a", "json"));
+    let devs = devices(&slices);
+    let migs: Vec<_> = devs.iter().filter(|d| attr(d, "type").unwrap().string.as_deref() == Some("mig")).collect();
+    let gpus: Vec<_> = devs.iter().filter(|d| attr(d, "type").unwrap().string.as_deref() == Some("gpu")).map(|d| d.name.as_str()).collect();
+    assert_eq!(migs.len(), 10);
+    assert_eq!(gpus, ["gpu-2", "gpu-3"]);
+    let names: BTreeSet<_> = migs.iter().map(|d| d.name.as_str()).collect();
+    assert!(names.contains("gpu-1-mig-3g40gb-9-0") && names.contains("gpu-1-mig-1g10gb-19-6"), "{names:?}");
+}
+
+#[test]
+fn pcie_pairs_and_gb200_clique() {
+    let slices = slices_from_json(&print_slices(&example("pcie-nvlink-pairs.yaml"), "node-a", "json"));
+    let groups: Vec<_> = devices(&slices).iter().map(|d| attr(d, "nvlinkGroup").unwrap().int.unwrap()).collect();
+    assert_eq!(groups, [0, 0, 2, 2]);
+
+    let slices = slices_from_json(&print_slices(&example("gb200-clique.yaml"), "node-a", "json"));
+    for d in devices(&slices) {
+        assert_eq!(attr(d, "cliqueID").unwrap().string.as_deref(), Some("9b3e4c1a-0d2f-4e5b-8a6c-7d9e0f1a2b3c.1"));
+        assert_eq!(attr(d, "architecture").unwrap().string.as_deref(), Some("Blackwell"));
+    }
+}
+
+#[test]
+fn faults_taint_devices() {
+    let slices = slices_from_json(&print_slices(&example("faulty-node.yaml"), "node-a", "json"));
+    let taints = |name: &str| {
+        devices(&slices)
+            .into_iter()
+            .find(|d| d.name == name)
+            .unwrap_or_else(|| panic!("no device {name}"))
+            .taints
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(taints("gpu-1"), Vec::<String>::new());
+    assert_eq!(taints("gpu-2"), ["gpu.nvidia.com/xid=79:NoSchedule"]);
+    assert_eq!(taints("gpu-3"), ["gpu.nvidia.com/gpu-lost=:NoExecute"]);
+    assert_eq!(taints("gpu-0-mig-3g40gb-9-4"), ["gpu.nvidia.com/xid=94:NoSchedule"]);
+    assert_eq!(taints("gpu-0-mig-3g40gb-9-0"), Vec::<String>::new());
+}
+
+fn write_inventory(dir: &Path, yaml: &str) -> std::path::PathBuf {
+    let path = dir.join("inventory.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+#[test]
+fn more_than_128_devices_split_into_several_slices() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = write_inventory(dir.path(), "gpus: [{model: H100-80GB, count: 200}]\n");
+    let slices = slices_from_json(&print_slices(&inventory, "big-node", "json"));
+    check_pool(&slices, "big-node");
+    let sizes: Vec<usize> = slices.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+    assert_eq!(sizes, [128, 72]);
+    validate_in_other_process(&print_slices(&inventory, "big-node", "yaml"));
+}
+
+#[test]
+fn taints_lower_the_split_to_64() {
+    // 30 A100s fully partitioned into 7 x 1g.10gb = 210 devices, one tainted.
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = write_inventory(
+        dir.path(),
+        "gpus: [{model: A100-SXM4-80GB, count: 30, mig: [{instances: [1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb, 1g.10gb]}], faults: [{gpu: 29, xid: 48}]}]\n",
+    );
+    let slices = slices_from_json(&print_slices(&inventory, "mig-node", "json"));
+    check_pool(&slices, "mig-node");
+    let sizes: Vec<usize> = slices.iter().map(|s| s.spec.devices.as_ref().unwrap().len()).collect();
+    assert_eq!(sizes, [64, 64, 64, 18]);
+    validate_in_other_process(&print_slices(&inventory, "mig-node", "yaml"));
+}
+
+#[test]
+fn generation_and_driver_name_flags() {
+    let out = run(
+        kubelet_plugin(),
+        &["print-slices", "--node-name", "n1", "--fake-inventory", example("dgx-h100.yaml").to_str().unwrap(), "-o", "json", "--generation", "7", "--driver-name", "gpu.example.com"],
+        None,
+    );
+    let slices = slices_from_json(&stdout_ok(&out));
+    assert_eq!(slices[0].spec.pool.generation, 7);
+    assert_eq!(slices[0].spec.driver, "gpu.example.com");
+}
