@@ -86,7 +86,12 @@ mod tests {
     #[test]
     fn streams_and_lists_are_unpacked() {
         let mut out = Vec::new();
-        parse_into("a.yaml", "kind: A\nmetadata: {name: x}\n---\n---\nkind: List\nitems: [{kind: B}, {kind: C}]\n", &mut out).unwrap();
+        parse_into(
+            "a.yaml",
+            "kind: A\nmetadata: {name: x}\n---\n---\nkind: List\nitems: [{kind: B}, {kind: C}]\n",
+            &mut out,
+        )
+        .unwrap();
         let kinds: Vec<_> = out.iter().map(|m| (m.origin.as_str(), m.kind())).collect();
         assert_eq!(kinds, [("a.yaml", "A"), ("a.yaml#3 items[0]", "B"), ("a.yaml#3 items[1]", "C")]);
         assert_eq!(out[0].name(), "x");

@@ -15,7 +15,13 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
     let mut checked = 0;
     for manifest in manifests::read_all(files)? {
         if manifest.kind() != "ResourceSlice" {
-            writeln!(note, "{}: skipping {} {:?}: not a ResourceSlice", manifest.origin, manifest.kind(), manifest.name())?;
+            writeln!(
+                note,
+                "{}: skipping {} {:?}: not a ResourceSlice",
+                manifest.origin,
+                manifest.kind(),
+                manifest.name()
+            )?;
             continue;
         }
         checked += 1;
@@ -23,7 +29,12 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
             Ok(slice) => slice,
             Err(e) => {
                 all_valid = false;
-                writeln!(out, "{}: ResourceSlice {:?}: cannot be read as resource.k8s.io/v1: {e}", manifest.origin, manifest.name())?;
+                writeln!(
+                    out,
+                    "{}: ResourceSlice {:?}: cannot be read as resource.k8s.io/v1: {e}",
+                    manifest.origin,
+                    manifest.name()
+                )?;
                 continue;
             }
         };
@@ -48,13 +59,11 @@ mod tests {
     use super::*;
 
     fn run_on(text: &str) -> (bool, String, String) {
-        let dir = std::env::temp_dir().join(format!("validate-slices-{}-{}", std::process::id(), text.len()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join("s.yaml");
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("s.yaml");
         std::fs::write(&file, text).unwrap();
         let (mut out, mut note) = (Vec::new(), Vec::new());
         let ok = run(&[file], &mut out, &mut note).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
         (ok, String::from_utf8(out).unwrap(), String::from_utf8(note).unwrap())
     }
 

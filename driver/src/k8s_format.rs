@@ -153,27 +153,22 @@ pub fn check_semver(s: &str) -> Result<(), String> {
         Some((c, p)) => (c, Some(p)),
         None => (core_and_pre, None),
     };
-    let numeric = |p: &str| {
-        !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) && (p == "0" || !p.starts_with('0'))
-    };
+    let numeric = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) && (p == "0" || !p.starts_with('0'));
     let core_parts: Vec<&str> = core.split('.').collect();
     if core_parts.len() != 3 || !core_parts.iter().all(|p| numeric(p)) {
         return Err(MSG.to_string());
     }
     let ident_chars = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-');
     if let Some(pre) = pre {
-        let ok = pre.split('.').all(|p| {
-            ident_chars(p) && (numeric(p) || !p.bytes().all(|c| c.is_ascii_digit()))
-        });
+        let ok = pre.split('.').all(|p| ident_chars(p) && (numeric(p) || !p.bytes().all(|c| c.is_ascii_digit())));
         if !ok {
             return Err(MSG.to_string());
         }
     }
-    if let Some(build) = build {
-        if !build.split('.').all(ident_chars) {
+    if let Some(build) = build
+        && !build.split('.').all(ident_chars) {
             return Err(MSG.to_string());
         }
-    }
     Ok(())
 }
 
@@ -228,7 +223,8 @@ mod tests {
         for good in ["1.2.3", "0.0.0", "580.82.7", "1.0.0-alpha.1", "1.0.0-0a", "1.0.0+build.7", "1.0.0-x-y.2+b"] {
             assert!(check_semver(good).is_ok(), "{good:?}");
         }
-        for bad in ["1.2", "1.2.3.4", "01.2.3", "580.82.07", "v1.2.3", "1.0.0-01", "1.0.0-", "1.0.0+", "1.0.0-a..b", ""] {
+        for bad in ["1.2", "1.2.3.4", "01.2.3", "580.82.07", "v1.2.3", "1.0.0-01", "1.0.0-", "1.0.0+", "1.0.0-a..b", ""]
+        {
             assert!(check_semver(bad).is_err(), "{bad:?}");
         }
     }

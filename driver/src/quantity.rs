@@ -16,7 +16,7 @@ pub fn bytes(n: u64) -> Quantity {
     const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
     let mut mantissa = n;
     let mut exponent = 0;
-    while exponent < SUFFIXES.len() && mantissa % 1024 == 0 {
+    while exponent < SUFFIXES.len() && mantissa.is_multiple_of(1024) {
         mantissa /= 1024;
         exponent += 1;
     }
@@ -35,7 +35,7 @@ pub fn count(n: u64) -> Quantity {
     }
     let mut mantissa = n;
     let mut exponent = 0;
-    while exponent < SUFFIXES.len() && mantissa % 1000 == 0 {
+    while exponent < SUFFIXES.len() && mantissa.is_multiple_of(1000) {
         mantissa /= 1000;
         exponent += 1;
     }

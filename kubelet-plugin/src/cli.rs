@@ -111,7 +111,14 @@ mod tests {
         let err = Cli::try_parse_from(["gpu-kubelet-plugin", "print-slices", "--node-name", "Bad_Node"]).unwrap_err();
         assert!(err.to_string().contains("invalid node name"), "{err}");
         let err = Cli::try_parse_from([
-            "gpu-kubelet-plugin", "print-cdi", "--node-name", "n", "--claim-uid", "../etc", "--device", "gpu-0",
+            "gpu-kubelet-plugin",
+            "print-cdi",
+            "--node-name",
+            "n",
+            "--claim-uid",
+            "../etc",
+            "--device",
+            "gpu-0",
         ])
         .unwrap_err();
         assert!(err.to_string().contains("claim UID"), "{err}");

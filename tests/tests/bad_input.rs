@@ -20,7 +20,11 @@ fn one_error_line(out: &Output) -> String {
 fn print_slices_with(dir: &Path, yaml: &str) -> (String, String) {
     let file = dir.join("inventory.yaml");
     std::fs::write(&file, yaml).unwrap();
-    let out = run(kubelet_plugin(), &["print-slices", "--node-name", "node-a", "--fake-inventory", file.to_str().unwrap()], None);
+    let out = run(
+        kubelet_plugin(),
+        &["print-slices", "--node-name", "node-a", "--fake-inventory", file.to_str().unwrap()],
+        None,
+    );
     assert_eq!(out.status.code(), Some(1));
     (one_error_line(&out), file.display().to_string())
 }
@@ -63,7 +67,11 @@ fn malformed_yaml() {
 
 #[test]
 fn missing_file() {
-    let out = run(kubelet_plugin(), &["print-slices", "--node-name", "n", "--fake-inventory", "/nonexistent/node.yaml"], None);
+    let out = run(
+        kubelet_plugin(),
+        &["print-slices", "--node-name", "n", "--fake-inventory", "/nonexistent/node.yaml"],
+        None,
+    );
     let line = one_error_line(&out);
     assert!(line.contains("/nonexistent/node.yaml: cannot read the file"), "{line}");
 }
@@ -86,7 +94,17 @@ fn unknown_device_for_cdi() {
     let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
     let out = run(
         kubelet_plugin(),
-        &["print-cdi", "--node-name", "n", "--fake-inventory", inventory.to_str().unwrap(), "--claim-uid", "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "--device", "gpu-9"],
+        &[
+            "print-cdi",
+            "--node-name",
+            "n",
+            "--fake-inventory",
+            inventory.to_str().unwrap(),
+            "--claim-uid",
+            "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a",
+            "--device",
+            "gpu-9",
+        ],
         None,
     );
     let line = one_error_line(&out);
@@ -98,7 +116,17 @@ fn invalid_flags_are_usage_errors() {
     let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
     let out = run(
         kubelet_plugin(),
-        &["print-cdi", "--node-name", "n", "--fake-inventory", inventory.to_str().unwrap(), "--claim-uid", "../../etc/passwd", "--device", "gpu-0"],
+        &[
+            "print-cdi",
+            "--node-name",
+            "n",
+            "--fake-inventory",
+            inventory.to_str().unwrap(),
+            "--claim-uid",
+            "../../etc/passwd",
+            "--device",
+            "gpu-0",
+        ],
         None,
     );
     assert_eq!(out.status.code(), Some(2));

@@ -18,9 +18,12 @@ use integration_tests::{example_inventories, kubelet_plugin, run, stdout_ok};
 
 const CLAIM_UIDS: [&str; 2] = ["0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "c7d1e2f3-0a4b-4c5d-8e6f-708192a3b4c5"];
 
+/// Device nodes a container received: (path, major, minor).
+type Nodes = BTreeSet<(String, i64, i64)>;
+
 /// Checks one spec file with the CNCF library; returns the device nodes the
 /// container gets for each CDI id.
-fn check_with_cncf_library(dir: &Path, file: &Path, emitted_version: &str, ids: &[String]) -> Vec<(String, BTreeSet<(String, i64, i64)>)> {
+fn check_with_cncf_library(dir: &Path, file: &Path, emitted_version: &str, ids: &[String]) -> Vec<(String, Nodes)> {
     let spec = read_spec(&file.to_path_buf(), 0).unwrap_or_else(|e| panic!("{}: rejected: {e:#}", file.display()));
     let minimum = minimum_required_version(&spec.cdi_spec).unwrap();
     assert_eq!(minimum.to_string(), emitted_version, "{}: cdiVersion is not the minimum", file.display());
@@ -79,12 +82,18 @@ fn every_device_of_every_example_passes_the_cncf_library() {
                     assert!(nodes.contains(&(dev.clone(), 195, gpu.minor.into())), "{device}: {nodes:?}");
                     assert!(nodes.contains(&("/dev/nvidiactl".into(), 195, 255)), "{device}: {nodes:?}");
                     assert!(nodes.iter().any(|(p, _, m)| p == "/dev/nvidia-uvm" && *m == 0), "{device}: {nodes:?}");
-                    assert!(nodes.iter().any(|(p, _, m)| p == "/dev/nvidia-uvm-tools" && *m == 1), "{device}: {nodes:?}");
+                    assert!(
+                        nodes.iter().any(|(p, _, m)| p == "/dev/nvidia-uvm-tools" && *m == 1),
+                        "{device}: {nodes:?}"
+                    );
                     let caps = nodes.iter().filter(|(p, _, _)| p.starts_with("/dev/nvidia-caps/")).count();
                     let is_mig = device.as_str().contains("-mig-");
                     assert_eq!(caps, if is_mig { 2 } else { 0 }, "{device}: {nodes:?}");
                     // No other GPU leaks into the container.
-                    let gpus = nodes.iter().filter(|(p, _, _)| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok()).count();
+                    let gpus = nodes
+                        .iter()
+                        .filter(|(p, _, _)| p.trim_start_matches("/dev/nvidia").parse::<u32>().is_ok())
+                        .count();
                     assert_eq!(gpus, 1, "{device}: {nodes:?}");
                 }
                 checked += 1;
@@ -101,8 +110,17 @@ fn print_cdi_output_passes_the_cncf_library() {
     let out = run(
         kubelet_plugin(),
         &[
-            "print-cdi", "--node-name", "node-a", "--fake-inventory", inventory.to_str().unwrap(),
-            "--claim-uid", CLAIM_UIDS[0], "--device", "gpu-0-mig-1g10gb-19-3", "--device", "gpu-3",
+            "print-cdi",
+            "--node-name",
+            "node-a",
+            "--fake-inventory",
+            inventory.to_str().unwrap(),
+            "--claim-uid",
+            CLAIM_UIDS[0],
+            "--device",
+            "gpu-0-mig-1g10gb-19-3",
+            "--device",
+            "gpu-3",
         ],
         None,
     );

@@ -53,7 +53,10 @@ fn devices(slices: &[ResourceSlice]) -> Vec<&k8s_openapi::api::resource::v1::Dev
     slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).collect()
 }
 
-fn attr<'a>(d: &'a k8s_openapi::api::resource::v1::Device, key: &str) -> Option<&'a k8s_openapi::api::resource::v1::DeviceAttribute> {
+fn attr<'a>(
+    d: &'a k8s_openapi::api::resource::v1::Device,
+    key: &str,
+) -> Option<&'a k8s_openapi::api::resource::v1::DeviceAttribute> {
     d.attributes.as_ref().and_then(|a| a.get(key))
 }
 
@@ -81,7 +84,10 @@ fn example(name: &str) -> std::path::PathBuf {
 fn dgx_h100_is_one_nvlink_group_of_eight() {
     let slices = slices_from_json(&print_slices(&example("dgx-h100.yaml"), "dgx-1", "json"));
     let devs = devices(&slices);
-    assert_eq!(devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(), (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>());
+    assert_eq!(
+        devs.iter().map(|d| d.name.as_str()).collect::<Vec<_>>(),
+        (0..8).map(|i| format!("gpu-{i}")).collect::<Vec<_>>()
+    );
     for d in &devs {
         assert_eq!(attr(d, "type").unwrap().string.as_deref(), Some("gpu"));
         assert_eq!(attr(d, "nvlinkGroup").unwrap().int, Some(0));
@@ -95,7 +101,11 @@ fn a100_mig_node_publishes_instances_not_partitioned_gpus() {
     let slices = slices_from_json(&print_slices(&example("a100-mig.yaml"), "node-a", "json"));
     let devs = devices(&slices);
     let migs: Vec<_> = devs.iter().filter(|d| attr(d, "type").unwrap().string.as_deref() == Some("mig")).collect();
-    let gpus: Vec<_> = devs.iter().filter(|d| attr(d, "type").unwrap().string.as_deref() == Some("gpu")).map(|d| d.name.as_str()).collect();
+    let gpus: Vec<_> = devs
+        .iter()
+        .filter(|d| attr(d, "type").unwrap().string.as_deref() == Some("gpu"))
+        .map(|d| d.name.as_str())
+        .collect();
     assert_eq!(migs.len(), 10);
     assert_eq!(gpus, ["gpu-2", "gpu-3"]);
     let names: BTreeSet<_> = migs.iter().map(|d| d.name.as_str()).collect();
@@ -173,7 +183,19 @@ fn taints_lower_the_split_to_64() {
 fn generation_and_driver_name_flags() {
     let out = run(
         kubelet_plugin(),
-        &["print-slices", "--node-name", "n1", "--fake-inventory", example("dgx-h100.yaml").to_str().unwrap(), "-o", "json", "--generation", "7", "--driver-name", "gpu.example.com"],
+        &[
+            "print-slices",
+            "--node-name",
+            "n1",
+            "--fake-inventory",
+            example("dgx-h100.yaml").to_str().unwrap(),
+            "-o",
+            "json",
+            "--generation",
+            "7",
+            "--driver-name",
+            "gpu.example.com",
+        ],
         None,
     );
     let slices = slices_from_json(&stdout_ok(&out));

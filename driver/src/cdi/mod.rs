@@ -49,11 +49,17 @@ impl ClaimSpec {
 pub enum CdiError {
     #[error("device {0} is not on this node (not in its GPU inventory)")]
     UnknownDevice(DeviceName),
-    #[error("/proc/devices has no nvidia-uvm entry, so /dev/nvidia-uvm cannot be given to containers: load the nvidia-uvm kernel module (nvidia-modprobe -u -c=0)")]
+    #[error(
+        "/proc/devices has no nvidia-uvm entry, so /dev/nvidia-uvm cannot be given to containers: load the nvidia-uvm kernel module (nvidia-modprobe -u -c=0)"
+    )]
     UvmNotLoaded,
-    #[error("MIG device {0} needs /dev/nvidia-caps, but /proc/devices has no nvidia-caps entry: load the nvidia driver with MIG support")]
+    #[error(
+        "MIG device {0} needs /dev/nvidia-caps, but /proc/devices has no nvidia-caps entry: load the nvidia driver with MIG support"
+    )]
     CapsNotLoaded(DeviceName),
-    #[error("MIG device {0} has no access capability in /proc/driver/nvidia-caps/mig-minors: check that the MIG instance still exists (nvidia-smi mig -lgi)")]
+    #[error(
+        "MIG device {0} has no access capability in /proc/driver/nvidia-caps/mig-minors: check that the MIG instance still exists (nvidia-smi mig -lgi)"
+    )]
     MissingMigCaps(DeviceName),
     #[error("a claim needs at least one device")]
     NoDevices,
@@ -65,7 +71,12 @@ pub fn vendor(driver: &DriverName) -> String {
 }
 
 /// Builds the spec that gives `devices` of `claim` to its containers.
-pub fn claim_spec(driver: &DriverName, inventory: &Inventory, claim: &ClaimUid, devices: &[DeviceName]) -> Result<ClaimSpec, CdiError> {
+pub fn claim_spec(
+    driver: &DriverName,
+    inventory: &Inventory,
+    claim: &ClaimUid,
+    devices: &[DeviceName],
+) -> Result<ClaimSpec, CdiError> {
     if devices.is_empty() {
         return Err(CdiError::NoDevices);
     }
@@ -103,7 +114,11 @@ pub fn claim_spec(driver: &DriverName, inventory: &Inventory, claim: &ClaimUid, 
     Ok(ClaimSpec { spec, file_name: format!("{vendor}-{CLAIM_CLASS}_{claim}.json"), device_ids })
 }
 
-fn device_nodes(inventory: &Inventory, name: &DeviceName, device: &PublishedDevice<'_>) -> Result<Vec<DeviceNode>, CdiError> {
+fn device_nodes(
+    inventory: &Inventory,
+    name: &DeviceName,
+    device: &PublishedDevice<'_>,
+) -> Result<Vec<DeviceNode>, CdiError> {
     let gpu = device.gpu();
     let mut nodes = vec![DeviceNode::char(format!("/dev/nvidia{}", gpu.minor), NVIDIA_MAJOR, gpu.minor)];
     if let PublishedDevice::Mig { mig, .. } = device {
@@ -137,17 +152,24 @@ mod tests {
     #[test]
     fn gpu_claim_spec() {
         let inv = inventory(vec![gpu(0), gpu(3)]);
-        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-3"), dn("gpu-0"), dn("gpu-3")]).unwrap();
+        let s =
+            claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-3"), dn("gpu-0"), dn("gpu-3")]).unwrap();
         assert_eq!(s.file_name, "k8s.gpu.nvidia.com-claim_0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a.json");
         assert_eq!(s.spec.kind, "k8s.gpu.nvidia.com/claim");
         assert_eq!(s.spec.cdi_version, "0.5.0", "the claim UID starts with a digit");
         assert_eq!(s.device_ids.len(), 2, "duplicates collapse");
-        assert_eq!(s.device_id(&dn("gpu-3")), Some("k8s.gpu.nvidia.com/claim=0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a-gpu-3"));
+        assert_eq!(
+            s.device_id(&dn("gpu-3")),
+            Some("k8s.gpu.nvidia.com/claim=0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a-gpu-3")
+        );
         assert_eq!(node_paths(&s.spec.devices[0]), ["/dev/nvidia3"]);
         let common = &s.spec.container_edits;
         assert_eq!(common.env, ["NVIDIA_VISIBLE_DEVICES=void"]);
         let paths: Vec<_> = common.device_nodes.iter().map(|n| (n.path.as_str(), n.major, n.minor)).collect();
-        assert_eq!(paths, [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 235, 0), ("/dev/nvidia-uvm-tools", 235, 1)]);
+        assert_eq!(
+            paths,
+            [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 235, 0), ("/dev/nvidia-uvm-tools", 235, 1)]
+        );
         assert!(common.device_nodes.iter().all(|n| n.node_type == "c"));
     }
 
@@ -165,7 +187,10 @@ mod tests {
         parent.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 2, 1)]);
         let inv = inventory(vec![parent]);
         let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-1-mig-1g10gb-19-2")]).unwrap();
-        assert_eq!(node_paths(&s.spec.devices[0]), ["/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]);
+        assert_eq!(
+            node_paths(&s.spec.devices[0]),
+            ["/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]
+        );
         assert_eq!(s.spec.devices[0].container_edits.device_nodes[1].major, 236);
     }
 

@@ -88,7 +88,10 @@ mod tests {
             kind: "k8s.gpu.nvidia.com/claim".into(),
             devices: vec![Device {
                 name: "1b2c-gpu-0".into(),
-                container_edits: ContainerEdits { env: vec![], device_nodes: vec![DeviceNode::char("/dev/nvidia0", 195, 0)] },
+                container_edits: ContainerEdits {
+                    env: vec![],
+                    device_nodes: vec![DeviceNode::char("/dev/nvidia0", 195, 0)],
+                },
             }],
             container_edits: ContainerEdits { env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()], device_nodes: vec![] },
         };
@@ -100,7 +103,12 @@ mod tests {
 
     #[test]
     fn minimum_versions() {
-        let mut spec = Spec { cdi_version: String::new(), kind: "vendor.com/claim".into(), devices: vec![], container_edits: ContainerEdits::default() };
+        let mut spec = Spec {
+            cdi_version: String::new(),
+            kind: "vendor.com/claim".into(),
+            devices: vec![],
+            container_edits: ContainerEdits::default(),
+        };
         assert_eq!(minimum_version(&spec), "0.3.0");
         spec.devices.push(Device { name: "a-gpu-0".into(), container_edits: ContainerEdits::default() });
         assert_eq!(minimum_version(&spec), "0.3.0");

@@ -97,7 +97,12 @@ pub fn load(path: &Path, node: &NodeName) -> Result<Inventory, FakeInventoryErro
         problem: format!("cannot read the file: {e}"),
         fix: "pass the path of an existing fake inventory YAML file (see examples/inventories/)".to_string(),
     })?;
-    parse(&text, node).map_err(|(field, problem, fix)| FakeInventoryError { file: path.to_path_buf(), field, problem, fix })
+    parse(&text, node).map_err(|(field, problem, fix)| FakeInventoryError {
+        file: path.to_path_buf(),
+        field,
+        problem,
+        fix,
+    })
 }
 
 /// (field, problem, fix): a located error before the file name is attached.
@@ -206,18 +211,22 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
     let catalog = Catalog::embedded().map_err(|e| (String::new(), e.to_string(), "rebuild the binary".to_string()))?;
     let version = |field: &str, raw: Option<&str>, default: &str| {
         let raw = raw.unwrap_or(default);
-        Semver::normalize(raw).map_err(|e| {
-            (field.to_string(), e.to_string(), format!("write a version such as \"{default}\""))
-        })
+        Semver::normalize(raw)
+            .map_err(|e| (field.to_string(), e.to_string(), format!("write a version such as \"{default}\"")))
     };
     let driver_version = version("driverVersion", file.driver_version.as_deref(), DEFAULT_DRIVER_VERSION)?;
-    let cuda_driver_version = version("cudaDriverVersion", file.cuda_driver_version.as_deref(), DEFAULT_CUDA_DRIVER_VERSION)?;
+    let cuda_driver_version =
+        version("cudaDriverVersion", file.cuda_driver_version.as_deref(), DEFAULT_CUDA_DRIVER_VERSION)?;
     let device_majors = DeviceMajors {
         nvidia_uvm: Some(file.device_majors.as_ref().and_then(|m| m.nvidia_uvm).unwrap_or(DEFAULT_UVM_MAJOR)),
         nvidia_caps: Some(file.device_majors.as_ref().and_then(|m| m.nvidia_caps).unwrap_or(DEFAULT_CAPS_MAJOR)),
     };
     if file.gpus.is_empty() {
-        return Err(("gpus".into(), "lists no GPUs".into(), "add at least one entry such as {model: H100-80GB, count: 1}".into()));
+        return Err((
+            "gpus".into(),
+            "lists no GPUs".into(),
+            "add at least one entry such as {model: H100-80GB, count: 1}".into(),
+        ));
     }
     let total: u32 = file.gpus.iter().map(|e| e.count).sum();
     if total > MAX_GPUS {
@@ -239,7 +248,11 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
             )
         })?;
         if entry.count == 0 {
-            return Err((at("count"), "must be at least 1".into(), "set count to the number of GPUs of this model".into()));
+            return Err((
+                at("count"),
+                "must be at least 1".into(),
+                "set count to the number of GPUs of this model".into(),
+            ));
         }
         let groups = entry_nvlink_groups(entry, &at)?;
         let clique = entry
@@ -247,7 +260,11 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
             .as_ref()
             .map(|c| {
                 let cluster_uuid = uuid::Uuid::parse_str(&c.cluster_uuid).map_err(|err| {
-                    (at("clique.clusterUuid"), format!("{:?} is not a UUID: {err}", c.cluster_uuid), "write a UUID such as 9b3e4c1a-0d2f-4e5b-8a6c-7d9e0f1a2b3c".into())
+                    (
+                        at("clique.clusterUuid"),
+                        format!("{:?} is not a UUID: {err}", c.cluster_uuid),
+                        "write a UUID such as 9b3e4c1a-0d2f-4e5b-8a6c-7d9e0f1a2b3c".into(),
+                    )
                 })?;
                 Ok::<_, Located>(CliqueId { cluster_uuid, clique: c.clique_id })
             })
@@ -276,15 +293,27 @@ fn entry_nvlink_groups(entry: &FakeGpuEntry, at: &dyn Fn(&str) -> String) -> Res
     for (g, group) in entry.nvlink_groups.iter().enumerate() {
         let field = at(&format!("nvlinkGroups[{g}]"));
         if group.len() < 2 {
-            return Err((field, "an NVLink group needs at least two GPUs".into(), "list two or more GPU indices or drop the group".into()));
+            return Err((
+                field,
+                "an NVLink group needs at least two GPUs".into(),
+                "list two or more GPU indices or drop the group".into(),
+            ));
         }
         let lowest = *group.iter().min().unwrap_or(&0);
         for &i in group {
             if i >= entry.count {
-                return Err((field, format!("GPU index {i} is beyond this entry's count of {}", entry.count), format!("use indices 0 to {}", entry.count - 1)));
+                return Err((
+                    field,
+                    format!("GPU index {i} is beyond this entry's count of {}", entry.count),
+                    format!("use indices 0 to {}", entry.count - 1),
+                ));
             }
             if out.insert(i, lowest).is_some() {
-                return Err((field, format!("GPU {i} is in more than one NVLink group"), "merge the groups that share it".into()));
+                return Err((
+                    field,
+                    format!("GPU {i} is in more than one NVLink group"),
+                    "merge the groups that share it".into(),
+                ));
             }
         }
     }
@@ -302,7 +331,11 @@ fn entry_mig_layouts<'m>(
         let targets: Vec<u32> = layout.gpus.clone().unwrap_or_else(|| (0..entry.count).collect());
         for &g in &targets {
             if g >= entry.count {
-                return Err((at(&format!("mig[{l}].gpus")), format!("GPU index {g} is beyond this entry's count of {}", entry.count), format!("use indices 0 to {}", entry.count - 1)));
+                return Err((
+                    at(&format!("mig[{l}].gpus")),
+                    format!("GPU index {g} is beyond this entry's count of {}", entry.count),
+                    format!("use indices 0 to {}", entry.count - 1),
+                ));
             }
             let instances = layout
                 .instances
@@ -313,7 +346,11 @@ fn entry_mig_layouts<'m>(
                 })
                 .collect();
             if requested.insert(g, (l, instances)).is_some() {
-                return Err((at(&format!("mig[{l}].gpus")), format!("GPU {g} already has a MIG layout"), "give each GPU at most one layout".into()));
+                return Err((
+                    at(&format!("mig[{l}].gpus")),
+                    format!("GPU {g} already has a MIG layout"),
+                    "give each GPU at most one layout".into(),
+                ));
             }
         }
     }
@@ -335,21 +372,39 @@ fn apply_faults(entry: &FakeGpuEntry, gpus: &mut [Gpu], at: &dyn Fn(&str) -> Str
     for (f, fault) in entry.faults.iter().enumerate() {
         let field = at(&format!("faults[{f}]"));
         let Some(gpu) = gpus.get_mut(fault.gpu as usize) else {
-            return Err((field, format!("GPU index {} is beyond this entry's count of {}", fault.gpu, entry.count), format!("use indices 0 to {}", entry.count - 1)));
+            return Err((
+                field,
+                format!("GPU index {} is beyond this entry's count of {}", fault.gpu, entry.count),
+                format!("use indices 0 to {}", entry.count - 1),
+            ));
         };
         let kind = match (fault.xid, fault.lost) {
             (Some(xid), false) => Fault::Xid(xid),
             (None, true) => Fault::Lost,
-            _ => return Err((field, "a fault is either an xid or lost: true".into(), "set exactly one of xid and lost".into())),
+            _ => {
+                return Err((
+                    field,
+                    "a fault is either an xid or lost: true".into(),
+                    "set exactly one of xid and lost".into(),
+                ));
+            }
         };
         match fault.mig_instance {
             None => gpu.faults.push(kind),
             Some(i) => {
                 let MigMode::Enabled(migs) = &mut gpu.mig else {
-                    return Err((field, format!("GPU {} has no MIG instances", fault.gpu), "drop migInstance or give the GPU a MIG layout".into()));
+                    return Err((
+                        field,
+                        format!("GPU {} has no MIG instances", fault.gpu),
+                        "drop migInstance or give the GPU a MIG layout".into(),
+                    ));
                 };
                 let Some(mig) = migs.get_mut(i as usize) else {
-                    return Err((field, format!("GPU {} has {} MIG instance(s), not {}", fault.gpu, migs.len(), i + 1), "use an index into that GPU's instances list".into()));
+                    return Err((
+                        field,
+                        format!("GPU {} has {} MIG instance(s), not {}", fault.gpu, migs.len(), i + 1),
+                        "use an index into that GPU's instances list".into(),
+                    ));
                 };
                 mig.faults.push(kind);
             }
@@ -473,17 +528,22 @@ mod tests {
 
     #[test]
     fn entries_number_gpus_in_order_and_groups_are_per_entry() {
-        let inv = ok("gpus: [{model: A30-24GB, count: 2, nvlinkGroups: [[0,1]]}, {model: A30-24GB, count: 2, nvlinkGroups: [[0,1]]}]");
+        let inv = ok(
+            "gpus: [{model: A30-24GB, count: 2, nvlinkGroups: [[0,1]]}, {model: A30-24GB, count: 2, nvlinkGroups: [[0,1]]}]",
+        );
         let groups: Vec<_> = inv.gpus.iter().map(|g| g.nvlink_group).collect();
         assert_eq!(groups, [Some(0), Some(0), Some(2), Some(2)]);
     }
 
     #[test]
     fn mig_layouts_become_devices() {
-        let inv = ok("gpus: [{model: A100-SXM4-80GB, count: 2, mig: [{gpus: [1], instances: [3g.40gb, 2g.20gb, {profile: 1g.10gb, start: 6}]}]}]");
+        let inv = ok(
+            "gpus: [{model: A100-SXM4-80GB, count: 2, mig: [{gpus: [1], instances: [3g.40gb, 2g.20gb, {profile: 1g.10gb, start: 6}]}]}]",
+        );
         assert_eq!(inv.gpus[0].mig, MigMode::Disabled);
         let MigMode::Enabled(migs) = &inv.gpus[1].mig else { panic!("gpu 1 is partitioned") };
-        let summary: Vec<_> = migs.iter().map(|m| (m.profile.name.as_str(), m.placement.start, m.gpu_instance_id)).collect();
+        let summary: Vec<_> =
+            migs.iter().map(|m| (m.profile.name.as_str(), m.placement.start, m.gpu_instance_id)).collect();
         assert_eq!(summary, [("3g.40gb", 0, 1), ("2g.20gb", 4, 2), ("1g.10gb", 6, 3)]);
         assert_eq!(migs[0].profile.memory_bytes, 40192 << 20);
         assert_eq!(migs[0].caps, Some(MigCapMinors { gpu_instance: 3 + 135 + 9, compute_instance: 3 + 135 + 10 }));

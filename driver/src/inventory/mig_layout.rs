@@ -50,15 +50,14 @@ pub fn place<'m>(model: &'m GpuModel, requested: &[RequestedInstance]) -> Result
                 format!("use one of: {}", model.mig_profile_names().join(", ")),
             ));
         };
-        if let Some(start) = r.start {
-            if !profile.placements().any(|p| p.start == start) {
+        if let Some(start) = r.start
+            && !profile.placements().any(|p| p.start == start) {
                 let starts: Vec<String> = profile.placements().map(|p| p.start.to_string()).collect();
                 return Err(err(
                     format!("cannot start at memory slice {start}"),
                     format!("use one of the starts {} or leave start out", starts.join(", ")),
                 ));
             }
-        }
         let same = requested[..=i].iter().filter(|o| o.profile == r.profile).count();
         if same as u32 > profile.max_count {
             return Err(err(
@@ -66,10 +65,16 @@ pub fn place<'m>(model: &'m GpuModel, requested: &[RequestedInstance]) -> Result
                 format!("remove {} instance(s) of {}", same as u32 - profile.max_count, r.profile),
             ));
         }
-        let compute: u32 = profiles.iter().map(|p: &&CatalogMigProfile| p.compute_slices).sum::<u32>() + profile.compute_slices;
+        let compute: u32 =
+            profiles.iter().map(|p: &&CatalogMigProfile| p.compute_slices).sum::<u32>() + profile.compute_slices;
         if compute > model.compute_slices {
             return Err(err(
-                format!("needs {} compute slice(s) but only {} of {} remain", profile.compute_slices, model.compute_slices.saturating_sub(compute - profile.compute_slices), model.compute_slices),
+                format!(
+                    "needs {} compute slice(s) but only {} of {} remain",
+                    profile.compute_slices,
+                    model.compute_slices.saturating_sub(compute - profile.compute_slices),
+                    model.compute_slices
+                ),
                 "use smaller profiles or fewer instances".to_string(),
             ));
         }
@@ -103,16 +108,17 @@ pub fn place<'m>(model: &'m GpuModel, requested: &[RequestedInstance]) -> Result
             }
         }
     }
-    Ok(placed
-        .into_iter()
-        .zip(&profiles)
-        .map(|(placement, &profile)| PlacedInstance { profile, placement })
-        .collect())
+    Ok(placed.into_iter().zip(&profiles).map(|(placement, &profile)| PlacedInstance { profile, placement }).collect())
 }
 
 /// Backtracking over each instance's allowed placements.
 fn search(profiles: &[&CatalogMigProfile], requested: &[RequestedInstance]) -> Option<Vec<Placement>> {
-    fn go(i: usize, profiles: &[&CatalogMigProfile], requested: &[RequestedInstance], chosen: &mut Vec<Placement>) -> bool {
+    fn go(
+        i: usize,
+        profiles: &[&CatalogMigProfile],
+        requested: &[RequestedInstance],
+        chosen: &mut Vec<Placement>,
+    ) -> bool {
         if i == profiles.len() {
             return true;
         }

@@ -221,9 +221,7 @@ impl<'a> PublishedDevice<'a> {
     pub fn faults(&self) -> Vec<Fault> {
         match self {
             PublishedDevice::Gpu(gpu) => gpu.faults.clone(),
-            PublishedDevice::Mig { parent, mig } => {
-                parent.faults.iter().chain(&mig.faults).copied().collect()
-            }
+            PublishedDevice::Mig { parent, mig } => parent.faults.iter().chain(&mig.faults).copied().collect(),
         }
     }
 }
@@ -248,9 +246,7 @@ impl Inventory {
 
     /// Looks a published device up by its device name.
     pub fn find_device(&self, name: &DeviceName) -> Option<PublishedDevice<'_>> {
-        self.published_devices()
-            .into_iter()
-            .find(|d| d.name().is_ok_and(|n| &n == name))
+        self.published_devices().into_iter().find(|d| d.name().is_ok_and(|n| &n == name))
     }
 }
 
@@ -347,8 +343,7 @@ mod tests {
         let mut stranded = gpu(2);
         stranded.mig = MigMode::Enabled(vec![]);
         let inv = inventory(vec![gpu(0), partitioned, stranded]);
-        let names: Vec<String> =
-            inv.published_devices().iter().map(|d| d.name().unwrap().to_string()).collect();
+        let names: Vec<String> = inv.published_devices().iter().map(|d| d.name().unwrap().to_string()).collect();
         assert_eq!(names, ["gpu-0", "gpu-1-mig-3g40gb-9-0", "gpu-1-mig-3g40gb-9-4"]);
         let found = inv.find_device(&DeviceName::new("gpu-1-mig-3g40gb-9-4").unwrap()).unwrap();
         assert_eq!(found.gpu().minor, 1);

@@ -174,7 +174,11 @@ pub fn taints(driver: &DriverName, faults: &[Fault]) -> Vec<DeviceTaint> {
 }
 
 /// The API object for one published device.
-pub fn to_api_device(driver: &DriverName, inv: &Inventory, device: &PublishedDevice<'_>) -> Result<Device, InvalidName> {
+pub fn to_api_device(
+    driver: &DriverName,
+    inv: &Inventory,
+    device: &PublishedDevice<'_>,
+) -> Result<Device, InvalidName> {
     let (attributes, capacity) = match device {
         PublishedDevice::Gpu(gpu) => gpu_device(inv, gpu),
         PublishedDevice::Mig { parent, mig } => mig_device(inv, parent, mig),
@@ -254,7 +258,10 @@ mod tests {
         assert!(taints(&driver, &[]).is_empty());
         let t = taints(&driver, &[Fault::Xid(48), Fault::Xid(79), Fault::Lost]);
         assert_eq!(t.len(), 2);
-        assert_eq!((t[0].key.as_str(), t[0].value.as_deref(), t[0].effect.as_str()), ("gpu.nvidia.com/xid", Some("79"), "NoSchedule"));
+        assert_eq!(
+            (t[0].key.as_str(), t[0].value.as_deref(), t[0].effect.as_str()),
+            ("gpu.nvidia.com/xid", Some("79"), "NoSchedule")
+        );
         assert_eq!((t[1].key.as_str(), t[1].effect.as_str()), ("gpu.nvidia.com/gpu-lost", "NoExecute"));
     }
 }

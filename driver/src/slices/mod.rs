@@ -146,7 +146,10 @@ mod tests {
         assert_eq!(s.metadata.name.as_deref(), Some("node-a-gpu.nvidia.com-0"));
         assert_eq!(s.spec.driver, "gpu.nvidia.com");
         assert_eq!(s.spec.node_name.as_deref(), Some("node-a"));
-        assert_eq!((s.spec.pool.name.as_str(), s.spec.pool.generation, s.spec.pool.resource_slice_count), ("node-a", 3, 1));
+        assert_eq!(
+            (s.spec.pool.name.as_str(), s.spec.pool.generation, s.spec.pool.resource_slice_count),
+            ("node-a", 3, 1)
+        );
         assert_eq!(sizes(&slices), [8]);
     }
 

@@ -60,7 +60,9 @@ impl Errors {
 pub fn validate_slice(slice: &ResourceSlice) -> Vec<FieldError> {
     let mut errs = Errors::default();
     match slice.metadata.name.as_deref() {
-        None | Some("") if slice.metadata.generate_name.is_none() => errs.add("metadata.name", "Required value: name or generateName is required"),
+        None | Some("") if slice.metadata.generate_name.is_none() => {
+            errs.add("metadata.name", "Required value: name or generateName is required")
+        }
         Some(name) if !name.is_empty() => errs.check("metadata.name", fmtchk::check_dns1123_subdomain(name)),
         _ => {}
     }
@@ -82,10 +84,16 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
         }
     }
     if pool.resource_slice_count <= 0 {
-        errs.add("spec.pool.resourceSliceCount", format!("Invalid value: {}: must be greater than zero", pool.resource_slice_count));
+        errs.add(
+            "spec.pool.resourceSliceCount",
+            format!("Invalid value: {}: must be greater than zero", pool.resource_slice_count),
+        );
     }
     if pool.generation < 0 {
-        errs.add("spec.pool.generation", format!("Invalid value: {}: must be greater than or equal to zero", pool.generation));
+        errs.add(
+            "spec.pool.generation",
+            format!("Invalid value: {}: must be greater than or equal to zero", pool.generation),
+        );
     }
 
     let mut access = Vec::new();
@@ -132,7 +140,10 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
 
     if let Some(sets) = &spec.shared_counters {
         if sets.len() > MAX_COUNTER_SETS {
-            errs.add("spec.sharedCounters", format!("Too many: {}: must have at most {MAX_COUNTER_SETS} items", sets.len()));
+            errs.add(
+                "spec.sharedCounters",
+                format!("Too many: {}: must have at most {MAX_COUNTER_SETS} items", sets.len()),
+            );
         }
         let mut names = BTreeSet::new();
         for (i, set) in sets.iter().enumerate() {
@@ -144,7 +155,10 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
             if set.counters.is_empty() {
                 errs.add(format!("{at}.counters"), "Required value");
             } else if set.counters.len() > MAX_COUNTERS_PER_SET {
-                errs.add(format!("{at}.counters"), format!("Too many: {}: must have at most {MAX_COUNTERS_PER_SET} items", set.counters.len()));
+                errs.add(
+                    format!("{at}.counters"),
+                    format!("Too many: {}: must have at most {MAX_COUNTERS_PER_SET} items", set.counters.len()),
+                );
             }
             for key in set.counters.keys() {
                 errs.check(format!("{at}.counters[{key}]"), fmtchk::check_dns1123_label(key));
@@ -196,7 +210,13 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
     }
     if let Some(taints) = &device.taints {
         if taints.len() > MAX_TAINTS_PER_DEVICE {
-            errs.add(format!("{at}.taints"), format!("Too many: {}: must have at most {MAX_TAINTS_PER_DEVICE} items (the limit of Kubernetes 1.34)", taints.len()));
+            errs.add(
+                format!("{at}.taints"),
+                format!(
+                    "Too many: {}: must have at most {MAX_TAINTS_PER_DEVICE} items (the limit of Kubernetes 1.34)",
+                    taints.len()
+                ),
+            );
         }
         for (t, taint) in taints.iter().enumerate() {
             let tat = format!("{at}.taints[{t}]");
@@ -207,14 +227,23 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
             match taint.effect.as_str() {
                 "NoSchedule" | "NoExecute" => {}
                 "" => errs.add(format!("{tat}.effect"), "Required value"),
-                "None" => errs.add(format!("{tat}.effect"), "Unsupported value: \"None\" needs Kubernetes 1.35; use \"NoSchedule\" or \"NoExecute\""),
-                other => errs.add(format!("{tat}.effect"), format!("Unsupported value: {other:?}: supported values: \"NoExecute\", \"NoSchedule\"")),
+                "None" => errs.add(
+                    format!("{tat}.effect"),
+                    "Unsupported value: \"None\" needs Kubernetes 1.35; use \"NoSchedule\" or \"NoExecute\"",
+                ),
+                other => errs.add(
+                    format!("{tat}.effect"),
+                    format!("Unsupported value: {other:?}: supported values: \"NoExecute\", \"NoSchedule\""),
+                ),
             }
         }
     }
     if let Some(consumes) = &device.consumes_counters {
         if consumes.len() > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE {
-            errs.add(format!("{at}.consumesCounters"), format!("Too many: {}: must have at most {MAX_COUNTER_CONSUMPTIONS_PER_DEVICE} items", consumes.len()));
+            errs.add(
+                format!("{at}.consumesCounters"),
+                format!("Too many: {}: must have at most {MAX_COUNTER_CONSUMPTIONS_PER_DEVICE} items", consumes.len()),
+            );
         }
         let mut sets = BTreeSet::new();
         for (c, consumption) in consumes.iter().enumerate() {
@@ -249,13 +278,22 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
     let conditions = device.binding_conditions.as_deref().unwrap_or_default();
     let failures = device.binding_failure_conditions.as_deref().unwrap_or_default();
     if conditions.len() > MAX_BINDING_CONDITIONS {
-        errs.add(format!("{at}.bindingConditions"), format!("Too many: {}: must have at most {MAX_BINDING_CONDITIONS} items", conditions.len()));
+        errs.add(
+            format!("{at}.bindingConditions"),
+            format!("Too many: {}: must have at most {MAX_BINDING_CONDITIONS} items", conditions.len()),
+        );
     }
     if failures.len() > MAX_BINDING_CONDITIONS {
-        errs.add(format!("{at}.bindingFailureConditions"), format!("Too many: {}: must have at most {MAX_BINDING_CONDITIONS} items", failures.len()));
+        errs.add(
+            format!("{at}.bindingFailureConditions"),
+            format!("Too many: {}: must have at most {MAX_BINDING_CONDITIONS} items", failures.len()),
+        );
     }
     if conditions.is_empty() != failures.is_empty() {
-        errs.add(format!("{at}.bindingConditions"), "bindingConditions and bindingFailureConditions must be set together");
+        errs.add(
+            format!("{at}.bindingConditions"),
+            "bindingConditions and bindingFailureConditions must be set together",
+        );
     }
     if device.node_allocatable_resources.is_some() {
         errs.add(format!("{at}.nodeAllocatableResources"), "not supported by Kubernetes 1.34 to 1.36; leave unset");
@@ -278,7 +316,10 @@ fn validate_attribute(value: &DeviceAttribute, field: &str, errs: &mut Errors) {
     }
     if let Some(v) = &value.version {
         set += 1;
-        errs.check(format!("{field}.version"), fmtchk::check_semver(v).map_err(|m| format!("Invalid value: {v:?}: {m}")));
+        errs.check(
+            format!("{field}.version"),
+            fmtchk::check_semver(v).map_err(|m| format!("Invalid value: {v:?}: {m}")),
+        );
         if v.len() > MAX_VALUE_LEN {
             errs.add(format!("{field}.version"), format!("Too long: may not be more than {MAX_VALUE_LEN} bytes"));
         }
@@ -303,8 +344,14 @@ mod tests {
     fn device(name: &str) -> Device {
         Device {
             name: name.into(),
-            attributes: Some(BTreeMap::from([("type".into(), DeviceAttribute { string: Some("gpu".into()), ..Default::default() })])),
-            capacity: Some(BTreeMap::from([("memory".into(), DeviceCapacity { value: Quantity("80Gi".into()), request_policy: None })])),
+            attributes: Some(BTreeMap::from([(
+                "type".into(),
+                DeviceAttribute { string: Some("gpu".into()), ..Default::default() },
+            )])),
+            capacity: Some(BTreeMap::from([(
+                "memory".into(),
+                DeviceCapacity { value: Quantity("80Gi".into()), request_policy: None },
+            )])),
             ..Default::default()
         }
     }
@@ -340,7 +387,12 @@ mod tests {
         assert_eq!(fields(&slice(too_many)), ["spec.devices"]);
 
         let mut tainted: Vec<Device> = many[..65].to_vec();
-        tainted[0].taints = Some(vec![DeviceTaint { key: "gpu.nvidia.com/xid".into(), value: Some("79".into()), effect: "NoSchedule".into(), time_added: None }]);
+        tainted[0].taints = Some(vec![DeviceTaint {
+            key: "gpu.nvidia.com/xid".into(),
+            value: Some("79".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
         let errs = validate_slice(&slice(tainted.clone()));
         assert_eq!(errs.len(), 1);
         assert!(errs[0].rule.contains("at most 64"), "{}", errs[0]);
@@ -352,20 +404,26 @@ mod tests {
     fn attribute_rules() {
         let mut d = device("gpu-0");
         let attrs = d.attributes.as_mut().unwrap();
-        attrs.insert("driverVersion".into(), DeviceAttribute { version: Some("580.82.07".into()), ..Default::default() });
+        attrs.insert(
+            "driverVersion".into(),
+            DeviceAttribute { version: Some("580.82.07".into()), ..Default::default() },
+        );
         attrs.insert("productName".into(), DeviceAttribute { string: Some("x".repeat(65)), ..Default::default() });
         attrs.insert("bad-name".into(), DeviceAttribute { int: Some(1), ..Default::default() });
         attrs.insert("both".into(), DeviceAttribute { int: Some(1), bool: Some(true), ..Default::default() });
         attrs.insert("lists".into(), DeviceAttribute { ints: Some(vec![1]), ..Default::default() });
         let errs = validate_slice(&slice(vec![d]));
         let got: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
-        assert_eq!(got, [
-            "spec.devices[0].attributes[bad-name]",
-            "spec.devices[0].attributes[both]",
-            "spec.devices[0].attributes[driverVersion].version",
-            "spec.devices[0].attributes[lists]",
-            "spec.devices[0].attributes[productName].string",
-        ]);
+        assert_eq!(
+            got,
+            [
+                "spec.devices[0].attributes[bad-name]",
+                "spec.devices[0].attributes[both]",
+                "spec.devices[0].attributes[driverVersion].version",
+                "spec.devices[0].attributes[lists]",
+                "spec.devices[0].attributes[productName].string",
+            ]
+        );
         assert!(errs[2].rule.contains("semver"), "{}", errs[2]);
     }
 
@@ -373,7 +431,10 @@ mod tests {
     fn attribute_count_limit() {
         let mut d = device("gpu-0");
         for i in 0..31 {
-            d.attributes.as_mut().unwrap().insert(format!("a{i}"), DeviceAttribute { int: Some(i), ..Default::default() });
+            d.attributes
+                .as_mut()
+                .unwrap()
+                .insert(format!("a{i}"), DeviceAttribute { int: Some(i), ..Default::default() });
         }
         let errs = validate_slice(&slice(vec![d]));
         assert_eq!(errs.len(), 1);
@@ -387,15 +448,37 @@ mod tests {
         s.spec.pool.resource_slice_count = 0;
         s.spec.driver = "GPU".into();
         s.metadata.name = Some("Bad_Name".into());
-        assert_eq!(fields(&s), ["metadata.name", "spec.driver", "spec.pool.resourceSliceCount", "spec", "spec.devices[1]"]);
+        assert_eq!(
+            fields(&s),
+            ["metadata.name", "spec.driver", "spec.pool.resourceSliceCount", "spec", "spec.devices[1]"]
+        );
     }
 
     #[test]
     fn taint_rules_follow_the_oldest_supported_server() {
         let mut d = device("gpu-0");
-        let taint = |key: &str, effect: &str| DeviceTaint { key: key.into(), value: None, effect: effect.into(), time_added: None };
-        d.taints = Some(vec![taint("gpu.nvidia.com/xid", "None"), taint("bad key", "NoSchedule"), taint("a", "Sometimes"), taint("b", "NoExecute"), taint("c", "NoExecute")]);
+        let taint = |key: &str, effect: &str| DeviceTaint {
+            key: key.into(),
+            value: None,
+            effect: effect.into(),
+            time_added: None,
+        };
+        d.taints = Some(vec![
+            taint("gpu.nvidia.com/xid", "None"),
+            taint("bad key", "NoSchedule"),
+            taint("a", "Sometimes"),
+            taint("b", "NoExecute"),
+            taint("c", "NoExecute"),
+        ]);
         let got = fields(&slice(vec![d]));
-        assert_eq!(got, ["spec.devices[0].taints", "spec.devices[0].taints[0].effect", "spec.devices[0].taints[1].key", "spec.devices[0].taints[2].effect"]);
+        assert_eq!(
+            got,
+            [
+                "spec.devices[0].taints",
+                "spec.devices[0].taints[0].effect",
+                "spec.devices[0].taints[1].key",
+                "spec.devices[0].taints[2].effect"
+            ]
+        );
     }
 }

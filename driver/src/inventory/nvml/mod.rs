@@ -5,7 +5,9 @@ use super::{DiscoveryError, Inventory, InventorySource};
 /// Why NVML discovery failed.
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlDiscoveryError {
-    #[error("NVML is unavailable ({0}): run on a node with the NVIDIA driver installed, or pass --fake-inventory FILE to use a fake GPU inventory")]
+    #[error(
+        "NVML is unavailable ({0}): run on a node with the NVIDIA driver installed, or pass --fake-inventory FILE to use a fake GPU inventory"
+    )]
     LibraryUnavailable(String),
 }
 
