@@ -166,9 +166,10 @@ pub fn check_semver(s: &str) -> Result<(), String> {
         }
     }
     if let Some(build) = build
-        && !build.split('.').all(ident_chars) {
-            return Err(MSG.to_string());
-        }
+        && !build.split('.').all(ident_chars)
+    {
+        return Err(MSG.to_string());
+    }
     Ok(())
 }
 

@@ -13,35 +13,29 @@ pub fn bytes(n: u64) -> Quantity {
     if n < 1024 {
         return count(n);
     }
-    const SUFFIXES: [&str; 6] = ["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"];
-    let mut mantissa = n;
-    let mut exponent = 0;
-    while exponent < SUFFIXES.len() && mantissa.is_multiple_of(1024) {
-        mantissa /= 1024;
-        exponent += 1;
-    }
-    match exponent {
-        0 => Quantity(n.to_string()),
-        e => Quantity(format!("{mantissa}{}", SUFFIXES[e - 1])),
-    }
+    fold(n, 1024, &["Ki", "Mi", "Gi", "Ti", "Pi", "Ei"])
 }
 
 /// A plain count, as `resource.NewQuantity(n, DecimalSI)` prints it: trailing
 /// zeros folded into `k`, `M`, `G`, ... in steps of three (`7`, `1500`, `2k`).
 pub fn count(n: u64) -> Quantity {
-    const SUFFIXES: [&str; 6] = ["k", "M", "G", "T", "P", "E"];
     if n == 0 {
         return Quantity("0".to_string());
     }
+    fold(n, 1000, &["k", "M", "G", "T", "P", "E"])
+}
+
+/// `n` as mantissa and the largest suffix whose power of `base` divides it.
+fn fold(n: u64, base: u64, suffixes: &[&str]) -> Quantity {
     let mut mantissa = n;
     let mut exponent = 0;
-    while exponent < SUFFIXES.len() && mantissa.is_multiple_of(1000) {
-        mantissa /= 1000;
+    while exponent < suffixes.len() && mantissa.is_multiple_of(base) {
+        mantissa /= base;
         exponent += 1;
     }
     match exponent {
         0 => Quantity(n.to_string()),
-        e => Quantity(format!("{mantissa}{}", SUFFIXES[e - 1])),
+        e => Quantity(format!("{mantissa}{}", suffixes[e - 1])),
     }
 }
 

@@ -89,10 +89,10 @@ fn missing_nvml_points_to_the_fake_source() {
     assert!(line.contains("--fake-inventory FILE"), "{line}");
 }
 
-#[test]
-fn unknown_device_for_cdi() {
+/// `print-cdi` on the DGX example for one device of a claim.
+fn print_cdi(claim_uid: &str, device: &str) -> Output {
     let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
-    let out = run(
+    run(
         kubelet_plugin(),
         &[
             "print-cdi",
@@ -101,34 +101,24 @@ fn unknown_device_for_cdi() {
             "--fake-inventory",
             inventory.to_str().unwrap(),
             "--claim-uid",
-            "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a",
+            claim_uid,
             "--device",
-            "gpu-9",
+            device,
         ],
         None,
-    );
+    )
+}
+
+#[test]
+fn unknown_device_for_cdi() {
+    let out = print_cdi("0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "gpu-9");
     let line = one_error_line(&out);
     assert!(line.contains("device gpu-9 is not on this node"), "{line}");
 }
 
 #[test]
 fn invalid_flags_are_usage_errors() {
-    let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
-    let out = run(
-        kubelet_plugin(),
-        &[
-            "print-cdi",
-            "--node-name",
-            "n",
-            "--fake-inventory",
-            inventory.to_str().unwrap(),
-            "--claim-uid",
-            "../../etc/passwd",
-            "--device",
-            "gpu-0",
-        ],
-        None,
-    );
+    let out = print_cdi("../../etc/passwd", "gpu-0");
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8(out.stderr).unwrap();
     assert!(stderr.contains("--claim-uid") && stderr.contains("invalid claim UID"), "{stderr}");

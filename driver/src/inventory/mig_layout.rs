@@ -51,13 +51,14 @@ pub fn place<'m>(model: &'m GpuModel, requested: &[RequestedInstance]) -> Result
             ));
         };
         if let Some(start) = r.start
-            && !profile.placements().any(|p| p.start == start) {
-                let starts: Vec<String> = profile.placements().map(|p| p.start.to_string()).collect();
-                return Err(err(
-                    format!("cannot start at memory slice {start}"),
-                    format!("use one of the starts {} or leave start out", starts.join(", ")),
-                ));
-            }
+            && !profile.placements().any(|p| p.start == start)
+        {
+            let starts: Vec<String> = profile.placements().map(|p| p.start.to_string()).collect();
+            return Err(err(
+                format!("cannot start at memory slice {start}"),
+                format!("use one of the starts {} or leave start out", starts.join(", ")),
+            ));
+        }
         let same = requested[..=i].iter().filter(|o| o.profile == r.profile).count();
         if same as u32 > profile.max_count {
             return Err(err(

@@ -59,10 +59,11 @@ pub fn groups(links: &BTreeMap<u32, Vec<LinkPeer>>) -> BTreeMap<u32, u32> {
     let mut members: BTreeMap<usize, Vec<u32>> = BTreeMap::new();
     for (i, node) in nodes.iter().enumerate() {
         if let LinkPeer::Gpu(minor) = node
-            && links.contains_key(minor) {
-                let root = find(&mut parent, i);
-                members.entry(root).or_default().push(*minor);
-            }
+            && links.contains_key(minor)
+        {
+            let root = find(&mut parent, i);
+            members.entry(root).or_default().push(*minor);
+        }
     }
     let mut out = BTreeMap::new();
     for gpus in members.values().filter(|g| g.len() >= 2) {
