@@ -434,7 +434,7 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
         brand: "Nvidia".to_string(),
         architecture: model.architecture_name(),
         cuda_compute_capability: Semver::from_major_minor(cc_major.parse().unwrap_or(0), cc_minor.parse().unwrap_or(0)),
-        pci_bus_id: PciBusId { domain, bus, device: 0, function: 0 },
+        pci_bus_id: Some(PciBusId { domain, bus, device: 0, function: 0 }),
         pcie_root: Some(format!("pci{domain:04x}:{root_bus:02x}")),
         numa_node: Some(numa.unwrap_or(if total >= 2 && index >= total / 2 { 1 } else { 0 })),
         memory_bytes: model.memory_mib << 20,

@@ -57,7 +57,8 @@ pub struct Gpu {
     /// NVIDIA's spelling: `Ampere`, `Hopper`, `Blackwell`, ...
     pub architecture: String,
     pub cuda_compute_capability: Semver,
-    pub pci_bus_id: PciBusId,
+    /// `None` only for a GPU lost before its PCI address could be read.
+    pub pci_bus_id: Option<PciBusId>,
     /// Root complex of the GPU's PCIe hierarchy, e.g. `pci0000:64`.
     pub pcie_root: Option<String>,
     pub numa_node: Option<u32>,
@@ -280,7 +281,7 @@ pub(crate) mod test_support {
             brand: "Nvidia".into(),
             architecture: "Hopper".into(),
             cuda_compute_capability: Semver::from_major_minor(9, 0),
-            pci_bus_id: PciBusId::parse(&format!("0000:{:02x}:00.0", 0x18 + minor)).unwrap(),
+            pci_bus_id: Some(PciBusId::parse(&format!("0000:{:02x}:00.0", 0x18 + minor)).unwrap()),
             pcie_root: Some("pci0000:17".into()),
             numa_node: Some(0),
             memory_bytes: 80 << 30,

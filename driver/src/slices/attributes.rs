@@ -84,13 +84,18 @@ fn capacity(q: k8s_openapi::apimachinery::pkg::api::resource::Quantity) -> Devic
 
 /// Attributes shared by a GPU and its MIG devices.
 fn gpu_common_attributes(inv: &Inventory, gpu: &Gpu, attrs: &mut BTreeMap<String, DeviceAttribute>) {
-    attrs.insert(name::PRODUCT_NAME.into(), string(&gpu.product_name));
-    attrs.insert(name::BRAND.into(), string(&gpu.brand));
-    attrs.insert(name::ARCHITECTURE.into(), string(&gpu.architecture));
+    // A GPU lost during discovery may lack these; publish none rather than "".
+    for (key, value) in
+        [(name::PRODUCT_NAME, &gpu.product_name), (name::BRAND, &gpu.brand), (name::ARCHITECTURE, &gpu.architecture)]
+    {
+        if !value.is_empty() {
+            attrs.insert(key.into(), string(value));
+        }
+    }
     attrs.insert(name::CUDA_COMPUTE_CAPABILITY.into(), version(&gpu.cuda_compute_capability));
     attrs.insert(name::DRIVER_VERSION.into(), version(&inv.driver_version));
     attrs.insert(name::CUDA_DRIVER_VERSION.into(), version(&inv.cuda_driver_version));
-    if let Some(bus_id) = gpu.pci_bus_id.standard_attribute() {
+    if let Some(bus_id) = gpu.pci_bus_id.and_then(|id| id.standard_attribute()) {
         attrs.insert(name::PCI_BUS_ID.into(), string(bus_id));
     }
     if let Some(root) = &gpu.pcie_root {
@@ -250,6 +255,19 @@ mod tests {
         let inv = inventory(vec![g]);
         let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
         assert_eq!(attr(&d, "productName").string.as_ref().unwrap().len(), 64);
+    }
+
+    #[test]
+    fn unknown_facts_of_a_lost_gpu_are_left_out() {
+        let mut g = gpu(0);
+        g.product_name.clear();
+        g.pci_bus_id = None;
+        g.faults = vec![Fault::Lost];
+        let inv = inventory(vec![g]);
+        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        let attrs = d.attributes.as_ref().unwrap();
+        assert!(!attrs.contains_key("productName") && !attrs.contains_key("resource.kubernetes.io/pciBusID"));
+        assert_eq!(d.taints.as_ref().unwrap()[0].key, "gpu.nvidia.com/gpu-lost");
     }
 
     #[test]
