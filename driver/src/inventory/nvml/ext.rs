@@ -149,41 +149,30 @@ fn non_empty(s: String) -> Option<String> {
     (!s.is_empty()).then_some(s)
 }
 
-impl From<&nvmlGpuInstanceProfileInfo_v3_t> for GpuInstanceProfile {
-    fn from(p: &nvmlGpuInstanceProfileInfo_v3_t) -> Self {
-        Self {
-            id: p.id,
-            slice_count: p.sliceCount,
-            instance_count: p.instanceCount,
-            multiprocessor_count: p.multiprocessorCount,
-            copy_engine_count: p.copyEngineCount,
-            decoder_count: p.decoderCount,
-            encoder_count: p.encoderCount,
-            jpeg_count: p.jpegCount,
-            ofa_count: p.ofaCount,
-            memory_size_mib: p.memorySizeMB,
-            name: non_empty(c_string_lossy(&p.name)),
+/// The v2 and v3 profile structs share every field we read.
+macro_rules! profile_from_versioned {
+    ($($t:ty),*) => {$(
+        impl From<&$t> for GpuInstanceProfile {
+            fn from(p: &$t) -> Self {
+                Self {
+                    id: p.id,
+                    slice_count: p.sliceCount,
+                    instance_count: p.instanceCount,
+                    multiprocessor_count: p.multiprocessorCount,
+                    copy_engine_count: p.copyEngineCount,
+                    decoder_count: p.decoderCount,
+                    encoder_count: p.encoderCount,
+                    jpeg_count: p.jpegCount,
+                    ofa_count: p.ofaCount,
+                    memory_size_mib: p.memorySizeMB,
+                    name: non_empty(c_string_lossy(&p.name)),
+                }
+            }
         }
-    }
+    )*};
 }
 
-impl From<&nvmlGpuInstanceProfileInfo_v2_t> for GpuInstanceProfile {
-    fn from(p: &nvmlGpuInstanceProfileInfo_v2_t) -> Self {
-        Self {
-            id: p.id,
-            slice_count: p.sliceCount,
-            instance_count: p.instanceCount,
-            multiprocessor_count: p.multiprocessorCount,
-            copy_engine_count: p.copyEngineCount,
-            decoder_count: p.decoderCount,
-            encoder_count: p.encoderCount,
-            jpeg_count: p.jpegCount,
-            ofa_count: p.ofaCount,
-            memory_size_mib: p.memorySizeMB,
-            name: non_empty(c_string_lossy(&p.name)),
-        }
-    }
-}
+profile_from_versioned!(nvmlGpuInstanceProfileInfo_v3_t, nvmlGpuInstanceProfileInfo_v2_t);
 
 impl From<ProfileInfo> for GpuInstanceProfile {
     fn from(p: ProfileInfo) -> Self {
