@@ -130,24 +130,9 @@ fn fill_gpu(gpu: &mut Gpu, device: &Device<'_>, sys_root: &Path, mig_minors: &Mi
         PciBusId::parse(&pci.bus_id).map_err(|e| GpuError::Failed { what: "PCI bus id", error: e.to_string() })?;
     gpu.pci_bus_id = Some(bus_id);
     gpu.product_name = device.name().map_err(|e| GpuError::nvml("product name", e))?;
-    gpu.brand = match device.brand() {
-        Ok(brand) => names::brand_name(brand.as_c()).to_string(),
-        Err(NvmlError::UnexpectedVariant(code)) => names::brand_name(code).to_string(),
-        Err(NvmlError::GpuLost) => return Err(GpuError::Lost),
-        Err(error) => {
-            tracing::debug!(minor = gpu.minor, %error, "NVML cannot report the brand; using Unknown");
-            names::brand_name(u32::MAX).to_string()
-        }
-    };
-    gpu.architecture = match device.architecture() {
-        Ok(arch) => names::architecture_name(arch.as_c()).to_string(),
-        Err(NvmlError::UnexpectedVariant(code)) => names::architecture_name(code).to_string(),
-        Err(NvmlError::GpuLost) => return Err(GpuError::Lost),
-        Err(error) => {
-            tracing::debug!(minor = gpu.minor, %error, "NVML cannot report the architecture; using Unknown");
-            names::architecture_name(u32::MAX).to_string()
-        }
-    };
+    gpu.brand = spelled(device.brand().map(|b| b.as_c()), names::brand_name, "brand", gpu.minor)?;
+    gpu.architecture =
+        spelled(device.architecture().map(|a| a.as_c()), names::architecture_name, "architecture", gpu.minor)?;
     let cc = device.cuda_compute_capability().map_err(|e| GpuError::nvml("CUDA compute capability", e))?;
     gpu.cuda_compute_capability = names::compute_capability(cc.major, cc.minor);
     gpu.memory_bytes = match device.memory_info() {
@@ -172,6 +157,25 @@ fn fill_gpu(gpu: &mut Gpu, device: &Device<'_>, sys_root: &Path, mig_minors: &Mi
         }
     };
     Ok(())
+}
+
+/// NVIDIA's spelling of an enum NVML reports (brand, architecture): codes
+/// nvml-wrapper does not know still get a name, and an unreadable value is
+/// `Unknown` rather than a reason to skip the GPU, unless the GPU is lost.
+fn spelled(
+    code: Result<u32, NvmlError>,
+    name: fn(u32) -> &'static str,
+    what: &'static str,
+    minor: u32,
+) -> Result<String, GpuError> {
+    match code {
+        Ok(code) | Err(NvmlError::UnexpectedVariant(code)) => Ok(name(code).to_string()),
+        Err(NvmlError::GpuLost) => Err(GpuError::Lost),
+        Err(error) => {
+            tracing::debug!(minor, %error, what, "NVML cannot report it; using Unknown");
+            Ok(name(u32::MAX).to_string())
+        }
+    }
 }
 
 /// The NUMA node of the GPU's PCI function from sysfs, as NVIDIA's driver
