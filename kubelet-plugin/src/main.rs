@@ -1,15 +1,13 @@
 //! `gpu-kubelet-plugin`: argument parsing, logging and wiring; the work is
 //! done in the `gpu-dra-driver` library.
 
-mod cli;
-mod inspect;
-
 use std::process::ExitCode;
 
 use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
-use cli::{Cli, Command, LogFormat, LoggingArgs};
+use gpu_kubelet_plugin::cli::{Cli, Command, LogFormat, LoggingArgs};
+use gpu_kubelet_plugin::inspect;
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
