@@ -3,3 +3,4 @@
 
 pub mod cli;
 pub mod inspect;
+pub mod kube_client;
