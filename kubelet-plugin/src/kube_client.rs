@@ -110,7 +110,10 @@ mod tests {
 
     #[tokio::test]
     async fn errors_name_the_source_and_the_fix() {
-        let err = client_from_file(Path::new("/nonexistent/kubeconfig")).await.unwrap_err().to_string();
+        let Err(err) = client_from_file(Path::new("/nonexistent/kubeconfig")).await else {
+            panic!("a missing kubeconfig must fail");
+        };
+        let err = err.to_string();
         assert!(err.contains("--kubeconfig /nonexistent/kubeconfig"), "{err}");
         assert!(err.contains("fix:"), "{err}");
     }

@@ -4,3 +4,4 @@
 pub mod cli;
 pub mod inspect;
 pub mod kube_client;
+pub mod inventory_watch;
