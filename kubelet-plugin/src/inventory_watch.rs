@@ -89,14 +89,11 @@ async fn follow_file(
 pub fn watch_nvml(source: NvmlSource) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
     let first = source.discover()?;
     let (tx, rx) = watch::channel(Arc::new(first));
-    std::thread::Builder::new()
-        .name("nvml-events".into())
-        .spawn(move || nvml_events::run(tx))
-        .map_err(|e| {
-            DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
-                "cannot start the NVML event thread: {e}"
-            )))
-        })?;
+    std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(tx)).map_err(|e| {
+        DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
+            "cannot start the NVML event thread: {e}"
+        )))
+    })?;
     Ok(rx)
 }
 

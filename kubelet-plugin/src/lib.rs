@@ -3,5 +3,6 @@
 
 pub mod cli;
 pub mod inspect;
-pub mod kube_client;
 pub mod inventory_watch;
+pub mod kube_client;
+pub mod publisher;

@@ -103,7 +103,11 @@ impl ApiError {
     pub fn injected(code: u16) -> Self {
         Self {
             code,
-            reason: if code == 503 { "ServiceUnavailable" } else { "InternalError" },
+            reason: match code {
+                409 => "Conflict",
+                503 => "ServiceUnavailable",
+                _ => "InternalError",
+            },
             message: format!("injected fault: HTTP {code}"),
             details: None,
         }
