@@ -104,6 +104,7 @@ impl ApiError {
         Self {
             code,
             reason: match code {
+                403 => "Forbidden",
                 409 => "Conflict",
                 503 => "ServiceUnavailable",
                 _ => "InternalError",
