@@ -321,11 +321,11 @@ impl Store {
         if !new.is_object() {
             return Err(ApiError::bad_request("the request body must be a JSON object"));
         }
-        if let Some(rv) = meta_str(&new, "resourceVersion").filter(|rv| !rv.is_empty()) {
-            if Some(rv) != meta_str(&old, "resourceVersion") {
-                parse_rv(rv)?;
-                return Err(ApiError::stale(kind, write.name));
-            }
+        if let Some(rv) = meta_str(&new, "resourceVersion").filter(|rv| !rv.is_empty())
+            && Some(rv) != meta_str(&old, "resourceVersion")
+        {
+            parse_rv(rv)?;
+            return Err(ApiError::stale(kind, write.name));
         }
         match meta_str(&new, "name") {
             Some(n) if n != write.name => {
