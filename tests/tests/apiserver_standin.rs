@@ -270,3 +270,27 @@ async fn faults_fail_requests_and_drop_watches() {
     // Typed direct access mirrors what clients see.
     assert_eq!(server.list::<ResourceSlice>(None, "spec.driver=d.example.com").unwrap().len(), 1);
 }
+
+#[tokio::test]
+async fn a_filtered_watch_sees_objects_leave_and_enter_the_selection() {
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<Node> = Api::all(client(&server).await);
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "n1", "labels": {"gpu": "yes"}}})).unwrap();
+    api.create(&PostParams::default(), &node).await.unwrap();
+    let mut stream = api.watch(&WatchParams::default().labels("gpu=yes").timeout(30), "0").await.unwrap().boxed();
+    let mut next = async || loop {
+        match stream.next().await.unwrap().unwrap() {
+            WatchEvent::Added(n) => break format!("ADDED {}", n.metadata.name.unwrap()),
+            WatchEvent::Modified(n) => break format!("MODIFIED {}", n.metadata.name.unwrap()),
+            WatchEvent::Deleted(n) => break format!("DELETED {}", n.metadata.name.unwrap()),
+            WatchEvent::Bookmark(_) => continue,
+            WatchEvent::Error(e) => panic!("{e:?}"),
+        }
+    };
+    assert_eq!(next().await, "ADDED n1");
+    let label = |v: &str| Patch::Merge(json!({"metadata": {"labels": {"gpu": v}}}));
+    api.patch("n1", &PatchParams::default(), &label("no")).await.unwrap();
+    assert_eq!(next().await, "DELETED n1");
+    api.patch("n1", &PatchParams::default(), &label("yes")).await.unwrap();
+    assert_eq!(next().await, "ADDED n1");
+}

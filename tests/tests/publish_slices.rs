@@ -30,22 +30,35 @@ impl Drop for Running {
 
 /// Starts the stand-in, lets `prepare` inject faults, then starts the publisher.
 async fn start(prepare: impl FnOnce(&ApiServer)) -> Running {
+    start_with(FOUR_GPUS, prepare).await
+}
+
+async fn start_with(inventory_text: &str, prepare: impl FnOnce(&ApiServer)) -> Running {
     let server = ApiServer::start().await.unwrap();
     prepare(&server);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
     let inventory_file = dir.path().join("inventory.yaml");
-    std::fs::write(&inventory_file, FOUR_GPUS).unwrap();
+    std::fs::write(&inventory_file, inventory_text).unwrap();
+    let (status, task) = spawn_publisher(&server, dir.path(), &inventory_file).await;
+    Running { server, status, inventory_file, _dir: dir, task }
+}
+
+async fn spawn_publisher(
+    server: &ApiServer,
+    dir: &Path,
+    inventory_file: &Path,
+) -> (Arc<PublishStatus>, tokio::task::JoinHandle<()>) {
+    let kubeconfig = dir.join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
     let client = gpu_kubelet_plugin::kube_client::client_from_file(&kubeconfig).await.unwrap();
     let node = NodeName::new(NODE).unwrap();
-    let inventory = watch_fake_file(inventory_file.clone(), node.clone(), Duration::from_millis(100)).unwrap();
+    let inventory = watch_fake_file(inventory_file.to_path_buf(), node.clone(), Duration::from_millis(100)).unwrap();
     let mut config = PublisherConfig::new(node, DriverName::nvidia_default());
     config.min_backoff = Duration::from_millis(20);
     config.max_backoff = Duration::from_millis(200);
     let status = Arc::new(PublishStatus::new());
     let task = tokio::spawn(publisher::run(client, config, inventory, status.clone()));
-    Running { server, status, inventory_file, _dir: dir, task }
+    (status, task)
 }
 
 /// Waits until `condition` holds (a hang guard, not a timing assertion).
@@ -172,5 +185,49 @@ async fn a_dropped_watch_recovers() {
     run.server.faults().drop_watches();
     eventually("the publisher watches again", || watches() > before).await;
     run.server.delete_collection::<ResourceSlice>(None, SELECTOR).unwrap();
+    eventually("the slices are back", || !slices(&run.server).is_empty()).await;
+}
+
+#[tokio::test]
+async fn a_restart_with_the_same_inventory_keeps_the_generation_and_the_objects() {
+    let run = start(|_| {}).await;
+    eventually("the slices are published", || run.status.is_published()).await;
+    let before = slices(&run.server);
+    run.task.abort();
+    let dir = tempfile::tempdir().unwrap();
+    let (status, task) = spawn_publisher(&run.server, dir.path(), &run.inventory_file).await;
+    eventually("the second publisher is ready", || status.is_published()).await;
+    task.abort();
+    let after = slices(&run.server);
+    assert_eq!(status.generation(), 1);
+    assert_eq!(after[0].metadata.resource_version, before[0].metadata.resource_version, "nothing rewritten");
+}
+
+#[tokio::test]
+async fn a_smaller_inventory_deletes_the_extra_slices() {
+    // 130 devices need two slices (at most 128 per slice).
+    let run = start_with("gpus:\n  - model: H100-80GB\n    count: 130\n", |_| {}).await;
+    eventually("two slices are published", || slices(&run.server).len() == 2).await;
+    assert!(slices(&run.server).iter().all(|s| s.spec.pool.resource_slice_count == 2));
+    write_inventory(&run.inventory_file, FOUR_GPUS);
+    eventually("one slice is left", || slices(&run.server).len() == 1).await;
+    let left = slices(&run.server);
+    assert_eq!((device_count(&left), left[0].spec.pool.resource_slice_count, generation(&left)), (4, 1, Some(2)));
+}
+
+#[tokio::test]
+async fn a_watch_that_expired_relists_and_recovers() {
+    let run = start(|_| {}).await;
+    eventually("the slices are published", || !slices(&run.server).is_empty()).await;
+    let relists = || run.server.faults().count(&Matcher::new("GET", "/resourceslices").watches(false), 200);
+    let before = relists();
+    // While the watch is down, the pool changes (the kubelet wipes it) and
+    // history is compacted past the watcher's resourceVersion: its next
+    // watch gets 410 Expired and it must list again to see the deletion.
+    run.server.faults().delay(Matcher::any().watches(true), Duration::from_millis(500));
+    run.server.faults().drop_watches();
+    run.server.delete_collection::<ResourceSlice>(None, SELECTOR).unwrap();
+    run.server.store().compact();
+    eventually("the publisher re-lists", || relists() > before).await;
     eventually("the slices are back", || !slices(&run.server).is_empty()).await;
 }
