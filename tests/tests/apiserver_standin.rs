@@ -93,6 +93,20 @@ async fn generate_name_and_namespaced_objects() {
     assert!(na.starts_with("l-") && na.len() == 7 && na != nb, "{na} {nb}");
     assert_eq!(a.metadata.namespace.as_deref(), Some("kube-node-lease"));
     assert_eq!(leases.list(&ListParams::default()).await.unwrap().items.len(), 2);
+    // A PUT of a missing slice does not create it.
+    let slices: Api<ResourceSlice> = Api::all(client(&server).await);
+    let (code, _) =
+        api_code(slices.replace("s", &PostParams::default(), &slice("s", "n", "d.example.com", 1)).await.unwrap_err());
+    assert_eq!(code, 404);
+    // Leases may be created by PUT and are never updated unconditionally.
+    let mut put: Lease = serde_json::from_value(json!({"metadata": {"name": "by-put"}})).unwrap();
+    let created = leases.replace("by-put", &PostParams::default(), &put).await.unwrap();
+    assert!(created.metadata.uid.is_some());
+    put.spec = Some(Default::default());
+    let (code, reason) = api_code(leases.replace("by-put", &PostParams::default(), &put).await.unwrap_err());
+    assert_eq!((code, reason.as_str()), (409, "Conflict"));
+    put.metadata.resource_version = created.metadata.resource_version;
+    leases.replace("by-put", &PostParams::default(), &put).await.unwrap();
     let other: Api<Lease> = Api::namespaced(client(&server).await, "other");
     assert!(other.list(&ListParams::default()).await.unwrap().items.is_empty());
 }

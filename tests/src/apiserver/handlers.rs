@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::apply::merge_patch;
+use super::apply::{self, merge_patch};
 use super::errors::ApiError;
 use super::faults::{Faults, RequestRecord};
 use super::kinds::{self, Kind, Target};
@@ -160,9 +160,16 @@ fn serve(
         ("POST", None) => Ok((201, store.create(kind, ns, parse_body(body)?, &manager)?)),
         ("PUT", Some(name)) => {
             let object = parse_body(body)?;
-            let write = Write { kind, namespace: ns, name, status: target.status, manager: &manager };
-            // PUT does not create: AllowCreateOnUpdate is false for these types.
-            Ok((200, store.update(&write, |_, _| Ok(object))?))
+            let write = Write { kind, namespace: ns, name, status: target.status, manager: &manager, put: true };
+            match store.update(&write, |_, _| Ok(object.clone())) {
+                // AllowCreateOnUpdate (Lease): a PUT of a missing object creates it.
+                Err(e) if e.code == 404 && kind.create_on_update && !target.status => {
+                    let mut object = object;
+                    apply::merge_patch(&mut object, &json!({"metadata": {"name": name}}));
+                    Ok((201, store.create(kind, ns, object, &manager)?))
+                }
+                other => Ok((200, other?)),
+            }
         }
         ("PATCH", Some(name)) => patch(store, target, name, params, headers, body, &manager),
         ("DELETE", Some(name)) => {
@@ -193,8 +200,14 @@ fn patch(
     let content_type = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let content_type = content_type.split(';').next().unwrap_or_default().trim();
     let force = params.get("force").is_some_and(|f| f == "true");
-    let write =
-        Write { kind: target.kind, namespace: target.namespace.as_deref(), name, status: target.status, manager };
+    let write = Write {
+        kind: target.kind,
+        namespace: target.namespace.as_deref(),
+        name,
+        status: target.status,
+        manager,
+        put: false,
+    };
     match content_type {
         "application/merge-patch+json" => {
             if force {

@@ -15,6 +15,11 @@ pub struct Kind {
     pub status_subresource: bool,
     /// `metadata.generation` is set on create and bumped when `spec` changes.
     pub generation: bool,
+    /// `AllowCreateOnUpdate`: a PUT of a missing object creates it.
+    pub create_on_update: bool,
+    /// `AllowUnconditionalUpdate`: a PUT without `metadata.resourceVersion`
+    /// is accepted (otherwise 409 Conflict).
+    pub unconditional_update: bool,
     /// Field labels accepted in `fieldSelector` besides `metadata.name`
     /// (and `metadata.namespace` for namespaced types).
     pub fields: &'static [&'static str],
@@ -32,10 +37,14 @@ impl Kind {
     }
 }
 
-/// What the stand-in serves. Field labels follow each type's registry
-/// strategy in kubernetes/pkg/registry (`GetAttrs`/`ToSelectableFields`):
-/// ResourceSlice adds `spec.nodeName`, `spec.driver` (and `spec.pool.name`
-/// since 1.35); Node adds `spec.unschedulable`; the others only object meta.
+/// What the stand-in serves. Field labels follow each type's field-label
+/// conversion (`pkg/apis/resource/v1/conversion.go`
+/// `AddFieldLabelConversionFunc`): ResourceSlice accepts `metadata.name`,
+/// `spec.nodeName` and `spec.driver` only; Node adds `spec.unschedulable`;
+/// the others accept object meta (`metadata.name`, and `metadata.namespace`
+/// when namespaced). The update flags follow each registry strategy
+/// (`pkg/registry/.../strategy.go`): only Lease creates on PUT and refuses a
+/// PUT without resourceVersion.
 pub static KINDS: &[Kind] = &[
     Kind {
         group: "resource.k8s.io",
@@ -45,7 +54,9 @@ pub static KINDS: &[Kind] = &[
         namespaced: false,
         status_subresource: false,
         generation: true,
-        fields: &["spec.nodeName", "spec.driver", "spec.pool.name"],
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &["spec.nodeName", "spec.driver"],
     },
     Kind {
         group: "resource.k8s.io",
@@ -55,6 +66,8 @@ pub static KINDS: &[Kind] = &[
         namespaced: true,
         status_subresource: true,
         generation: true,
+        create_on_update: false,
+        unconditional_update: true,
         fields: &[],
     },
     Kind {
@@ -65,6 +78,8 @@ pub static KINDS: &[Kind] = &[
         namespaced: false,
         status_subresource: false,
         generation: true,
+        create_on_update: false,
+        unconditional_update: true,
         fields: &[],
     },
     Kind {
@@ -75,6 +90,8 @@ pub static KINDS: &[Kind] = &[
         namespaced: false,
         status_subresource: true,
         generation: false,
+        create_on_update: false,
+        unconditional_update: true,
         fields: &["spec.unschedulable"],
     },
     Kind {
@@ -85,6 +102,8 @@ pub static KINDS: &[Kind] = &[
         namespaced: true,
         status_subresource: false,
         generation: false,
+        create_on_update: true,
+        unconditional_update: false,
         fields: &[],
     },
 ];

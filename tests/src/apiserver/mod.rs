@@ -191,7 +191,7 @@ impl ApiServer {
         patch: &Value,
     ) -> Result<K, ApiError> {
         let kind = kind_of::<K>()?;
-        let write = store::Write { kind, namespace, name, status, manager: "test" };
+        let write = store::Write { kind, namespace, name, status, manager: "test", put: false };
         typed(self.store().update(&write, |current, _| {
             let mut next = current.clone();
             apply::merge_patch(&mut next, patch);

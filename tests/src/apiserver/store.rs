@@ -90,6 +90,8 @@ pub struct Write<'a> {
     /// Writes the `/status` subresource.
     pub status: bool,
     pub manager: &'a str,
+    /// A PUT (full replacement), as opposed to a patch or apply.
+    pub put: bool,
 }
 
 fn meta_str<'v>(object: &'v Value, field: &str) -> Option<&'v str> {
@@ -321,6 +323,11 @@ impl Store {
         if !new.is_object() {
             return Err(ApiError::bad_request("the request body must be a JSON object"));
         }
+        // registry/generic/registry/store.go Update: without a
+        // resourceVersion the update is unconditional, if the type allows it.
+        if write.put && !kind.unconditional_update && meta_str(&new, "resourceVersion").is_none_or(str::is_empty) {
+            return Err(ApiError::stale(kind, write.name));
+        }
         if let Some(rv) = meta_str(&new, "resourceVersion").filter(|rv| !rv.is_empty())
             && Some(rv) != meta_str(&old, "resourceVersion")
         {
@@ -507,6 +514,8 @@ impl Store {
                 rv: inner.rv,
                 live,
             }),
+            // watch_cache.go: `if resourceVersion < oldest-1` →
+            // NewResourceExpired("too old resource version: %d (%d)").
             Some(rv) if rv < inner.oldest_rv => Err(ApiError::expired(rv, inner.oldest_rv)),
             Some(rv) => Ok(WatchStart {
                 initial: Vec::new(),
