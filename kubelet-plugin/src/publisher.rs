@@ -23,7 +23,9 @@ use futures::StreamExt;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::{SliceBuilder, SliceError};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
@@ -153,12 +155,26 @@ struct Publisher {
     generation: i64,
     /// What the last sync wanted on the server, by slice name.
     desired: BTreeMap<String, ResourceSliceSpec>,
+    nodes: Api<Node>,
+    /// The Node as the slices' owner, so the garbage collector removes them
+    /// with the Node (as NVIDIA's and the Go helper's slices are owned).
+    owner: Option<OwnerReference>,
 }
 
 impl Publisher {
     fn new(client: kube::Client, config: PublisherConfig, status: Arc<PublishStatus>) -> Self {
         let builder = SliceBuilder::new(config.driver.clone(), config.node.clone());
-        Self { api: Api::all(client), config, builder, status, target: None, generation: 0, desired: BTreeMap::new() }
+        Self {
+            api: Api::all(client.clone()),
+            nodes: Api::all(client),
+            owner: None,
+            config,
+            builder,
+            status,
+            target: None,
+            generation: 0,
+            desired: BTreeMap::new(),
+        }
     }
 
     async fn run(mut self, mut inventory: watch::Receiver<Arc<Inventory>>) {
@@ -238,7 +254,13 @@ impl Publisher {
             self.generation = self.next_generation(inventory, &existing)?;
             self.target = Some(inventory.clone());
         }
-        let desired = self.builder.build(inventory, self.generation)?;
+        self.resolve_owner().await;
+        let mut desired = self.builder.build(inventory, self.generation)?;
+        if let Some(owner) = &self.owner {
+            for slice in &mut desired {
+                slice.metadata.owner_references = Some(vec![owner.clone()]);
+            }
+        }
         self.desired = desired.iter().filter_map(|s| Some((s.metadata.name.clone()?, s.spec.clone()))).collect();
         let mut by_name: BTreeMap<String, ResourceSlice> =
             existing.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
@@ -255,6 +277,29 @@ impl Publisher {
             }
         }
         Ok(desired.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum())
+    }
+
+    /// Looks the Node up once; without it (not created yet, or no RBAC to
+    /// read it) slices are published unowned and the lookup is retried on
+    /// the next sync.
+    async fn resolve_owner(&mut self) {
+        if self.owner.is_some() {
+            return;
+        }
+        match self.nodes.get_opt(self.config.node.as_str()).await {
+            Ok(Some(node)) => {
+                self.owner = node.metadata.uid.map(|uid| OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: self.config.node.to_string(),
+                    uid,
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                });
+            }
+            Ok(None) => tracing::debug!(node = %self.config.node, "Node not found; publishing slices without owner"),
+            Err(error) => tracing::debug!(%error, "cannot read the Node; publishing slices without owner"),
+        }
     }
 
     /// The generation for a new inventory: on the first sync, adopt the
@@ -285,7 +330,12 @@ impl Publisher {
         let err = |action, error| PublishError::Write { action, slice: name.to_string(), error };
         for _ in 0..CONFLICT_RETRIES {
             let result = match &current {
-                Some(cur) if cur.spec == desired.spec => return Ok(()),
+                Some(cur)
+                    if cur.spec == desired.spec
+                        && cur.metadata.owner_references == desired.metadata.owner_references =>
+                {
+                    return Ok(());
+                }
                 Some(cur) => {
                     let mut next = desired.clone();
                     next.metadata.resource_version = cur.metadata.resource_version.clone();

@@ -8,6 +8,7 @@ use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_kubelet_plugin::inventory_watch::watch_fake_file;
 use gpu_kubelet_plugin::publisher::{self, PublishStatus, PublisherConfig};
 use integration_tests::apiserver::{ApiServer, Matcher};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 const NODE: &str = "node-a";
@@ -90,7 +91,11 @@ fn write_inventory(path: &Path, text: &str) {
 
 #[tokio::test]
 async fn publishes_the_nodes_slices() {
-    let run = start(|_| {}).await;
+    let run = start(|server| {
+        let node: Node = serde_json::from_value(serde_json::json!({"metadata": {"name": NODE}})).unwrap();
+        server.create(&node).unwrap();
+    })
+    .await;
     eventually("the slices are published", || run.status.is_published()).await;
     let published = slices(&run.server);
     assert_eq!(published.len(), 1);
@@ -100,6 +105,13 @@ async fn publishes_the_nodes_slices() {
     assert_eq!((slice.spec.pool.name.as_str(), slice.spec.pool.generation), (NODE, 1));
     assert_eq!(device_count(&published), 4);
     assert_eq!(run.status.published_devices(), 4);
+    // Owned by the Node, for garbage collection with it.
+    let node: Node = run.server.get(None, NODE).unwrap();
+    let owner = &slice.metadata.owner_references.as_ref().unwrap()[0];
+    assert_eq!(
+        (owner.kind.as_str(), owner.name.as_str(), Some(&owner.uid)),
+        ("Node", NODE, node.metadata.uid.as_ref())
+    );
     // Found by the kubelet's own selector too.
     assert_eq!(run.server.list::<ResourceSlice>(None, "spec.nodeName=node-a").unwrap().len(), 1);
 }

@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+/// Requests kept in the log (the oldest half is dropped beyond this).
+const MAX_LOG: usize = 100_000;
+
 /// Which requests a fault applies to.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Matcher {
@@ -142,7 +145,12 @@ impl Faults {
     }
 
     pub(super) fn record(&self, record: RequestRecord) {
-        self.state().log.push(record);
+        let mut state = self.state();
+        // Bounded so a long crash test cannot grow it without limit.
+        if state.log.len() >= MAX_LOG {
+            state.log.drain(..MAX_LOG / 2);
+        }
+        state.log.push(record);
     }
 }
 
