@@ -4,12 +4,8 @@
 
 use std::path::Path;
 
-const PROTOS: [&str; 4] = [
-    "dra/v1/api.proto",
-    "dra/v1beta1/api.proto",
-    "pluginregistration/v1/api.proto",
-    "dra-health/v1alpha1/api.proto",
-];
+const PROTOS: [&str; 4] =
+    ["dra/v1/api.proto", "dra/v1beta1/api.proto", "pluginregistration/v1/api.proto", "dra-health/v1alpha1/api.proto"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = Path::new("proto");

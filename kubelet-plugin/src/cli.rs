@@ -1,6 +1,7 @@
 //! Command line of `gpu-kubelet-plugin`.
 
-use std::path::PathBuf;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
@@ -18,6 +19,9 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Run the node agent: publish this node's GPUs as ResourceSlices,
+    /// register with the kubelet and serve its DRA gRPC calls until SIGTERM.
+    Run(RunArgs),
     /// Print the ResourceSlices this node would publish, built by the same
     /// code the plugin publishes with.
     PrintSlices(PrintSlicesArgs),
@@ -56,6 +60,91 @@ pub struct NodeArgs {
     /// nodes without GPUs; see examples/inventories/).
     #[arg(long, env = "FAKE_INVENTORY", value_name = "FILE")]
     pub fake_inventory: Option<PathBuf>,
+}
+
+/// Flags of `run`. Every flag also reads the environment variable shown.
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub node: NodeArgs,
+    /// The kubelet's plugin directory; the DRA socket is
+    /// `<plugins-dir>/<driver-name>/dra.sock`. The path must be the same
+    /// inside and outside the container: the kubelet dials it as given.
+    #[arg(long, env = "PLUGINS_DIR", default_value = "/var/lib/kubelet/plugins", value_name = "DIR")]
+    pub plugins_dir: PathBuf,
+    /// The kubelet's plugin registry directory; the registration socket is
+    /// `<registry-dir>/<driver-name>-reg.sock`.
+    #[arg(long, env = "REGISTRY_DIR", default_value = "/var/lib/kubelet/plugins_registry", value_name = "DIR")]
+    pub registry_dir: PathBuf,
+    /// Where CDI spec files for prepared claims are written (a directory the
+    /// container runtime reads CDI specs from).
+    #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi", value_name = "DIR")]
+    pub cdi_dir: PathBuf,
+    /// Where the checkpoint of prepared claims lives [default:
+    /// <plugins-dir>/<driver-name>].
+    #[arg(long, env = "STATE_DIR", value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Kubeconfig file for the API server. Without it, `KUBECONFIG` is used,
+    /// then the in-cluster service account. A plain `http://` server works.
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Address of the HTTP server for `/metrics`, `/healthz` and `/readyz`,
+    /// or `off` to disable it. Port 0 picks a free port (logged).
+    #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080", value_parser = parse_metrics_addr)]
+    pub metrics_addr: MetricsAddr,
+    /// Root of the host's /proc (device majors, MIG capability minors).
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc", value_name = "DIR")]
+    pub proc_root: PathBuf,
+    /// Root of the host's /sys (PCI topology, NUMA nodes).
+    #[arg(long, env = "SYS_ROOT", default_value = "/sys", value_name = "DIR")]
+    pub sys_root: PathBuf,
+    /// How often the --fake-inventory file is re-read for changes (fault
+    /// injection), in milliseconds.
+    #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(10..))]
+    pub fake_inventory_poll_ms: u64,
+}
+
+impl RunArgs {
+    /// `--state-dir`, or `<plugins-dir>/<driver-name>`.
+    pub fn state_dir(&self) -> PathBuf {
+        self.state_dir.clone().unwrap_or_else(|| self.plugins_dir.join(self.node.driver_name.as_str()))
+    }
+
+    /// Directories must be absolute: the kubelet dials the advertised
+    /// socket path as given, and relative paths would depend on the cwd.
+    pub fn check_paths(&self) -> Result<(), String> {
+        let state_dir = self.state_dir();
+        let dirs: [(&str, &Path); 4] = [
+            ("--plugins-dir", &self.plugins_dir),
+            ("--registry-dir", &self.registry_dir),
+            ("--cdi-dir", &self.cdi_dir),
+            ("--state-dir", &state_dir),
+        ];
+        for (flag, dir) in dirs {
+            if !dir.is_absolute() {
+                return Err(format!("{flag} {} is not an absolute path; fix: pass an absolute path", dir.display()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Where the HTTP server listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricsAddr {
+    Off,
+    Listen(SocketAddr),
+}
+
+fn parse_metrics_addr(value: &str) -> Result<MetricsAddr, String> {
+    match value.trim() {
+        "" | "off" | "none" | "disabled" => Ok(MetricsAddr::Off),
+        text => text
+            .parse()
+            .map(MetricsAddr::Listen)
+            .map_err(|e| format!("{e}; expected HOST:PORT such as 0.0.0.0:8080, or `off`")),
+    }
 }
 
 #[derive(Debug, Args)]
@@ -122,5 +211,37 @@ mod tests {
         ])
         .unwrap_err();
         assert!(err.to_string().contains("claim UID"), "{err}");
+    }
+
+    #[test]
+    fn run_has_the_kubelets_defaults() {
+        let cli = Cli::try_parse_from(["gpu-kubelet-plugin", "run", "--node-name", "node-a"]).unwrap();
+        let Command::Run(args) = cli.command else { panic!("not run") };
+        assert_eq!(args.node.driver_name.as_str(), "gpu.nvidia.com");
+        assert_eq!(args.plugins_dir, Path::new("/var/lib/kubelet/plugins"));
+        assert_eq!(args.registry_dir, Path::new("/var/lib/kubelet/plugins_registry"));
+        assert_eq!(args.cdi_dir, Path::new("/var/run/cdi"));
+        assert_eq!(args.state_dir(), Path::new("/var/lib/kubelet/plugins/gpu.nvidia.com"));
+        assert_eq!(args.metrics_addr, MetricsAddr::Listen("0.0.0.0:8080".parse().unwrap()));
+        assert!(args.check_paths().is_ok());
+    }
+
+    #[test]
+    fn run_flags_are_checked() {
+        let parse = |extra: &[&str]| {
+            let mut argv = vec!["gpu-kubelet-plugin", "run", "--node-name", "node-a"];
+            argv.extend_from_slice(extra);
+            Cli::try_parse_from(argv)
+        };
+        let Command::Run(args) = parse(&["--metrics-addr", "off", "--state-dir", "/s"]).unwrap().command else {
+            panic!("not run")
+        };
+        assert_eq!(args.metrics_addr, MetricsAddr::Off);
+        assert_eq!(args.state_dir(), Path::new("/s"));
+        let err = parse(&["--metrics-addr", "localhost"]).unwrap_err();
+        assert!(err.to_string().contains("expected HOST:PORT"), "{err}");
+        let Command::Run(args) = parse(&["--plugins-dir", "rel"]).unwrap().command else { panic!("not run") };
+        let err = args.check_paths().unwrap_err();
+        assert!(err.contains("--plugins-dir rel is not an absolute path"), "{err}");
     }
 }

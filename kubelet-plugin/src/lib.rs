@@ -3,7 +3,14 @@
 
 pub mod claims;
 pub mod cli;
+pub mod grpc;
+pub mod health_service;
+pub mod http;
 pub mod inspect;
 pub mod inventory_watch;
 pub mod kube_client;
+pub mod metrics;
 pub mod publisher;
+pub mod registration;
+pub mod run;
+pub mod sockets;

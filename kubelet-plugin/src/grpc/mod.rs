@@ -1,0 +1,151 @@
+//! The kubelet-facing DRAPlugin servers (v1 and v1beta1) over one core.
+//!
+//! The servers convert protobuf to domain types at the edge ([`convert`]),
+//! hand the batch to a [`DraService`] (the preparer) and convert back. The
+//! core guarantees what the kubelet checks (`pkg/kubelet/cm/dra/manager.go`,
+//! dra-facts §1.3): every claim UID of the request gets exactly one entry,
+//! no entry for a UID that was not asked for, and a per-claim failure goes
+//! in that claim's `error`, never as a gRPC error for the whole batch.
+
+mod convert;
+pub mod domain;
+pub mod serve;
+mod v1;
+mod v1beta1;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
+pub use v1::DraPluginV1;
+pub use v1beta1::DraPluginV1beta1;
+
+use crate::metrics::{ApiVersion, Metrics, Operation, Outcome};
+
+/// What the gRPC servers need from the core: prepare and unprepare a batch
+/// of claims, one result per claim UID. Implemented by the preparer in
+/// `run`, and by tests.
+pub trait DraService: Send + Sync + 'static {
+    fn prepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = HashMap<String, ClaimOutcome>> + Send;
+    fn unprepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
+}
+
+/// Shared by both API versions: runs a batch, completes it and counts it.
+pub struct DraCore<S> {
+    service: Arc<S>,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> Clone for DraCore<S> {
+    fn clone(&self) -> Self {
+        Self { service: self.service.clone(), metrics: self.metrics.clone() }
+    }
+}
+
+impl<S: DraService> DraCore<S> {
+    pub fn new(service: Arc<S>, metrics: Arc<Metrics>) -> Self {
+        Self { service, metrics }
+    }
+
+    /// Prepares `claims`; the result has exactly the request's UIDs.
+    pub async fn prepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+        let started = Instant::now();
+        let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
+        let service = self.service.clone();
+        // A task of its own: when the kubelet's deadline cancels the call,
+        // the prepare still finishes (and is found done on the retry)
+        // instead of being dropped between two of its steps.
+        let results = match tokio::spawn(async move { service.prepare(claims).await }).await {
+            Ok(results) => results,
+            Err(join) => {
+                tracing::error!(error = %join, "prepare task failed");
+                HashMap::new()
+            }
+        };
+        let results = complete(&uids, results, "prepare");
+        for result in results.values() {
+            self.metrics.claim(Operation::Prepare, if result.is_ok() { Outcome::Ok } else { Outcome::Error });
+        }
+        self.metrics.request(Operation::Prepare, api, started.elapsed());
+        log_batch("NodePrepareResources", api, &results, started);
+        results
+    }
+
+    /// Unprepares `claims`; the result has exactly the request's UIDs.
+    pub async fn unprepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        let started = Instant::now();
+        let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
+        let service = self.service.clone();
+        let results = match tokio::spawn(async move { service.unprepare(claims).await }).await {
+            Ok(results) => results,
+            Err(join) => {
+                tracing::error!(error = %join, "unprepare task failed");
+                HashMap::new()
+            }
+        };
+        let results = complete(&uids, results, "unprepare");
+        for result in results.values() {
+            self.metrics.claim(Operation::Unprepare, if result.is_ok() { Outcome::Ok } else { Outcome::Error });
+        }
+        self.metrics.request(Operation::Unprepare, api, started.elapsed());
+        log_batch("NodeUnprepareResources", api, &results, started);
+        results
+    }
+}
+
+/// Keeps exactly the requested UIDs: a missing one gets an error (the
+/// kubelet would otherwise fail the whole batch with "skipped N
+/// ResourceClaims"), an extra one is dropped (it would fail it with
+/// "returned result for unknown claim UID").
+fn complete<T>(
+    requested: &[String],
+    mut results: HashMap<String, Result<T, String>>,
+    what: &str,
+) -> HashMap<String, Result<T, String>> {
+    let mut out = HashMap::with_capacity(requested.len());
+    for uid in requested {
+        if out.contains_key(uid) {
+            continue;
+        }
+        let result = results
+            .remove(uid)
+            .unwrap_or_else(|| Err(format!("internal error: the driver returned no {what} result for this claim")));
+        out.insert(uid.clone(), result);
+    }
+    for uid in results.keys() {
+        tracing::warn!(claim_uid = %uid, "dropping a {what} result for a claim the kubelet did not ask for");
+    }
+    out
+}
+
+fn log_batch<T>(call: &str, api: ApiVersion, results: &HashMap<String, Result<T, String>>, started: Instant) {
+    let failed: Vec<(&String, &String)> =
+        results.iter().filter_map(|(uid, r)| r.as_ref().err().map(|e| (uid, e))).collect();
+    if failed.is_empty() {
+        tracing::info!(call, api = api.as_str(), claims = results.len(), elapsed = ?started.elapsed(), "done");
+    } else {
+        for (uid, error) in failed {
+            tracing::warn!(call, api = api.as_str(), claim_uid = %uid, %error, "claim failed");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn complete_fills_missing_and_drops_extra_claims() {
+        let requested = vec!["a".to_owned(), "b".to_owned(), "a".to_owned()];
+        let mut results: HashMap<String, Result<u8, String>> = HashMap::new();
+        results.insert("a".into(), Ok(1));
+        results.insert("z".into(), Ok(9));
+        let out = complete(&requested, results, "prepare");
+        assert_eq!(out.len(), 2);
+        assert_eq!(out["a"], Ok(1));
+        assert!(out["b"].as_ref().unwrap_err().contains("no prepare result"));
+        assert!(!out.contains_key("z"));
+    }
+}

@@ -1,0 +1,175 @@
+//! `gpu-kubelet-plugin run`: wires the inventory, the ResourceSlice
+//! publisher, the preparer, the gRPC servers and the HTTP port, then waits
+//! for SIGTERM or SIGINT.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gpu_dra_driver::inventory::Inventory;
+use gpu_dra_driver::inventory::nvml::NvmlSource;
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::watch;
+
+use crate::cli::{MetricsAddr, RunArgs};
+use crate::grpc::serve::{self, PluginServers, ServeConfig};
+use crate::grpc::{ClaimOutcome, ClaimRef, DraService};
+use crate::http::{HttpState, ReadyCheck};
+use crate::metrics::Metrics;
+use crate::publisher::{self, PublishStatus, PublisherConfig};
+use crate::sockets::SocketPaths;
+use crate::{inventory_watch, kube_client};
+
+/// Period of the health stream's re-sends when nothing changes.
+const HEALTH_RESEND: Duration = Duration::from_secs(20);
+
+/// Runs the node agent until SIGTERM or SIGINT. Needs a tokio runtime.
+pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
+    args.check_paths().map_err(anyhow::Error::msg)?;
+    let node = &args.node.node_name;
+    let driver = &args.node.driver_name;
+    let metrics = Arc::new(Metrics::new());
+    let mut signals = Signals::new()?;
+
+    let inventory = watch_inventory(args)?;
+    tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
+
+    let (client, source) =
+        kube_client::client(args.kubeconfig.as_deref()).await.context("connecting to the API server")?;
+    tracing::info!(config = %source, "API client ready");
+    let publish_status = Arc::new(PublishStatus::with_observer(metrics.clone()));
+    let publisher_task = tokio::spawn(publisher::run(
+        client.clone(),
+        PublisherConfig::new(node.clone(), driver.clone()),
+        inventory.clone(),
+        publish_status.clone(),
+    ));
+
+    let service = Arc::new(Unwired);
+
+    let config = ServeConfig {
+        paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
+        driver: driver.clone(),
+        node: node.clone(),
+        health_resend: HEALTH_RESEND,
+    };
+    let mut servers = serve::start(&config, service, inventory.clone(), metrics.clone()).await?;
+
+    let (http_stop, http_task) = start_http(args.metrics_addr, &servers, &publish_status, &metrics).await?;
+
+    let result = tokio::select! {
+        name = signals.next() => {
+            tracing::info!(signal = name, "stopping");
+            Ok(())
+        }
+        error = servers.failed() => Err(anyhow::Error::new(error)),
+    };
+    servers.stop().await;
+    publisher_task.abort();
+    let _ = http_stop.send(());
+    if let Some(task) = http_task {
+        let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
+    }
+    result
+}
+
+/// The inventory as a stream of snapshots: the fake file (re-read when it
+/// changes), else NVML with critical XID events.
+fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Inventory>>> {
+    let node = args.node.node_name.clone();
+    match &args.node.fake_inventory {
+        Some(file) => {
+            let interval = Duration::from_millis(args.fake_inventory_poll_ms);
+            Ok(inventory_watch::watch_fake_file(file.clone(), node, interval)?)
+        }
+        None => {
+            let source = NvmlSource::new().with_proc_root(&args.proc_root).with_sys_root(&args.sys_root);
+            Ok(inventory_watch::watch_nvml(source)
+                .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
+        }
+    }
+}
+
+type HttpTask = Option<tokio::task::JoinHandle<()>>;
+
+/// Binds the HTTP port (unless `off`) and serves it in a task.
+async fn start_http(
+    addr: MetricsAddr,
+    servers: &PluginServers,
+    publish_status: &Arc<PublishStatus>,
+    metrics: &Arc<Metrics>,
+) -> anyhow::Result<(tokio::sync::oneshot::Sender<()>, HttpTask)> {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let MetricsAddr::Listen(addr) = addr else {
+        return Ok((stop_tx, None));
+    };
+    let registration = servers.registration_state();
+    let serving = servers.serving_flag();
+    let published = publish_status.clone();
+    let state = Arc::new(HttpState {
+        metrics: metrics.clone(),
+        ready: vec![
+            ReadyCheck::new("registered", move || registration.is_registered()),
+            ReadyCheck::new("slices-published", move || published.is_published()),
+            ReadyCheck::new("grpc-serving", move || serving.load(Ordering::Acquire)),
+        ],
+    });
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding --metrics-addr {addr} (use another port or `off`)"))?;
+    let bound = listener.local_addr().with_context(|| format!("reading the address bound for {addr}"))?;
+    tracing::info!(addr = %bound, "serving /metrics, /healthz and /readyz");
+    let task = tokio::spawn(async move {
+        let shutdown = async {
+            let _ = stop_rx.await;
+        };
+        if let Err(error) = crate::http::serve(listener, state, shutdown).await {
+            tracing::error!(%error, "HTTP server failed");
+        }
+    });
+    Ok((stop_tx, Some(task)))
+}
+
+/// SIGTERM (the kubelet or the container runtime stopping the pod) and
+/// SIGINT (a terminal).
+struct Signals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            term: signal(SignalKind::terminate()).context("installing the SIGTERM handler")?,
+            int: signal(SignalKind::interrupt()).context("installing the SIGINT handler")?,
+        })
+    }
+
+    async fn next(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+}
+
+/// Until the preparer is wired in: every claim gets an error saying so.
+struct Unwired;
+
+impl DraService for Unwired {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+        claims
+            .into_iter()
+            .map(|c| (c.uid, Err("preparing claims is not wired into this build yet".to_owned())))
+            .collect()
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        claims
+            .into_iter()
+            .map(|c| (c.uid, Err("unpreparing claims is not wired into this build yet".to_owned())))
+            .collect()
+    }
+}
