@@ -47,7 +47,9 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 fn init_logging(args: &LoggingArgs) {
     let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: logs in files and `kubectl logs` stay greppable.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match args.log_format {
         LogFormat::Json => builder.json().init(),
         LogFormat::Text => builder.init(),

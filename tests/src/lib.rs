@@ -2,6 +2,8 @@
 //! and run them as a user would.
 
 pub mod apiserver;
+pub mod kubelet;
+pub mod plugin_process;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
