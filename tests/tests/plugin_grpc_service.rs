@@ -18,8 +18,10 @@ const OK: &str = "11111111-1111-4111-8111-111111111111";
 const FAILS: &str = "22222222-2222-4222-8222-222222222222";
 const FORGOTTEN: &str = "33333333-3333-4333-8333-333333333333";
 const EXTRA: &str = "44444444-4444-4444-8444-444444444444";
+const FLAKY: &str = "55555555-5555-4555-8555-555555555555";
 
-/// Prepares OK, fails FAILS, forgets FORGOTTEN and invents EXTRA.
+/// Prepares OK, fails FAILS, forgets FORGOTTEN, invents EXTRA, and fails
+/// FLAKY on its first two calls only.
 #[derive(Default)]
 struct Scripted {
     calls: Mutex<Vec<Vec<ClaimRef>>>,
@@ -40,6 +42,15 @@ impl DraService for Scripted {
                         share_id: Some("5d2c7a4e-0000-4000-8000-000000000001".into()),
                     };
                     out.insert(c.uid, Ok(vec![device]));
+                }
+                FLAKY => {
+                    let calls = self.calls.lock().unwrap().iter().flatten().filter(|c| c.uid == FLAKY).count();
+                    let result = if calls <= 2 {
+                        Err(format!("attempt {calls}: API server unavailable"))
+                    } else {
+                        Ok(Vec::new())
+                    };
+                    out.insert(c.uid, result);
                 }
                 FAILS => {
                     out.insert(c.uid, Err(format!("claim {}/{}: not allocated", c.namespace, c.name)));
@@ -133,6 +144,24 @@ async fn every_claim_gets_exactly_one_entry() {
     assert_eq!(raw.len(), 3);
     assert!(raw[FORGOTTEN].contains("no unprepare result"), "{}", raw[FORGOTTEN]);
     assert_eq!(raw[OK], "");
+}
+
+#[tokio::test]
+async fn the_kubelet_retries_a_failed_prepare() {
+    let s = setup().await;
+    let kubelet = Kubelet::new(s.kubelet_config.clone());
+    let plugin = kubelet.wait_and_register(Duration::from_secs(10)).await.unwrap();
+    let claims = [claim("ns", "flaky", FLAKY)];
+    let (result, errors) = kubelet.prepare_until_ok(&plugin, &claims, 5, Duration::from_millis(10)).await;
+    assert_eq!(result.unwrap()[FLAKY], []);
+    let errors: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        errors,
+        [
+            "NodePrepareResources failed for ResourceClaim flaky: attempt 1: API server unavailable",
+            "NodePrepareResources failed for ResourceClaim flaky: attempt 2: API server unavailable",
+        ]
+    );
 }
 
 #[tokio::test]
