@@ -3,6 +3,7 @@
 //! containers. No async runtime and no network here; the binaries are the
 //! edges.
 
+pub mod allocator;
 pub mod cdi;
 pub mod inventory;
 pub mod k8s_format;
