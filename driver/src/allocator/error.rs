@@ -55,6 +55,15 @@ pub enum FatalError {
     /// all devices, but resource pool ... is currently being updated").
     #[error("claim {claim}: request {request}: asks for all devices, but resource pool {driver}/{pool} {problem}")]
     PoolNotReady { claim: String, request: String, driver: String, pool: String, problem: String },
+    /// An `All` request whose devices a claim constraint cannot accept
+    /// together: declaring such a claim makes no sense, upstream errors too.
+    #[error(
+        "claim {claim}, request {request}: cannot add device {device} because a claim constraint would not be satisfied"
+    )]
+    ConstraintWithAll { claim: String, request: String, device: String },
+    /// A slice or device node selector that cannot be evaluated.
+    #[error("{message}")]
+    InvalidSlice { message: String },
     /// More than 32 device results for one claim (`AllocationResultsMaxSize`).
     #[error("claim {claim}: needs {results} devices, more than the maximum of {max} results per claim")]
     TooManyResults { claim: String, results: usize, max: usize },

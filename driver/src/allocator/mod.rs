@@ -18,12 +18,15 @@
 
 mod amount;
 mod capacity;
+mod cel_shim;
 mod constraints;
 mod counters;
+mod diagnose;
 mod error;
 mod explain;
 mod index;
 mod node_selection;
+mod placement;
 mod pools;
 mod request;
 mod result;
@@ -65,6 +68,7 @@ pub struct Allocator {
     selectors: selectors::SelectorCache,
     state: state::AllocatedState,
     share_ids: Box<dyn ShareIdSource>,
+    memo: placement::FirstFitMemo,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -91,6 +95,7 @@ impl Allocator {
             selectors: selectors::SelectorCache::new(),
             state: state::AllocatedState::default(),
             share_ids: Box::new(RandomShareIds),
+            memo: placement::FirstFitMemo::default(),
         }
     }
 
@@ -120,12 +125,13 @@ impl Allocator {
     /// committing: one result per claim, in order. Claims that already have
     /// an allocation must not be passed (record them instead).
     pub fn allocate(&mut self, node: &str, claims: &[&ResourceClaim]) -> Result<Vec<AllocationResult>, AllocateError> {
-        let mut ctx = search::Context {
+        let mut ctx = placement::Context {
             fleet: &self.fleet,
             classes: &self.classes,
             selectors: &mut self.selectors,
             state: &self.state,
             share_ids: self.share_ids.as_mut(),
+            memo: &mut self.memo,
         };
         ctx.allocate_on(node, claims)
     }
@@ -139,12 +145,13 @@ impl Allocator {
         nodes: Option<&[String]>,
         claims: &[&ResourceClaim],
     ) -> Result<Placement, AllocateError> {
-        let mut ctx = search::Context {
+        let mut ctx = placement::Context {
             fleet: &self.fleet,
             classes: &self.classes,
             selectors: &mut self.selectors,
             state: &self.state,
             share_ids: self.share_ids.as_mut(),
+            memo: &mut self.memo,
         };
         ctx.first_fit(nodes, claims)
     }
