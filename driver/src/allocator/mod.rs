@@ -176,3 +176,8 @@ impl Allocator {
         Ok(placement)
     }
 }
+
+#[cfg(test)]
+mod tests_core;
+#[cfg(test)]
+mod tests_features;

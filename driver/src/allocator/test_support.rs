@@ -27,8 +27,6 @@ pub fn device(name: &str) -> Device {
 pub trait DeviceExt {
     fn string(self, key: &str, v: &str) -> Self;
     fn int(self, key: &str, v: i64) -> Self;
-    fn boolean(self, key: &str, v: bool) -> Self;
-    fn version(self, key: &str, v: &str) -> Self;
     fn cap(self, key: &str, v: &str) -> Self;
     fn taint(self, key: &str, value: Option<&str>, effect: &str) -> Self;
     fn consumes(self, set: &str, counters: &[(&str, &str)]) -> Self;
@@ -46,14 +44,6 @@ impl DeviceExt for Device {
     }
     fn int(mut self, key: &str, v: i64) -> Self {
         attrs(&mut self).insert(key.into(), DeviceAttribute { int: Some(v), ..Default::default() });
-        self
-    }
-    fn boolean(mut self, key: &str, v: bool) -> Self {
-        attrs(&mut self).insert(key.into(), DeviceAttribute { bool: Some(v), ..Default::default() });
-        self
-    }
-    fn version(mut self, key: &str, v: &str) -> Self {
-        attrs(&mut self).insert(key.into(), DeviceAttribute { version: Some(v.into()), ..Default::default() });
         self
     }
     fn cap(mut self, key: &str, v: &str) -> Self {
@@ -84,6 +74,7 @@ impl DeviceExt for Device {
 pub fn consumes(set: &str, counters: &[(&str, &str)]) -> DeviceCounterConsumption {
     DeviceCounterConsumption {
         counter_set: set.into(),
+        compatibility_groups: None,
         counters: counters.iter().map(|(k, v)| (k.to_string(), Counter { value: q(v) })).collect(),
     }
 }
