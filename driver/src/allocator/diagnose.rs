@@ -10,8 +10,8 @@ use super::capacity;
 use super::constraints::{self, Kind};
 use super::counters::{self, CounterUse};
 use super::explain::{
-    ConstraintKind, ConstraintReport, Explanation, OwnerCount, PoolIssue, RequestReport, TaintedDevice, ValueCount,
-    Wanted,
+    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, RequestReport,
+    TaintedDevice, ValueCount, Wanted,
 };
 use super::index::Fleet;
 use super::request::{Alternative, ClaimPlan, Mode};
@@ -177,6 +177,7 @@ fn count(
         request_selectors: vec![0; request_sets.len()],
         selector_errors: 0,
         allocated: vec![],
+        other_owners: OtherOwners::default(),
         tainted: vec![],
         capacity_exhausted: 0,
         counters_exhausted: 0,
@@ -240,7 +241,7 @@ fn count(
             if !matched {
                 continue;
             }
-            let (Some(dev), Some(dref), Some(pool)) = (fleet.device(d), fleet.device_ref(d), fleet.pool_of(d)) else {
+            let (Some(dev), Some(dref)) = (fleet.device(d), fleet.device_ref(d)) else {
                 continue;
             };
             let shareable = dev.allow_multiple_allocations == Some(true);
@@ -257,9 +258,12 @@ fn count(
                 continue;
             }
             let capacity_in_use = state.consumed(d).is_some();
+            let consumption = fleet.consumption(d);
             if !(shareable && capacity_in_use)
-                && counters::consumes_counters(dev)
-                && counters::fits(&pool.counter_sets, dref.pool, dev, &state.counters, &no_use).is_err()
+                && !consumption.is_empty()
+                && fleet
+                    .pool_counters(dref.pool)
+                    .is_none_or(|pc| counters::fits(pc, dref.pool, consumption, &state.counters, &no_use).is_err())
             {
                 report.counters_exhausted += usize::from(first_time);
                 continue;
@@ -282,6 +286,10 @@ fn count(
     let mut allocated: Vec<OwnerCount> =
         owners.into_iter().map(|(owner, devices)| OwnerCount { owner, devices }).collect();
     allocated.sort_by(|a, b| b.devices.cmp(&a.devices).then(a.owner.cmp(&b.owner)));
+    if allocated.len() > MAX_OWNERS {
+        let rest = allocated.split_off(MAX_OWNERS);
+        report.other_owners = OtherOwners { claims: rest.len(), devices: rest.iter().map(|o| o.devices).sum() };
+    }
     report.allocated = allocated;
     (report, per_node)
 }

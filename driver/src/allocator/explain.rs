@@ -25,6 +25,13 @@ pub struct OwnerCount {
     pub devices: usize,
 }
 
+/// Owners not listed by name: how many claims hold how many devices.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OtherOwners {
+    pub claims: usize,
+    pub devices: usize,
+}
+
 /// A matching device excluded by a taint the request does not tolerate.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TaintedDevice {
@@ -33,6 +40,9 @@ pub struct TaintedDevice {
     /// `key=value:Effect`.
     pub taint: String,
 }
+
+/// How many owners an explanation lists by name.
+pub const MAX_OWNERS: usize = 10;
 
 /// What one request (or `firstAvailable` subrequest) saw on the node.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,8 +62,11 @@ pub struct RequestReport {
     /// Devices on which a selector failed to evaluate while explaining
     /// (the search itself turns such failures into errors).
     pub selector_errors: usize,
-    /// Matching devices in use, by owner.
+    /// Matching devices in use, by owner, most devices first (at most
+    /// [`MAX_OWNERS`]; the rest are summed in `other_owners`).
     pub allocated: Vec<OwnerCount>,
+    /// Owners beyond the first [`MAX_OWNERS`].
+    pub other_owners: OtherOwners,
     /// Matching devices whose taints the request does not tolerate.
     pub tainted: Vec<TaintedDevice>,
     /// Matching shareable devices without enough capacity left for the request.
@@ -174,10 +187,15 @@ impl fmt::Display for RequestReport {
             write!(f, "; selector #{i} matches {n}")?;
         }
         let matching = self.matching();
-        let in_use: usize = self.allocated.iter().map(|o| o.devices).sum();
+        let in_use: usize = self.allocated.iter().map(|o| o.devices).sum::<usize>() + self.other_owners.devices;
         if matching > 0 && in_use > 0 {
-            let owners: Vec<String> = self.allocated.iter().map(|o| format!("{} to {}", o.devices, o.owner)).collect();
-            if in_use == matching && self.allocated.len() == 1 {
+            let mut owners: Vec<String> =
+                self.allocated.iter().take(3).map(|o| format!("{} to {}", o.devices, o.owner)).collect();
+            let hidden = self.allocated.len().saturating_sub(3) + self.other_owners.claims;
+            if hidden > 0 {
+                owners.push(format!("and {hidden} more claims"));
+            }
+            if in_use == matching && self.allocated.len() == 1 && self.other_owners.devices == 0 {
                 let who = self.allocated.first().map(|o| o.owner.as_str()).unwrap_or_default();
                 if matching == 1 {
                     write!(f, "; it is allocated to {who}")?;

@@ -12,6 +12,7 @@ use std::collections::{BTreeSet, HashMap};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 
+use super::counters::{Consumption, PoolCounters};
 use super::explain::PoolProblem;
 use super::node_selection::{NodeInfo, Reach};
 use super::pools::{self, Pool};
@@ -53,12 +54,17 @@ pub(crate) struct Fleet {
     slice_pool: Vec<u32>,
     /// slice → index of its first device in `devices` (valid pools only).
     slice_first_device: Vec<Option<u32>>,
+    /// Numbered counters per pool, and each device's parsed consumption.
+    pool_counters: Vec<PoolCounters>,
+    consumption: Vec<Consumption>,
 }
 
 impl Fleet {
     pub(crate) fn build(all: &[ResourceSlice], nodes: &[Node]) -> Self {
         let (slices, pools) = pools::build(all);
         let mut devices = Vec::new();
+        let mut consumption = Vec::new();
+        let pool_counters: Vec<PoolCounters> = pools.iter().map(|p| PoolCounters::new(&p.counter_sets)).collect();
         let mut by_id = HashMap::new();
         let mut slice_pool = vec![0; slices.len()];
         let mut slice_first_device = vec![None; slices.len()];
@@ -82,6 +88,7 @@ impl Fleet {
                 for (i, d) in slice.spec.devices.as_deref().unwrap_or_default().iter().enumerate() {
                     let idx = devices.len() as u32;
                     devices.push(DeviceRef { pool: p as u32, slice: s as u32, index: i as u32 });
+                    consumption.push(pool_counters.get(p).map(|pc| pc.consumption(d)).unwrap_or_default());
                     by_id.insert((pool.driver.clone(), pool.name.clone(), d.name.clone()), idx);
                 }
             }
@@ -131,6 +138,8 @@ impl Fleet {
             local_slices,
             slice_pool,
             slice_first_device,
+            pool_counters,
+            consumption,
         };
         let views = fleet.node_names.iter().map(|n| fleet.compute_view(&fleet.node_infos[n])).collect();
         fleet.views = views;
@@ -175,6 +184,15 @@ impl Fleet {
     pub(crate) fn device(&self, d: u32) -> Option<&Device> {
         let r = self.device_ref(d)?;
         self.slices.get(r.slice as usize)?.spec.devices.as_ref()?.get(r.index as usize)
+    }
+
+    /// A device's counter consumption (empty when it consumes none).
+    pub(crate) fn consumption(&self, d: u32) -> &[(u32, super::amount::Amount)] {
+        self.consumption.get(d as usize).map(|c| &c[..]).unwrap_or_default()
+    }
+
+    pub(crate) fn pool_counters(&self, p: u32) -> Option<&PoolCounters> {
+        self.pool_counters.get(p as usize)
     }
 
     pub(crate) fn pool_of(&self, d: u32) -> Option<&Pool> {

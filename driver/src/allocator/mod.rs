@@ -41,8 +41,8 @@ mod test_support;
 
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
-    ConstraintKind, ConstraintReport, Explanation, OwnerCount, PoolIssue, PoolProblem, RequestReport, TaintedDevice,
-    ValueCount, Wanted,
+    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, PoolProblem,
+    RequestReport, TaintedDevice, ValueCount, Wanted,
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 

@@ -85,21 +85,22 @@ impl<'a> Context<'a> {
         if memo.failed.len() < fleet.node_names().len() {
             memo.failed.resize(fleet.node_names().len(), false);
         }
-        let mut tried: Vec<&str> = Vec::new();
+        // Positions of the candidate nodes; unknown names get `None`.
+        let order: Vec<(Option<usize>, &str)> = match nodes {
+            None => candidates.iter().enumerate().map(|(p, n)| (Some(p), n.as_str())).collect(),
+            Some(list) => list.iter().map(|n| (fleet.node_position(n), n.as_str())).collect(),
+        };
         let mut gave_up = false;
-        for node in candidates {
-            let position = fleet.node_position(node);
+        for &(position, node) in &order {
             if let Some(p) = position
                 && memo.failed.get(p).copied().unwrap_or(false)
             {
-                tried.push(node);
                 continue;
             }
-            tried.push(node);
             match search::search_node(fleet, self.selectors, self.state, &plans, node)? {
                 NodeOutcome::Fits(solution) => {
                     let allocations = result::build(fleet, &plans, &solution, node, self.share_ids)?;
-                    return Ok(Placement { node: node.clone(), allocations });
+                    return Ok(Placement { node: node.to_string(), allocations });
                 }
                 NodeOutcome::NoFit { gave_up: g } => {
                     gave_up |= g;
@@ -109,6 +110,7 @@ impl<'a> Context<'a> {
                 }
             }
         }
+        let tried: Vec<&str> = order.iter().map(|(_, n)| *n).collect();
         if let Some((version, culprit, e)) = &memo.explanation
             && *version == self.state.version
             && nodes.is_none()

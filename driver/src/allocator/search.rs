@@ -351,16 +351,18 @@ impl Search<'_, '_> {
         }
         let capacity_in_use = self.state.consumed(d).is_some() || self.capacity.contains_key(&d);
         let mut counted = false;
-        if !(shareable && capacity_in_use) && counters::consumes_counters(dev) {
-            if counters::fits(&pool.counter_sets, dref.pool, dev, &self.state.counters, &self.counters).is_err() {
+        let consumption = fleet.consumption(d);
+        if !(shareable && capacity_in_use) && !consumption.is_empty() {
+            let Some(pc) = fleet.pool_counters(dref.pool) else { return Ok(false) };
+            if counters::fits(pc, dref.pool, consumption, &self.state.counters, &self.counters).is_err() {
                 return Ok(false);
             }
-            self.counters.add(dref.pool, dev);
+            self.counters.add(dref.pool, consumption);
             counted = true;
         }
         let undo_counters = |s: &mut Self| {
             if counted {
-                s.counters.sub(dref.pool, dev);
+                s.counters.sub(dref.pool, consumption);
             }
         };
         if taints::blocking_taint(dev, alt.tolerations).is_some() {
@@ -461,9 +463,9 @@ impl Search<'_, '_> {
             }
         }
         if pick.counted
-            && let (Some(dev), Some(dref)) = (fleet.device(pick.device), fleet.device_ref(pick.device))
+            && let Some(dref) = fleet.device_ref(pick.device)
         {
-            self.counters.sub(dref.pool, dev);
+            self.counters.sub(dref.pool, fleet.consumption(pick.device));
         }
     }
 }

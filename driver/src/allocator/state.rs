@@ -14,7 +14,7 @@ use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
 use super::amount::Amount;
 use super::capacity::Consumed;
-use super::counters::{self, CounterUse};
+use super::counters::CounterUse;
 use super::error::InputError;
 use super::index::Fleet;
 
@@ -58,11 +58,8 @@ impl AllocatedState {
             } else {
                 self.exclusive.insert(d, owner.to_string());
             }
-            if first_use
-                && let (Some(dev), Some(r)) = (fleet.device(d), fleet.device_ref(d))
-                && counters::consumes_counters(dev)
-            {
-                self.counters.add(r.pool, dev);
+            if first_use && let Some(r) = fleet.device_ref(d) {
+                self.counters.add(r.pool, fleet.consumption(d));
             }
         }
         self.version += 1;
