@@ -166,7 +166,7 @@ fn count(
     let request_refs = &alt.exprs;
     let class_sets: Vec<_> = (1..=class_refs.len()).map(|i| selectors.match_set(&class_refs[..i], &[])).collect();
     let request_sets: Vec<_> =
-        (1..=request_refs.len()).map(|i| selectors.match_set(&class_refs, &request_refs[..i])).collect();
+        (1..=request_refs.len()).map(|i| selectors.match_set(class_refs, &request_refs[..i])).collect();
     let mut report = RequestReport {
         request: name,
         class: alt.class.metadata.name.clone().unwrap_or_default(),
@@ -257,9 +257,10 @@ fn count(
                 report.capacity_exhausted += usize::from(first_time);
                 continue;
             }
-            let capacity_in_use = state.consumed(d).is_some();
+            // A shareable device already in use consumes its counters already.
+            let counts_counters = !(shareable && state.consumed(d).is_some());
             let consumption = fleet.consumption(d);
-            if !(shareable && capacity_in_use)
+            if counts_counters
                 && !consumption.is_empty()
                 && fleet
                     .pool_counters(dref.pool)

@@ -349,10 +349,12 @@ impl Search<'_, '_> {
         if !alt.admin && self.busy(d) {
             return Ok(false);
         }
+        // A shareable device whose capacity is in use consumes its counters already.
         let capacity_in_use = self.state.consumed(d).is_some() || self.capacity.contains_key(&d);
+        let counts_counters = !(shareable && capacity_in_use);
         let mut counted = false;
         let consumption = fleet.consumption(d);
-        if !(shareable && capacity_in_use) && !consumption.is_empty() {
+        if counts_counters && !consumption.is_empty() {
             let Some(pc) = fleet.pool_counters(dref.pool) else { return Ok(false) };
             if counters::fits(pc, dref.pool, consumption, &self.state.counters, &self.counters).is_err() {
                 return Ok(false);

@@ -210,7 +210,7 @@ fn class_then_claim_config_is_copied_in_order() {
 
 #[test]
 fn cel_compile_errors_name_the_class_and_selector() {
-    let broken = class("broken", &["true", "noSuchVar"]);
+    let broken = class("broken", &["true", "device.driver =="]);
     let mut a = allocator(&[node_slice("n1", vec![gpu("gpu-0")])], &[broken]);
     let err = fatal(one(&mut a, "n1", &claim("c", vec![request("r", "broken", 1)])));
     assert!(
@@ -239,20 +239,22 @@ fn cel_runtime_errors_name_request_selector_and_device() {
 #[test]
 fn a_busy_device_is_not_evaluated() {
     let mut a = allocator(&[node_slice("n1", vec![gpu("gpu-0"), gpu("gpu-1").int("cores", 8)])], &[gpu_class()]);
-    let held = with_allocation(claim("held", vec![]), {
-        let mut r = AllocationResult::default();
-        r.devices = Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
-            results: Some(vec![k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
-                request: "r".into(),
-                driver: DRIVER.into(),
-                pool: "n1".into(),
-                device: "gpu-0".into(),
-                ..Default::default()
-            }]),
-            config: None,
-        });
-        r
-    });
+    let held = with_allocation(
+        claim("held", vec![]),
+        AllocationResult {
+            devices: Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
+                results: Some(vec![k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
+                    request: "r".into(),
+                    driver: DRIVER.into(),
+                    pool: "n1".into(),
+                    device: "gpu-0".into(),
+                    ..Default::default()
+                }]),
+                config: None,
+            }),
+            ..Default::default()
+        },
+    );
     a.record_allocated(&held).unwrap();
     let c = claim(
         "c",
