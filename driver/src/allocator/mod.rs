@@ -181,3 +181,5 @@ impl Allocator {
 mod tests_core;
 #[cfg(test)]
 mod tests_features;
+#[cfg(test)]
+mod tests_more;
