@@ -202,6 +202,9 @@ impl fmt::Display for RequestReport {
                 } else {
                     write!(f, "; all {matching} are allocated to {who}")?;
                 }
+            } else if self.allocated.len() == 1 && self.other_owners.devices == 0 {
+                let who = self.allocated.first().map(|o| o.owner.as_str()).unwrap_or_default();
+                write!(f, "; {in_use} allocated to {who}")?;
             } else {
                 write!(f, "; {in_use} allocated ({})", owners.join(", "))?;
             }
@@ -291,5 +294,88 @@ impl fmt::Display for Explanation {
             write!(f, "; {n}")?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(allocated: Vec<OwnerCount>, other: OtherOwners) -> RequestReport {
+        RequestReport {
+            request: "gpu".into(),
+            class: "gpu.nvidia.com".into(),
+            wanted: Wanted::Count(1),
+            visible: 64,
+            class_matches: 64,
+            class_selectors: vec![64],
+            request_selectors: vec![8],
+            selector_errors: 0,
+            allocated,
+            other_owners: other,
+            tainted: vec![],
+            capacity_exhausted: 0,
+            counters_exhausted: 0,
+            available: 0,
+        }
+    }
+
+    #[test]
+    fn one_owner_of_everything_reads_naturally() {
+        let r = report(vec![OwnerCount { owner: "default/train-0".into(), devices: 8 }], OtherOwners::default());
+        assert_eq!(
+            r.to_string(),
+            "request gpu wants 1 device: class gpu.nvidia.com matches 64 devices of 64 visible; selector #0 matches 8; \
+             all 8 are allocated to default/train-0; 0 available"
+        );
+        assert!(!r.satisfiable_alone());
+    }
+
+    #[test]
+    fn many_owners_are_summarised() {
+        let owners = (0..4).map(|i| OwnerCount { owner: format!("default/c{i}"), devices: 2 }).collect();
+        let r = report(owners, OtherOwners { claims: 5, devices: 0 });
+        let text = r.to_string();
+        assert!(
+            text.contains("8 allocated (2 to default/c0, 2 to default/c1, 2 to default/c2, and 6 more claims)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn explanation_lists_failing_requests_constraints_and_pools() {
+        let e = Explanation {
+            claim: "default/x".into(),
+            node: Some("n7".into()),
+            nodes_tried: 10,
+            requests: vec![report(vec![], OtherOwners::default())],
+            constraints: vec![ConstraintReport {
+                kind: ConstraintKind::MatchAttribute,
+                attribute: "gpu.nvidia.com/nvlinkGroup".into(),
+                requests: vec!["a".into(), "b".into()],
+                values: vec![ValueCount { value: "0".into(), devices: 1 }],
+            }],
+            pools: vec![PoolIssue {
+                driver: "gpu.nvidia.com".into(),
+                pool: "n7".into(),
+                problem: PoolProblem::Incomplete { slices_seen: 1, slices_expected: 2 },
+            }],
+            notes: vec![],
+        };
+        let text = e.to_string();
+        assert!(
+            text.starts_with("claim default/x cannot be allocated on any of 10 nodes (closest: n7); request gpu"),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "matchAttribute gpu.nvidia.com/nvlinkGroup over a, b cannot be met; available devices have 0 on 1"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with("pool gpu.nvidia.com/n7 skipped: incomplete, 1 of 2 slices at its newest generation"),
+            "{text}"
+        );
     }
 }
