@@ -1,20 +1,45 @@
 //! The structured allocator: which devices of which ResourceSlices a set of
 //! ResourceClaims gets on a node, with the kube-scheduler's semantics
-//! (`k8s.io/dynamic-resource-allocation/structured`, 1.34–1.36; where the
-//! releases differ we follow 1.36 with its default-on feature gates:
-//! prioritized lists, admin access, device taints, partitionable devices,
-//! consumable capacity).
+//! (`k8s.io/dynamic-resource-allocation/structured`, 1.34–1.36). Where the
+//! releases differ we follow 1.36's "incubating" allocator, i.e. with the
+//! gates that are on by default there: prioritized lists, admin access,
+//! device taints, partitionable devices, consumable capacity and binding
+//! conditions (list-type attributes, alpha, are off: they never match).
 //!
 //! Pure: no I/O and no clock. One [`Allocator`] holds the fleet (pools,
 //! device index, compiled selectors and their cached results) and the
-//! allocated state; [`Allocator::allocate`] searches without committing,
-//! [`Allocator::commit`] records a result, [`Allocator::place`] does both on
-//! the first node that fits.
+//! allocated state; [`Allocator::allocate`] searches one node without
+//! committing, [`Allocator::allocate_first_fit`] tries nodes in order,
+//! [`Allocator::commit`] records results, [`Allocator::place`] does both.
 //!
-//! Data flow: slices + classes + nodes → [`pools`] (highest generation,
-//! complete, valid) → [`index`] (devices per node, free counts) → selector
-//! results cached per (expression, device) → [`search`] (backtracking) →
-//! `AllocationResult` ([`result`]) or an [`Explanation`] ([`explain`]).
+//! Data flow: slices + classes + nodes → `pools` (highest generation,
+//! complete, valid) → `index` (devices per node in search order) →
+//! `selectors` (compiled once, results cached per device) → `search`
+//! (backtracking) → `AllocationResult` (`result`) or an [`Explanation`]
+//! (`diagnose`, `explain`).
+//!
+//! Semantics, briefly (details in each module):
+//! - claims in order, requests in order, devices in pool/slice/device order,
+//!   exhaustive backtracking, first complete solution;
+//! - `ExactCount` and `All` (all matching devices visible to the node; an
+//!   incomplete or invalid pool visible to the node makes `All` an error);
+//! - `firstAvailable` alternatives in order, results named `req/sub`;
+//! - `matchAttribute`/`distinctAttribute` scoped to their requests;
+//! - `adminAccess` ignores other claims' use and is not itself "in use";
+//! - taints `NoSchedule`/`NoExecute` need a toleration; tolerations are
+//!   copied into the results;
+//! - shared counters bound partitionable devices; consumable capacity with
+//!   request policies and a fresh `shareID` per share;
+//! - class then claim opaque config in the result; at most 32 results;
+//! - a CEL compile or runtime error on a device the search evaluates is a
+//!   [`FatalError`] naming claim, class or request, selector index and
+//!   device; it is never a silent "no match".
+//!
+//! Deliberate differences from upstream are listed where they live
+//! (`pools`, `constraints`, `counters`, `search`, `result`). Two can change
+//! an outcome for valid input: `distinctAttribute` compares devices of the
+//! same request too, and a node's search gives up after a step budget
+//! (upstream: a 10 s filter timeout).
 
 mod amount;
 mod capacity;

@@ -33,6 +33,11 @@ pub(crate) enum Verdict {
     Error { origin: Origin, index: usize, compile: bool, message: String },
 }
 
+/// `device` values kept for reuse; beyond this the cache starts over, so a
+/// huge fleet does not keep one CEL value tree per device alive (results
+/// stay cached, only new expressions need the trees again).
+const CEL_DEVICE_CACHE: usize = 16_384;
+
 const UNKNOWN: u8 = 0;
 const NO: u8 = 1;
 const YES: u8 = 2;
@@ -192,6 +197,9 @@ impl SelectorCache {
             (Some(pool), Some(dev)) => sel::CelDevice::new(&pool.driver, dev).map(Arc::new).map_err(|e| e.to_string()),
             _ => Err("device not in the fleet".to_string()),
         };
+        if self.cel_devices.len() >= CEL_DEVICE_CACHE {
+            self.cel_devices.clear();
+        }
         self.cel_devices.insert(device, built.clone());
         built
     }
