@@ -222,3 +222,52 @@ fn commit_checks_its_input_and_records() {
     let e = unsatisfiable(a.allocate("n1", &[&claim("d", vec![request("r", "gpu", 1)])]));
     assert_eq!(e.requests[0].allocated, [OwnerCount { owner: "default/c".into(), devices: 1 }]);
 }
+
+#[test]
+fn first_available_backtracks_to_a_lower_choice_for_a_later_request() {
+    let big = r#"device.attributes["gpu.nvidia.com"].size == "big""#;
+    let slices = [
+        slice("a", "n1", "p1", 1, 1, vec![gpu("big-0").string("size", "big")]),
+        slice("b", "n1", "p2", 1, 1, vec![gpu("small-0").string("size", "small")]),
+    ];
+    let mut a = allocator(&slices, &[gpu_class()]);
+    let c = claim(
+        "c",
+        vec![
+            first_available("x", vec![sub("big", "gpu", 1, &[big]), sub("any", "gpu", 1, &[])]),
+            with_selectors(request("y", "gpu", 1), &[big]),
+        ],
+    );
+    assert_eq!(picks(&one(&mut a, "n1", &c).unwrap()), pairs(&[("x/any", "small-0"), ("y", "big-0")]));
+}
+
+#[test]
+fn shareable_devices_backtrack_on_capacity_and_constraints() {
+    let with_memory =
+        |name: &str, label: &str, memory: &str| gpu(name).string("label", label).shareable().cap("memory", memory);
+    let devices = vec![with_memory("small", "v1", "2Gi"), with_memory("large", "v2", "4Gi")];
+    let mut a = allocator(&[node_slice("n1", devices)], &[gpu_class()]);
+    let two = || {
+        let mut e = exact("gpu", 1);
+        e.capacity = Some(CapacityRequirements { requests: Some([("memory".to_string(), q("2Gi"))].into()) });
+        e
+    };
+    let c0 = claim_with(
+        "c0",
+        vec![request_with("a", two()), request_with("b", two())],
+        vec![match_attr("gpu.nvidia.com/label", &[])],
+    );
+    let c1 = claim("c1", vec![request_with("a", two())]);
+    let r = a.allocate("n1", &[&c0, &c1]).unwrap();
+    assert_eq!(picks(&r[0]), pairs(&[("a", "large"), ("b", "large")]));
+    assert_eq!(picks(&r[1]), pairs(&[("a", "small")]));
+}
+
+#[test]
+fn an_all_request_and_an_exact_one_cannot_share_the_only_device() {
+    let mut a = allocator(&[node_slice("n1", vec![gpu("gpu-0")])], &[gpu_class()]);
+    let exact_one = claim("c1", vec![request("r", "gpu", 1)]);
+    let all = claim("c0", vec![all_request("r", "gpu")]);
+    let e = unsatisfiable(a.allocate("n1", &[&exact_one, &all]));
+    assert_eq!(e.claim, "default/c0");
+}
