@@ -1,0 +1,196 @@
+//! The `device` variable: built once per device, then lent to every
+//! evaluation through a [`VariableResolver`], so evaluating a selector copies
+//! nothing about the device.
+//!
+//! Mirrors `DeviceMatches` in `k8s.io/dynamic-resource-allocation/cel/compile.go`:
+//! attribute and capacity names are split at the first `/` into domain and
+//! id, a bare name going to the driver's domain; the outer maps answer an
+//! unknown domain with an empty map (so `device.attributes["x.com"].foo` is a
+//! "no such key" error, not an unknown-domain one), the inner maps fail on an
+//! unknown id.
+
+use std::any::Any;
+use std::collections::{BTreeMap, HashMap};
+
+use cel::ExecutionError;
+use cel::common::traits::{Container, Indexer, Iterable, Sizer};
+use cel::common::types::{CelBool, CelInt, CelList, CelMap, CelMapKey, CelString, MAP_TYPE, Type};
+use cel::common::value::{CowVal, StaticVal, Val};
+use cel::context::VariableResolver;
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+
+use super::EvalError;
+use super::quantity_lib::Quantity;
+use super::semver_lib::Semver;
+
+/// The `device` variable of one device, ready to be evaluated against.
+#[derive(Debug)]
+pub struct CelDevice {
+    root: CelMap<'static>,
+}
+
+impl CelDevice {
+    /// Converts `device`, published by `driver`, into its CEL value.
+    ///
+    /// Fails when an attribute has no value or an unparsable version, or a
+    /// capacity is not a valid quantity: Kubernetes reports those as runtime
+    /// errors of the selector evaluated on the device.
+    pub fn new(driver: &str, device: &Device) -> Result<Self, EvalError> {
+        let mut attributes: BTreeMap<String, HashMap<CelMapKey<'static>, Box<dyn Val>>> = BTreeMap::new();
+        for (name, attribute) in device.attributes.iter().flatten() {
+            let value = attribute_value(attribute).map_err(|e| EvalError::Device(format!("attribute {name}: {e}")))?;
+            let (domain, id) = split_qualified(name, driver);
+            attributes.entry(domain.to_owned()).or_default().insert(CelMapKey::from(id.to_owned()), value);
+        }
+        let mut capacity: BTreeMap<String, HashMap<CelMapKey<'static>, Box<dyn Val>>> = BTreeMap::new();
+        for (name, cap) in device.capacity.iter().flatten() {
+            let value =
+                Quantity::parse(&cap.value.0).map_err(|e| EvalError::Device(format!("capacity {name}: {e}")))?;
+            let (domain, id) = split_qualified(name, driver);
+            capacity.entry(domain.to_owned()).or_default().insert(CelMapKey::from(id.to_owned()), Box::new(value));
+        }
+        let mut root: HashMap<CelMapKey<'static>, Box<dyn Val>> = HashMap::new();
+        root.insert(CelMapKey::from("driver"), Box::new(CelString::from(driver.to_owned())));
+        root.insert(
+            CelMapKey::from("allowMultipleAllocations"),
+            Box::new(CelBool::from(device.allow_multiple_allocations.unwrap_or(false))),
+        );
+        root.insert(CelMapKey::from("attributes"), Box::new(DomainMap::new(attributes)));
+        root.insert(CelMapKey::from("capacity"), Box::new(DomainMap::new(capacity)));
+        Ok(CelDevice { root: CelMap::from(root) })
+    }
+}
+
+impl VariableResolver for CelDevice {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        (variable == "device").then_some(CowVal::Borrowed(&self.root))
+    }
+}
+
+/// `parseQualifiedName`: split at the first `/`, else the driver's domain.
+fn split_qualified<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
+    name.split_once('/').unwrap_or((driver, name))
+}
+
+fn attribute_value(attribute: &DeviceAttribute) -> Result<Box<dyn Val>, String> {
+    if let Some(i) = attribute.int {
+        return Ok(Box::new(CelInt::from(i)));
+    }
+    if let Some(b) = attribute.bool {
+        return Ok(Box::new(CelBool::from(b)));
+    }
+    if let Some(s) = &attribute.string {
+        return Ok(Box::new(CelString::from(s.clone())));
+    }
+    if let Some(v) = &attribute.version {
+        return Ok(Box::new(Semver::parse(v, false)?));
+    }
+    // List-typed attributes (DRAListTypeAttributes, alpha in 1.36) become lists.
+    if let Some(ints) = &attribute.ints {
+        return Ok(list(ints.iter().map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>).collect()));
+    }
+    if let Some(bools) = &attribute.bools {
+        return Ok(list(bools.iter().map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>).collect()));
+    }
+    if let Some(strings) = &attribute.strings {
+        return Ok(list(strings.iter().map(|s| Box::new(CelString::from(s.clone())) as Box<dyn Val>).collect()));
+    }
+    if let Some(versions) = &attribute.versions {
+        let values: Result<Vec<Box<dyn Val>>, String> =
+            versions.iter().map(|v| Semver::parse(v, false).map(|s| Box::new(s) as Box<dyn Val>)).collect();
+        return Ok(list(values?));
+    }
+    Err("unsupported attribute value: none of int, bool, string, version is set".to_owned())
+}
+
+fn list(values: Vec<Box<dyn Val>>) -> Box<dyn Val> {
+    Box::new(CelList::from(values))
+}
+
+/// The outer `attributes`/`capacity` map: domain → map of id → value, where a
+/// missing domain reads as an empty map (`newStringInterfaceMapWithDefault`).
+/// `in`, `size()` and iteration see only the domains the device has.
+#[derive(Debug, Clone)]
+struct DomainMap {
+    domains: CelMap<'static>,
+    empty: CelMap<'static>,
+}
+
+impl DomainMap {
+    fn new(domains: BTreeMap<String, HashMap<CelMapKey<'static>, Box<dyn Val>>>) -> Self {
+        let domains: HashMap<CelMapKey<'static>, Box<dyn Val>> = domains
+            .into_iter()
+            .map(|(domain, ids)| (CelMapKey::from(domain), Box::new(CelMap::from(ids)) as Box<dyn Val>))
+            .collect();
+        DomainMap { domains: CelMap::from(domains), empty: CelMap::default() }
+    }
+}
+
+impl Val for DomainMap {
+    fn get_type(&self) -> &Type {
+        &MAP_TYPE
+    }
+
+    fn cel_type() -> &'static Type {
+        &MAP_TYPE
+    }
+
+    fn as_container(&self) -> Option<&dyn Container> {
+        self.domains.as_container()
+    }
+
+    fn as_indexer<'b, 'v>(&'b self) -> Option<&'b (dyn Indexer + 'v)>
+    where
+        Self: 'v,
+    {
+        Some(self)
+    }
+
+    fn as_iterable<'b, 'v>(&'b self) -> Option<&'b (dyn Iterable + 'v)>
+    where
+        Self: 'v,
+    {
+        self.domains.as_iterable()
+    }
+
+    fn as_sizer(&self) -> Option<&dyn Sizer> {
+        self.domains.as_sizer()
+    }
+
+    fn equals(&self, other: &dyn Val) -> bool {
+        match other.downcast_ref::<DomainMap>() {
+            Some(o) => self.domains.equals(&o.domains),
+            None => self.domains.equals(other),
+        }
+    }
+
+    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> Option<&dyn Any> {
+        Some(self)
+    }
+}
+
+impl StaticVal for DomainMap {}
+
+impl Indexer for DomainMap {
+    fn get<'b, 'v>(&'b self, idx: &dyn Val) -> Result<CowVal<'b, 'v>, ExecutionError>
+    where
+        Self: 'v,
+    {
+        match self.domains.get(idx) {
+            Ok(found) => Ok(found),
+            Err(ExecutionError::NoSuchKey(_)) => Ok(CowVal::Borrowed(&self.empty)),
+            Err(other) => Err(other),
+        }
+    }
+
+    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
+    where
+        Self: 'v,
+    {
+        self.get(idx).map(CowVal::into_owned)
+    }
+}

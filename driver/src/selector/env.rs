@@ -1,0 +1,79 @@
+//! The CEL environment of device selectors: the `cel` crate's standard
+//! library and macros, plus what Kubernetes' base environment and DRA add
+//! (quantity, semver, string extensions, `cel.bind`), plus the metering
+//! functions the compile-time rewrite calls (see `cost`).
+
+use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
+use cel::common::types::{DYN_TYPE, INT_TYPE};
+use cel::parser::{Macro, MacroExprHelper};
+use cel::{DeclarationError, Env, ParseError};
+
+use super::{cost, quantity_lib, semver_lib, strings_lib};
+
+/// Builds the selector environment.
+pub fn build() -> Result<Env, DeclarationError> {
+    let mut env = Env::stdlib();
+    env.add_macro(Macro::receiver("bind", 3, expand_bind))?;
+    quantity_lib::register(&mut env)?;
+    semver_lib::register(&mut env)?;
+    strings_lib::register(&mut env)?;
+    env.add_overload("@range", "metered_range", vec![DYN_TYPE, INT_TYPE], cost::range)?;
+    env.add_overload("@add", "metered_add", vec![DYN_TYPE, DYN_TYPE], cost::add)?;
+    Ok(env)
+}
+
+/// `cel.bind(name, init, expr)`: evaluates `expr` with `name` bound to
+/// `init`, as cel-go's `ext.Bindings` does it: a comprehension over an empty
+/// list whose accumulator is the binding, so `init` is evaluated once.
+fn expand_bind(
+    helper: &mut MacroExprHelper<'_>,
+    target: &mut Option<IdedExpr>,
+    args: &mut Vec<IdedExpr>,
+) -> Result<Option<IdedExpr>, ParseError> {
+    if !matches!(target.as_ref().map(|t| &t.expr), Some(Expr::Ident(name)) if name == "cel") {
+        return Ok(None);
+    }
+    let (Some(result), Some(init), Some(var)) = (args.pop(), args.pop(), args.pop()) else {
+        return Err(helper.new_error(0, "cel.bind() takes three arguments"));
+    };
+    let Expr::Ident(name) = var.expr else {
+        return Err(helper.new_error(var.id, "cel.bind() variable name must be a simple identifier"));
+    };
+    let empty = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
+    let never = helper.next_expr(Expr::Literal(LiteralValue::Boolean(false.into())));
+    let step = helper.next_expr(Expr::Ident(name.clone()));
+    Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(ComprehensionExpr {
+        iter_range: empty,
+        iter_var: "#unused".to_owned(),
+        iter_var2: None,
+        accu_var: name,
+        accu_init: init,
+        loop_cond: never,
+        loop_step: step,
+        result,
+    })))))
+}
+
+/// Compiles every constant `matches` pattern, so a bad one is a compile error
+/// as in Kubernetes, not a runtime error on the first device.
+pub fn check_literal_patterns(expr: &IdedExpr) -> Result<(), String> {
+    match &expr.expr {
+        Expr::Call(call) => {
+            if call.func_name == "@matches"
+                && let Some(Expr::Literal(LiteralValue::String(pattern))) = call.args.last().map(|a| &a.expr)
+            {
+                strings_lib::compile_regex(pattern.inner())?;
+            }
+            if let Some(target) = call.target.as_deref() {
+                check_literal_patterns(target)?;
+            }
+            call.args.iter().try_for_each(check_literal_patterns)
+        }
+        Expr::Comprehension(c) => [&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result]
+            .into_iter()
+            .try_for_each(check_literal_patterns),
+        Expr::List(l) => l.elements.iter().try_for_each(check_literal_patterns),
+        Expr::Select(s) => check_literal_patterns(&s.operand),
+        Expr::Map(_) | Expr::Struct(_) | Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Ok(()),
+    }
+}
