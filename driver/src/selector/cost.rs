@@ -33,7 +33,7 @@ use std::cell::Cell;
 use cel::ExecutionError;
 use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators};
 use cel::common::types::{CelBytes, CelList, CelString, Kind};
-use cel::common::value::{CowVal, Val};
+use cel::common::value::CowVal;
 
 /// Units one evaluation may spend.
 pub const BUDGET: u64 = 1_000_000;
@@ -46,7 +46,7 @@ pub const MAX_LIST_LEN: usize = 16 * 1024;
 /// The deepest AST accepted; the parser's own recursion limit catches most
 /// nesting, this catches long left-deep operator chains (`1+1+1+...`) that
 /// would make evaluation recurse as deep.
-pub const MAX_AST_DEPTH: usize = 200;
+pub const MAX_AST_DEPTH: usize = 100;
 
 /// The message of the error raised when the budget is exceeded.
 pub const BUDGET_MESSAGE: &str = "cost budget exceeded";
@@ -171,34 +171,42 @@ pub const METERED_STDLIB: [&str; 5] = ["contains", "startsWith", "endsWith", "ma
 #[derive(Debug)]
 pub struct TooDeep;
 
-/// Rewrites a parsed expression for metering (see the module doc). Fails when
-/// the AST is deeper than [`MAX_AST_DEPTH`].
-pub fn rewrite(expr: &mut IdedExpr) -> Result<(), TooDeep> {
-    rewrite_at(expr, 0, None)
+/// Stack one level of AST nesting may take while evaluating: measured at
+/// ~38 KiB in a debug build (the interpreter's frames are large), with margin.
+const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) { 64 * 1024 } else { 16 * 1024 };
+
+/// Rewrites a parsed expression for metering (see the module doc). Returns
+/// the stack its evaluation may need; fails when the AST is deeper than
+/// [`MAX_AST_DEPTH`].
+pub fn rewrite(expr: &mut IdedExpr) -> Result<usize, TooDeep> {
+    let mut deepest = 0;
+    rewrite_at(expr, 0, None, &mut deepest)?;
+    Ok((deepest + 4) * STACK_PER_LEVEL)
 }
 
-fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>) -> Result<(), TooDeep> {
+fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, deepest: &mut usize) -> Result<(), TooDeep> {
     if depth > MAX_AST_DEPTH {
         return Err(TooDeep);
     }
+    *deepest = (*deepest).max(depth);
     let id = expr.id;
     match &mut expr.expr {
         Expr::Call(call) => {
             if let Some(target) = call.target.as_deref_mut() {
-                rewrite_at(target, depth + 1, accu)?;
+                rewrite_at(target, depth + 1, accu, deepest)?;
             }
             for arg in &mut call.args {
-                rewrite_at(arg, depth + 1, accu)?;
+                rewrite_at(arg, depth + 1, accu, deepest)?;
             }
             rename_call(call, accu);
         }
         Expr::Comprehension(c) => {
-            rewrite_at(&mut c.iter_range, depth + 1, accu)?;
-            rewrite_at(&mut c.accu_init, depth + 1, accu)?;
-            let inner = Some(c.accu_var.as_str()).map(str::to_owned);
-            rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref())?;
-            rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref())?;
-            rewrite_at(&mut c.result, depth + 1, inner.as_deref())?;
+            rewrite_at(&mut c.iter_range, depth + 1, accu, deepest)?;
+            rewrite_at(&mut c.accu_init, depth + 1, accu, deepest)?;
+            let inner = Some(c.accu_var.clone());
+            rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref(), deepest)?;
+            rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref(), deepest)?;
+            rewrite_at(&mut c.result, depth + 1, inner.as_deref(), deepest)?;
             let weight = count_nodes(&c.loop_cond) + count_nodes(&c.loop_step);
             let range = std::mem::take(&mut c.iter_range);
             let weight_expr = IdedExpr { id, expr: Expr::Literal(LiteralValue::Int((weight as i64).into())) };
@@ -213,29 +221,29 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>) -> Result<(
         }
         Expr::List(ListExpr { elements, .. }) => {
             for e in elements {
-                rewrite_at(e, depth + 1, accu)?;
+                rewrite_at(e, depth + 1, accu, deepest)?;
             }
         }
         Expr::Map(map) => {
             for entry in &mut map.entries {
                 if let EntryExpr::MapEntry(e) = &mut entry.expr {
-                    rewrite_at(&mut e.key, depth + 1, accu)?;
-                    rewrite_at(&mut e.value, depth + 1, accu)?;
+                    rewrite_at(&mut e.key, depth + 1, accu, deepest)?;
+                    rewrite_at(&mut e.value, depth + 1, accu, deepest)?;
                 }
             }
         }
         Expr::Struct(s) => {
             for entry in &mut s.entries {
                 match &mut entry.expr {
-                    EntryExpr::StructField(f) => rewrite_at(&mut f.value, depth + 1, accu)?,
+                    EntryExpr::StructField(f) => rewrite_at(&mut f.value, depth + 1, accu, deepest)?,
                     EntryExpr::MapEntry(e) => {
-                        rewrite_at(&mut e.key, depth + 1, accu)?;
-                        rewrite_at(&mut e.value, depth + 1, accu)?;
+                        rewrite_at(&mut e.key, depth + 1, accu, deepest)?;
+                        rewrite_at(&mut e.value, depth + 1, accu, deepest)?;
                     }
                 }
             }
         }
-        Expr::Select(select) => rewrite_at(&mut select.operand, depth + 1, accu)?,
+        Expr::Select(select) => rewrite_at(&mut select.operand, depth + 1, accu, deepest)?,
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
     }
     Ok(())

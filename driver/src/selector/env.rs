@@ -8,7 +8,7 @@ use cel::common::types::{DYN_TYPE, INT_TYPE};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ParseError};
 
-use super::{cost, quantity_lib, semver_lib, strings_lib};
+use super::{CompileError, cost, quantity_lib, semver_lib, strings_lib};
 
 /// Builds the selector environment.
 pub fn build() -> Result<Env, DeclarationError> {
@@ -76,4 +76,23 @@ pub fn check_literal_patterns(expr: &IdedExpr) -> Result<(), String> {
         Expr::Select(s) => check_literal_patterns(&s.operand),
         Expr::Map(_) | Expr::Struct(_) | Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => Ok(()),
     }
+}
+
+/// Without a type checker, the one static check on the result type: a
+/// literal, list or map at the root can never be a bool (Kubernetes: "must
+/// evaluate to bool").
+pub fn check_result_may_be_bool(expr: &IdedExpr) -> Result<(), CompileError> {
+    let kind = match &expr.expr {
+        Expr::Literal(LiteralValue::Boolean(_)) => return Ok(()),
+        Expr::Literal(LiteralValue::Int(_)) => "int",
+        Expr::Literal(LiteralValue::UInt(_)) => "uint",
+        Expr::Literal(LiteralValue::Double(_)) => "double",
+        Expr::Literal(LiteralValue::String(_)) => "string",
+        Expr::Literal(LiteralValue::Bytes(_)) => "bytes",
+        Expr::Literal(LiteralValue::Null) => "null",
+        Expr::List(_) => "list",
+        Expr::Map(_) => "map",
+        _ => return Ok(()),
+    };
+    Err(CompileError::NotBool(kind.to_owned()))
 }

@@ -44,6 +44,8 @@ pub enum CompileError {
     TooDeep { limit: usize },
     #[error("{0}")]
     InvalidRegex(String),
+    #[error("expression must evaluate to bool, not {0}")]
+    NotBool(String),
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }
@@ -59,6 +61,25 @@ pub enum EvalError {
     CostExceeded { limit: u64 },
     #[error("{0}")]
     Device(String),
+}
+
+/// Stack of the thread that parses: measured to hold a 10 Ki left-deep chain
+/// in a debug build with room to spare (it is virtual memory until touched).
+const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+/// Parses, rewrites for metering and checks `expression`.
+fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, usize), CompileError> {
+    let mut ast = env.parser().parse(expression).map_err(|e| {
+        if e.errors.iter().any(|e| e.msg.contains("Recursion limit")) {
+            CompileError::TooDeep { limit: cost::MAX_AST_DEPTH }
+        } else {
+            CompileError::Syntax(e.to_string())
+        }
+    })?;
+    let stack = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
+    env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
+    env::check_result_may_be_bool(&ast)?;
+    Ok((ast, stack))
 }
 
 /// Compiles selector expressions and caches them by text. Thread-safe: share
@@ -103,10 +124,20 @@ impl SelectorEnv {
             return Err(CompileError::TooLong { len: expression.len(), limit: MAX_EXPRESSION_BYTES });
         }
         let env = self.env.clone()?;
-        let mut ast = env.parser().parse(expression).map_err(|e| CompileError::Syntax(e.to_string()))?;
-        cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
-        env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
-        Ok(CompiledSelector { expression: expression.to_owned(), ast, env })
+        // The parser recurses once per operator of a left-deep chain such as
+        // `1+1+...+1`, which its own recursion limit does not count: parse on
+        // a thread with a stack large enough for any 10 Ki expression, and
+        // refuse ASTs deeper than evaluation can safely recurse.
+        let (ast, stack) = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("cel-parse".to_owned())
+                .stack_size(PARSER_STACK_BYTES)
+                .spawn_scoped(scope, || parse(&env, expression))
+                .map_err(|e| CompileError::Environment(format!("cannot start the parser thread: {e}")))?
+                .join()
+                .map_err(|_| CompileError::Environment("the parser thread panicked".to_owned()))?
+        })?;
+        Ok(CompiledSelector { expression: expression.to_owned(), ast, env, stack })
     }
 }
 
@@ -115,6 +146,8 @@ pub struct CompiledSelector {
     expression: String,
     ast: IdedExpr,
     env: Arc<Env>,
+    /// Stack the evaluation may need; see [`CompiledSelector::matches`].
+    stack: usize,
 }
 
 impl std::fmt::Debug for SelectorEnv {
@@ -137,7 +170,15 @@ impl CompiledSelector {
 
     /// Whether `device` satisfies the selector. A runtime error, a non-bool
     /// result or a cost overrun is an error, never a silent `false`.
+    ///
+    /// The interpreter recurses once per AST level; when the calling thread
+    /// has less stack left than this expression's depth may need, the
+    /// evaluation runs on a temporary larger stack instead of overflowing.
     pub fn matches(&self, device: &CelDevice) -> Result<bool, EvalError> {
+        stacker::maybe_grow(self.stack, self.stack * 2, || self.evaluate(device))
+    }
+
+    fn evaluate(&self, device: &CelDevice) -> Result<bool, EvalError> {
         cost::start(cost::BUDGET);
         let mut context = Context::with_env(Arc::clone(&self.env));
         context.set_variable_resolver(device);
