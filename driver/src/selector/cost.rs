@@ -35,6 +35,8 @@ use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralVal
 use cel::common::types::{CelBytes, CelList, CelString, Kind};
 use cel::common::value::CowVal;
 
+use super::ops_lib::METERED_OPERATORS;
+
 /// Units one evaluation may spend.
 pub const BUDGET: u64 = 1_000_000;
 /// Bytes of string scanned or built per unit.
@@ -262,8 +264,31 @@ fn rename_call(call: &mut CallExpr, accu: Option<&str>) {
         if !on_accu {
             call.func_name = "@add".to_owned();
         }
-    } else if METERED_STDLIB.contains(&call.func_name.as_str()) {
+    } else if METERED_STDLIB.contains(&call.func_name.as_str()) && !is_namespace(call.target.as_deref()) {
         call.func_name = format!("@{}", call.func_name);
+    } else if let Some((_, metered)) = METERED_OPERATORS.iter().find(|(op, _)| *op == call.func_name)
+        && call.target.is_none()
+        && !has_bounded_operand(&call.func_name, &call.args)
+    {
+        call.func_name = (*metered).to_owned();
+    }
+}
+
+/// Whether a call's target is a function namespace (`sets.contains(..)` is
+/// the function `sets.contains`, not `contains` called on `sets`).
+fn is_namespace(target: Option<&IdedExpr>) -> bool {
+    matches!(target.map(|t| &t.expr), Some(Expr::Ident(name)) if name == "sets")
+}
+
+/// Whether an operand's size is bounded by the expression text: a literal,
+/// or for `in` a list or map literal on the right.
+fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
+    let literal = |e: &IdedExpr| matches!(e.expr, Expr::Literal(_));
+    match (op, args) {
+        (operators::IN, [_, haystack]) => matches!(haystack.expr, Expr::List(_) | Expr::Map(_)),
+        (operators::INDEX, [_, idx]) => literal(idx),
+        (_, [a, b]) => literal(a) || literal(b),
+        _ => true,
     }
 }
 

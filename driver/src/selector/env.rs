@@ -8,7 +8,7 @@ use cel::common::types::{DYN_TYPE, INT_TYPE};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ParseError};
 
-use super::{CompileError, cost, quantity_lib, semver_lib, strings_lib};
+use super::{CompileError, cost, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib};
 
 /// Builds the selector environment.
 pub fn build() -> Result<Env, DeclarationError> {
@@ -17,6 +17,8 @@ pub fn build() -> Result<Env, DeclarationError> {
     quantity_lib::register(&mut env)?;
     semver_lib::register(&mut env)?;
     strings_lib::register(&mut env)?;
+    ops_lib::register(&mut env)?;
+    lists_lib::register(&mut env)?;
     env.add_overload("@range", "metered_range", vec![DYN_TYPE, INT_TYPE], cost::range)?;
     env.add_overload("@add", "metered_add", vec![DYN_TYPE, DYN_TYPE], cost::add)?;
     Ok(env)

@@ -9,6 +9,8 @@
 mod cost;
 mod device_value;
 mod env;
+mod lists_lib;
+mod ops_lib;
 mod quantity_lib;
 mod semver_lib;
 mod strings_lib;

@@ -256,12 +256,12 @@ pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
         .map_err(|e| format!("invalid regular expression {pattern:?}: {e}"))
 }
 
-fn cached_regex(pattern: &str) -> Result<Arc<Regex>, ExecutionError> {
+pub fn cached_regex(pattern: &str) -> Result<Arc<Regex>, ExecutionError> {
     REGEX_CACHE.with(|cache| {
         if let Some(re) = cache.borrow().get(pattern) {
             return Ok(Arc::clone(re));
         }
-        let re = Arc::new(compile_regex(pattern).map_err(|e| error("matches", e))?);
+        let re = Arc::new(compile_regex(pattern).map_err(|e| error("regex", e))?);
         let mut cache = cache.borrow_mut();
         if cache.len() >= REGEX_CACHE_SIZE {
             cache.clear();

@@ -314,3 +314,36 @@ fn ordinary_selectors_cost_little() {
     assert_eq!(compiled.matches(&device), Ok(true));
     assert!(cost::used() < 100, "spent {}", cost::used());
 }
+
+#[test]
+fn operators_on_two_computed_values_are_metered_but_unchanged() {
+    holds(r#"device.attributes["gpu.nvidia.com"].productName == device.attributes["gpu.nvidia.com"].productName"#);
+    holds(r#"device.attributes["gpu.nvidia.com"].index != device.attributes["gpu.nvidia.com"].index + 1"#);
+    holds(r#"cel.bind(d, "gpu.nvidia.com", "index" in device.attributes[d] && device.attributes[d].index >= 3)"#);
+    holds(r#"cel.bind(d, "example.org", device.attributes[d].size() == 0)"#);
+    holds(r#"cel.bind(k, "b", {"a": 1, "b": 2}[k] == 2 && k in {"b": 1} && k < "c" && k > "a" && k <= "b")"#);
+    holds(r#"cel.bind(l, [1, 2], 2 in l && !(3 in l) && l[1] == 2)"#);
+    holds(r#"cel.bind(o, optional.of({"a": 1}), o["a"] == optional.of(1) && !o["z"].hasValue())"#);
+    fails_with(r#"cel.bind(a, 1, cel.bind(b, "x", a < b))"#, "no matching overload");
+}
+
+#[test]
+fn list_set_regex_and_includes_functions() {
+    holds("[1, 2, 3].isSorted() && ![2, 1].isSorted() && [1, 2, 3].sum() == 6 && [1.5, 2.5].sum() == 4.0");
+    holds("[3, 1, 2].min() == 1 && [3, 1, 2].max() == 3 && ['b', 'a'].min() == 'a'");
+    holds("[1, 2, 1].indexOf(1) == 0 && [1, 2, 1].lastIndexOf(1) == 2 && [1].indexOf(5) == -1");
+    holds("sets.contains([1, 2, 3], [2, 3]) && sets.equivalent([1, 2], [2, 1, 2]) && sets.intersects([1], [3, 1])");
+    holds(r#""abc123def456".find("[0-9]+") == "123" && "abc123def456".findAll("[0-9]+") == ["123", "456"]"#);
+    holds(r#""a1b2c3".findAll("[0-9]", 2) == ["1", "2"] && "abc".find("[0-9]") == """#);
+    holds(r#"device.attributes["gpu.nvidia.com"].productName.includes("H100") && [1, 2].includes(2)"#);
+    fails_with("[].min() == 1", "list is empty");
+}
+
+#[test]
+fn quadratic_scans_of_computed_lists_exceed_the_budget() {
+    let letters = "a".repeat(4000);
+    let expression = format!(r#"cel.bind(l, "{letters}".split(""), l.all(x, x in l))"#);
+    fails_with(&expression, "cost budget");
+    let expression = format!(r#"cel.bind(s, "{letters}", s.split("").all(x, s == s))"#);
+    fails_with(&expression, "cost budget");
+}
