@@ -32,7 +32,7 @@ use std::cell::Cell;
 
 use cel::ExecutionError;
 use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators};
-use cel::common::types::{CelBytes, CelList, CelString, Kind};
+use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
 use cel::common::value::CowVal;
 
 use super::ops_lib::METERED_OPERATORS;
@@ -245,7 +245,23 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, deepest: &m
                 }
             }
         }
-        Expr::Select(select) => rewrite_at(&mut select.operand, depth + 1, accu, deepest)?,
+        Expr::Select(select) => {
+            rewrite_at(&mut select.operand, depth + 1, accu, deepest)?;
+            // `device.a.b` is resolved by the interpreter as a qualified name
+            // (joining the segments and trying `device.a.b`, then `device.a`,
+            // as variables and types) on every evaluation. On a map, selecting
+            // a field is indexing with its name, so `device["a"]["b"]` means
+            // the same and resolves just `device`.
+            if !select.test && rooted_at_device(&select.operand) {
+                let operand = std::mem::take(&mut *select.operand);
+                let field = IdedExpr { id, expr: Expr::Literal(LiteralValue::String(select.field.clone().into())) };
+                expr.expr = Expr::Call(CallExpr {
+                    func_name: operators::INDEX.to_owned(),
+                    target: None,
+                    args: vec![operand, field],
+                });
+            }
+        }
         Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
     }
     Ok(())
@@ -290,6 +306,31 @@ fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
         (_, [a, b]) => literal(a) || literal(b),
         _ => true,
     }
+}
+
+/// Whether `expr` is `device` followed by field selections or indexing.
+fn rooted_at_device(expr: &IdedExpr) -> bool {
+    let mut expr = expr;
+    loop {
+        match &expr.expr {
+            Expr::Ident(name) => return name == "device",
+            Expr::Select(select) if !select.test => expr = &select.operand,
+            Expr::Call(call) if call.func_name == operators::INDEX && call.target.is_none() => {
+                match call.args.first() {
+                    Some(operand) => expr = operand,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// A bool result without allocating.
+pub fn boolean<'b, 'v>(b: bool) -> CowVal<'b, 'v> {
+    static TRUE: CelBool = CelBool::TRUE;
+    static FALSE: CelBool = CelBool::FALSE;
+    CowVal::Borrowed(if b { &TRUE } else { &FALSE })
 }
 
 /// Nodes of `expr`, for the weight of one loop iteration.

@@ -8,9 +8,7 @@
 
 use std::cmp::Ordering;
 
-use cel::common::types::{
-    CelBool, CelDouble, CelInt, CelList, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE,
-};
+use cel::common::types::{CelDouble, CelInt, CelList, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE};
 use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
@@ -62,10 +60,10 @@ fn includes<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
             ));
         }
         charge(1 + list.inner().len() as u64)?;
-        return Ok(CowVal::owned(CelBool::from(list.inner().iter().any(|e| e.equals(value.as_ref())))));
+        return Ok(super::cost::boolean(list.inner().iter().any(|e| e.equals(value.as_ref()))));
     }
     charge(1)?;
-    Ok(CowVal::owned(CelBool::from(target.equals(value.as_ref()))))
+    Ok(super::cost::boolean(target.equals(value.as_ref())))
 }
 
 fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -75,10 +73,10 @@ fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
         if let [a, b] = pair
             && cmp("isSorted", a.as_ref(), b.as_ref())? == Ordering::Greater
         {
-            return Ok(CowVal::owned(CelBool::from(false)));
+            return Ok(super::cost::boolean(false));
         }
     }
-    Ok(CowVal::owned(CelBool::from(true)))
+    Ok(super::cost::boolean(true))
 }
 
 fn sum<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -169,19 +167,19 @@ fn pairs<'a, 'v>(
 
 fn sets_contains<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.contains", &args)?;
-    Ok(CowVal::owned(CelBool::from(b.iter().all(|x| a.iter().any(|y| y.equals(x.as_ref()))))))
+    Ok(super::cost::boolean(b.iter().all(|x| a.iter().any(|y| y.equals(x.as_ref())))))
 }
 
 fn sets_equivalent<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.equivalent", &args)?;
     let within =
         |x: &[Box<dyn Val + 'v>], y: &[Box<dyn Val + 'v>]| x.iter().all(|e| y.iter().any(|f| f.equals(e.as_ref())));
-    Ok(CowVal::owned(CelBool::from(within(a, b) && within(b, a))))
+    Ok(super::cost::boolean(within(a, b) && within(b, a)))
 }
 
 fn sets_intersects<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.intersects", &args)?;
-    Ok(CowVal::owned(CelBool::from(a.iter().any(|x| b.iter().any(|y| y.equals(x.as_ref()))))))
+    Ok(super::cost::boolean(a.iter().any(|x| b.iter().any(|y| y.equals(x.as_ref())))))
 }
 
 fn regex_args<'a>(function: &str, args: &'a [CowVal<'_, '_>]) -> Result<(&'a str, &'a str), ExecutionError> {

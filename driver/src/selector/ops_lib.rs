@@ -9,7 +9,7 @@ use std::cmp::Ordering;
 
 use cel::ExecutionError;
 use cel::common::ast::operators;
-use cel::common::types::{CelBool, CelBytes, CelList, CelMap, CelOptional, CelString, DYN_TYPE};
+use cel::common::types::{CelBytes, CelList, CelMap, CelOptional, CelString, DYN_TYPE};
 use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env};
 
@@ -71,7 +71,7 @@ fn two<'b, 'v>(op: &str, args: Args<'b, 'v>) -> Result<(CowVal<'b, 'v>, CowVal<'
 }
 
 fn bool_out<'b, 'v>(b: bool) -> Out<'b, 'v> {
-    Ok(CowVal::owned(CelBool::from(b)))
+    Ok(super::cost::boolean(b))
 }
 
 /// Charges the cheaper of the two operands: equality and ordering stop at

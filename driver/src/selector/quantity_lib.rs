@@ -11,7 +11,7 @@
 use std::any::Any;
 use std::cmp::Ordering;
 
-use cel::common::types::{CelBool, CelDouble, CelInt, CelString, INT_TYPE, STRING_TYPE, Type};
+use cel::common::types::{CelDouble, CelInt, CelString, INT_TYPE, STRING_TYPE, Type};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
@@ -66,11 +66,7 @@ impl Quantity {
             return Err(invalid());
         }
         let (binary_power, decimal_exp) = parse_suffix(suffix).ok_or_else(invalid)?;
-        // value = digits × 10^(decimal_exp - frac_len) × 1024^binary_power; in nanos add 9.
-        let digits = format!("{int_part}{frac_part}");
-        let digits = digits.trim_start_matches('0');
-        let exp10 = decimal_exp + 9 - frac_part.len() as i64;
-        let nanos = scaled_nanos(digits, exp10, binary_power);
+        let nanos = scaled_nanos(int_part, frac_part, decimal_exp, binary_power);
         Ok(Quantity { nanos: if negative { -nanos } else { nanos } })
     }
 
@@ -134,38 +130,44 @@ fn parse_suffix(suffix: &str) -> Option<(u32, i64)> {
     Some((0, exp.clamp(-1_000_000, 1_000_000)))
 }
 
-/// `digits × 10^exp10 × 1024^binary_power`, rounded up (away from zero) to an
-/// integer and capped at [`MAX_NANOS`]. `digits` has no leading zeros.
-fn scaled_nanos(digits: &str, exp10: i64, binary_power: u32) -> i128 {
-    if digits.is_empty() {
-        return 0;
-    }
-    // Any value with more than 40 significant digits above the point is over the cap.
-    let int_digits = digits.len() as i64 + exp10;
-    if int_digits > 40 {
-        return MAX_NANOS;
-    }
-    if int_digits <= -40 {
-        return 1; // tiny but non-zero: rounds up to one nano-unit
-    }
-    // Keep the integer part and note whether anything non-zero was cut off.
-    let (kept, cut_nonzero) = if exp10 >= 0 {
-        (digits.to_owned() + &"0".repeat(exp10 as usize), false)
-    } else {
-        let cut = (-exp10) as usize;
-        if cut >= digits.len() {
-            (String::new(), true)
-        } else {
-            let (head, tail) = digits.split_at(digits.len() - cut);
-            (head.to_owned(), tail.bytes().any(|b| b != b'0'))
-        }
-    };
+/// `int_part.frac_part × 10^decimal_exp × 1024^binary_power` in nano-units,
+/// rounded up (away from zero) to an integer and capped at [`MAX_NANOS`].
+/// Works digit by digit, without allocating: this runs on every evaluation
+/// of `quantity("40Gi")`.
+fn scaled_nanos(int_part: &str, frac_part: &str, decimal_exp: i64, binary_power: u32) -> i128 {
+    // Digits after the decimal point of nano-units: value = D × 10^shift,
+    // where D is all the digits read as one integer.
+    let shift = decimal_exp + 9 - frac_part.len() as i64;
+    let digits = int_part.bytes().chain(frac_part.bytes()).skip_while(|b| *b == b'0');
+    let count = int_part.len() + frac_part.len();
+    // Digits that end up before the point: the first `count + shift` ones.
+    let keep = (count as i64 + shift).max(0) as usize;
     let mut value: i128 = 0;
-    for b in kept.bytes() {
-        value = match value.checked_mul(10).and_then(|v| v.checked_add(i128::from(b - b'0'))) {
-            Some(v) => v,
-            None => return MAX_NANOS,
-        };
+    let mut cut_nonzero = false;
+    let mut kept = 0usize;
+    let leading_zeros = int_part.bytes().chain(frac_part.bytes()).take_while(|b| *b == b'0').count();
+    let significant_kept = keep.saturating_sub(leading_zeros);
+    for b in digits {
+        if kept < significant_kept {
+            value = match value.checked_mul(10).and_then(|v| v.checked_add(i128::from(b - b'0'))) {
+                Some(v) => v,
+                None => return MAX_NANOS,
+            };
+            kept += 1;
+        } else if b != b'0' {
+            cut_nonzero = true;
+        }
+    }
+    // Trailing zeros a positive shift adds.
+    if value != 0 && shift > 0 {
+        for _ in 0..shift {
+            value = match value.checked_mul(10) {
+                // Beyond the cap already (the binary factor only grows it):
+                // this also ends the loop after at most ~40 steps.
+                Some(v) if v <= MAX_NANOS => v,
+                _ => return MAX_NANOS,
+            };
+        }
     }
     if cut_nonzero {
         value += 1;
@@ -243,7 +245,7 @@ fn quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Executi
 fn is_quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let text = string_arg("isQuantity", args.first())?;
     crate::selector::cost::charge(crate::selector::cost::bytes_units(text.len()))?;
-    owned(CelBool::from(Quantity::parse(text).is_ok()))
+    Ok(super::cost::boolean(Quantity::parse(text).is_ok()))
 }
 
 fn sign<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
@@ -251,7 +253,7 @@ fn sign<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionEr
 }
 
 fn is_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    owned(CelBool::from(quantity_arg("isInteger", args.first())?.as_i64().is_some()))
+    Ok(super::cost::boolean(quantity_arg("isInteger", args.first())?.as_i64().is_some()))
 }
 
 fn as_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
@@ -289,11 +291,11 @@ fn compare_to<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
 }
 
 fn is_greater_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    owned(CelBool::from(compare("isGreaterThan", &args)? == Ordering::Greater))
+    Ok(super::cost::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
 }
 
 fn is_less_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    owned(CelBool::from(compare("isLessThan", &args)? == Ordering::Less))
+    Ok(super::cost::boolean(compare("isLessThan", &args)? == Ordering::Less))
 }
 
 /// Registers the quantity library on `env`.
@@ -347,6 +349,15 @@ mod tests {
         assert_eq!(nanos("-0.1n"), -1);
         assert_eq!(nanos("1e100"), MAX_NANOS);
         assert_eq!(nanos("99999999999Ei"), MAX_NANOS);
+        assert_eq!(nanos("123456789012345678901234567890"), MAX_NANOS);
+        assert_eq!(nanos("9223372036854775807"), MAX_NANOS, "max int64 units is the cap itself");
+        assert_eq!(nanos("1e-10"), 1);
+        assert_eq!(nanos("100e-11"), 1, "exactly one nano-unit");
+        assert_eq!(nanos("110e-11"), 2, "1.1 nano-units round up");
+        assert_eq!(nanos("00012"), 12_000_000_000);
+        assert_eq!(nanos("0.000"), 0);
+        assert_eq!(nanos("1.50Gi"), nanos("1536Mi"));
+        assert_eq!(nanos("0.5Ki"), 512_000_000_000);
     }
 
     #[test]

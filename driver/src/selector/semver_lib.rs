@@ -108,7 +108,7 @@ fn semver_fn<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execut
 }
 
 fn is_semver<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::owned(CelBool::from(parse_args("isSemver", &args)?.is_ok())))
+    Ok(super::cost::boolean(parse_args("isSemver", &args)?.is_ok()))
 }
 
 fn component(
@@ -142,11 +142,11 @@ fn compare_to<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
 }
 
 fn is_greater_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::owned(CelBool::from(compare("isGreaterThan", &args)? == Ordering::Greater)))
+    Ok(super::cost::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
 }
 
 fn is_less_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(CowVal::owned(CelBool::from(compare("isLessThan", &args)? == Ordering::Less)))
+    Ok(super::cost::boolean(compare("isLessThan", &args)? == Ordering::Less))
 }
 
 /// Registers the semver library on `env`.

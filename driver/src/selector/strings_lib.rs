@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use cel::common::types::{CelBool, CelBytes, CelInt, CelList, CelString, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE};
+use cel::common::types::{CelBytes, CelInt, CelList, CelString, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE};
 use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 use regex::Regex;
@@ -51,7 +51,7 @@ fn int<'b, 'v>(n: usize) -> Out<'b, 'v> {
 }
 
 fn boolean<'b, 'v>(b: bool) -> Out<'b, 'v> {
-    Ok(CowVal::owned(CelBool::from(b)))
+    Ok(super::cost::boolean(b))
 }
 
 /// A code-point index into `s`, checked against `0..=len`.
