@@ -33,9 +33,11 @@ use std::cell::Cell;
 use cel::ExecutionError;
 use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators};
 use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
-use cel::common::value::CowVal;
+use cel::common::value::{CowVal, Val};
 
 use super::ops_lib::METERED_OPERATORS;
+use super::quantity_lib::Quantity;
+use super::semver_lib::Semver;
 
 /// Units one evaluation may spend.
 pub const BUDGET: u64 = 1_000_000;
@@ -180,35 +182,82 @@ const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) { 64 * 1024 } else { 16
 /// Rewrites a parsed expression for metering (see the module doc). Returns
 /// the stack its evaluation may need; fails when the AST is deeper than
 /// [`MAX_AST_DEPTH`].
-pub fn rewrite(expr: &mut IdedExpr) -> Result<usize, TooDeep> {
-    let mut deepest = 0;
-    rewrite_at(expr, 0, None, &mut deepest)?;
-    Ok((deepest + 4) * STACK_PER_LEVEL)
+pub fn rewrite(expr: &mut IdedExpr) -> Result<Rewritten, TooDeep> {
+    let mut rw = Rewritten { stack: 0, constants: Vec::new() };
+    rewrite_at(expr, 0, None, &mut rw)?;
+    rw.stack = (rw.stack + 4) * STACK_PER_LEVEL;
+    Ok(rw)
 }
 
-fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, deepest: &mut usize) -> Result<(), TooDeep> {
+/// What the rewrite found out about an expression.
+pub struct Rewritten {
+    /// Stack its evaluation may need (while rewriting: the deepest level).
+    pub stack: usize,
+    /// Values of the constant calls `quantity("..")` and `semver("..")`,
+    /// computed once here; the AST refers to them as `@c<index>`, which the
+    /// evaluation's variable resolver hands out. Parsing `"40Gi"` on every
+    /// evaluation would otherwise be most of a typical selector's cost.
+    pub constants: Vec<Box<dyn Val>>,
+}
+
+/// The name of constant `index`, and back.
+pub fn constant_name(index: usize) -> String {
+    format!("@c{index}")
+}
+
+/// The index of a constant's name.
+pub fn constant_index(name: &str) -> Option<usize> {
+    name.strip_prefix("@c")?.parse().ok()
+}
+
+/// The value of `quantity("lit")`, `semver("lit")` or `semver("lit", bool)`,
+/// if `call` is one and the literal is valid (an invalid one stays a call, to
+/// fail at run time as in Kubernetes).
+fn constant_value(call: &CallExpr) -> Option<Box<dyn Val>> {
+    if call.target.is_some() {
+        return None;
+    }
+    let text = match call.args.first().map(|a| &a.expr) {
+        Some(Expr::Literal(LiteralValue::String(s))) => s.inner(),
+        _ => return None,
+    };
+    match (call.func_name.as_str(), call.args.get(1).map(|a| &a.expr), call.args.len()) {
+        ("quantity", None, 1) => Quantity::parse(text).ok().map(|q| Box::new(q) as Box<dyn Val>),
+        ("semver", None, 1) => Semver::parse(text, false).ok().map(|v| Box::new(v) as Box<dyn Val>),
+        ("semver", Some(Expr::Literal(LiteralValue::Boolean(normalize))), 2) => {
+            Semver::parse(text, *normalize.inner()).ok().map(|v| Box::new(v) as Box<dyn Val>)
+        }
+        _ => None,
+    }
+}
+
+fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Rewritten) -> Result<(), TooDeep> {
     if depth > MAX_AST_DEPTH {
         return Err(TooDeep);
     }
-    *deepest = (*deepest).max(depth);
+    rw.stack = rw.stack.max(depth);
     let id = expr.id;
     match &mut expr.expr {
         Expr::Call(call) => {
             if let Some(target) = call.target.as_deref_mut() {
-                rewrite_at(target, depth + 1, accu, deepest)?;
+                rewrite_at(target, depth + 1, accu, rw)?;
             }
             for arg in &mut call.args {
-                rewrite_at(arg, depth + 1, accu, deepest)?;
+                rewrite_at(arg, depth + 1, accu, rw)?;
             }
             rename_call(call, accu);
+            if let Some(value) = constant_value(call) {
+                expr.expr = Expr::Ident(constant_name(rw.constants.len()));
+                rw.constants.push(value);
+            }
         }
         Expr::Comprehension(c) => {
-            rewrite_at(&mut c.iter_range, depth + 1, accu, deepest)?;
-            rewrite_at(&mut c.accu_init, depth + 1, accu, deepest)?;
+            rewrite_at(&mut c.iter_range, depth + 1, accu, rw)?;
+            rewrite_at(&mut c.accu_init, depth + 1, accu, rw)?;
             let inner = Some(c.accu_var.clone());
-            rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref(), deepest)?;
-            rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref(), deepest)?;
-            rewrite_at(&mut c.result, depth + 1, inner.as_deref(), deepest)?;
+            rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref(), rw)?;
+            rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref(), rw)?;
+            rewrite_at(&mut c.result, depth + 1, inner.as_deref(), rw)?;
             let weight = count_nodes(&c.loop_cond) + count_nodes(&c.loop_step);
             let range = std::mem::take(&mut c.iter_range);
             let weight_expr = IdedExpr { id, expr: Expr::Literal(LiteralValue::Int((weight as i64).into())) };
@@ -223,30 +272,30 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, deepest: &m
         }
         Expr::List(ListExpr { elements, .. }) => {
             for e in elements {
-                rewrite_at(e, depth + 1, accu, deepest)?;
+                rewrite_at(e, depth + 1, accu, rw)?;
             }
         }
         Expr::Map(map) => {
             for entry in &mut map.entries {
                 if let EntryExpr::MapEntry(e) = &mut entry.expr {
-                    rewrite_at(&mut e.key, depth + 1, accu, deepest)?;
-                    rewrite_at(&mut e.value, depth + 1, accu, deepest)?;
+                    rewrite_at(&mut e.key, depth + 1, accu, rw)?;
+                    rewrite_at(&mut e.value, depth + 1, accu, rw)?;
                 }
             }
         }
         Expr::Struct(s) => {
             for entry in &mut s.entries {
                 match &mut entry.expr {
-                    EntryExpr::StructField(f) => rewrite_at(&mut f.value, depth + 1, accu, deepest)?,
+                    EntryExpr::StructField(f) => rewrite_at(&mut f.value, depth + 1, accu, rw)?,
                     EntryExpr::MapEntry(e) => {
-                        rewrite_at(&mut e.key, depth + 1, accu, deepest)?;
-                        rewrite_at(&mut e.value, depth + 1, accu, deepest)?;
+                        rewrite_at(&mut e.key, depth + 1, accu, rw)?;
+                        rewrite_at(&mut e.value, depth + 1, accu, rw)?;
                     }
                 }
             }
         }
         Expr::Select(select) => {
-            rewrite_at(&mut select.operand, depth + 1, accu, deepest)?;
+            rewrite_at(&mut select.operand, depth + 1, accu, rw)?;
             // `device.a.b` is resolved by the interpreter as a qualified name
             // (joining the segments and trying `device.a.b`, then `device.a`,
             // as variables and types) on every evaluation. On a map, selecting
@@ -299,7 +348,11 @@ fn is_namespace(target: Option<&IdedExpr>) -> bool {
 /// Whether an operand's size is bounded by the expression text: a literal,
 /// or for `in` a list or map literal on the right.
 fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
-    let literal = |e: &IdedExpr| matches!(e.expr, Expr::Literal(_));
+    let literal = |e: &IdedExpr| match &e.expr {
+        Expr::Literal(_) => true,
+        Expr::Ident(name) => constant_index(name).is_some(),
+        _ => false,
+    };
     match (op, args) {
         (operators::IN, [_, haystack]) => matches!(haystack.expr, Expr::List(_) | Expr::Map(_)),
         (operators::INDEX, [_, idx]) => literal(idx),

@@ -23,6 +23,9 @@ use super::EvalError;
 use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
 
+/// The entries of one map, before sorting.
+type Entries = Vec<(String, Box<dyn Val>)>;
+
 /// The `device` variable of one device, ready to be evaluated against.
 #[derive(Debug)]
 pub struct CelDevice {
@@ -36,13 +39,13 @@ impl CelDevice {
     /// capacity is not a valid quantity: Kubernetes reports those as runtime
     /// errors of the selector evaluated on the device.
     pub fn new(driver: &str, device: &Device) -> Result<Self, EvalError> {
-        let mut attributes: BTreeMap<String, Vec<(String, Box<dyn Val>)>> = BTreeMap::new();
+        let mut attributes: BTreeMap<String, Entries> = BTreeMap::new();
         for (name, attribute) in device.attributes.iter().flatten() {
             let value = attribute_value(attribute).map_err(|e| EvalError::Device(format!("attribute {name}: {e}")))?;
             let (domain, id) = split_qualified(name, driver);
             attributes.entry(domain.to_owned()).or_default().push((id.to_owned(), value));
         }
-        let mut capacity: BTreeMap<String, Vec<(String, Box<dyn Val>)>> = BTreeMap::new();
+        let mut capacity: BTreeMap<String, Entries> = BTreeMap::new();
         for (name, cap) in device.capacity.iter().flatten() {
             let value =
                 Quantity::parse(&cap.value.0).map_err(|e| EvalError::Device(format!("capacity {name}: {e}")))?;
@@ -249,7 +252,7 @@ struct DomainMap {
 }
 
 impl DomainMap {
-    fn new(domains: BTreeMap<String, Vec<(String, Box<dyn Val>)>>) -> Self {
+    fn new(domains: BTreeMap<String, Entries>) -> Self {
         let domains =
             domains.into_iter().map(|(domain, ids)| (domain, Box::new(SmallMap::new(ids)) as Box<dyn Val>)).collect();
         DomainMap { domains: SmallMap::new(domains), empty: SmallMap::default() }

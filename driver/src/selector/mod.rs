@@ -22,6 +22,8 @@ use std::sync::{Arc, RwLock};
 
 use cel::common::ast::IdedExpr;
 use cel::common::types::CelBool;
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
 use cel::{Context, Env, Value};
 
 pub use device_value::CelDevice;
@@ -70,7 +72,7 @@ pub enum EvalError {
 const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
 
 /// Parses, rewrites for metering and checks `expression`.
-fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, usize), CompileError> {
+fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, cost::Rewritten), CompileError> {
     let mut ast = env.parser().parse(expression).map_err(|e| {
         if e.errors.iter().any(|e| e.msg.contains("Recursion limit")) {
             CompileError::TooDeep { limit: cost::MAX_AST_DEPTH }
@@ -78,10 +80,10 @@ fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, usize), CompileError>
             CompileError::Syntax(e.to_string())
         }
     })?;
-    let stack = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
+    let rewritten = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
     env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
     env::check_result_may_be_bool(&ast)?;
-    Ok((ast, stack))
+    Ok((ast, rewritten))
 }
 
 /// Compiles selector expressions and caches them by text. Thread-safe: share
@@ -130,7 +132,7 @@ impl SelectorEnv {
         // `1+1+...+1`, which its own recursion limit does not count: parse on
         // a thread with a stack large enough for any 10 Ki expression, and
         // refuse ASTs deeper than evaluation can safely recurse.
-        let (ast, stack) = std::thread::scope(|scope| {
+        let (ast, rewritten) = std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("cel-parse".to_owned())
                 .stack_size(PARSER_STACK_BYTES)
@@ -139,7 +141,13 @@ impl SelectorEnv {
                 .join()
                 .map_err(|_| CompileError::Environment("the parser thread panicked".to_owned()))?
         })?;
-        Ok(CompiledSelector { expression: expression.to_owned(), ast, env, stack })
+        Ok(CompiledSelector {
+            expression: expression.to_owned(),
+            ast,
+            env,
+            stack: rewritten.stack,
+            constants: rewritten.constants,
+        })
     }
 }
 
@@ -150,6 +158,23 @@ pub struct CompiledSelector {
     env: Arc<Env>,
     /// Stack the evaluation may need; see [`CompiledSelector::matches`].
     stack: usize,
+    /// Values of constant calls, named `@c<index>` in the AST.
+    constants: Vec<Box<dyn Val>>,
+}
+
+/// The variables of one evaluation: `device`, and the selector's constants.
+struct Variables<'a> {
+    device: &'a CelDevice,
+    constants: &'a [Box<dyn Val>],
+}
+
+impl VariableResolver for Variables<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        match cost::constant_index(variable) {
+            Some(i) => self.constants.get(i).map(|v| CowVal::Borrowed(v.as_ref())),
+            None => self.device.resolve(variable),
+        }
+    }
 }
 
 impl std::fmt::Debug for SelectorEnv {
@@ -182,8 +207,9 @@ impl CompiledSelector {
 
     fn evaluate(&self, device: &CelDevice) -> Result<bool, EvalError> {
         cost::start(cost::BUDGET);
+        let variables = Variables { device, constants: &self.constants };
         let mut context = Context::with_env(Arc::clone(&self.env));
-        context.set_variable_resolver(device);
+        context.set_variable_resolver(&variables);
         let result = Value::resolve_val(&self.ast, &context);
         if cost::exceeded() {
             return Err(EvalError::CostExceeded { limit: cost::BUDGET });
