@@ -6,14 +6,20 @@
 //! * **At compile time** the parsed AST is rewritten (see [`rewrite`]): every
 //!   comprehension's range is wrapped in `@range(range, weight)`, where
 //!   `weight` is the number of AST nodes of the loop body; `_+_` on
-//!   non-accumulator operands becomes `@add`; the size-dependent standard
-//!   functions (`contains`, `startsWith`, `endsWith`, `matches`, `size`) are
-//!   renamed to metered versions. The string extension functions are our own
-//!   (see `strings_lib`) and meter themselves.
+//!   non-accumulator operands becomes `@add`; `==`, `!=`, `<`, `<=`, `>`,
+//!   `>=`, `in` and `[]` between two non-literal operands become metered
+//!   calls (`ops_lib`); values the interpreter copies (list and map literal
+//!   elements, `cel.bind` values) are wrapped in `@copy`; the size-dependent
+//!   standard functions (`contains`, `startsWith`, `endsWith`, `matches`,
+//!   `size`) are renamed to metered versions. The string and list library
+//!   functions are our own and meter themselves. (Two rewrites are for speed
+//!   only: `device.a.b` becomes `device["a"]["b"]`, and constant
+//!   `quantity("..")` / `semver("..")` calls are evaluated once.)
 //! * **At run time** a thread-local [`Meter`] counts units. `@range` charges
 //!   `len(range) × weight` *before* the loop runs (a conservative upper bound:
 //!   `all`/`exists` may stop early), so a comprehension that would exceed the
-//!   budget never starts. Functions that build or scan strings and lists charge
+//!   budget never starts; it also pays for copying each element into the loop
+//!   variable. Functions that build or scan strings and lists charge
 //!   one unit per [`BYTES_PER_UNIT`] bytes or per element, before doing the
 //!   work, and refuse results above [`MAX_STRING_BYTES`] / [`MAX_LIST_LEN`].
 //!
@@ -35,7 +41,7 @@ use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralVal
 use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
 use cel::common::value::{CowVal, Val};
 
-use super::ops_lib::METERED_OPERATORS;
+use super::ops_lib::{METERED_OPERATORS, deep_units};
 use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
 
@@ -134,7 +140,9 @@ pub fn range<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execut
         Kind::List | Kind::Map => range.as_sizer().map_or(0, |s| (*s.size().inner()).max(0) as u64),
         _ => 0,
     };
+    // Each element is copied into the loop variable: pay for those copies too.
     charge(1 + len.saturating_mul(weight))?;
+    charge(deep_units(range.as_ref(), BUDGET))?;
     Ok(range)
 }
 
@@ -254,6 +262,7 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
         Expr::Comprehension(c) => {
             rewrite_at(&mut c.iter_range, depth + 1, accu, rw)?;
             rewrite_at(&mut c.accu_init, depth + 1, accu, rw)?;
+            charge_copy(&mut c.accu_init);
             let inner = Some(c.accu_var.clone());
             rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref(), rw)?;
             rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref(), rw)?;
@@ -273,6 +282,7 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
         Expr::List(ListExpr { elements, .. }) => {
             for e in elements {
                 rewrite_at(e, depth + 1, accu, rw)?;
+                charge_copy(e);
             }
         }
         Expr::Map(map) => {
@@ -280,6 +290,8 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
                 if let EntryExpr::MapEntry(e) = &mut entry.expr {
                     rewrite_at(&mut e.key, depth + 1, accu, rw)?;
                     rewrite_at(&mut e.value, depth + 1, accu, rw)?;
+                    charge_copy(&mut e.key);
+                    charge_copy(&mut e.value);
                 }
             }
         }
@@ -359,6 +371,28 @@ fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
         (_, [a, b]) => literal(a) || literal(b),
         _ => true,
     }
+}
+
+/// Wraps a value the interpreter copies (a list or map literal's element, a
+/// `cel.bind` value) in `@copy(..)`, which charges its full size before the
+/// copy is made: `[s, s, s, ...]` of a large `s` would otherwise copy it
+/// many times unpaid. Literals are left alone: the expression text bounds them.
+fn charge_copy(expr: &mut IdedExpr) {
+    if matches!(expr.expr, Expr::Literal(_)) {
+        return;
+    }
+    let inner = std::mem::take(expr);
+    *expr = IdedExpr {
+        id: inner.id,
+        expr: Expr::Call(CallExpr { func_name: "@copy".to_owned(), target: None, args: vec![inner] }),
+    };
+}
+
+/// `@copy(value)`: charges the full size of a value about to be copied.
+pub fn copy<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let value = args.into_iter().next().ok_or_else(|| ExecutionError::function_error("@copy", "expects a value"))?;
+    charge(deep_units(value.as_ref(), BUDGET))?;
+    Ok(value)
 }
 
 /// Whether `expr` is `device` followed by field selections or indexing.

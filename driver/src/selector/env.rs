@@ -21,6 +21,7 @@ pub fn build() -> Result<Env, DeclarationError> {
     lists_lib::register(&mut env)?;
     env.add_overload("@range", "metered_range", vec![DYN_TYPE, INT_TYPE], cost::range)?;
     env.add_overload("@add", "metered_add", vec![DYN_TYPE, DYN_TYPE], cost::add)?;
+    env.add_overload("@copy", "metered_copy", vec![DYN_TYPE], cost::copy)?;
     Ok(env)
 }
 

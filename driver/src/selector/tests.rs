@@ -346,4 +346,9 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
     fails_with(&expression, "cost budget");
     let expression = format!(r#"cel.bind(s, "{letters}", s.split("").all(x, s == s))"#);
     fails_with(&expression, "cost budget");
+    // Copies made by list literals and loop variables are paid for.
+    let copies = vec!["s"; 1000].join(", ");
+    let big = r#""aaaaaaaaaaaaaaaa".replace("a", "aaaaaaaaaaaaaaaa").replace("a", "aaaaaaaaaaaaaaaa")"#;
+    let expression = format!(r#"cel.bind(s, {big}, [{copies}].all(x, [{copies}].size() > 0))"#);
+    fails_with(&expression, "cost budget");
 }
