@@ -19,7 +19,7 @@ use cel::{DeclarationError, Env, ExecutionError};
 pub static QUANTITY_TYPE: Type = Type::new_unspecified_type("kubernetes.Quantity");
 
 const NANOS_PER_UNIT: i128 = 1_000_000_000;
-/// `resource.ParseQuantity` caps the magnitude at max int64 units.
+/// `resource.ParseQuantity` caps binary-suffixed values at max int64 units.
 const MAX_NANOS: i128 = (i64::MAX as i128) * NANOS_PER_UNIT;
 
 /// An exact quantity, in nano-units.
@@ -42,8 +42,8 @@ impl Quantity {
     /// Parses a quantity the way `resource.ParseQuantity` does: an optional
     /// sign, digits with an optional fraction, then a binary suffix (`Ki`..`Ei`),
     /// a decimal one (`n`, `u`, `m`, `k`, `M`, `G`, `T`, `P`, `E`) or an
-    /// exponent (`e3`, `E-2`). Values are rounded up to nano precision and
-    /// capped at 2^63-1 units.
+    /// exponent (`e3`, `E-2`). Values are rounded up to nano precision;
+    /// binary-suffixed ones are capped at 2^63-1 units.
     pub fn parse(text: &str) -> Result<Self, String> {
         let invalid = || {
             format!(
@@ -66,7 +66,14 @@ impl Quantity {
             return Err(invalid());
         }
         let (binary_power, decimal_exp) = parse_suffix(suffix).ok_or_else(invalid)?;
-        let nanos = scaled_nanos(int_part, frac_part, decimal_exp, binary_power);
+        // `ParseQuantity` caps only binary-suffixed values at 2^63-1 units;
+        // others keep their size (and then do not fit `asInteger`).
+        let nanos = match scaled_nanos(int_part, frac_part, decimal_exp, binary_power) {
+            Some(n) if binary_power > 0 => n.min(MAX_NANOS),
+            Some(n) => n,
+            None if binary_power > 0 => MAX_NANOS,
+            None => return Err(format!("{text:?} is too large: the supported range is ±1.7e29")),
+        };
         Ok(Quantity { nanos: if negative { -nanos } else { nanos } })
     }
 
@@ -131,54 +138,38 @@ fn parse_suffix(suffix: &str) -> Option<(u32, i64)> {
 }
 
 /// `int_part.frac_part × 10^decimal_exp × 1024^binary_power` in nano-units,
-/// rounded up (away from zero) to an integer and capped at [`MAX_NANOS`].
-/// Works digit by digit, without allocating: this runs on every evaluation
-/// of `quantity("40Gi")`.
-fn scaled_nanos(int_part: &str, frac_part: &str, decimal_exp: i64, binary_power: u32) -> i128 {
-    // Digits after the decimal point of nano-units: value = D × 10^shift,
-    // where D is all the digits read as one integer.
+/// rounded up (away from zero) to an integer; `None` beyond `i128`. Works
+/// digit by digit, without allocating.
+fn scaled_nanos(int_part: &str, frac_part: &str, decimal_exp: i64, binary_power: u32) -> Option<i128> {
+    // value = D × 10^shift nano-units, D being all the digits as one integer.
     let shift = decimal_exp + 9 - frac_part.len() as i64;
-    let digits = int_part.bytes().chain(frac_part.bytes()).skip_while(|b| *b == b'0');
+    let all = || int_part.bytes().chain(frac_part.bytes());
+    let leading_zeros = all().take_while(|b| *b == b'0').count();
     let count = int_part.len() + frac_part.len();
-    // Digits that end up before the point: the first `count + shift` ones.
-    let keep = (count as i64 + shift).max(0) as usize;
+    // Significant digits that stay before the point.
+    let keep = ((count as i64 + shift).max(0) as usize).saturating_sub(leading_zeros);
     let mut value: i128 = 0;
     let mut cut_nonzero = false;
-    let mut kept = 0usize;
-    let leading_zeros = int_part.bytes().chain(frac_part.bytes()).take_while(|b| *b == b'0').count();
-    let significant_kept = keep.saturating_sub(leading_zeros);
-    for b in digits {
-        if kept < significant_kept {
-            value = match value.checked_mul(10).and_then(|v| v.checked_add(i128::from(b - b'0'))) {
-                Some(v) => v,
-                None => return MAX_NANOS,
-            };
-            kept += 1;
+    for (i, b) in all().skip(leading_zeros).enumerate() {
+        if i < keep {
+            value = value.checked_mul(10)?.checked_add(i128::from(b - b'0'))?;
         } else if b != b'0' {
             cut_nonzero = true;
         }
     }
-    // Trailing zeros a positive shift adds.
     if value != 0 && shift > 0 {
+        // Overflows within ~38 steps, so a huge exponent ends quickly.
         for _ in 0..shift {
-            value = match value.checked_mul(10) {
-                // Beyond the cap already (the binary factor only grows it):
-                // this also ends the loop after at most ~40 steps.
-                Some(v) if v <= MAX_NANOS => v,
-                _ => return MAX_NANOS,
-            };
+            value = value.checked_mul(10)?;
         }
     }
     if cut_nonzero {
         value += 1;
     }
     for _ in 0..binary_power {
-        value = match value.checked_mul(1024) {
-            Some(v) => v,
-            None => return MAX_NANOS,
-        };
+        value = value.checked_mul(1024)?;
     }
-    value.min(MAX_NANOS)
+    Some(value)
 }
 
 impl Val for Quantity {
@@ -347,10 +338,11 @@ mod tests {
         assert_eq!(nanos("0.1n"), 1, "rounded up to the smallest representable value");
         assert_eq!(nanos("1.0000000001"), 1_000_000_001);
         assert_eq!(nanos("-0.1n"), -1);
-        assert_eq!(nanos("1e100"), MAX_NANOS);
-        assert_eq!(nanos("99999999999Ei"), MAX_NANOS);
-        assert_eq!(nanos("123456789012345678901234567890"), MAX_NANOS);
-        assert_eq!(nanos("9223372036854775807"), MAX_NANOS, "max int64 units is the cap itself");
+        assert_eq!(nanos("99999999999Ei"), MAX_NANOS, "binary values are capped");
+        assert_eq!(nanos("9223372036854775807"), MAX_NANOS, "max int64 units");
+        assert_eq!(nanos("9223372036854775808"), MAX_NANOS + 1_000_000_000, "decimal values are not capped");
+        assert!(Quantity::parse("1e100").unwrap_err().contains("too large"));
+        assert!(Quantity::parse("9999999999999999999999999999999999999G").is_err());
         assert_eq!(nanos("1e-10"), 1);
         assert_eq!(nanos("100e-11"), 1, "exactly one nano-unit");
         assert_eq!(nanos("110e-11"), 2, "1.1 nano-units round up");
@@ -372,6 +364,8 @@ mod tests {
     fn integers_are_whole_values_that_fit_int64() {
         assert_eq!(Quantity::parse("2k").unwrap().as_i64(), Some(2000));
         assert_eq!(Quantity::parse("1500m").unwrap().as_i64(), None);
-        assert_eq!(Quantity::parse("1e100").unwrap().as_i64(), Some(i64::MAX));
+        assert_eq!(Quantity::parse("8Ei").unwrap().as_i64(), Some(i64::MAX), "capped");
+        assert_eq!(Quantity::parse("50000000G").unwrap().as_i64(), Some(50_000_000_000_000_000));
+        assert_eq!(Quantity::parse("1e19").unwrap().as_i64(), None, "beyond int64");
     }
 }

@@ -27,7 +27,7 @@ impl Semver {
     pub fn parse(text: &str, normalize: bool) -> Result<Self, String> {
         let normalized;
         let text = if normalize {
-            normalized = normalize_version(text);
+            normalized = normalize_version(text)?;
             normalized.as_str()
         } else {
             text
@@ -40,22 +40,33 @@ impl Semver {
     }
 }
 
-/// `v1.2` → `1.2.0`, `01.02.03` → `1.2.3`; pre-release and build are kept.
-fn normalize_version(text: &str) -> String {
+/// `normalizeAndParse` of the apiserver's semver library: drop a leading
+/// `v`, split into at most three dot-separated parts, strip leading zeros of
+/// each, and fill a short version with `.0` parts (a short version with a
+/// pre-release or build suffix is an error).
+fn normalize_version(text: &str) -> Result<String, String> {
     let text = text.strip_prefix('v').unwrap_or(text);
-    let split = text.find(['-', '+']).unwrap_or(text.len());
-    let (core, rest) = text.split_at(split);
-    let mut parts: Vec<String> = core
-        .split('.')
+    let mut parts: Vec<String> = text
+        .splitn(3, '.')
         .map(|p| {
+            if p.len() <= 1 {
+                return p.to_owned();
+            }
             let trimmed = p.trim_start_matches('0');
-            if trimmed.is_empty() && !p.is_empty() { "0".to_owned() } else { trimmed.to_owned() }
+            if trimmed.as_bytes().first().is_some_and(u8::is_ascii_digit) {
+                trimmed.to_owned()
+            } else {
+                format!("0{trimmed}")
+            }
         })
         .collect();
-    while parts.len() < 3 {
-        parts.push("0".to_owned());
+    if parts.len() < 3 {
+        if parts.last().is_some_and(|p| p.contains(['+', '-'])) {
+            return Err("short version cannot contain PreRelease/Build meta data".to_owned());
+        }
+        parts.resize(3, "0".to_owned());
     }
-    format!("{}{rest}", parts.join("."))
+    Ok(parts.join("."))
 }
 
 impl Val for Semver {
@@ -178,6 +189,8 @@ mod tests {
             assert!(Semver::parse(loose, true).is_ok(), "{loose}");
         }
         assert_eq!(Semver::parse("v01.2", true).unwrap().0.to_string(), "1.2.0");
+        assert_eq!(Semver::parse("1.02.003-rc.1", true).unwrap().0.to_string(), "1.2.3-rc.1");
+        assert!(Semver::parse("1.2-rc.1", true).is_err(), "short versions take no suffix");
     }
 
     #[test]
