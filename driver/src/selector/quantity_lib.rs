@@ -52,8 +52,8 @@ impl Quantity {
             )
         };
         let (negative, rest) = match text.as_bytes().first() {
-            Some(b'-') => (true, &text[1..]),
-            Some(b'+') => (false, &text[1..]),
+            Some(b'-') => (true, text.get(1..).unwrap_or_default()),
+            Some(b'+') => (false, text.get(1..).unwrap_or_default()),
             _ => (false, text),
         };
         let number_len = rest.bytes().take_while(|b| b.is_ascii_digit() || *b == b'.').count();

@@ -84,7 +84,11 @@ fn index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
         None => 0,
     };
     let from = byte_offset(s, start);
-    let found = s.get(from..).and_then(|tail| tail.find(needle)).map(|b| s[..from + b].chars().count());
+    let found = s
+        .get(from..)
+        .and_then(|tail| tail.find(needle))
+        .and_then(|b| s.get(..from + b))
+        .map(|head| head.chars().count());
     Ok(CowVal::owned(CelInt::from(found.map_or(-1, |i| i as i64))))
 }
 
@@ -99,7 +103,8 @@ fn last_index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     };
     // The match may start at or before `last_start`, so it may end after it.
     let end = byte_offset(s, (last_start + needle.chars().count()).min(len));
-    let found = s.get(..end).and_then(|head| head.rfind(needle)).map(|b| s[..b].chars().count());
+    let found =
+        s.get(..end).and_then(|head| head.rfind(needle)).and_then(|b| s.get(..b)).map(|head| head.chars().count());
     Ok(CowVal::owned(CelInt::from(found.map_or(-1, |i| i as i64))))
 }
 
