@@ -3,7 +3,7 @@
 //! (quantity, semver, string extensions, `cel.bind`), plus the metering
 //! functions the compile-time rewrite calls (see `cost`).
 
-use cel::common::ast::{ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
+use cel::common::ast::{ComprehensionExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue};
 use cel::common::types::{DYN_TYPE, INT_TYPE};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ParseError};
@@ -98,4 +98,69 @@ pub fn check_result_may_be_bool(expr: &IdedExpr) -> Result<(), CompileError> {
         _ => return Ok(()),
     };
     Err(CompileError::NotBool(kind.to_owned()))
+}
+
+/// Names an expression may use without declaring them: the `device`
+/// variable, type names, and the namespaces of qualified functions.
+const KNOWN_NAMES: [&str; 16] = [
+    "device",
+    "int",
+    "uint",
+    "double",
+    "bool",
+    "string",
+    "bytes",
+    "list",
+    "map",
+    "null_type",
+    "type",
+    "optional_type",
+    "google",
+    "kubernetes",
+    "sets",
+    "optional",
+];
+
+/// Refuses an identifier that is neither `device`, a type or namespace, nor
+/// a variable of an enclosing macro or `cel.bind`: Kubernetes' type checker
+/// reports it at compile time ("undeclared reference"), so a typo such as
+/// `devices.driver` fails before any device is evaluated.
+pub fn check_identifiers(expr: &IdedExpr, scope: &mut Vec<String>) -> Result<(), CompileError> {
+    match &expr.expr {
+        Expr::Ident(name) => {
+            let known =
+                name.starts_with('@') || KNOWN_NAMES.contains(&name.as_str()) || scope.iter().any(|v| v == name);
+            if known { Ok(()) } else { Err(CompileError::Undeclared(name.clone())) }
+        }
+        Expr::Call(call) => {
+            if let Some(target) = call.target.as_deref() {
+                check_identifiers(target, scope)?;
+            }
+            call.args.iter().try_for_each(|a| check_identifiers(a, scope))
+        }
+        Expr::Comprehension(c) => {
+            check_identifiers(&c.iter_range, scope)?;
+            check_identifiers(&c.accu_init, scope)?;
+            let depth = scope.len();
+            scope.push(c.iter_var.clone());
+            scope.push(c.accu_var.clone());
+            if let Some(second) = &c.iter_var2 {
+                scope.push(second.clone());
+            }
+            let inner =
+                [&c.loop_cond, &c.loop_step, &c.result].into_iter().try_for_each(|e| check_identifiers(e, scope));
+            scope.truncate(depth);
+            inner
+        }
+        Expr::List(l) => l.elements.iter().try_for_each(|e| check_identifiers(e, scope)),
+        Expr::Map(m) => m.entries.iter().try_for_each(|entry| match &entry.expr {
+            EntryExpr::MapEntry(e) => {
+                check_identifiers(&e.key, scope)?;
+                check_identifiers(&e.value, scope)
+            }
+            EntryExpr::StructField(f) => check_identifiers(&f.value, scope),
+        }),
+        Expr::Select(s) => check_identifiers(&s.operand, scope),
+        Expr::Struct(_) | Expr::Literal(_) | Expr::Unspecified => Ok(()),
+    }
 }

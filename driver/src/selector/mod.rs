@@ -50,6 +50,8 @@ pub enum CompileError {
     InvalidRegex(String),
     #[error("expression must evaluate to bool, not {0}")]
     NotBool(String),
+    #[error("undeclared reference to '{0}'; selectors can only use the variable 'device'")]
+    Undeclared(String),
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }
@@ -83,6 +85,7 @@ fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, cost::Rewritten), Com
     let rewritten = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
     env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
     env::check_result_may_be_bool(&ast)?;
+    env::check_identifiers(&ast, &mut Vec::new())?;
     Ok((ast, rewritten))
 }
 

@@ -106,6 +106,12 @@ fn compile_errors_say_what_is_wrong() {
     assert!(err.to_string().contains("invalid regular expression"), "{err}");
     let err = env.compile("1").unwrap_err();
     assert!(err.to_string().contains("must evaluate to bool"), "{err}");
+    let err = env.compile("devices.driver == \"x\"").unwrap_err();
+    assert_eq!(err.to_string(), "undeclared reference to 'devices'; selectors can only use the variable 'device'");
+    assert!(env.compile("[1].all(x, x > 0 && cel.bind(y, x, y == x)) && x > 0").is_err(), "x is out of scope");
+    assert!(
+        env.compile("type(device) == map && sets.contains([1], [1]) && optional.none() == optional.none()").is_ok()
+    );
     let err = env.compile("cel.bind(a.b, 1, true)").unwrap_err();
     assert!(err.to_string().contains("simple identifier"), "{err}");
 }
