@@ -333,6 +333,23 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
 /// interpreter appends those in place, and their iterations are paid for by
 /// `@range`.
 fn rename_call(call: &mut CallExpr, accu: Option<&str>) {
+    // `a.isGreaterThan(b)` / `a.isLessThan(b)` (quantities, versions) become
+    // the native `a > b` / `a < b`, served by their `Comparer`: a member call
+    // costs several times more. Other types than those two are then compared
+    // natively instead of failing with "no such overload"; Kubernetes rejects
+    // that at compile time with its type checker, which we do not have.
+    let native = match call.func_name.as_str() {
+        "isGreaterThan" => Some(operators::GREATER),
+        "isLessThan" => Some(operators::LESS),
+        _ => None,
+    };
+    if let (Some(op), Some(_), 1) = (native, call.target.as_ref(), call.args.len())
+        && let Some(target) = call.target.take()
+    {
+        call.args.insert(0, *target);
+        call.func_name = op.to_owned();
+        return;
+    }
     if call.func_name == operators::ADD {
         // Only the macros' own accumulator (`@result`, which no user can
         // name); a `cel.bind` variable is a user's and its `+` is metered.
@@ -360,9 +377,13 @@ fn is_namespace(target: Option<&IdedExpr>) -> bool {
 /// Whether an operand's size is bounded by the expression text: a literal,
 /// or for `in` a list or map literal on the right.
 fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
+    // A folded `quantity("..")` constant is as bounded as a literal, but the
+    // ordering operators must see it to refuse `<` on quantities.
+    let ordering =
+        matches!(op, operators::LESS | operators::LESS_EQUALS | operators::GREATER | operators::GREATER_EQUALS);
     let literal = |e: &IdedExpr| match &e.expr {
         Expr::Literal(_) => true,
-        Expr::Ident(name) => constant_index(name).is_some(),
+        Expr::Ident(name) => !ordering && constant_index(name).is_some(),
         _ => false,
     };
     match (op, args) {

@@ -14,6 +14,8 @@ use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env};
 
 use super::cost::{BUDGET, bytes_units, charge};
+use super::quantity_lib::Quantity;
+use super::semver_lib::Semver;
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
@@ -97,6 +99,12 @@ fn compare(op: &str, args: Args<'_, '_>) -> Result<Ordering, ExecutionError> {
     charge_pair(a.as_ref(), b.as_ref())?;
     let overload =
         || ExecutionError::no_such_overload(op, vec![a.get_type().name().to_owned(), b.get_type().name().to_owned()]);
+    // Quantities and versions compare only through their functions, as in
+    // Kubernetes: `<` on them is no overload.
+    let library_value = |v: &dyn Val| v.downcast_ref::<Quantity>().is_some() || v.downcast_ref::<Semver>().is_some();
+    if library_value(a.as_ref()) || library_value(b.as_ref()) {
+        return Err(overload());
+    }
     a.as_comparer().ok_or_else(overload)?.compare(b.as_ref()).map_err(|_| overload())
 }
 

@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::cmp::Ordering;
 
+use cel::common::traits::Comparer;
 use cel::common::types::{CelDouble, CelInt, CelString, INT_TYPE, STRING_TYPE, Type};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
@@ -190,12 +191,31 @@ impl Val for Quantity {
         Box::new(*self)
     }
 
+    /// Serves `isGreaterThan` / `isLessThan`, which the compile-time rewrite
+    /// turns into the interpreter's native `>` / `<` (a member call costs
+    /// several times more); a `<` the user writes never reaches it, see
+    /// `ops_lib`.
+    fn as_comparer(&self) -> Option<&dyn Comparer> {
+        Some(self)
+    }
+
     fn as_any(&self) -> Option<&dyn Any> {
         Some(self)
     }
 }
 
 impl StaticVal for Quantity {}
+
+impl Comparer for Quantity {
+    fn compare(&self, rhs: &dyn Val) -> Result<Ordering, ExecutionError> {
+        rhs.downcast_ref::<Quantity>().map(|other| self.cmp(other)).ok_or_else(|| {
+            ExecutionError::no_such_member_overload(
+                "isGreaterThan",
+                vec![QUANTITY_TYPE.name().to_owned(), rhs.get_type().name().to_owned()],
+            )
+        })
+    }
+}
 
 fn error(function: &str, message: impl ToString) -> ExecutionError {
     ExecutionError::function_error(function, message)

@@ -11,6 +11,7 @@
 use std::any::Any;
 use std::cmp::Ordering;
 
+use cel::common::traits::Comparer;
 use cel::common::types::{BOOL_TYPE, CelBool, CelInt, CelString, STRING_TYPE, Type};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
@@ -86,12 +87,29 @@ impl Val for Semver {
         Box::new(self.clone())
     }
 
+    /// Serves `isGreaterThan` / `isLessThan` rewritten to `>` / `<`, as for
+    /// quantities.
+    fn as_comparer(&self) -> Option<&dyn Comparer> {
+        Some(self)
+    }
+
     fn as_any(&self) -> Option<&dyn Any> {
         Some(self)
     }
 }
 
 impl StaticVal for Semver {}
+
+impl Comparer for Semver {
+    fn compare(&self, rhs: &dyn Val) -> Result<Ordering, ExecutionError> {
+        rhs.downcast_ref::<Semver>().map(|other| self.precedence(other)).ok_or_else(|| {
+            ExecutionError::no_such_member_overload(
+                "isGreaterThan",
+                vec![SEMVER_TYPE.name().to_owned(), rhs.get_type().name().to_owned()],
+            )
+        })
+    }
+}
 
 fn error(function: &str, message: impl ToString) -> ExecutionError {
     ExecutionError::function_error(function, message)

@@ -161,6 +161,10 @@ fn quantity_functions() {
     fails_with(r#"quantity("1.5").asInteger() == 1"#, "cannot convert value to integer");
     fails_with(r#"quantity("12 apples").sign() == 1"#, "not a valid quantity");
     fails_with(r#"quantity("1").isGreaterThan(1)"#, "no matching overload");
+    fails_with(r#"quantity("1") < quantity("2")"#, "no matching overload");
+    fails_with(r#"device.capacity["gpu.nvidia.com"].memory > quantity("2")"#, "no matching overload");
+    fails_with(r#"semver("1.0.0").isLessThan(quantity("2"))"#, "no matching overload");
+    holds(r#"!quantity("1").isGreaterThan(quantity("1")) && !quantity("1").isLessThan(quantity("1"))"#);
 }
 
 #[test]
@@ -171,6 +175,7 @@ fn semver_functions_and_version_attributes() {
     holds(r#"semver("1.2.3").major() == 1 && semver("1.2.3").minor() == 2 && semver("1.2.3").patch() == 3"#);
     holds(r#"semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))"#);
     holds(r#"semver("1.10.0").isGreaterThan(semver("1.9.0"))"#);
+    fails_with(r#"semver("1.0.0") < semver("2.0.0")"#, "no matching overload");
     holds(r#"isSemver("1.2.3") && !isSemver("v1.2.3") && isSemver("v1.2", true)"#);
     holds(r#"semver("v1.2", true) == semver("1.2.0")"#);
     fails_with(r#"semver("1.2").major() == 1"#, "not a valid semantic version");
