@@ -43,7 +43,6 @@
 
 mod amount;
 mod capacity;
-mod cel_shim;
 mod constraints;
 mod counters;
 mod diagnose;

@@ -15,8 +15,8 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::cel_shim as sel;
 use super::index::Fleet;
+use crate::selector as sel;
 
 /// Where a selector comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
