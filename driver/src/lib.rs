@@ -9,5 +9,6 @@ pub mod inventory;
 pub mod k8s_format;
 pub mod names;
 pub mod quantity;
+pub mod selector;
 pub mod slices;
 pub mod version;
