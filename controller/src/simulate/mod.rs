@@ -67,3 +67,6 @@ pub fn run(
         Format::Yaml => output::yaml(out, &workload.claims, &outcomes),
     }
 }
+
+#[cfg(test)]
+mod tests;
