@@ -179,7 +179,7 @@ fn check_selectors(selectors: Option<&[DeviceSelector]>, field: &str) -> Result<
     for (i, s) in selectors.iter().enumerate() {
         let field = format!("{field}.selectors[{i}].cel.expression");
         match &s.cel {
-            None => return Err(err(format!("{field}"), "required (cel is the only selector type)")),
+            None => return Err(err(field, "required (cel is the only selector type)")),
             Some(c) if c.expression.trim().is_empty() => return Err(err(field, "required")),
             Some(c) if c.expression.len() > MAX_EXPRESSION => {
                 return Err(err(field, format!("{} bytes, more than {MAX_EXPRESSION}", c.expression.len())));
