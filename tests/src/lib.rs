@@ -1,6 +1,8 @@
 //! Helpers for the cross-process tests: build the workspace's binaries once
 //! and run them as a user would.
 
+pub mod apiserver;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;

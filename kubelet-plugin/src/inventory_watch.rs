@@ -1,0 +1,242 @@
+//! The node's inventory as a stream of snapshots: a
+//! `watch::Receiver<Arc<Inventory>>` that the publisher and the health
+//! stream subscribe to. Health events change the inventory (faults), never
+//! the slices directly.
+//!
+//! - Fake file: polled every `interval`; when its content changes it is
+//!   re-read. Adding `faults:` to a GPU is the fault injection. A file that
+//!   becomes invalid keeps the last good inventory and logs the error.
+//! - NVML: a blocking thread waits on an NVML event set for critical XID
+//!   errors and adds them as faults; a lost GPU gets `Fault::Lost`. This
+//!   path needs a GPU and is not exercised by the tests here.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_dra_driver::inventory::fake::{self, FakeInventoryError};
+use gpu_dra_driver::inventory::nvml::NvmlSource;
+use gpu_dra_driver::inventory::{DiscoveryError, Inventory, InventorySource};
+use gpu_dra_driver::names::NodeName;
+use tokio::sync::watch;
+
+/// How often the fake file is checked by default.
+pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
+
+/// Loads the fake inventory, then follows the file. Fails only when the
+/// first read fails (the plugin cannot start without an inventory).
+/// Must be called inside a tokio runtime; the task ends when every
+/// receiver is gone.
+pub fn watch_fake_file(
+    path: PathBuf,
+    node: NodeName,
+    interval: Duration,
+) -> Result<watch::Receiver<Arc<Inventory>>, FakeInventoryError> {
+    let text = read(&path);
+    let first = fake::load(&path, &node)?;
+    let (tx, rx) = watch::channel(Arc::new(first));
+    tokio::spawn(follow_file(path, node, interval, text, tx));
+    Ok(rx)
+}
+
+fn read(path: &std::path::Path) -> Option<Vec<u8>> {
+    std::fs::read(path).ok()
+}
+
+async fn follow_file(
+    path: PathBuf,
+    node: NodeName,
+    interval: Duration,
+    mut last_text: Option<Vec<u8>>,
+    tx: watch::Sender<Arc<Inventory>>,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            _ = ticker.tick() => {}
+            _ = tx.closed() => return,
+        }
+        // Comparing content rather than mtime: editors and `cp` may keep
+        // the mtime within one second, and the file is small.
+        let text = read(&path);
+        if text == last_text {
+            continue;
+        }
+        last_text = text;
+        match fake::load(&path, &node) {
+            Ok(inventory) => {
+                let changed = tx.send_if_modified(|current| {
+                    if **current == inventory {
+                        return false;
+                    }
+                    *current = Arc::new(inventory);
+                    true
+                });
+                if changed {
+                    tracing::info!(file = %path.display(), "fake inventory changed");
+                }
+            }
+            Err(error) => {
+                tracing::error!(%error, "fake inventory file is invalid; keeping the last good inventory");
+            }
+        }
+    }
+}
+
+/// Discovers through NVML, then follows critical XID events in a blocking
+/// thread. Must be called inside a tokio runtime.
+pub fn watch_nvml(source: NvmlSource) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
+    let first = source.discover()?;
+    let (tx, rx) = watch::channel(Arc::new(first));
+    std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(tx)).map_err(|e| {
+        DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
+            "cannot start the NVML event thread: {e}"
+        )))
+    })?;
+    Ok(rx)
+}
+
+/// Adds `fault` to the GPU with `uuid` (or, with instance ids, to its MIG
+/// device); returns whether anything changed.
+pub fn add_fault(
+    inventory: &mut Inventory,
+    uuid: &str,
+    instance: Option<(u32, u32)>,
+    fault: gpu_dra_driver::inventory::Fault,
+) -> bool {
+    use gpu_dra_driver::inventory::MigMode;
+    let Some(gpu) = inventory.gpus.iter_mut().find(|g| g.uuid == uuid) else { return false };
+    let faults = match (&mut gpu.mig, instance) {
+        (MigMode::Enabled(migs), Some((gi, ci))) => {
+            match migs.iter_mut().find(|m| m.gpu_instance_id == gi && m.compute_instance_id == ci) {
+                Some(mig) => &mut mig.faults,
+                None => &mut gpu.faults,
+            }
+        }
+        _ => &mut gpu.faults,
+    };
+    if faults.contains(&fault) {
+        return false;
+    }
+    faults.push(fault);
+    true
+}
+
+#[cfg(target_os = "linux")]
+mod nvml_events {
+    use std::sync::Arc;
+
+    use gpu_dra_driver::inventory::{Fault, Inventory};
+    use nvml_wrapper::Nvml;
+    use nvml_wrapper::bitmasks::event::EventTypes;
+    use nvml_wrapper::enums::event::XidError;
+    use nvml_wrapper::error::NvmlError;
+    use tokio::sync::watch;
+
+    use super::add_fault;
+
+    const WAIT_MS: u32 = 5000;
+
+    pub fn run(tx: watch::Sender<Arc<Inventory>>) {
+        if let Err(error) = watch_events(&tx) {
+            tracing::error!(%error, "NVML health monitoring stopped; device faults will not be detected");
+        }
+    }
+
+    fn watch_events(tx: &watch::Sender<Arc<Inventory>>) -> Result<(), NvmlError> {
+        let nvml = Nvml::init()?;
+        let mut set = nvml.create_event_set()?;
+        for i in 0..nvml.device_count()? {
+            let device = nvml.device_by_index(i)?;
+            set = device.register_events(EventTypes::CRITICAL_XID_ERROR, set).map_err(|e| e.error)?;
+        }
+        while !tx.is_closed() {
+            match set.wait(WAIT_MS) {
+                Ok(event) => {
+                    let Ok(uuid) = event.device.uuid() else { continue };
+                    let Some(XidError::Value(xid)) = event.event_data else { continue };
+                    let Ok(xid) = u32::try_from(xid) else { continue };
+                    // nvml-wrapper's event data has no GPU/compute instance
+                    // ids, so a MIG device's XID taints its parent GPU (and
+                    // with it every MIG device on it).
+                    let instance = None;
+                    tracing::warn!(%uuid, xid, "critical XID error");
+                    tx.send_if_modified(|inv| {
+                        let mut next = (**inv).clone();
+                        let changed = add_fault(&mut next, &uuid, instance, Fault::Xid(xid));
+                        if changed {
+                            *inv = Arc::new(next);
+                        }
+                        changed
+                    });
+                }
+                Err(NvmlError::Timeout) => {}
+                Err(NvmlError::GpuLost) => {
+                    // NVIDIA's driver marks every device lost: the event set
+                    // cannot say which GPU fell off the bus.
+                    tracing::error!("NVML reports a GPU lost; tainting all GPUs");
+                    tx.send_modify(|inv| {
+                        let mut next = (**inv).clone();
+                        for gpu in &mut next.gpus {
+                            if !gpu.faults.contains(&Fault::Lost) {
+                                gpu.faults.push(Fault::Lost);
+                            }
+                        }
+                        *inv = Arc::new(next);
+                    });
+                    return Ok(());
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+mod nvml_events {
+    pub fn run(_tx: tokio::sync::watch::Sender<std::sync::Arc<gpu_dra_driver::inventory::Inventory>>) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_dra_driver::inventory::Fault;
+
+    use super::*;
+
+    const TWO_GPUS: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n";
+
+    #[tokio::test]
+    async fn follows_the_file_and_keeps_the_last_good_inventory() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("inv.yaml");
+        std::fs::write(&path, TWO_GPUS).unwrap();
+        let node = NodeName::new("n1").unwrap();
+        let mut rx = watch_fake_file(path.clone(), node, Duration::from_millis(100)).unwrap();
+        assert!(rx.borrow_and_update().gpus.iter().all(|g| g.faults.is_empty()));
+
+        std::fs::write(&path, format!("{TWO_GPUS}    faults:\n      - {{gpu: 1, xid: 79}}\n")).unwrap();
+        rx.changed().await.unwrap();
+        assert_eq!(rx.borrow_and_update().gpus[1].faults, [Fault::Xid(79)]);
+
+        // Invalid: nothing is sent; then a valid file again is.
+        std::fs::write(&path, "gpus: [").unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!rx.has_changed().unwrap());
+        std::fs::write(&path, TWO_GPUS).unwrap();
+        rx.changed().await.unwrap();
+        assert!(rx.borrow().gpus[1].faults.is_empty());
+    }
+
+    #[test]
+    fn a_missing_file_fails_at_start() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let err = rt
+            .block_on(async {
+                watch_fake_file("/nonexistent.yaml".into(), NodeName::new("n").unwrap(), DEFAULT_POLL_INTERVAL)
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("/nonexistent.yaml"));
+    }
+}

@@ -1,0 +1,360 @@
+//! Publishes the node's ResourceSlices and keeps them published.
+//!
+//! One pool named after the node; the slices are built by
+//! [`SliceBuilder`] and found with the field selector
+//! `spec.nodeName=<node>,spec.driver=<driver>`. A sync lists them, creates
+//! the missing, replaces the changed (re-reading and retrying on 409
+//! Conflict) and deletes the extra. The pool generation is bumped whenever
+//! the inventory (including its faults, which become taints) changes, so
+//! consumers never mix old and new slices of the pool.
+//!
+//! A sync runs when the inventory changes, when the watch of the node's
+//! slices shows them deleted or changed by someone else (the kubelet wipes
+//! all of a node's slices at its start, and a driver's after 30 s without a
+//! plugin), after the watch re-lists, and every `resync` period. Failures
+//! back off exponentially up to `max_backoff`.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use futures::StreamExt;
+use gpu_dra_driver::inventory::Inventory;
+use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::slices::{SliceBuilder, SliceError};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// How many times one slice write is retried after 409s before the sync
+/// gives up and backs off.
+const CONFLICT_RETRIES: usize = 5;
+
+/// What to publish and how patiently.
+#[derive(Debug, Clone)]
+pub struct PublisherConfig {
+    pub node: NodeName,
+    pub driver: DriverName,
+    /// Full re-sync period even when nothing is seen to change.
+    pub resync: Duration,
+    pub min_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl PublisherConfig {
+    pub fn new(node: NodeName, driver: DriverName) -> Self {
+        Self {
+            node,
+            driver,
+            resync: Duration::from_secs(300),
+            min_backoff: Duration::from_millis(200),
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+
+    /// `spec.nodeName=<node>,spec.driver=<driver>`.
+    pub fn field_selector(&self) -> String {
+        format!("spec.nodeName={},spec.driver={}", self.node, self.driver)
+    }
+}
+
+/// Told about each publish outcome (metrics hook; grpc's metrics implement it).
+pub trait PublishObserver: Send + Sync {
+    /// The slices on the server match the inventory.
+    fn published(&self, devices: usize, generation: i64);
+    /// A sync failed; it is retried after a backoff.
+    fn failed(&self, error: &PublishError);
+}
+
+/// The publisher's state for `/readyz` and metrics.
+#[derive(Default)]
+pub struct PublishStatus {
+    published: AtomicBool,
+    devices: AtomicUsize,
+    generation: AtomicI64,
+    observer: Option<Arc<dyn PublishObserver>>,
+}
+
+impl PublishStatus {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn with_observer(observer: Arc<dyn PublishObserver>) -> Self {
+        Self { observer: Some(observer), ..Self::default() }
+    }
+
+    /// Whether the last sync succeeded (ready to be scheduled onto).
+    pub fn is_published(&self) -> bool {
+        self.published.load(Ordering::Acquire)
+    }
+
+    /// Devices in the published slices.
+    pub fn published_devices(&self) -> usize {
+        self.devices.load(Ordering::Acquire)
+    }
+
+    /// The pool generation last published.
+    pub fn generation(&self) -> i64 {
+        self.generation.load(Ordering::Acquire)
+    }
+
+    fn set_published(&self, devices: usize, generation: i64) {
+        self.devices.store(devices, Ordering::Release);
+        self.generation.store(generation, Ordering::Release);
+        self.published.store(true, Ordering::Release);
+        if let Some(o) = &self.observer {
+            o.published(devices, generation);
+        }
+    }
+
+    fn set_failed(&self, error: &PublishError) {
+        self.published.store(false, Ordering::Release);
+        if let Some(o) = &self.observer {
+            o.failed(error);
+        }
+    }
+}
+
+/// Why a sync failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PublishError {
+    #[error("building the node's ResourceSlices: {0}")]
+    Build(#[from] SliceError),
+    #[error("listing ResourceSlices with {selector}: {error}")]
+    List { selector: String, error: kube::Error },
+    #[error("{action} ResourceSlice {slice}: {error}")]
+    Write { action: &'static str, slice: String, error: kube::Error },
+    #[error("ResourceSlice {0} kept changing under us ({CONFLICT_RETRIES} conflicts in a row)")]
+    Conflicts(String),
+}
+
+/// Publishes until every inventory sender is gone. The entry point the
+/// `run` command spawns.
+pub async fn run(
+    client: kube::Client,
+    config: PublisherConfig,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    status: Arc<PublishStatus>,
+) {
+    Publisher::new(client, config, status).run(inventory).await
+}
+
+struct Publisher {
+    api: Api<ResourceSlice>,
+    config: PublisherConfig,
+    builder: SliceBuilder,
+    status: Arc<PublishStatus>,
+    /// The inventory the current generation describes.
+    target: Option<Arc<Inventory>>,
+    generation: i64,
+    /// What the last sync wanted on the server, by slice name.
+    desired: BTreeMap<String, ResourceSliceSpec>,
+    nodes: Api<Node>,
+    /// The Node as the slices' owner, so the garbage collector removes them
+    /// with the Node (as NVIDIA's and the Go helper's slices are owned).
+    owner: Option<OwnerReference>,
+}
+
+impl Publisher {
+    fn new(client: kube::Client, config: PublisherConfig, status: Arc<PublishStatus>) -> Self {
+        let builder = SliceBuilder::new(config.driver.clone(), config.node.clone());
+        Self {
+            api: Api::all(client.clone()),
+            nodes: Api::all(client),
+            owner: None,
+            config,
+            builder,
+            status,
+            target: None,
+            generation: 0,
+            desired: BTreeMap::new(),
+        }
+    }
+
+    async fn run(mut self, mut inventory: watch::Receiver<Arc<Inventory>>) {
+        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+        let mut events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
+        let mut dirty = true;
+        let mut backoff = self.config.min_backoff;
+        let mut retry_at = Instant::now();
+        let mut resync_at = Instant::now() + self.config.resync;
+        loop {
+            if dirty && Instant::now() >= retry_at {
+                let current = inventory.borrow_and_update().clone();
+                match self.sync(&current).await {
+                    Ok(devices) => {
+                        dirty = false;
+                        backoff = self.config.min_backoff;
+                        resync_at = Instant::now() + self.config.resync;
+                        self.status.set_published(devices, self.generation);
+                        tracing::info!(devices, generation = self.generation, "ResourceSlices published");
+                    }
+                    Err(error) => {
+                        tracing::warn!(%error, retry_in = ?backoff, "publishing ResourceSlices failed");
+                        self.status.set_failed(&error);
+                        retry_at = Instant::now() + backoff;
+                        backoff = (backoff * 2).min(self.config.max_backoff);
+                    }
+                }
+                continue;
+            }
+            tokio::select! {
+                changed = inventory.changed() => {
+                    if changed.is_err() {
+                        return;
+                    }
+                    dirty = true;
+                }
+                event = events.next() => match event {
+                    Some(Ok(event)) => dirty |= self.drifted(&event),
+                    Some(Err(error)) => tracing::debug!(%error, "watching ResourceSlices"),
+                    None => {
+                        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+                        events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
+                    }
+                },
+                _ = tokio::time::sleep_until(retry_at), if dirty => {}
+                _ = tokio::time::sleep_until(resync_at) => {
+                    dirty = true;
+                    resync_at = Instant::now() + self.config.resync;
+                }
+            }
+        }
+    }
+
+    /// Whether a watch event shows the server away from what we published.
+    fn drifted(&self, event: &watcher::Event<ResourceSlice>) -> bool {
+        match event {
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
+                s.metadata.name.as_ref().and_then(|n| self.desired.get(n)) != Some(&s.spec)
+            }
+            watcher::Event::Delete(_) => true,
+            // A re-list may have missed deletions: compare after it.
+            watcher::Event::InitDone => true,
+            watcher::Event::Init => false,
+        }
+    }
+
+    /// One pass; returns the number of devices published.
+    async fn sync(&mut self, inventory: &Arc<Inventory>) -> Result<usize, PublishError> {
+        let selector = self.config.field_selector();
+        let existing = self
+            .api
+            .list(&ListParams::default().fields(&selector))
+            .await
+            .map_err(|error| PublishError::List { selector: selector.clone(), error })?
+            .items;
+        if self.target.as_ref().is_none_or(|t| **t != **inventory) {
+            self.generation = self.next_generation(inventory, &existing)?;
+            self.target = Some(inventory.clone());
+        }
+        self.resolve_owner().await;
+        let mut desired = self.builder.build(inventory, self.generation)?;
+        if let Some(owner) = &self.owner {
+            for slice in &mut desired {
+                slice.metadata.owner_references = Some(vec![owner.clone()]);
+            }
+        }
+        self.desired = desired.iter().filter_map(|s| Some((s.metadata.name.clone()?, s.spec.clone()))).collect();
+        let mut by_name: BTreeMap<String, ResourceSlice> =
+            existing.into_iter().filter_map(|s| Some((s.metadata.name.clone()?, s))).collect();
+        for slice in &desired {
+            let name = slice.metadata.name.clone().unwrap_or_default();
+            let current = by_name.remove(&name);
+            self.write(slice, &name, current).await?;
+        }
+        for name in by_name.into_keys() {
+            match self.api.delete(&name, &DeleteParams::default()).await {
+                Ok(_) => tracing::info!(slice = %name, "deleted a ResourceSlice the inventory no longer has"),
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => return Err(PublishError::Write { action: "deleting", slice: name, error }),
+            }
+        }
+        Ok(desired.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum())
+    }
+
+    /// Looks the Node up once; without it (not created yet, or no RBAC to
+    /// read it) slices are published unowned and the lookup is retried on
+    /// the next sync.
+    async fn resolve_owner(&mut self) {
+        if self.owner.is_some() {
+            return;
+        }
+        match self.nodes.get_opt(self.config.node.as_str()).await {
+            Ok(Some(node)) => {
+                self.owner = node.metadata.uid.map(|uid| OwnerReference {
+                    api_version: "v1".into(),
+                    kind: "Node".into(),
+                    name: self.config.node.to_string(),
+                    uid,
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                });
+            }
+            Ok(None) => tracing::debug!(node = %self.config.node, "Node not found; publishing slices without owner"),
+            Err(error) => tracing::debug!(%error, "cannot read the Node; publishing slices without owner"),
+        }
+    }
+
+    /// The generation for a new inventory: on the first sync, adopt the
+    /// server's generation if its slices already say exactly this (a plugin
+    /// restart with nothing changed); otherwise one above anything seen.
+    fn next_generation(&self, inventory: &Inventory, existing: &[ResourceSlice]) -> Result<i64, PublishError> {
+        let server_max = existing.iter().map(|s| s.spec.pool.generation).max();
+        if self.target.is_none()
+            && let Some(generation) = server_max
+        {
+            let same = self.builder.build(inventory, generation)?;
+            let unchanged = same.len() == existing.len()
+                && same.iter().all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec == d.spec));
+            if unchanged {
+                return Ok(generation);
+            }
+        }
+        Ok(self.generation.max(server_max.unwrap_or(0)) + 1)
+    }
+
+    /// Creates or replaces one slice, re-reading and retrying on 409.
+    async fn write(
+        &self,
+        desired: &ResourceSlice,
+        name: &str,
+        mut current: Option<ResourceSlice>,
+    ) -> Result<(), PublishError> {
+        let err = |action, error| PublishError::Write { action, slice: name.to_string(), error };
+        for _ in 0..CONFLICT_RETRIES {
+            let result = match &current {
+                Some(cur)
+                    if cur.spec == desired.spec
+                        && cur.metadata.owner_references == desired.metadata.owner_references =>
+                {
+                    return Ok(());
+                }
+                Some(cur) => {
+                    let mut next = desired.clone();
+                    next.metadata.resource_version = cur.metadata.resource_version.clone();
+                    self.api.replace(name, &PostParams::default(), &next).await.map(drop).map_err(|e| ("updating", e))
+                }
+                None => self.api.create(&PostParams::default(), desired).await.map(drop).map_err(|e| ("creating", e)),
+            };
+            match result {
+                Ok(()) => return Ok(()),
+                // 409: AlreadyExists on create or Conflict on a stale
+                // resourceVersion. Re-read and try again.
+                Err((_, kube::Error::Api(s))) if s.code == 409 => {
+                    current = self.api.get_opt(name).await.map_err(|e| err("reading", e))?;
+                }
+                // Deleted between list and update: create it.
+                Err(("updating", kube::Error::Api(s))) if s.code == 404 => current = None,
+                Err((action, error)) => return Err(err(action, error)),
+            }
+        }
+        Err(PublishError::Conflicts(name.to_string()))
+    }
+}

@@ -1,0 +1,72 @@
+//! What the real server checks before it stores an object, reduced to what
+//! catches driver bugs: the body decodes as the API type, names are DNS
+//! subdomains, ResourceSlices pass `ValidateResourceSlice` (the driver's
+//! port of it) and keep their immutable fields.
+
+use gpu_dra_driver::k8s_format::check_dns1123_subdomain;
+use gpu_dra_driver::slices::validate_slice;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use super::errors::ApiError;
+use super::kinds::Kind;
+
+fn decode<T: DeserializeOwned>(kind: &Kind, name: &str, object: &Value) -> Result<T, ApiError> {
+    serde_json::from_value(object.clone()).map_err(|e| {
+        ApiError::bad_request(format!(
+            "{} \"{name}\": the body does not decode as {}: {e}",
+            kind.qualified(),
+            kind.kind
+        ))
+    })
+}
+
+/// Checks `object` (and, on update, that it keeps what `old` fixed).
+pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+    check_dns1123_subdomain(name)
+        .map_err(|e| ApiError::invalid(kind, name, &format!("metadata.name: Invalid value: \"{name}\": {e}")))?;
+    match kind.kind {
+        "ResourceSlice" => {
+            let slice: ResourceSlice = decode(kind, name, object)?;
+            let errors = validate_slice(&slice);
+            if !errors.is_empty() {
+                let causes = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
+                return Err(ApiError::invalid(kind, name, &format!("[{causes}]")));
+            }
+            // ValidateResourceSliceUpdate: driver, pool name and node name are immutable.
+            if let Some(old) = old {
+                for field in ["/spec/driver", "/spec/pool/name", "/spec/nodeName"] {
+                    if object.pointer(field) != old.pointer(field) {
+                        let path = field.trim_start_matches('/').replace('/', ".");
+                        return Err(ApiError::invalid(
+                            kind,
+                            name,
+                            &format!("{path}: Invalid value: field is immutable"),
+                        ));
+                    }
+                }
+            }
+        }
+        "ResourceClaim" => {
+            decode::<ResourceClaim>(kind, name, object)?;
+            // ValidateResourceClaimUpdate: the spec is immutable.
+            if old.is_some_and(|old| old.get("spec") != object.get("spec")) {
+                return Err(ApiError::invalid(kind, name, "spec: Invalid value: field is immutable"));
+            }
+        }
+        "DeviceClass" => {
+            decode::<DeviceClass>(kind, name, object)?;
+        }
+        "Node" => {
+            decode::<Node>(kind, name, object)?;
+        }
+        "Lease" => {
+            decode::<Lease>(kind, name, object)?;
+        }
+        _ => {}
+    }
+    Ok(())
+}
