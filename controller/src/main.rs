@@ -2,6 +2,7 @@
 //! Argument parsing and wiring only; the logic lives in `gpu-dra-driver`.
 
 mod manifests;
+mod simulate;
 mod validate;
 
 use std::path::PathBuf;
@@ -28,6 +29,24 @@ enum Command {
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
         files: Vec<PathBuf>,
     },
+    /// Would these claims fit this fleet, which devices would they get, and
+    /// if not, why not. Reads ResourceSlices, DeviceClasses, ResourceClaims,
+    /// ResourceClaimTemplates, Pods and Nodes (other kinds are skipped with
+    /// a note); allocates claims in input order, a pod's claims together on
+    /// one node, nodes tried in name order. Exits 0 when every input was
+    /// understood, even if claims do not fit; 1 for malformed input.
+    Simulate {
+        /// Files or directories of YAML/JSON manifests; `-` reads standard input.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        files: Vec<PathBuf>,
+        /// Output format.
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = simulate::Format::Table)]
+        output: simulate::Format,
+        /// Nodes with labels and fake inventories whose slices are published
+        /// with the plugin's slice builder (see examples/fleets/).
+        #[arg(long = "fleet", value_name = "FILE")]
+        fleet: Option<PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -35,6 +54,14 @@ fn main() -> ExitCode {
     let result = match &cli.command {
         Command::ValidateSlices { files } => {
             validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
+        }
+        Command::Simulate { files, output, fleet } => {
+            let mut buffer = Vec::new();
+            simulate::run(files, fleet.as_deref(), *output, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
+                // Nothing on stdout unless the whole run succeeded.
+                std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;
+                Ok(true)
+            })
         }
     };
     match result {

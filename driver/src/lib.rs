@@ -3,10 +3,12 @@
 //! containers. No async runtime and no network here; the binaries are the
 //! edges.
 
+pub mod allocator;
 pub mod cdi;
 pub mod inventory;
 pub mod k8s_format;
 pub mod names;
 pub mod quantity;
+pub mod selector;
 pub mod slices;
 pub mod version;

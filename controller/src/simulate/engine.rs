@@ -1,0 +1,170 @@
+//! Allocating the workload unit by unit with the driver's allocator, each
+//! unit seeing the allocations before it, and turning the allocator's
+//! answers into per-claim outcomes.
+
+use anyhow::{Result, anyhow};
+use gpu_dra_driver::allocator::{AllocateError, Allocator, SequentialShareIds};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+
+use super::node_match::{NodeLabels, admits};
+use super::workload::{Unit, Workload};
+
+/// What happened to one claim.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Outcome {
+    pub node: Option<String>,
+    pub allocation: Option<AllocationResult>,
+    /// A fatal error (bad selector, pool not ready for `All`, ...) rather
+    /// than "does not fit".
+    pub error: bool,
+    /// Why it is not allocated; `None` when it is.
+    pub reason: Option<String>,
+}
+
+impl Outcome {
+    pub fn allocated(&self) -> bool {
+        self.allocation.is_some()
+    }
+}
+
+/// Allocates `workload` on the fleet; one outcome per claim, in claim order.
+pub fn allocate(
+    workload: &Workload,
+    slices: &[ResourceSlice],
+    classes: &[DeviceClass],
+    nodes: &[Node],
+) -> Result<Vec<Outcome>> {
+    let mut allocator = Allocator::new(slices, classes, nodes).with_share_ids(Box::new(SequentialShareIds::new()));
+    let known: Vec<NodeLabels> = allocator
+        .nodes()
+        .iter()
+        .map(|name| NodeLabels {
+            name: name.clone(),
+            labels: nodes
+                .iter()
+                .find(|n| n.metadata.name.as_deref() == Some(name))
+                .and_then(|n| n.metadata.labels.clone())
+                .unwrap_or_default(),
+        })
+        .collect();
+    let mut outcomes = vec![Outcome::default(); workload.claims.len()];
+    for (i, c) in workload.claims.iter().enumerate() {
+        if !c.preallocated {
+            continue;
+        }
+        allocator
+            .record_allocated(&c.claim)
+            .map_err(|e| anyhow!("{}: ResourceClaim {}: status.allocation: {e}", c.origin, c.key))?;
+        let allocation = c.claim.status.as_ref().and_then(|s| s.allocation.clone());
+        let selector = allocation.as_ref().and_then(|a| a.node_selector.as_ref());
+        let admitted: Vec<&NodeLabels> = known.iter().filter(|n| admits(selector, n)).collect();
+        let node = match (selector, admitted.as_slice()) {
+            (Some(_), [only]) => Some(only.name.clone()),
+            _ => None,
+        };
+        if let Some(o) = outcomes.get_mut(i) {
+            *o = Outcome { node, allocation, error: false, reason: None };
+        }
+    }
+    for unit in &workload.units {
+        if unit.claims.is_empty() {
+            continue;
+        }
+        let unit_outcome = allocate_unit(&mut allocator, workload, unit, &outcomes, &known);
+        for (&i, o) in unit.claims.iter().zip(unit_outcome) {
+            if let Some(slot) = outcomes.get_mut(i) {
+                *slot = o;
+            }
+        }
+    }
+    Ok(outcomes)
+}
+
+/// Nodes the unit may use because of claims it shares with earlier units:
+/// `None` when unrestricted, `Err` with a reason when a shared claim failed.
+fn bound_nodes(
+    workload: &Workload,
+    unit: &Unit,
+    outcomes: &[Outcome],
+    known: &[NodeLabels],
+) -> Result<Option<Vec<String>>, String> {
+    let mut allowed: Option<Vec<String>> = None;
+    for &b in &unit.bound {
+        let (Some(claim), Some(o)) = (workload.claims.get(b), outcomes.get(b)) else { continue };
+        let Some(allocation) = &o.allocation else {
+            return Err(format!(
+                "claim {} of the same pod could not be allocated, so this pod cannot start",
+                claim.key
+            ));
+        };
+        let here: Vec<String> = match &o.node {
+            Some(n) => vec![n.clone()],
+            None => {
+                known.iter().filter(|n| admits(allocation.node_selector.as_ref(), n)).map(|n| n.name.clone()).collect()
+            }
+        };
+        allowed = Some(match allowed {
+            None => here,
+            Some(prev) => prev.into_iter().filter(|n| here.contains(n)).collect(),
+        });
+    }
+    Ok(allowed)
+}
+
+fn allocate_unit(
+    allocator: &mut Allocator,
+    workload: &Workload,
+    unit: &Unit,
+    outcomes: &[Outcome],
+    known: &[NodeLabels],
+) -> Vec<Outcome> {
+    let claims: Vec<&ResourceClaim> =
+        unit.claims.iter().filter_map(|&i| workload.claims.get(i)).map(|c| &c.claim).collect();
+    let not_allocated =
+        |error: bool, reason: String| Outcome { node: None, allocation: None, error, reason: Some(reason) };
+    let nodes = match bound_nodes(workload, unit, outcomes, known) {
+        Ok(nodes) => nodes,
+        Err(reason) => return claims.iter().map(|_| not_allocated(false, reason.clone())).collect(),
+    };
+    if nodes.as_ref().is_some_and(Vec::is_empty) {
+        let reason = "the claims this pod shares with earlier pods are allocated on different nodes, so no node can \
+                      hold all of its claims";
+        return claims.iter().map(|_| not_allocated(false, reason.to_string())).collect();
+    }
+    let placed = allocator.allocate_first_fit(nodes.as_deref(), &claims).and_then(|p| {
+        allocator.commit(&claims, &p.allocations).map_err(|e| AllocateError::Fatal(e.into()))?;
+        Ok(p)
+    });
+    match placed {
+        Ok(p) => p
+            .allocations
+            .into_iter()
+            .map(|a| Outcome { node: Some(p.node.clone()), allocation: Some(a), error: false, reason: None })
+            .collect(),
+        Err(AllocateError::Unsatisfiable(explanation)) => {
+            let text = explanation.to_string();
+            let pod = unit.pod.as_deref().unwrap_or_default();
+            workload_keys(workload, unit)
+                .map(|key| {
+                    if key == explanation.claim || unit.claims.len() == 1 {
+                        not_allocated(false, text.clone())
+                    } else {
+                        not_allocated(
+                            false,
+                            format!(
+                                "pod {pod}'s claims must share a node and {} does not fit: {text}",
+                                explanation.claim
+                            ),
+                        )
+                    }
+                })
+                .collect()
+        }
+        Err(AllocateError::Fatal(e)) => claims.iter().map(|_| not_allocated(true, e.to_string())).collect(),
+    }
+}
+
+fn workload_keys<'w>(workload: &'w Workload, unit: &'w Unit) -> impl Iterator<Item = &'w str> {
+    unit.claims.iter().filter_map(|&i| workload.claims.get(i)).map(|c| c.key.as_str())
+}

@@ -1,0 +1,163 @@
+//! `--fleet`: nodes with labels and fake inventories, published with the
+//! plugin's own [`SliceBuilder`], so `simulate` sees exactly the slices the
+//! nodes would publish.
+//!
+//! ```yaml
+//! nodes:                         # or the list itself at the top level
+//!   - name: dgx-1
+//!     labels: {topology.kubernetes.io/zone: a}
+//!     inventory: ../inventories/dgx-h100.yaml   # relative to this file
+//!   - name: a100-1
+//!     inventory:                 # or the inventory inline
+//!       gpus: [{model: A100-SXM4-80GB, count: 4}]
+//! ```
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, anyhow, bail};
+use gpu_dra_driver::inventory::{Inventory, fake};
+use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::slices::SliceBuilder;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use serde::Deserialize;
+
+/// Generation of the pools a fleet publishes: a freshly started plugin's.
+const GENERATION: i64 = 1;
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum FleetFile {
+    Wrapped(Wrapped),
+    List(Vec<FleetNode>),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Wrapped {
+    nodes: Vec<FleetNode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetNode {
+    name: String,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    inventory: InventoryRef,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum InventoryRef {
+    Path(String),
+    Inline(serde_yaml_ng::Value),
+}
+
+/// The fleet's nodes and the slices they publish.
+#[derive(Debug, Default)]
+pub struct Fleet {
+    pub nodes: Vec<Node>,
+    pub slices: Vec<ResourceSlice>,
+}
+
+/// Reads the fleet file at `path`.
+pub fn load(path: &Path) -> Result<Fleet> {
+    let shown = path.display();
+    let text = std::fs::read_to_string(path).with_context(|| format!("{shown}: cannot read the fleet file"))?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    parse(&text, &shown.to_string(), dir)
+}
+
+/// Parses fleet YAML read from `origin`; inventory paths are relative to `dir`.
+pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
+    let file: FleetFile = serde_yaml_ng::from_str(text).map_err(|e| {
+        anyhow!(
+            "{origin}: malformed fleet file: {}; fix: write `nodes:` as a list of {{name, labels, inventory}} entries (see examples/fleets/)",
+            e.to_string().replace('\n', " ")
+        )
+    })?;
+    let nodes = match file {
+        FleetFile::Wrapped(w) => w.nodes,
+        FleetFile::List(l) => l,
+    };
+    let mut fleet = Fleet::default();
+    let mut names = std::collections::HashSet::new();
+    for (i, n) in nodes.iter().enumerate() {
+        let at = format!("{origin}: nodes[{i}] ({})", n.name);
+        let node = NodeName::new(n.name.clone()).map_err(|e| anyhow!("{at}: name: {e}"))?;
+        if !names.insert(n.name.clone()) {
+            bail!("{at}: node {} is listed twice; fix: give each node a distinct name", n.name);
+        }
+        let inventory = inventory(&n.inventory, &node, dir, &at)?;
+        let builder = SliceBuilder::new(DriverName::nvidia_default(), node);
+        let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
+        fleet.slices.extend(slices);
+        let mut labels = n.labels.clone();
+        // The kubelet sets this label on every node; selectors often use it.
+        labels.entry("kubernetes.io/hostname".to_string()).or_insert_with(|| n.name.clone());
+        fleet.nodes.push(Node {
+            metadata: ObjectMeta { name: Some(n.name.clone()), labels: Some(labels), ..Default::default() },
+            ..Default::default()
+        });
+    }
+    Ok(fleet)
+}
+
+fn inventory(source: &InventoryRef, node: &NodeName, dir: &Path, at: &str) -> Result<Inventory> {
+    match source {
+        InventoryRef::Path(p) => fake::load(&dir.join(p), node).map_err(|e| anyhow!("{at}: inventory: {e}")),
+        InventoryRef::Inline(value) => {
+            let text = serde_yaml_ng::to_string(value).map_err(|e| anyhow!("{at}: inventory: {e}"))?;
+            fake::parse(&text, node).map_err(|(field, problem, fix)| {
+                let field = if field.is_empty() { String::new() } else { format!("{field}: ") };
+                anyhow!("{at}: inventory: {field}{problem}; fix: {fix}")
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_publish_their_slices_with_labels() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("inv.yaml"), "gpus: [{model: H100-80GB, count: 2}]\n").unwrap();
+        let fleet = parse(
+            "nodes:\n- name: b\n  labels: {zone: z1}\n  inventory: inv.yaml\n\
+             - name: a\n  inventory: {gpus: [{model: A100-SXM4-40GB, count: 1}]}\n",
+            "fleet.yaml",
+            dir.path(),
+        )
+        .unwrap();
+        let names: Vec<_> = fleet.nodes.iter().filter_map(|n| n.metadata.name.as_deref()).collect();
+        assert_eq!(names, ["b", "a"]);
+        let labels = fleet.nodes[0].metadata.labels.as_ref().unwrap();
+        assert_eq!(labels.get("zone").map(String::as_str), Some("z1"));
+        assert_eq!(labels.get("kubernetes.io/hostname").map(String::as_str), Some("b"));
+        let devices: Vec<usize> = fleet.slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect();
+        assert_eq!(devices, [2, 1]);
+        assert_eq!(fleet.slices[1].spec.node_name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn errors_name_the_node_and_field() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = parse("- name: x\n  inventory: {gpus: [{model: Z1, count: 1}]}\n", "f.yaml", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("f.yaml: nodes[0] (x): inventory: gpus[0].model: unknown GPU model"), "{err}");
+        let err = parse("- name: x\n  inventory: none.yaml\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.contains("none.yaml: cannot read the file"), "{err}");
+        let err = parse("nodes: 3\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: malformed fleet file"), "{err}");
+        let err = parse("- {name: x, inventory: {gpus: [{model: H100-80GB}]}}\n- {name: x, inventory: {gpus: [{model: H100-80GB}]}}\n", "f.yaml", dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("listed twice"), "{err}");
+    }
+}

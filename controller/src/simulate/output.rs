@@ -1,0 +1,112 @@
+//! Printing outcomes: `{"results": [...]}` as JSON or YAML for programs, an
+//! aligned table for people.
+
+use std::io::Write;
+
+use anyhow::Result;
+use k8s_openapi::api::resource::v1::AllocationResult;
+use serde::Serialize;
+
+use super::engine::Outcome;
+use super::workload::SimClaim;
+
+/// One result, fields in the documented order.
+#[derive(Debug, Serialize)]
+struct Entry<'a> {
+    namespace: Option<&'a str>,
+    name: Option<&'a str>,
+    allocated: bool,
+    node: Option<&'a str>,
+    /// As it would be written to `status.allocation`.
+    allocation: Option<&'a AllocationResult>,
+    error: bool,
+    reason: Option<&'a str>,
+}
+
+#[derive(Debug, Serialize)]
+struct Document<'a> {
+    results: Vec<Entry<'a>>,
+}
+
+fn document<'a>(claims: &'a [SimClaim], outcomes: &'a [Outcome]) -> Document<'a> {
+    let results = claims
+        .iter()
+        .zip(outcomes)
+        .map(|(c, o)| Entry {
+            namespace: c.claim.metadata.namespace.as_deref(),
+            name: c.claim.metadata.name.as_deref(),
+            allocated: o.allocated(),
+            node: o.node.as_deref(),
+            allocation: o.allocation.as_ref(),
+            error: o.error,
+            reason: o.reason.as_deref(),
+        })
+        .collect();
+    Document { results }
+}
+
+pub fn json(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
+    serde_json::to_writer_pretty(&mut *out, &document(claims, outcomes))?;
+    writeln!(out)?;
+    Ok(())
+}
+
+pub fn yaml(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
+    out.write_all(serde_yaml_ng::to_string(&document(claims, outcomes))?.as_bytes())?;
+    Ok(())
+}
+
+/// `request=dev,dev request2=dev`: results grouped by request, the pool
+/// shown when it is not the node's own.
+fn devices(o: &Outcome) -> String {
+    let Some(a) = &o.allocation else { return "-".to_string() };
+    let results = a.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
+    if results.is_empty() {
+        return "(none)".to_string();
+    }
+    let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
+    for r in results {
+        let device = if o.node.as_deref() == Some(r.pool.as_str()) {
+            r.device.clone()
+        } else {
+            format!("{}/{}", r.pool, r.device)
+        };
+        match groups.last_mut() {
+            Some((request, list)) if *request == r.request.as_str() => list.push(device),
+            _ => groups.push((r.request.as_str(), vec![device])),
+        }
+    }
+    groups.iter().map(|(request, list)| format!("{request}={}", list.join(","))).collect::<Vec<_>>().join(" ")
+}
+
+/// Aligned columns NAMESPACE/NAME, NODE, DEVICES, REASON, then a summary.
+pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
+    let mut rows = vec![["NAMESPACE/NAME".to_string(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
+    for (c, o) in claims.iter().zip(outcomes) {
+        let reason = match (&o.reason, o.error) {
+            (None, _) => "-".to_string(),
+            (Some(r), true) => format!("error: {r}"),
+            (Some(r), false) => r.clone(),
+        };
+        rows.push([c.key.clone(), o.node.clone().unwrap_or_else(|| "-".into()), devices(o), reason]);
+    }
+    let width = |col: usize| rows.iter().map(|r| r.get(col).map_or(0, |s| s.chars().count())).max().unwrap_or(0);
+    let widths = [width(0), width(1), width(2)];
+    for [name, node, devices, reason] in &rows {
+        writeln!(
+            out,
+            "{name:<w0$}  {node:<w1$}  {devices:<w2$}  {reason}",
+            w0 = widths[0],
+            w1 = widths[1],
+            w2 = widths[2]
+        )?;
+    }
+    let allocated = outcomes.iter().filter(|o| o.allocated()).count();
+    let errors = outcomes.iter().filter(|o| o.error).count();
+    write!(out, "\n{allocated} of {} claims allocated", outcomes.len())?;
+    if errors > 0 {
+        write!(out, "; {errors} with errors")?;
+    }
+    writeln!(out)?;
+    Ok(())
+}

@@ -1,0 +1,270 @@
+//! From pods, claims and templates to what gets allocated, the way
+//! Kubernetes' resourceclaim controller and scheduler see it:
+//! - a pod's `resourceClaimTemplateName` entry becomes one claim for that
+//!   pod, named `<pod>-<entry>` (upstream adds a random suffix and records
+//!   the entry in the `resource.kubernetes.io/pod-claim-name` annotation; we
+//!   keep the name predictable and set the annotation too), with the
+//!   template's labels and annotations and the pod's namespace;
+//! - a `resourceClaimName` entry uses that claim; a claim shared by several
+//!   pods is allocated once, with the first pod that uses it;
+//! - all claims of a pod form one unit: allocated together, on one node;
+//! - a claim or template no pod references is allocated on its own (a
+//!   template instantiated once, named after the template).
+//!
+//! Claims without a UID get a deterministic one, so output is reproducible.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use anyhow::{Result, anyhow, bail};
+use gpu_dra_driver::k8s_format::{check_dns1123_label, check_dns1123_subdomain};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+use super::claim_rules;
+use super::inputs::{Inputs, Item, Located, key};
+
+/// Annotation the resourceclaim controller puts on generated claims.
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+
+/// Namespace of the v5 UUIDs given to claims and pods without one.
+const UID_NAMESPACE: uuid::Uuid = uuid::Uuid::from_u128(0x3f6e_0a52_94c1_4b8e_a0d7_52c4_e81b_9d36);
+
+/// One claim of the simulation.
+#[derive(Debug, Clone)]
+pub struct SimClaim {
+    pub claim: ResourceClaim,
+    /// `namespace/name`.
+    pub key: String,
+    /// Already allocated in the input: in use, not allocated again.
+    pub preallocated: bool,
+    /// Where the claim (or the pod or template that made it) was read.
+    pub origin: String,
+}
+
+/// Claims allocated together: a pod's, or a lone claim.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Unit {
+    /// `namespace/name` of the pod, if any.
+    pub pod: Option<String>,
+    /// Claims to allocate now (indices into [`Workload::claims`]).
+    pub claims: Vec<usize>,
+    /// Claims of the pod allocated earlier (shared or preallocated): the
+    /// unit must land on their node.
+    pub bound: Vec<usize>,
+}
+
+/// Claims in result order and the units that allocate them.
+#[derive(Debug, Default)]
+pub struct Workload {
+    pub claims: Vec<SimClaim>,
+    pub units: Vec<Unit>,
+}
+
+fn uid_for(kind: &str, key: &str) -> String {
+    uuid::Uuid::new_v5(&UID_NAMESPACE, format!("{kind}/{key}").as_bytes()).hyphenated().to_string()
+}
+
+fn meta_key(meta: &ObjectMeta) -> String {
+    key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
+}
+
+/// Builds the workload from `inputs`; `class_exists` checks class names.
+pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool) -> Result<Workload> {
+    for c in &inputs.claims {
+        claim_rules::check(c.object.spec.as_ref(), "spec", class_exists)
+            .map_err(|e| anyhow!("{}: ResourceClaim {}: {e}", c.origin, meta_key(&c.object.metadata)))?;
+    }
+    for t in &inputs.templates {
+        let spec = t.object.spec.as_ref().and_then(|s| s.spec.as_ref());
+        claim_rules::check(spec, "spec.spec", class_exists)
+            .map_err(|e| anyhow!("{}: ResourceClaimTemplate {}: {e}", t.origin, meta_key(&t.object.metadata)))?;
+    }
+    let claims_by_key: HashMap<String, usize> =
+        inputs.claims.iter().enumerate().map(|(i, c)| (meta_key(&c.object.metadata), i)).collect();
+    let templates_by_key: HashMap<String, usize> =
+        inputs.templates.iter().enumerate().map(|(i, t)| (meta_key(&t.object.metadata), i)).collect();
+    let mut referenced_claims = HashSet::new();
+    let mut referenced_templates = HashSet::new();
+    for p in &inputs.pods {
+        for entry in p.object.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default() {
+            let ns = p.object.metadata.namespace.as_deref();
+            if let Some(c) = entry.resource_claim_name.as_deref().and_then(|n| claims_by_key.get(&key(ns, n))) {
+                referenced_claims.insert(*c);
+            }
+            if let Some(t) =
+                entry.resource_claim_template_name.as_deref().and_then(|n| templates_by_key.get(&key(ns, n)))
+            {
+                referenced_templates.insert(*t);
+            }
+        }
+    }
+
+    let mut b = Builder::default();
+    for item in &inputs.order {
+        match *item {
+            Item::Claim(i) if !referenced_claims.contains(&i) => {
+                let Some(c) = inputs.claims.get(i) else { continue };
+                let index = b.emit(c.object.clone(), &c.origin)?;
+                b.lone(index);
+            }
+            Item::Template(i) if !referenced_templates.contains(&i) => {
+                let Some(t) = inputs.templates.get(i) else { continue };
+                let name = t.object.metadata.name.clone().unwrap_or_default();
+                let claim = instantiate(&t.object, &name, t.object.metadata.namespace.as_deref(), None);
+                let index = b.emit(claim, &t.origin)?;
+                b.lone(index);
+            }
+            Item::Pod(i) => {
+                let Some(p) = inputs.pods.get(i) else { continue };
+                let unit = b.pod_unit(p, inputs, &claims_by_key, &templates_by_key)?;
+                if !unit.claims.is_empty() || !unit.bound.is_empty() {
+                    b.w.units.push(unit);
+                }
+            }
+            Item::Claim(_) | Item::Template(_) => {}
+        }
+    }
+    Ok(b.w)
+}
+
+#[derive(Default)]
+struct Builder {
+    w: Workload,
+    /// Claim key -> index in `w.claims`, to refuse name clashes and share claims.
+    emitted: HashMap<String, usize>,
+}
+
+impl Builder {
+    fn emit(&mut self, mut claim: ResourceClaim, origin: &str) -> Result<usize> {
+        let k = meta_key(&claim.metadata);
+        if self.emitted.contains_key(&k) {
+            bail!(
+                "{origin}: ResourceClaim {k} would exist twice; fix: rename the claim or the pod entry that generates it"
+            );
+        }
+        let preallocated = claim.status.as_ref().is_some_and(|s| s.allocation.is_some());
+        if claim.metadata.uid.as_deref().is_none_or(str::is_empty) {
+            claim.metadata.uid = Some(uid_for("ResourceClaim", &k));
+        }
+        self.w.claims.push(SimClaim { claim, key: k.clone(), preallocated, origin: origin.to_string() });
+        let index = self.w.claims.len() - 1;
+        self.emitted.insert(k, index);
+        Ok(index)
+    }
+
+    fn is_preallocated(&self, i: usize) -> bool {
+        self.w.claims.get(i).is_some_and(|c| c.preallocated)
+    }
+
+    fn lone(&mut self, i: usize) {
+        let unit = if self.is_preallocated(i) {
+            Unit { pod: None, claims: vec![], bound: vec![i] }
+        } else {
+            Unit { pod: None, claims: vec![i], bound: vec![] }
+        };
+        self.w.units.push(unit);
+    }
+
+    fn pod_unit(
+        &mut self,
+        p: &Located<Pod>,
+        inputs: &Inputs,
+        claims_by_key: &HashMap<String, usize>,
+        templates_by_key: &HashMap<String, usize>,
+    ) -> Result<Unit> {
+        let pod = &p.object;
+        let pod_key = meta_key(&pod.metadata);
+        let ns = pod.metadata.namespace.as_deref();
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let mut unit = Unit { pod: Some(pod_key.clone()), ..Unit::default() };
+        let mut entry_names = HashSet::new();
+        let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
+        for (j, entry) in entries.iter().enumerate() {
+            let at = format!("{}: Pod {pod_key}: spec.resourceClaims[{j}]", p.origin);
+            check_dns1123_label(&entry.name).map_err(|e| anyhow!("{at}.name: {:?}: {e}", entry.name))?;
+            if !entry_names.insert(entry.name.clone()) {
+                bail!("{at}.name: duplicate entry {:?}; fix: give each entry its own name", entry.name);
+            }
+            let index = match (entry.resource_claim_name.as_deref(), entry.resource_claim_template_name.as_deref()) {
+                (Some(name), None) => {
+                    let k = key(ns, name);
+                    if let Some(&done) = self.emitted.get(&k) {
+                        // Shared with an earlier pod: allocated (or tried) with it.
+                        unit.bound.push(done);
+                        continue;
+                    }
+                    let c = claims_by_key.get(&k).and_then(|&c| inputs.claims.get(c)).ok_or_else(|| {
+                        anyhow!(
+                            "{at}: ResourceClaim {k} is not among the inputs; fix: pass it with -f or correct resourceClaimName"
+                        )
+                    })?;
+                    self.emit(c.object.clone(), &c.origin)?
+                }
+                (None, Some(template)) => {
+                    let k = key(ns, template);
+                    let t = templates_by_key.get(&k).and_then(|&t| inputs.templates.get(t)).ok_or_else(|| {
+                        anyhow!(
+                            "{at}: ResourceClaimTemplate {k} is not among the inputs; fix: pass it with -f or correct resourceClaimTemplateName"
+                        )
+                    })?;
+                    let name = format!("{pod_name}-{}", entry.name);
+                    check_dns1123_subdomain(&name).map_err(|e| {
+                        anyhow!("{at}: generated claim name {name:?}: {e}; fix: shorten the pod or entry name")
+                    })?;
+                    let claim = instantiate(&t.object, &name, ns, Some((pod, entry.name.as_str())));
+                    self.emit(claim, &p.origin)?
+                }
+                _ => bail!("{at}: must set exactly one of resourceClaimName and resourceClaimTemplateName"),
+            };
+            if self.is_preallocated(index) {
+                unit.bound.push(index);
+            } else {
+                unit.claims.push(index);
+            }
+        }
+        Ok(unit)
+    }
+}
+
+/// A claim from `template`, named `name` in `namespace`; for a pod, owned by
+/// it and annotated with the pod's entry name.
+fn instantiate(
+    template: &ResourceClaimTemplate,
+    name: &str,
+    namespace: Option<&str>,
+    pod: Option<(&Pod, &str)>,
+) -> ResourceClaim {
+    let template_meta = template.spec.as_ref().and_then(|s| s.metadata.as_ref());
+    let mut annotations: BTreeMap<String, String> =
+        template_meta.and_then(|m| m.annotations.clone()).unwrap_or_default();
+    let mut owner_references = None;
+    if let Some((pod, entry)) = pod {
+        annotations.insert(POD_CLAIM_NAME_ANNOTATION.to_string(), entry.to_string());
+        let pod_name = pod.metadata.name.clone().unwrap_or_default();
+        let pod_uid = pod.metadata.uid.clone().unwrap_or_else(|| uid_for("Pod", &meta_key(&pod.metadata)));
+        owner_references = Some(vec![OwnerReference {
+            api_version: "v1".to_string(),
+            kind: "Pod".to_string(),
+            name: pod_name,
+            uid: pod_uid,
+            controller: Some(true),
+            block_owner_deletion: Some(true),
+        }]);
+    }
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: namespace.map(str::to_string),
+            labels: template_meta.and_then(|m| m.labels.clone()),
+            annotations: (!annotations.is_empty()).then_some(annotations),
+            owner_references,
+            ..Default::default()
+        },
+        spec: template.spec.as_ref().and_then(|s| s.spec.clone()),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,233 @@
+//! Consumable capacity (`allowMultipleAllocations`, capacity requests,
+//! `requestPolicy`), as upstream's `consumable_capacity.go`:
+//!
+//! - every capacity of a device is consumed by every allocation: the
+//!   requested amount, else the policy's `default`, else the whole value;
+//! - a request naming a capacity the device lacks cannot use the device;
+//! - `validRange`: below `min` rounds up to `min`; with `step` rounds up to
+//!   `min + k·step` (whole units, printed as a BinarySI quantity); above
+//!   `max` violates the policy;
+//! - `validValues`: rounds up to the first listed value ≥ the request; a
+//!   request above all of them violates the policy;
+//! - the sum of what is allocated, being allocated and this request must
+//!   not exceed the capacity's value.
+//!
+//! The check applies to dedicated devices too (their "allocated" part is
+//! zero), so a request for 100Gi never lands on an 80Gi device.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+
+use super::amount::Amount;
+
+/// Per-capacity amounts already taken on a device.
+pub(crate) type Consumed = BTreeMap<String, Amount>;
+
+/// Why a device cannot take a request's capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Misfit {
+    /// The request names a capacity the device does not have.
+    Missing(String),
+    /// The (rounded) amount is not allowed by the capacity's request policy.
+    Policy(String),
+    /// Not enough left.
+    Exhausted(String),
+    /// A quantity that does not parse.
+    Invalid(String),
+}
+
+/// What one allocation takes from each capacity: exact amount and the
+/// quantity as it goes into `consumedCapacity`.
+pub(crate) type Take = BTreeMap<String, (Amount, Quantity)>;
+
+/// What `requests` takes from `device` given what is `used` already, or
+/// why it does not fit.
+pub(crate) fn take(
+    requests: Option<&BTreeMap<String, Quantity>>,
+    device: &Device,
+    used: Option<&Consumed>,
+) -> Result<Take, Misfit> {
+    let caps = device.capacity.as_ref();
+    if let Some(reqs) = requests {
+        for name in reqs.keys() {
+            if !caps.is_some_and(|c| c.contains_key(name)) {
+                return Err(Misfit::Missing(name.clone()));
+            }
+        }
+    }
+    let mut out = Take::new();
+    for (name, cap) in caps.into_iter().flatten() {
+        let requested = requests.and_then(|r| r.get(name));
+        let (amount, quantity) = consumed(requested, cap).map_err(Misfit::Invalid)?;
+        if violates(amount, cap.request_policy.as_ref()).map_err(Misfit::Invalid)? {
+            return Err(Misfit::Policy(name.clone()));
+        }
+        let value = Amount::parse(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
+        let already = used.and_then(|u| u.get(name)).copied().unwrap_or_default();
+        if already.saturating_add(amount) > value {
+            return Err(Misfit::Exhausted(name.clone()));
+        }
+        out.insert(name.clone(), (amount, quantity));
+    }
+    Ok(out)
+}
+
+fn parse(q: &Quantity) -> Result<Amount, String> {
+    Amount::parse(q).map_err(|e| e.to_string())
+}
+
+/// `calculateConsumedCapacity`.
+fn consumed(requested: Option<&Quantity>, cap: &DeviceCapacity) -> Result<(Amount, Quantity), String> {
+    let policy = cap.request_policy.as_ref();
+    let Some(requested) = requested else {
+        let q = policy.and_then(|p| p.default.clone()).unwrap_or_else(|| cap.value.clone());
+        return Ok((parse(&q)?, q));
+    };
+    let req = parse(requested)?;
+    let Some(policy) = policy else { return Ok((req, requested.clone())) };
+    if let Some(range) = &policy.valid_range {
+        return round_up_range(req, requested, range);
+    }
+    if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
+        for v in values {
+            let a = parse(v)?;
+            if req <= a {
+                return Ok((a, v.clone()));
+            }
+        }
+    }
+    Ok((req, requested.clone()))
+}
+
+/// `roundUpRange`: whole units, as upstream's `Value()` arithmetic.
+fn round_up_range(
+    req: Amount,
+    requested: &Quantity,
+    range: &CapacityRequestPolicyRange,
+) -> Result<(Amount, Quantity), String> {
+    let min = parse(&range.min)?;
+    if req < min {
+        return Ok((min, range.min.clone()));
+    }
+    let Some(step_q) = &range.step else { return Ok((req, requested.clone())) };
+    let step = parse(step_q)?.whole_units();
+    if step <= 0 {
+        return Err(format!("validRange.step {} is not positive", step_q.0));
+    }
+    let (r, m) = (req.whole_units(), min.whole_units());
+    let added = r - m;
+    let n = added / step + i128::from(added % step != 0);
+    let val = Amount::from_units(m + step * n).ok_or_else(|| "capacity overflow".to_string())?;
+    Ok((val, val.to_binary_si()))
+}
+
+/// `violatesPolicy`.
+fn violates(amount: Amount, policy: Option<&CapacityRequestPolicy>) -> Result<bool, String> {
+    let Some(policy) = policy else { return Ok(false) };
+    if let Some(d) = &policy.default
+        && parse(d)? == amount
+    {
+        return Ok(false);
+    }
+    if let Some(range) = &policy.valid_range {
+        if let Some(max) = &range.max
+            && amount > parse(max)?
+        {
+            return Ok(true);
+        }
+        if let Some(step) = &range.step {
+            let step = parse(step)?.whole_units();
+            if step > 0 && (amount.whole_units() - parse(&range.min)?.whole_units()) % step != 0 {
+                return Ok(true);
+            }
+        }
+        return Ok(false);
+    }
+    if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
+        for v in values {
+            if parse(v)? == amount {
+                return Ok(false);
+            }
+        }
+        return Ok(true);
+    }
+    Ok(false)
+}
+
+/// Adds a take to a running total.
+pub(crate) fn add(total: &mut Consumed, take: &Take) {
+    for (name, (amount, _)) in take {
+        let e = total.entry(name.clone()).or_default();
+        *e = e.saturating_add(*amount);
+    }
+}
+
+/// Removes a take from a running total.
+pub(crate) fn sub(total: &mut Consumed, take: &Take) {
+    for (name, (amount, _)) in take {
+        if let Some(e) = total.get_mut(name) {
+            *e = e.saturating_sub(*amount);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    fn policy_device(policy: CapacityRequestPolicy) -> Device {
+        let mut d = device("d").shareable().cap("memory", "40Gi");
+        if let Some(c) = d.capacity.as_mut().and_then(|c| c.get_mut("memory")) {
+            c.request_policy = Some(policy);
+        }
+        d
+    }
+
+    fn reqs(v: &str) -> BTreeMap<String, Quantity> {
+        BTreeMap::from([("memory".to_string(), q(v))])
+    }
+
+    fn taken(t: &Take) -> &str {
+        &t["memory"].1.0
+    }
+
+    #[test]
+    fn without_policy_the_request_or_everything_is_taken() {
+        let d = device("d").shareable().cap("memory", "40Gi");
+        assert_eq!(taken(&take(Some(&reqs("10Gi")), &d, None).unwrap()), "10Gi");
+        assert_eq!(taken(&take(None, &d, None).unwrap()), "40Gi");
+        let used = Consumed::from([("memory".to_string(), Amount::parse(&q("35Gi")).unwrap())]);
+        assert_eq!(take(Some(&reqs("10Gi")), &d, Some(&used)), Err(Misfit::Exhausted("memory".into())));
+        assert_eq!(
+            take(Some(&BTreeMap::from([("cores".into(), q("1"))])), &d, None),
+            Err(Misfit::Missing("cores".into()))
+        );
+    }
+
+    #[test]
+    fn range_policy_rounds_up_to_steps_and_caps_at_max() {
+        let d = policy_device(CapacityRequestPolicy {
+            default: Some(q("4Gi")),
+            valid_range: Some(CapacityRequestPolicyRange { min: q("4Gi"), max: Some(q("32Gi")), step: Some(q("4Gi")) }),
+            valid_values: None,
+        });
+        assert_eq!(taken(&take(None, &d, None).unwrap()), "4Gi");
+        assert_eq!(taken(&take(Some(&reqs("1Gi")), &d, None).unwrap()), "4Gi", "below min");
+        assert_eq!(taken(&take(Some(&reqs("5Gi")), &d, None).unwrap()), "8Gi", "rounded to a step");
+        assert_eq!(take(Some(&reqs("33Gi")), &d, None), Err(Misfit::Policy("memory".into())));
+    }
+
+    #[test]
+    fn valid_values_round_up_or_violate() {
+        let d = policy_device(CapacityRequestPolicy {
+            default: Some(q("10Gi")),
+            valid_range: None,
+            valid_values: Some(vec![q("10Gi"), q("20Gi")]),
+        });
+        assert_eq!(taken(&take(Some(&reqs("11Gi")), &d, None).unwrap()), "20Gi");
+        assert_eq!(take(Some(&reqs("21Gi")), &d, None), Err(Misfit::Policy("memory".into())));
+    }
+}

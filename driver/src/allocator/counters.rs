@@ -1,0 +1,150 @@
+//! Partitionable devices: shared counters consumed by devices.
+//!
+//! As upstream's `checkAvailableCounters`: a pool's counter sets minus what
+//! its allocated devices consume is what is available; a candidate adds its
+//! consumption to what the current search has picked, and fits only if that
+//! stays within what is available. Each allocated device consumes once,
+//! however many claims share it.
+//!
+//! Counters are numbered per pool and device consumption is parsed once,
+//! so a check is a few integer comparisons. Upstream compares every counter
+//! of the pool, we compare the ones the device consumes: the same answer
+//! unless recorded allocations already overdraw some other counter.
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::resource::v1::Device;
+
+use super::amount::Amount;
+use super::pools::CounterSets;
+
+/// A device's consumption: (counter number in its pool, amount).
+pub(crate) type Consumption = Box<[(u32, Amount)]>;
+
+/// A pool's counters, numbered.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PoolCounters {
+    /// (set, counter) by number.
+    pub(crate) names: Vec<(String, String)>,
+    pub(crate) totals: Vec<Amount>,
+    index: HashMap<(String, String), u32>,
+}
+
+impl PoolCounters {
+    pub(crate) fn new(sets: &CounterSets) -> Self {
+        let mut pc = PoolCounters::default();
+        for (set, counters) in sets {
+            for (counter, total) in counters {
+                let key = (set.clone(), counter.clone());
+                pc.index.insert(key.clone(), pc.names.len() as u32);
+                pc.names.push(key);
+                pc.totals.push(*total);
+            }
+        }
+        pc
+    }
+
+    /// The consumption of `device`; unknown counters and unparsable amounts
+    /// are left out (pools with those are invalid and never allocated from).
+    pub(crate) fn consumption(&self, device: &Device) -> Consumption {
+        let mut out: Vec<(u32, Amount)> = Vec::new();
+        for c in device.consumes_counters.as_deref().unwrap_or_default() {
+            for (name, counter) in &c.counters {
+                let (Some(&i), Ok(a)) =
+                    (self.index.get(&(c.counter_set.clone(), name.clone())), Amount::parse(&counter.value))
+                else {
+                    continue;
+                };
+                match out.iter_mut().find(|(j, _)| *j == i) {
+                    Some((_, sum)) => *sum = sum.saturating_add(a),
+                    None => out.push((i, a)),
+                }
+            }
+        }
+        out.into_boxed_slice()
+    }
+}
+
+/// Counters consumed, per pool.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CounterUse {
+    pools: HashMap<u32, Vec<Amount>>,
+}
+
+impl CounterUse {
+    pub(crate) fn add(&mut self, pool: u32, consumption: &[(u32, Amount)]) {
+        let used = self.pools.entry(pool).or_default();
+        for &(i, a) in consumption {
+            let i = i as usize;
+            if used.len() <= i {
+                used.resize(i + 1, Amount::ZERO);
+            }
+            if let Some(u) = used.get_mut(i) {
+                *u = u.saturating_add(a);
+            }
+        }
+    }
+
+    pub(crate) fn sub(&mut self, pool: u32, consumption: &[(u32, Amount)]) {
+        let Some(used) = self.pools.get_mut(&pool) else { return };
+        for &(i, a) in consumption {
+            if let Some(u) = used.get_mut(i as usize) {
+                *u = u.saturating_sub(a);
+            }
+        }
+    }
+
+    fn get(&self, pool: u32, i: u32) -> Amount {
+        self.pools.get(&pool).and_then(|u| u.get(i as usize)).copied().unwrap_or_default()
+    }
+}
+
+/// Whether a device with `consumption` fits the pool's counters given what
+/// is allocated and what this search has picked; else the first exceeded
+/// (set, counter).
+pub(crate) fn fits<'p>(
+    counters: &'p PoolCounters,
+    pool: u32,
+    consumption: &[(u32, Amount)],
+    allocated: &CounterUse,
+    allocating: &CounterUse,
+) -> Result<(), &'p (String, String)> {
+    for &(i, own) in consumption {
+        let total = counters.totals.get(i as usize).copied().unwrap_or_default();
+        let available = total.saturating_sub(allocated.get(pool, i));
+        if allocating.get(pool, i).saturating_add(own) > available {
+            return Err(counters.names.get(i as usize).unwrap_or(&EMPTY));
+        }
+    }
+    Ok(())
+}
+
+static EMPTY: (String, String) = (String::new(), String::new());
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn partitions_share_a_gpu_budget() {
+        let sets = CounterSets::from([(
+            "gpu-0".to_string(),
+            BTreeMap::from([("memory".to_string(), Amount::parse(&q("80Gi")).unwrap())]),
+        )]);
+        let pc = PoolCounters::new(&sets);
+        let half = pc.consumption(&device("half").consumes("gpu-0", &[("memory", "40Gi")]));
+        let whole = pc.consumption(&device("whole").consumes("gpu-0", &[("memory", "80Gi")]));
+        let (allocated, mut allocating) = (CounterUse::default(), CounterUse::default());
+        assert!(fits(&pc, 0, &whole, &allocated, &allocating).is_ok());
+        allocating.add(0, &half);
+        assert!(fits(&pc, 0, &half, &allocated, &allocating).is_ok());
+        assert_eq!(fits(&pc, 0, &whole, &allocated, &allocating), Err(&("gpu-0".into(), "memory".into())));
+        allocating.sub(0, &half);
+        let mut taken = CounterUse::default();
+        taken.add(0, &whole);
+        assert!(fits(&pc, 0, &half, &taken, &allocating).is_err(), "allocated devices count too");
+    }
+}

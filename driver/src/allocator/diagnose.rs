@@ -1,0 +1,355 @@
+//! Builds an [`Explanation`] after a search failed: counts, per request and
+//! alternative, what the class and each selector matched on the nodes tried
+//! and where the matching devices went; finds the claim of a pod that
+//! breaks the pod; blames constraints by re-running the search without
+//! them; lists skipped pools. Only runs on failure.
+
+use std::collections::{BTreeMap, HashSet};
+
+use super::capacity;
+use super::constraints::{self, Kind};
+use super::counters::{self, CounterUse};
+use super::explain::{
+    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, RequestReport,
+    TaintedDevice, ValueCount, Wanted,
+};
+use super::index::Fleet;
+use super::request::{Alternative, ClaimPlan, Mode};
+use super::search::{self, NodeOutcome, STEP_BUDGET};
+use super::selectors::{SelectorCache, Verdict};
+use super::state::AllocatedState;
+use super::taints;
+
+/// How many devices an alternative wants, for scoring nodes.
+fn wanted(alt: &Alternative<'_>) -> Wanted {
+    match alt.mode {
+        Mode::Count(n) => Wanted::Count(i64::try_from(n).unwrap_or(i64::MAX)),
+        Mode::All => Wanted::All,
+    }
+}
+
+fn fits_anywhere(
+    fleet: &Fleet,
+    selectors: &mut SelectorCache,
+    state: &AllocatedState,
+    plans: &[ClaimPlan<'_>],
+    nodes: &[&str],
+) -> bool {
+    nodes.iter().any(|n| matches!(search::search_node(fleet, selectors, state, plans, n), Ok(NodeOutcome::Fits(_))))
+}
+
+/// The explanation, and the index of the claim it is about.
+pub(crate) fn explain(
+    fleet: &Fleet,
+    selectors: &mut SelectorCache,
+    state: &AllocatedState,
+    plans: &[ClaimPlan<'_>],
+    nodes: &[&str],
+    gave_up: bool,
+) -> (usize, Explanation) {
+    let mut notes = Vec::new();
+    // Which claim of the pod breaks it: the first whose prefix does not fit.
+    let mut culprit = 0;
+    if plans.len() > 1 {
+        culprit = (0..plans.len())
+            .find(|&i| !fits_anywhere(fleet, selectors, state, plans.get(..=i).unwrap_or_default(), nodes))
+            .unwrap_or(plans.len() - 1);
+        if culprit > 0
+            && fits_anywhere(fleet, selectors, state, plans.get(culprit..=culprit).unwrap_or_default(), nodes)
+        {
+            let earlier: Vec<&str> = plans.iter().take(culprit).map(|p| p.name.as_str()).collect();
+            notes.push(format!(
+                "it fits on its own, but not on the same node together with {} of the same pod",
+                earlier.join(", ")
+            ));
+        }
+    }
+    let Some(plan) = plans.get(culprit) else {
+        return (
+            0,
+            Explanation {
+                claim: String::new(),
+                node: None,
+                nodes_tried: nodes.len(),
+                requests: vec![],
+                constraints: vec![],
+                pools: vec![],
+                notes,
+            },
+        );
+    };
+
+    let mut requests = Vec::new();
+    // Per node: Σ min(available, wanted) over requests (best alternative).
+    let mut scores = vec![0usize; nodes.len()];
+    let mut seen_pools = HashSet::new();
+    let mut pools = Vec::new();
+    for node in nodes {
+        let view = fleet.view(node);
+        for &p in &view.problem_pools {
+            if seen_pools.insert(p)
+                && let (Some(pool), Some(problem)) = (fleet.pool(p), fleet.pool_problem(p))
+            {
+                pools.push(PoolIssue {
+                    driver: pool.driver.clone(),
+                    pool: pool.name.clone(),
+                    problem: problem.clone(),
+                });
+            }
+        }
+    }
+    for request in &plan.requests {
+        let mut best_per_node = vec![0usize; nodes.len()];
+        for (a, alt) in request.alternatives.iter().enumerate() {
+            let (report, per_node) = count(fleet, selectors, state, alt, request.result_name(a), nodes);
+            for (b, n) in best_per_node.iter_mut().zip(per_node) {
+                *b = (*b).max(n);
+            }
+            requests.push(report);
+        }
+        for (s, b) in scores.iter_mut().zip(best_per_node) {
+            *s += b;
+        }
+    }
+    let closest = scores
+        .iter()
+        .enumerate()
+        .max_by(|(i, a), (j, b)| a.cmp(b).then(j.cmp(i)))
+        .and_then(|(i, _)| nodes.get(i).copied());
+
+    let mut constraint_reports = Vec::new();
+    if let Some(node) = closest
+        && !plan.constraints.is_empty()
+        && requests.iter().any(RequestReport::satisfiable_alone)
+    {
+        constraint_reports = blame_constraints(fleet, selectors, state, plan, node);
+    }
+    if gave_up {
+        notes.push(format!(
+            "the search gave up after {STEP_BUDGET} steps on a node (too many combinations); simplify the claim's constraints or counts"
+        ));
+    }
+    let all_alone = plan.requests.iter().all(|r| {
+        requests
+            .iter()
+            .filter(|rep| rep.request == r.name || rep.request.starts_with(&format!("{}/", r.name)))
+            .any(RequestReport::satisfiable_alone)
+    });
+    if all_alone && constraint_reports.is_empty() && notes.is_empty() && !plan.requests.is_empty() {
+        notes.push(
+            "each request could be met on its own, but not all together on one node (they compete for the same devices or shared counters)"
+                .to_string(),
+        );
+    }
+    let explanation = Explanation {
+        claim: plan.name.clone(),
+        node: closest.map(str::to_string),
+        nodes_tried: nodes.len(),
+        requests,
+        constraints: constraint_reports,
+        pools,
+        notes,
+    };
+    (culprit, explanation)
+}
+
+/// Counts for one alternative over the nodes; also the usable count per node.
+fn count(
+    fleet: &Fleet,
+    selectors: &mut SelectorCache,
+    state: &AllocatedState,
+    alt: &Alternative<'_>,
+    name: String,
+    nodes: &[&str],
+) -> (RequestReport, Vec<usize>) {
+    let class_refs = &alt.class_exprs;
+    let request_refs = &alt.exprs;
+    let class_sets: Vec<_> = (1..=class_refs.len()).map(|i| selectors.match_set(&class_refs[..i], &[])).collect();
+    let request_sets: Vec<_> =
+        (1..=request_refs.len()).map(|i| selectors.match_set(class_refs, &request_refs[..i])).collect();
+    let mut report = RequestReport {
+        request: name,
+        class: alt.class.metadata.name.clone().unwrap_or_default(),
+        wanted: wanted(alt),
+        visible: 0,
+        class_matches: 0,
+        class_selectors: vec![0; class_sets.len()],
+        request_selectors: vec![0; request_sets.len()],
+        selector_errors: 0,
+        allocated: vec![],
+        other_owners: OtherOwners::default(),
+        tainted: vec![],
+        capacity_exhausted: 0,
+        counters_exhausted: 0,
+        available: 0,
+    };
+    let mut owners: BTreeMap<String, usize> = BTreeMap::new();
+    let mut seen = HashSet::new();
+    let mut per_node = Vec::with_capacity(nodes.len());
+    let no_use = CounterUse::default();
+    for node in nodes {
+        let view = fleet.view(node);
+        let mut usable_here = 0usize;
+        for &d in &view.devices {
+            let first_time = seen.insert(d);
+            if first_time {
+                report.visible += 1;
+            }
+            let mut matched = true;
+            for (i, &set) in class_sets.iter().enumerate() {
+                match selectors.verdict(fleet, set, d) {
+                    Verdict::Match => {
+                        if first_time && let Some(n) = report.class_selectors.get_mut(i) {
+                            *n += 1;
+                        }
+                    }
+                    Verdict::NoMatch => {
+                        matched = false;
+                        break;
+                    }
+                    Verdict::Error { .. } => {
+                        report.selector_errors += usize::from(first_time);
+                        matched = false;
+                        break;
+                    }
+                }
+            }
+            if !matched {
+                continue;
+            }
+            if first_time {
+                report.class_matches += 1;
+            }
+            for (i, &set) in request_sets.iter().enumerate() {
+                match selectors.verdict(fleet, set, d) {
+                    Verdict::Match => {
+                        if first_time && let Some(n) = report.request_selectors.get_mut(i) {
+                            *n += 1;
+                        }
+                    }
+                    Verdict::NoMatch => {
+                        matched = false;
+                        break;
+                    }
+                    Verdict::Error { .. } => {
+                        report.selector_errors += usize::from(first_time);
+                        matched = false;
+                        break;
+                    }
+                }
+            }
+            if !matched {
+                continue;
+            }
+            let (Some(dev), Some(dref)) = (fleet.device(d), fleet.device_ref(d)) else {
+                continue;
+            };
+            let shareable = dev.allow_multiple_allocations == Some(true);
+            if !alt.admin && state.is_taken(d) {
+                if first_time {
+                    for o in state.owners(d) {
+                        *owners.entry(o.to_string()).or_default() += 1;
+                    }
+                }
+                continue;
+            }
+            if (shareable || alt.capacity.is_some()) && capacity::take(alt.capacity, dev, state.consumed(d)).is_err() {
+                report.capacity_exhausted += usize::from(first_time);
+                continue;
+            }
+            // A shareable device already in use consumes its counters already.
+            let counts_counters = !(shareable && state.consumed(d).is_some());
+            let consumption = fleet.consumption(d);
+            if counts_counters
+                && !consumption.is_empty()
+                && fleet
+                    .pool_counters(dref.pool)
+                    .is_none_or(|pc| counters::fits(pc, dref.pool, consumption, &state.counters, &no_use).is_err())
+            {
+                report.counters_exhausted += usize::from(first_time);
+                continue;
+            }
+            if let Some(t) = taints::blocking_taint(dev, alt.tolerations) {
+                if first_time {
+                    report.tainted.push(TaintedDevice { device: fleet.describe(d), taint: taints::describe(t) });
+                }
+                continue;
+            }
+            report.available += usize::from(first_time);
+            usable_here += 1;
+        }
+        let want = match alt.mode {
+            Mode::Count(n) => n,
+            Mode::All => usable_here,
+        };
+        per_node.push(usable_here.min(want));
+    }
+    let mut allocated: Vec<OwnerCount> =
+        owners.into_iter().map(|(owner, devices)| OwnerCount { owner, devices }).collect();
+    allocated.sort_by(|a, b| b.devices.cmp(&a.devices).then(a.owner.cmp(&b.owner)));
+    if allocated.len() > MAX_OWNERS {
+        let rest = allocated.split_off(MAX_OWNERS);
+        report.other_owners = OtherOwners { claims: rest.len(), devices: rest.iter().map(|o| o.devices).sum() };
+    }
+    report.allocated = allocated;
+    (report, per_node)
+}
+
+/// Constraints whose removal makes the claim fit on `node`; if no single
+/// one does but removing all does, all of them.
+fn blame_constraints(
+    fleet: &Fleet,
+    selectors: &mut SelectorCache,
+    state: &AllocatedState,
+    plan: &ClaimPlan<'_>,
+    node: &str,
+) -> Vec<ConstraintReport> {
+    let fits_without = |selectors: &mut SelectorCache, drop: &dyn Fn(usize) -> bool| {
+        let mut p = plan.clone();
+        p.constraints =
+            plan.constraints.iter().enumerate().filter(|(i, _)| !drop(*i)).map(|(_, c)| c.clone()).collect();
+        matches!(search::search_node(fleet, selectors, state, std::slice::from_ref(&p), node), Ok(NodeOutcome::Fits(_)))
+    };
+    let mut blamed: Vec<usize> =
+        (0..plan.constraints.len()).filter(|&i| fits_without(selectors, &|j| j == i)).collect();
+    if blamed.is_empty() && fits_without(selectors, &|_| true) {
+        blamed = (0..plan.constraints.len()).collect();
+    }
+    let view = fleet.view(node);
+    blamed
+        .into_iter()
+        .filter_map(|i| plan.constraints.get(i))
+        .map(|c| {
+            let mut values: BTreeMap<String, usize> = BTreeMap::new();
+            let mut seen = HashSet::new();
+            for request in &plan.requests {
+                for alt in &request.alternatives {
+                    if !c.covers(request.name, alt.sub) {
+                        continue;
+                    }
+                    for &d in &view.devices {
+                        if !seen.insert(d)
+                            || selectors.verdict(fleet, alt.set, d) != Verdict::Match
+                            || (!alt.admin && state.is_taken(d))
+                        {
+                            continue;
+                        }
+                        let (Some(dev), Some(pool)) = (fleet.device(d), fleet.pool_of(d)) else { continue };
+                        let v = constraints::value_of(dev, &pool.driver, &c.attribute)
+                            .map_or_else(|| "<missing>".to_string(), |v| v.to_string());
+                        *values.entry(v).or_default() += 1;
+                    }
+                }
+            }
+            ConstraintReport {
+                kind: match c.kind {
+                    Kind::Match => ConstraintKind::MatchAttribute,
+                    Kind::Distinct => ConstraintKind::DistinctAttribute,
+                },
+                attribute: c.attribute.clone(),
+                requests: c.requests.clone(),
+                values: values.into_iter().map(|(value, devices)| ValueCount { value, devices }).collect(),
+            }
+        })
+        .collect()
+}

@@ -1,0 +1,209 @@
+//! The structured allocator: which devices of which ResourceSlices a set of
+//! ResourceClaims gets on a node, with the kube-scheduler's semantics
+//! (`k8s.io/dynamic-resource-allocation/structured`, 1.34–1.36). Where the
+//! releases differ we follow 1.36's "incubating" allocator, i.e. with the
+//! gates that are on by default there: prioritized lists, admin access,
+//! device taints, partitionable devices, consumable capacity and binding
+//! conditions (list-type attributes, alpha, are off: they never match).
+//!
+//! Pure: no I/O and no clock. One [`Allocator`] holds the fleet (pools,
+//! device index, compiled selectors and their cached results) and the
+//! allocated state; [`Allocator::allocate`] searches one node without
+//! committing, [`Allocator::allocate_first_fit`] tries nodes in order,
+//! [`Allocator::commit`] records results, [`Allocator::place`] does both.
+//!
+//! Data flow: slices + classes + nodes → `pools` (highest generation,
+//! complete, valid) → `index` (devices per node in search order) →
+//! `selectors` (compiled once, results cached per device) → `search`
+//! (backtracking) → `AllocationResult` (`result`) or an [`Explanation`]
+//! (`diagnose`, `explain`).
+//!
+//! Semantics, briefly (details in each module):
+//! - claims in order, requests in order, devices in pool/slice/device order,
+//!   exhaustive backtracking, first complete solution;
+//! - `ExactCount` and `All` (all matching devices visible to the node; an
+//!   incomplete or invalid pool visible to the node makes `All` an error);
+//! - `firstAvailable` alternatives in order, results named `req/sub`;
+//! - `matchAttribute`/`distinctAttribute` scoped to their requests;
+//! - `adminAccess` ignores other claims' use and is not itself "in use";
+//! - taints `NoSchedule`/`NoExecute` need a toleration; tolerations are
+//!   copied into the results;
+//! - shared counters bound partitionable devices; consumable capacity with
+//!   request policies and a fresh `shareID` per share;
+//! - class then claim opaque config in the result; at most 32 results;
+//! - a CEL compile or runtime error on a device the search evaluates is a
+//!   [`FatalError`] naming claim, class or request, selector index and
+//!   device; it is never a silent "no match".
+//!
+//! Deliberate differences from upstream are listed where they live
+//! (`pools`, `constraints`, `counters`, `search`, `result`). Two can change
+//! an outcome for valid input: `distinctAttribute` compares devices of the
+//! same request too, and a node's search gives up after a step budget
+//! (upstream: a 10 s filter timeout).
+
+mod amount;
+mod capacity;
+mod constraints;
+mod counters;
+mod diagnose;
+mod error;
+mod explain;
+mod index;
+mod node_selection;
+mod placement;
+mod pools;
+mod request;
+mod result;
+mod search;
+mod selectors;
+mod share_id;
+mod state;
+mod taints;
+
+#[cfg(test)]
+mod test_support;
+
+pub use error::{AllocateError, FatalError, InputError};
+pub use explain::{
+    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, PoolProblem,
+    RequestReport, TaintedDevice, ValueCount, Wanted,
+};
+pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
+
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+
+/// Where a pod's claims fit: the node and one result per claim, in claim order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub node: String,
+    pub allocations: Vec<AllocationResult>,
+}
+
+/// The fleet as the allocator sees it, plus what is already allocated.
+///
+/// Built once from a snapshot of slices, classes and nodes; allocation then
+/// reuses compiled selectors and cached selector results, so steady-state
+/// allocation does no CEL work. Rebuild it when slices change (pool
+/// generations are part of the cache key).
+pub struct Allocator {
+    fleet: index::Fleet,
+    classes: std::collections::HashMap<String, DeviceClass>,
+    selectors: selectors::SelectorCache,
+    state: state::AllocatedState,
+    share_ids: Box<dyn ShareIdSource>,
+    memo: placement::FirstFitMemo,
+}
+
+impl std::fmt::Debug for Allocator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allocator")
+            .field("nodes", &self.fleet.node_names().len())
+            .field("devices", &self.fleet.device_count())
+            .field("classes", &self.classes.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Allocator {
+    /// The allocator for these objects. Nodes supply the labels that slice
+    /// and device node selectors match; a node named only by a slice's
+    /// `nodeName` is known too, without labels. Invalid or incomplete pools
+    /// are kept aside (they explain failures and make `All` requests fail).
+    pub fn new(slices: &[ResourceSlice], classes: &[DeviceClass], nodes: &[Node]) -> Self {
+        let fleet = index::Fleet::build(slices, nodes);
+        let classes = classes.iter().filter_map(|c| c.metadata.name.clone().map(|name| (name, c.clone()))).collect();
+        Self {
+            fleet,
+            classes,
+            selectors: selectors::SelectorCache::new(),
+            state: state::AllocatedState::default(),
+            share_ids: Box::new(RandomShareIds),
+            memo: placement::FirstFitMemo::default(),
+        }
+    }
+
+    /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.
+    /// with [`SequentialShareIds`] for reproducible output.
+    pub fn with_share_ids(mut self, source: Box<dyn ShareIdSource>) -> Self {
+        self.share_ids = source;
+        self
+    }
+
+    /// All known node names, in name order: the order [`Allocator::place`] tries.
+    pub fn nodes(&self) -> &[String] {
+        self.fleet.node_names()
+    }
+
+    /// Records a claim that already has `status.allocation`: its devices (or
+    /// the capacity it consumed on shareable devices) count as in use, owned
+    /// by `namespace/name`. A claim without an allocation is ignored.
+    pub fn record_allocated(&mut self, claim: &ResourceClaim) -> Result<(), InputError> {
+        let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+            return Ok(());
+        };
+        self.state.record(&self.fleet, &state::owner_of(claim), allocation)
+    }
+
+    /// Allocates `claims` together (a pod's claims) on `node`, without
+    /// committing: one result per claim, in order. Claims that already have
+    /// an allocation must not be passed (record them instead).
+    pub fn allocate(&mut self, node: &str, claims: &[&ResourceClaim]) -> Result<Vec<AllocationResult>, AllocateError> {
+        let mut ctx = placement::Context {
+            fleet: &self.fleet,
+            classes: &self.classes,
+            selectors: &mut self.selectors,
+            state: &self.state,
+            share_ids: self.share_ids.as_mut(),
+            memo: &mut self.memo,
+        };
+        ctx.allocate_on(node, claims)
+    }
+
+    /// The first node in `nodes` (or in [`Allocator::nodes`] order when
+    /// `None`) on which all `claims` fit, without committing. Nodes that
+    /// cannot hold the claims' device counts are skipped without a search.
+    /// When none fits, the explanation is for the node that came closest.
+    pub fn allocate_first_fit(
+        &mut self,
+        nodes: Option<&[String]>,
+        claims: &[&ResourceClaim],
+    ) -> Result<Placement, AllocateError> {
+        let mut ctx = placement::Context {
+            fleet: &self.fleet,
+            classes: &self.classes,
+            selectors: &mut self.selectors,
+            state: &self.state,
+            share_ids: self.share_ids.as_mut(),
+            memo: &mut self.memo,
+        };
+        ctx.first_fit(nodes, claims)
+    }
+
+    /// Records results returned by [`Allocator::allocate`] (one per claim)
+    /// as in use, owned by the claims.
+    pub fn commit(&mut self, claims: &[&ResourceClaim], results: &[AllocationResult]) -> Result<(), InputError> {
+        if claims.len() != results.len() {
+            return Err(InputError::ResultCount { claims: claims.len(), results: results.len() });
+        }
+        for (claim, result) in claims.iter().zip(results) {
+            self.state.record(&self.fleet, &state::owner_of(claim), result)?;
+        }
+        Ok(())
+    }
+
+    /// [`Allocator::allocate_first_fit`] over all nodes, then
+    /// [`Allocator::commit`].
+    pub fn place(&mut self, claims: &[&ResourceClaim]) -> Result<Placement, AllocateError> {
+        let placement = self.allocate_first_fit(None, claims)?;
+        self.commit(claims, &placement.allocations).map_err(|e| AllocateError::Fatal(FatalError::Input(e)))?;
+        Ok(placement)
+    }
+}
+
+#[cfg(test)]
+mod tests_core;
+#[cfg(test)]
+mod tests_features;
+#[cfg(test)]
+mod tests_more;

@@ -1,0 +1,201 @@
+//! Resource pools: the slices of one (driver, pool name) at the pool's
+//! highest generation, checked for completeness and consistency.
+//!
+//! Follows upstream `GatherPools`/`buildPool` (release-1.36 incubating):
+//! - only slices with the highest `pool.generation` count (older ones are
+//!   being replaced by the driver);
+//! - a pool with fewer slices at that generation than `resourceSliceCount`
+//!   is incomplete: nothing is allocated from it and `All` requests fail;
+//! - a pool is invalid when device names repeat, counter-set names repeat,
+//!   or a device consumes a counter set or counter that does not exist;
+//! - slices are ordered by name and pools by (driver, pool), so first-fit
+//!   picks are deterministic and drivers can steer them by naming;
+//! - a slice with `sharedCounters` only contributes counters (1.35+ rule:
+//!   one slice holds devices or counters, not both).
+//!
+//! One deliberate difference: upstream checks device names only among the
+//! slices a node can see; we check all slices of the pool's generation, so a
+//! pool is invalid for every node or for none.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+
+use super::amount::Amount;
+use super::explain::PoolProblem;
+
+/// Counter sets of a pool: set name → counter name → amount.
+pub(crate) type CounterSets = BTreeMap<String, BTreeMap<String, Amount>>;
+
+#[derive(Debug, Clone)]
+pub(crate) struct Pool {
+    pub(crate) driver: String,
+    pub(crate) name: String,
+    /// Indices into the fleet's kept slices, sorted by slice name.
+    pub(crate) slices: Vec<usize>,
+    pub(crate) problem: Option<PoolProblem>,
+    pub(crate) counter_sets: CounterSets,
+    /// Some device has binding conditions: upstream tries such pools last.
+    pub(crate) binding_conditions: bool,
+}
+
+/// Keeps the newest generation of every pool and builds the pools, in
+/// (driver, pool) order. Returns the kept slices (owned) and the pools that
+/// index into them.
+pub(crate) fn build(all: &[ResourceSlice]) -> (Vec<ResourceSlice>, Vec<Pool>) {
+    let mut newest: HashMap<(&str, &str), i64> = HashMap::new();
+    for s in all {
+        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let g = newest.entry(key).or_insert(s.spec.pool.generation);
+        *g = (*g).max(s.spec.pool.generation);
+    }
+    let mut grouped: BTreeMap<(&str, &str), Vec<&ResourceSlice>> = BTreeMap::new();
+    for s in all {
+        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        if newest.get(&key) == Some(&s.spec.pool.generation) {
+            grouped.entry(key).or_default().push(s);
+        }
+    }
+    let mut kept = Vec::new();
+    let mut pools = Vec::new();
+    for ((driver, name), mut slices) in grouped {
+        slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+        let expected = slices.first().map_or(0, |s| s.spec.pool.resource_slice_count);
+        let mut problem = None;
+        if i64::try_from(slices.len()).ok() != Some(expected) {
+            problem = Some(PoolProblem::Incomplete { slices_seen: slices.len(), slices_expected: expected });
+        }
+        let counter_sets = match counter_sets(&slices) {
+            Ok(c) => c,
+            Err(reason) => {
+                problem.get_or_insert(PoolProblem::Invalid { reason });
+                CounterSets::new()
+            }
+        };
+        if problem.is_none()
+            && let Err(reason) = check_devices(&slices, &counter_sets)
+        {
+            problem = Some(PoolProblem::Invalid { reason });
+        }
+        let binding_conditions = slices
+            .iter()
+            .any(|s| s.spec.devices.as_deref().unwrap_or_default().iter().any(|d| d.binding_conditions.is_some()));
+        let start = kept.len();
+        kept.extend(slices.into_iter().cloned());
+        pools.push(Pool {
+            driver: driver.to_string(),
+            name: name.to_string(),
+            slices: (start..kept.len()).collect(),
+            problem,
+            counter_sets,
+            binding_conditions,
+        });
+    }
+    (kept, pools)
+}
+
+fn counter_sets(slices: &[&ResourceSlice]) -> Result<CounterSets, String> {
+    let mut sets = CounterSets::new();
+    for s in slices {
+        for set in s.spec.shared_counters.as_deref().unwrap_or_default() {
+            if sets.contains_key(&set.name) {
+                return Err(format!("duplicate counter set name {}", set.name));
+            }
+            let mut counters = BTreeMap::new();
+            for (name, counter) in &set.counters {
+                let amount = Amount::parse(&counter.value)
+                    .map_err(|e| format!("counter set {}: counter {name}: {e}", set.name))?;
+                counters.insert(name.clone(), amount);
+            }
+            sets.insert(set.name.clone(), counters);
+        }
+    }
+    Ok(sets)
+}
+
+fn check_devices(slices: &[&ResourceSlice], sets: &CounterSets) -> Result<(), String> {
+    let mut names = HashSet::new();
+    for s in slices {
+        if s.spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty()) {
+            continue;
+        }
+        for d in s.spec.devices.as_deref().unwrap_or_default() {
+            if !names.insert(d.name.as_str()) {
+                return Err(format!("duplicate device name {}", d.name));
+            }
+            for consumption in d.consumes_counters.as_deref().unwrap_or_default() {
+                let Some(set) = sets.get(&consumption.counter_set) else {
+                    return Err(format!("device {}: counter set {} not found", d.name, consumption.counter_set));
+                };
+                for (counter, value) in &consumption.counters {
+                    if !set.contains_key(counter) {
+                        return Err(format!(
+                            "device {}: counter {counter} not found in counter set {}",
+                            d.name, consumption.counter_set
+                        ));
+                    }
+                    Amount::parse(&value.value).map_err(|e| format!("device {}: counter {counter}: {e}", d.name))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether a slice carries counters rather than devices.
+pub(crate) fn is_counter_slice(s: &ResourceSlice) -> bool {
+    s.spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn only_the_newest_generation_is_kept() {
+        let old = slice("s-old", "node-1", "pool-1", 1, 1, vec![device("gpu-0"), device("gpu-9")]);
+        let new = slice("s-new", "node-1", "pool-1", 2, 1, vec![device("gpu-0")]);
+        let (kept, pools) = build(&[old, new]);
+        assert_eq!(pools.len(), 1);
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].metadata.name.as_deref(), Some("s-new"));
+        assert!(pools[0].problem.is_none());
+    }
+
+    #[test]
+    fn missing_slices_make_a_pool_incomplete() {
+        let s = slice("s", "node-1", "pool-1", 3, 2, vec![device("gpu-0")]);
+        let (_, pools) = build(&[s]);
+        assert_eq!(pools[0].problem, Some(PoolProblem::Incomplete { slices_seen: 1, slices_expected: 2 }));
+    }
+
+    #[test]
+    fn duplicate_devices_and_unknown_counters_make_a_pool_invalid() {
+        let a = slice("a", "node-1", "pool-1", 1, 2, vec![device("gpu-0")]);
+        let b = slice("b", "node-1", "pool-1", 1, 2, vec![device("gpu-0")]);
+        let (_, pools) = build(&[a, b]);
+        assert!(
+            matches!(&pools[0].problem, Some(PoolProblem::Invalid { reason }) if reason.contains("duplicate device name gpu-0"))
+        );
+
+        let mut d = device("mig-0");
+        d.consumes_counters = Some(vec![consumes("gpu-0-set", &[("memory", "10Gi")])]);
+        let c = slice("c", "node-1", "pool-2", 1, 1, vec![d]);
+        let (_, pools) = build(&[c]);
+        assert!(
+            matches!(&pools[0].problem, Some(PoolProblem::Invalid { reason }) if reason.contains("counter set gpu-0-set not found"))
+        );
+    }
+
+    #[test]
+    fn pools_and_slices_are_sorted() {
+        let s1 = slice("z", "node-1", "pool-b", 1, 1, vec![]);
+        let s2 = slice("y", "node-1", "pool-a", 1, 2, vec![]);
+        let s3 = slice("x", "node-1", "pool-a", 1, 2, vec![]);
+        let (kept, pools) = build(&[s1, s2, s3]);
+        assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["pool-a", "pool-b"]);
+        let names: Vec<_> = pools[0].slices.iter().map(|&i| kept[i].metadata.name.clone().unwrap()).collect();
+        assert_eq!(names, ["x", "y"]);
+    }
+}

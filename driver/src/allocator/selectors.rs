@@ -1,0 +1,229 @@
+//! Compiled selectors and their cached results.
+//!
+//! Every distinct expression is compiled once. Results are cached per
+//! (expression, device) and, on top, per *match set* — the class's
+//! selectors followed by a request's selectors — so that after the first
+//! pass a request's verdict on a device is one byte read. The cache lives
+//! as long as the fleet snapshot, i.e. it is valid for the slices' pool
+//! generations; a new snapshot starts a new cache.
+//!
+//! Semantics follow upstream `selectorsMatch`: class selectors, then request
+//! selectors, in order, stopping at the first `false`; an error (compile or
+//! runtime) on a device that is actually evaluated is reported with the
+//! selector's origin and index — it is never a silent "no match".
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::index::Fleet;
+use crate::selector as sel;
+
+/// Where a selector comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Origin {
+    Class,
+    Request,
+}
+
+/// The outcome of a match set on one device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Match,
+    NoMatch,
+    Error { origin: Origin, index: usize, compile: bool, message: String },
+}
+
+/// `device` values kept for reuse; beyond this the cache starts over, so a
+/// huge fleet does not keep one CEL value tree per device alive (results
+/// stay cached, only new expressions need the trees again).
+const CEL_DEVICE_CACHE: usize = 16_384;
+
+const UNKNOWN: u8 = 0;
+const NO: u8 = 1;
+const YES: u8 = 2;
+const ERROR: u8 = 3;
+
+struct Expr {
+    compiled: Result<Arc<sel::CompiledSelector>, String>,
+    results: Vec<u8>,
+    errors: HashMap<u32, String>,
+}
+
+struct MatchSet {
+    exprs: Vec<u32>,
+    class_len: usize,
+    results: Vec<u8>,
+}
+
+/// Identifies a match set (class selectors + request selectors).
+pub(crate) type SetId = u32;
+
+#[derive(Default)]
+pub(crate) struct SelectorCache {
+    env: sel::SelectorEnv,
+    exprs: Vec<Expr>,
+    by_text: HashMap<String, u32>,
+    cel_devices: HashMap<u32, Result<Arc<sel::CelDevice>, String>>,
+    sets: Vec<MatchSet>,
+    sets_by_key: HashMap<(Vec<u32>, usize), SetId>,
+    candidates: HashMap<(SetId, usize), Arc<[u32]>>,
+    /// CEL evaluations done so far (tests use it to prove caching).
+    pub(crate) evaluations: u64,
+}
+
+impl std::fmt::Debug for SelectorCache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SelectorCache")
+            .field("expressions", &self.exprs.len())
+            .field("match_sets", &self.sets.len())
+            .field("evaluations", &self.evaluations)
+            .finish()
+    }
+}
+
+impl SelectorCache {
+    pub(crate) fn new() -> Self {
+        Self { env: sel::SelectorEnv::new(), ..Default::default() }
+    }
+
+    fn expr_id(&mut self, text: &str) -> u32 {
+        if let Some(&id) = self.by_text.get(text) {
+            return id;
+        }
+        let compiled = self.env.compile(text).map_err(|e| e.to_string());
+        let id = self.exprs.len() as u32;
+        self.exprs.push(Expr { compiled, results: Vec::new(), errors: HashMap::new() });
+        self.by_text.insert(text.to_string(), id);
+        id
+    }
+
+    /// The match set for these class and request selector expressions.
+    pub(crate) fn match_set(&mut self, class: &[&str], request: &[&str]) -> SetId {
+        let exprs: Vec<u32> = class.iter().chain(request).map(|e| self.expr_id(e)).collect();
+        let key = (exprs, class.len());
+        if let Some(&id) = self.sets_by_key.get(&key) {
+            return id;
+        }
+        let id = self.sets.len() as SetId;
+        self.sets.push(MatchSet { exprs: key.0.clone(), class_len: class.len(), results: Vec::new() });
+        self.sets_by_key.insert(key, id);
+        id
+    }
+
+    /// The verdict of a match set on a device, evaluating only what is not cached.
+    pub(crate) fn verdict(&mut self, fleet: &Fleet, set: SetId, device: u32) -> Verdict {
+        let Some(s) = self.sets.get(set as usize) else { return Verdict::NoMatch };
+        match s.results.get(device as usize).copied().unwrap_or(UNKNOWN) {
+            YES => return Verdict::Match,
+            NO => return Verdict::NoMatch,
+            _ => {}
+        }
+        let (exprs, class_len) = (s.exprs.clone(), s.class_len);
+        let mut verdict = Verdict::Match;
+        for (pos, &e) in exprs.iter().enumerate() {
+            let (origin, index) =
+                if pos < class_len { (Origin::Class, pos) } else { (Origin::Request, pos - class_len) };
+            match self.eval(fleet, e, device) {
+                Ok(true) => {}
+                Ok(false) => {
+                    verdict = Verdict::NoMatch;
+                    break;
+                }
+                Err((compile, message)) => {
+                    verdict = Verdict::Error { origin, index, compile, message };
+                    break;
+                }
+            }
+        }
+        let code = match verdict {
+            Verdict::Match => YES,
+            Verdict::NoMatch => NO,
+            Verdict::Error { .. } => ERROR,
+        };
+        if let Some(s) = self.sets.get_mut(set as usize) {
+            if s.results.len() <= device as usize {
+                s.results.resize(fleet.device_count().max(device as usize + 1), UNKNOWN);
+            }
+            if let Some(slot) = s.results.get_mut(device as usize) {
+                *slot = code;
+            }
+        }
+        verdict
+    }
+
+    /// One expression on one device; `Err((is_compile_error, message))`.
+    fn eval(&mut self, fleet: &Fleet, e: u32, device: u32) -> Result<bool, (bool, String)> {
+        let Some(expr) = self.exprs.get(e as usize) else { return Ok(false) };
+        let compiled = match &expr.compiled {
+            Ok(c) => Arc::clone(c),
+            Err(msg) => return Err((true, msg.clone())),
+        };
+        match expr.results.get(device as usize).copied().unwrap_or(UNKNOWN) {
+            YES => return Ok(true),
+            NO => return Ok(false),
+            ERROR => return Err((false, expr.errors.get(&device).cloned().unwrap_or_default())),
+            _ => {}
+        }
+        let outcome = match self.cel_device(fleet, device) {
+            Ok(d) => {
+                self.evaluations += 1;
+                compiled.matches(&d).map_err(|err| err.to_string())
+            }
+            Err(msg) => Err(msg),
+        };
+        let Some(expr) = self.exprs.get_mut(e as usize) else { return Ok(false) };
+        if expr.results.len() <= device as usize {
+            expr.results.resize(fleet.device_count().max(device as usize + 1), UNKNOWN);
+        }
+        let code = match &outcome {
+            Ok(true) => YES,
+            Ok(false) => NO,
+            Err(msg) => {
+                expr.errors.insert(device, msg.clone());
+                ERROR
+            }
+        };
+        if let Some(slot) = expr.results.get_mut(device as usize) {
+            *slot = code;
+        }
+        outcome.map_err(|m| (false, m))
+    }
+
+    fn cel_device(&mut self, fleet: &Fleet, device: u32) -> Result<Arc<sel::CelDevice>, String> {
+        if let Some(d) = self.cel_devices.get(&device) {
+            return d.clone();
+        }
+        let built = match (fleet.pool_of(device), fleet.device(device)) {
+            (Some(pool), Some(dev)) => sel::CelDevice::new(&pool.driver, dev).map(Arc::new).map_err(|e| e.to_string()),
+            _ => Err("device not in the fleet".to_string()),
+        };
+        if self.cel_devices.len() >= CEL_DEVICE_CACHE {
+            self.cel_devices.clear();
+        }
+        self.cel_devices.insert(device, built.clone());
+        built
+    }
+
+    /// The devices of a node view that this match set selects or fails on
+    /// (errors stay in so the search reports them when it reaches them), in
+    /// search order. Cached per known node.
+    pub(crate) fn candidates(
+        &mut self,
+        fleet: &Fleet,
+        set: SetId,
+        node_position: Option<usize>,
+        view: &[u32],
+    ) -> Arc<[u32]> {
+        if let Some(p) = node_position
+            && let Some(c) = self.candidates.get(&(set, p))
+        {
+            return Arc::clone(c);
+        }
+        let list: Arc<[u32]> =
+            view.iter().copied().filter(|&d| self.verdict(fleet, set, d) != Verdict::NoMatch).collect();
+        if let Some(p) = node_position {
+            self.candidates.insert((set, p), Arc::clone(&list));
+        }
+        list
+    }
+}

@@ -1,0 +1,481 @@
+//! The runtime cost bound.
+//!
+//! The `cel` crate has no cost accounting and no cancellation, so the bound is
+//! built around it, in two halves:
+//!
+//! * **At compile time** the parsed AST is rewritten (see [`rewrite`]): every
+//!   comprehension's range is wrapped in `@range(range, weight)`, where
+//!   `weight` is the number of AST nodes of the loop body; `_+_` on
+//!   non-accumulator operands becomes `@add`; `==`, `!=`, `<`, `<=`, `>`,
+//!   `>=`, `in` and `[]` between two non-literal operands become metered
+//!   calls (`ops_lib`); values the interpreter copies (list and map literal
+//!   elements, `cel.bind` values) are wrapped in `@copy`; the size-dependent
+//!   standard functions (`contains`, `startsWith`, `endsWith`, `matches`,
+//!   `size`) are renamed to metered versions. The string and list library
+//!   functions are our own and meter themselves. (Two rewrites are for speed
+//!   only: `device.a.b` becomes `device["a"]["b"]`, and constant
+//!   `quantity("..")` / `semver("..")` calls are evaluated once.)
+//! * **At run time** a thread-local [`Meter`] counts units. `@range` charges
+//!   `len(range) × weight` *before* the loop runs (a conservative upper bound:
+//!   `all`/`exists` may stop early), so a comprehension that would exceed the
+//!   budget never starts; it also pays for copying each element into the loop
+//!   variable. Functions that build or scan strings and lists charge
+//!   one unit per [`BYTES_PER_UNIT`] bytes or per element, before doing the
+//!   work, and refuse results above [`MAX_STRING_BYTES`] / [`MAX_LIST_LEN`].
+//!
+//! Every evaluated node is either outside all loops (at most the AST size,
+//! itself bounded by the 10 Ki expression limit) or inside a loop whose
+//! iterations were paid for, and no single node can touch more than the
+//! size caps allow, so the work of one evaluation is bounded by roughly
+//! `budget × (one node or BYTES_PER_UNIT bytes)`. Once the budget is exceeded
+//! every further charge fails at once (the flag is sticky), so even an error
+//! absorbed by `||` or `&&` ends the evaluation quickly, and
+//! `CompiledSelector::matches` reports the overrun whatever the result was.
+//! The units are ours, not Kubernetes' cost units; the budget has the same
+//! order of magnitude as its `CELSelectorExpressionMaxCost` (1,000,000).
+
+use std::cell::Cell;
+
+use cel::ExecutionError;
+use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators};
+use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
+use cel::common::value::{CowVal, Val};
+
+use super::ops_lib::{METERED_OPERATORS, deep_units};
+use super::quantity_lib::Quantity;
+use super::semver_lib::Semver;
+
+/// Units one evaluation may spend.
+pub const BUDGET: u64 = 1_000_000;
+/// Bytes of string scanned or built per unit.
+pub const BYTES_PER_UNIT: u64 = 16;
+/// The longest string a function or `+` may build.
+pub const MAX_STRING_BYTES: usize = 64 * 1024;
+/// The longest list a function or `+` may build.
+pub const MAX_LIST_LEN: usize = 16 * 1024;
+/// The deepest AST accepted; the parser's own recursion limit catches most
+/// nesting, this catches long left-deep operator chains (`1+1+1+...`) that
+/// would make evaluation recurse as deep.
+pub const MAX_AST_DEPTH: usize = 100;
+
+/// The message of the error raised when the budget is exceeded.
+pub const BUDGET_MESSAGE: &str = "cost budget exceeded";
+
+#[derive(Clone, Copy)]
+struct Meter {
+    used: u64,
+    limit: u64,
+    exceeded: bool,
+}
+
+thread_local! {
+    static METER: Cell<Meter> = const { Cell::new(Meter { used: 0, limit: BUDGET, exceeded: false }) };
+}
+
+/// Starts metering one evaluation on this thread.
+pub fn start(limit: u64) {
+    METER.with(|m| m.set(Meter { used: 0, limit, exceeded: false }));
+}
+
+/// Whether the evaluation that ran on this thread since [`start`] overran.
+pub fn exceeded() -> bool {
+    METER.with(|m| m.get().exceeded)
+}
+
+/// Units spent since [`start`].
+#[cfg(test)]
+pub fn used() -> u64 {
+    METER.with(|m| m.get().used)
+}
+
+/// Spends `units`; fails once the budget is exceeded, and from then on.
+pub fn charge(units: u64) -> Result<(), ExecutionError> {
+    METER.with(|m| {
+        let mut meter = m.get();
+        meter.used = meter.used.saturating_add(units);
+        if meter.used > meter.limit {
+            meter.exceeded = true;
+        }
+        m.set(meter);
+        if meter.exceeded { Err(ExecutionError::function_error("cost", BUDGET_MESSAGE)) } else { Ok(()) }
+    })
+}
+
+/// Units for scanning or building `bytes` bytes of string.
+pub fn bytes_units(bytes: usize) -> u64 {
+    1 + (bytes as u64) / BYTES_PER_UNIT
+}
+
+/// Refuses a string longer than [`MAX_STRING_BYTES`].
+pub fn check_string_len(function: &str, len: usize) -> Result<(), ExecutionError> {
+    if len > MAX_STRING_BYTES {
+        return Err(ExecutionError::function_error(
+            function,
+            format!("result of {len} bytes exceeds the limit of {MAX_STRING_BYTES}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses a list longer than [`MAX_LIST_LEN`].
+pub fn check_list_len(function: &str, len: usize) -> Result<(), ExecutionError> {
+    if len > MAX_LIST_LEN {
+        return Err(ExecutionError::function_error(
+            function,
+            format!("result of {len} elements exceeds the limit of {MAX_LIST_LEN}"),
+        ));
+    }
+    Ok(())
+}
+
+/// `@range(range, weight)`: charges for every iteration of a comprehension up
+/// front and hands the range back untouched.
+pub fn range<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let mut args = args.into_iter();
+    let (Some(range), Some(weight)) = (args.next(), args.next()) else {
+        return Err(ExecutionError::function_error("@range", "expects two arguments"));
+    };
+    let weight = weight.downcast_ref::<cel::common::types::CelInt>().map_or(1, |w| (*w.inner()).max(1) as u64);
+    let len = match range.get_type().kind() {
+        Kind::List | Kind::Map => range.as_sizer().map_or(0, |s| (*s.size().inner()).max(0) as u64),
+        _ => 0,
+    };
+    // Each element is copied into the loop variable: pay for those copies too.
+    charge(1 + len.saturating_mul(weight))?;
+    charge(deep_units(range.as_ref(), BUDGET))?;
+    Ok(range)
+}
+
+/// `@add(a, b)`: `a + b`, charged by the size of the result and refused above
+/// the size caps, so repeated doubling cannot exhaust memory.
+pub fn add<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let mut args = args.into_iter();
+    let (Some(lhs), Some(rhs)) = (args.next(), args.next()) else {
+        return Err(ExecutionError::function_error("_+_", "expects two arguments"));
+    };
+    if let (Some(a), Some(b)) = (lhs.downcast_ref::<CelString>(), rhs.downcast_ref::<CelString>()) {
+        let len = a.inner().len() + b.inner().len();
+        check_string_len("_+_", len)?;
+        charge(bytes_units(len))?;
+    } else if let (Some(a), Some(b)) = (lhs.downcast_ref::<CelList>(), rhs.downcast_ref::<CelList>()) {
+        let len = a.inner().len() + b.inner().len();
+        check_list_len("_+_", len)?;
+        charge(1 + len as u64)?;
+    } else if let (Some(a), Some(b)) = (lhs.downcast_ref::<CelBytes>(), rhs.downcast_ref::<CelBytes>()) {
+        let len = a.inner().len() + b.inner().len();
+        check_string_len("_+_", len)?;
+        charge(bytes_units(len))?;
+    }
+    let adder = lhs.as_adder().ok_or_else(|| {
+        ExecutionError::no_such_overload(
+            operators::ADD,
+            vec![lhs.get_type().name().to_owned(), rhs.get_type().name().to_owned()],
+        )
+    })?;
+    Ok(CowVal::Owned(adder.add(rhs.as_ref())?.into_owned()))
+}
+
+/// Functions of the standard library whose cost depends on the size of their
+/// arguments: calls to them are renamed to the metered version `@<name>`.
+pub const METERED_STDLIB: [&str; 5] = ["contains", "startsWith", "endsWith", "matches", "size"];
+
+/// Why an AST was refused.
+#[derive(Debug)]
+pub struct TooDeep;
+
+/// Stack one level of AST nesting may take while evaluating: measured at
+/// ~38 KiB in a debug build (the interpreter's frames are large), with margin.
+const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) { 64 * 1024 } else { 16 * 1024 };
+
+/// Rewrites a parsed expression for metering (see the module doc). Returns
+/// the stack its evaluation may need; fails when the AST is deeper than
+/// [`MAX_AST_DEPTH`].
+pub fn rewrite(expr: &mut IdedExpr) -> Result<Rewritten, TooDeep> {
+    let mut rw = Rewritten { stack: 0, constants: Vec::new() };
+    rewrite_at(expr, 0, None, &mut rw)?;
+    rw.stack = (rw.stack + 4) * STACK_PER_LEVEL;
+    Ok(rw)
+}
+
+/// What the rewrite found out about an expression.
+pub struct Rewritten {
+    /// Stack its evaluation may need (while rewriting: the deepest level).
+    pub stack: usize,
+    /// Values of the constant calls `quantity("..")` and `semver("..")`,
+    /// computed once here; the AST refers to them as `@c<index>`, which the
+    /// evaluation's variable resolver hands out. Parsing `"40Gi"` on every
+    /// evaluation would otherwise be most of a typical selector's cost.
+    pub constants: Vec<Box<dyn Val>>,
+}
+
+/// The name of constant `index`, and back.
+pub fn constant_name(index: usize) -> String {
+    format!("@c{index}")
+}
+
+/// The index of a constant's name.
+pub fn constant_index(name: &str) -> Option<usize> {
+    name.strip_prefix("@c")?.parse().ok()
+}
+
+/// The value of `quantity("lit")`, `semver("lit")` or `semver("lit", bool)`,
+/// if `call` is one and the literal is valid (an invalid one stays a call, to
+/// fail at run time as in Kubernetes).
+fn constant_value(call: &CallExpr) -> Option<Box<dyn Val>> {
+    if call.target.is_some() {
+        return None;
+    }
+    let text = match call.args.first().map(|a| &a.expr) {
+        Some(Expr::Literal(LiteralValue::String(s))) => s.inner(),
+        _ => return None,
+    };
+    match (call.func_name.as_str(), call.args.get(1).map(|a| &a.expr), call.args.len()) {
+        ("quantity", None, 1) => Quantity::parse(text).ok().map(|q| Box::new(q) as Box<dyn Val>),
+        ("semver", None, 1) => Semver::parse(text, false).ok().map(|v| Box::new(v) as Box<dyn Val>),
+        ("semver", Some(Expr::Literal(LiteralValue::Boolean(normalize))), 2) => {
+            Semver::parse(text, *normalize.inner()).ok().map(|v| Box::new(v) as Box<dyn Val>)
+        }
+        _ => None,
+    }
+}
+
+fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Rewritten) -> Result<(), TooDeep> {
+    if depth > MAX_AST_DEPTH {
+        return Err(TooDeep);
+    }
+    rw.stack = rw.stack.max(depth);
+    let id = expr.id;
+    match &mut expr.expr {
+        Expr::Call(call) => {
+            if let Some(target) = call.target.as_deref_mut() {
+                rewrite_at(target, depth + 1, accu, rw)?;
+            }
+            for arg in &mut call.args {
+                rewrite_at(arg, depth + 1, accu, rw)?;
+            }
+            rename_call(call, accu);
+            if let Some(value) = constant_value(call) {
+                expr.expr = Expr::Ident(constant_name(rw.constants.len()));
+                rw.constants.push(value);
+            }
+        }
+        Expr::Comprehension(c) => {
+            rewrite_at(&mut c.iter_range, depth + 1, accu, rw)?;
+            rewrite_at(&mut c.accu_init, depth + 1, accu, rw)?;
+            charge_copy(&mut c.accu_init);
+            let inner = Some(c.accu_var.clone());
+            rewrite_at(&mut c.loop_cond, depth + 1, inner.as_deref(), rw)?;
+            rewrite_at(&mut c.loop_step, depth + 1, inner.as_deref(), rw)?;
+            rewrite_at(&mut c.result, depth + 1, inner.as_deref(), rw)?;
+            let weight = count_nodes(&c.loop_cond) + count_nodes(&c.loop_step);
+            let range = std::mem::take(&mut c.iter_range);
+            let weight_expr = IdedExpr { id, expr: Expr::Literal(LiteralValue::Int((weight as i64).into())) };
+            c.iter_range = IdedExpr {
+                id: range.id,
+                expr: Expr::Call(CallExpr {
+                    func_name: "@range".to_owned(),
+                    target: None,
+                    args: vec![range, weight_expr],
+                }),
+            };
+        }
+        Expr::List(ListExpr { elements, .. }) => {
+            for e in elements {
+                rewrite_at(e, depth + 1, accu, rw)?;
+                charge_copy(e);
+            }
+        }
+        Expr::Map(map) => {
+            for entry in &mut map.entries {
+                if let EntryExpr::MapEntry(e) = &mut entry.expr {
+                    rewrite_at(&mut e.key, depth + 1, accu, rw)?;
+                    rewrite_at(&mut e.value, depth + 1, accu, rw)?;
+                    charge_copy(&mut e.key);
+                    charge_copy(&mut e.value);
+                }
+            }
+        }
+        Expr::Struct(s) => {
+            for entry in &mut s.entries {
+                match &mut entry.expr {
+                    EntryExpr::StructField(f) => rewrite_at(&mut f.value, depth + 1, accu, rw)?,
+                    EntryExpr::MapEntry(e) => {
+                        rewrite_at(&mut e.key, depth + 1, accu, rw)?;
+                        rewrite_at(&mut e.value, depth + 1, accu, rw)?;
+                    }
+                }
+            }
+        }
+        Expr::Select(select) => {
+            rewrite_at(&mut select.operand, depth + 1, accu, rw)?;
+            // `device.a.b` is resolved by the interpreter as a qualified name
+            // (joining the segments and trying `device.a.b`, then `device.a`,
+            // as variables and types) on every evaluation. On a map, selecting
+            // a field is indexing with its name, so `device["a"]["b"]` means
+            // the same and resolves just `device`.
+            if !select.test && rooted_at_device(&select.operand) {
+                let operand = std::mem::take(&mut *select.operand);
+                let field = IdedExpr { id, expr: Expr::Literal(LiteralValue::String(select.field.clone().into())) };
+                expr.expr = Expr::Call(CallExpr {
+                    func_name: operators::INDEX.to_owned(),
+                    target: None,
+                    args: vec![operand, field],
+                });
+            }
+        }
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+    }
+    Ok(())
+}
+
+/// Renames a call to its metered version where there is one. `@result + [x]`
+/// and `@result + 1`, the steps the macros generate, stay as they are: the
+/// interpreter appends those in place, and their iterations are paid for by
+/// `@range`.
+fn rename_call(call: &mut CallExpr, accu: Option<&str>) {
+    // `a.isGreaterThan(b)` / `a.isLessThan(b)` (quantities, versions) become
+    // the native `a > b` / `a < b`, served by their `Comparer`: a member call
+    // costs several times more. Other types than those two are then compared
+    // natively instead of failing with "no such overload"; Kubernetes rejects
+    // that at compile time with its type checker, which we do not have.
+    let native = match call.func_name.as_str() {
+        "isGreaterThan" => Some(operators::GREATER),
+        "isLessThan" => Some(operators::LESS),
+        _ => None,
+    };
+    if let (Some(op), Some(_), 1) = (native, call.target.as_ref(), call.args.len())
+        && let Some(target) = call.target.take()
+    {
+        call.args.insert(0, *target);
+        call.func_name = op.to_owned();
+        return;
+    }
+    if call.func_name == operators::ADD {
+        // Only the macros' own accumulator (`@result`, which no user can
+        // name); a `cel.bind` variable is a user's and its `+` is metered.
+        let on_accu = matches!(call.args.first().map(|a| &a.expr),
+            Some(Expr::Ident(name)) if Some(name.as_str()) == accu && name.starts_with('@'));
+        if !on_accu {
+            call.func_name = "@add".to_owned();
+        }
+    } else if METERED_STDLIB.contains(&call.func_name.as_str()) && !is_namespace(call.target.as_deref()) {
+        call.func_name = format!("@{}", call.func_name);
+    } else if let Some((_, metered)) = METERED_OPERATORS.iter().find(|(op, _)| *op == call.func_name)
+        && call.target.is_none()
+        && !has_bounded_operand(&call.func_name, &call.args)
+    {
+        call.func_name = (*metered).to_owned();
+    }
+}
+
+/// Whether a call's target is a function namespace (`sets.contains(..)` is
+/// the function `sets.contains`, not `contains` called on `sets`).
+fn is_namespace(target: Option<&IdedExpr>) -> bool {
+    matches!(target.map(|t| &t.expr), Some(Expr::Ident(name)) if name == "sets")
+}
+
+/// Whether an operand's size is bounded by the expression text: a literal,
+/// or for `in` a list or map literal on the right.
+fn has_bounded_operand(op: &str, args: &[IdedExpr]) -> bool {
+    // A folded `quantity("..")` constant is as bounded as a literal, but the
+    // ordering operators must see it to refuse `<` on quantities.
+    let ordering =
+        matches!(op, operators::LESS | operators::LESS_EQUALS | operators::GREATER | operators::GREATER_EQUALS);
+    let literal = |e: &IdedExpr| match &e.expr {
+        Expr::Literal(_) => true,
+        Expr::Ident(name) => !ordering && constant_index(name).is_some(),
+        _ => false,
+    };
+    match (op, args) {
+        (operators::IN, [_, haystack]) => matches!(haystack.expr, Expr::List(_) | Expr::Map(_)),
+        (operators::INDEX, [_, idx]) => literal(idx),
+        (_, [a, b]) => literal(a) || literal(b),
+        _ => true,
+    }
+}
+
+/// Wraps a value the interpreter copies (a list or map literal's element, a
+/// `cel.bind` value) in `@copy(..)`, which charges its full size before the
+/// copy is made: `[s, s, s, ...]` of a large `s` would otherwise copy it
+/// many times unpaid. Literals are left alone: the expression text bounds them.
+fn charge_copy(expr: &mut IdedExpr) {
+    if matches!(expr.expr, Expr::Literal(_)) {
+        return;
+    }
+    let inner = std::mem::take(expr);
+    *expr = IdedExpr {
+        id: inner.id,
+        expr: Expr::Call(CallExpr { func_name: "@copy".to_owned(), target: None, args: vec![inner] }),
+    };
+}
+
+/// `@copy(value)`: charges the full size of a value about to be copied.
+pub fn copy<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
+    let value = args.into_iter().next().ok_or_else(|| ExecutionError::function_error("@copy", "expects a value"))?;
+    charge(deep_units(value.as_ref(), BUDGET))?;
+    Ok(value)
+}
+
+/// Whether `expr` is `device` followed by field selections or indexing.
+fn rooted_at_device(expr: &IdedExpr) -> bool {
+    let mut expr = expr;
+    loop {
+        match &expr.expr {
+            Expr::Ident(name) => return name == "device",
+            Expr::Select(select) if !select.test => expr = &select.operand,
+            Expr::Call(call) if call.func_name == operators::INDEX && call.target.is_none() => {
+                match call.args.first() {
+                    Some(operand) => expr = operand,
+                    None => return false,
+                }
+            }
+            _ => return false,
+        }
+    }
+}
+
+/// A bool result without allocating.
+pub fn boolean<'b, 'v>(b: bool) -> CowVal<'b, 'v> {
+    static TRUE: CelBool = CelBool::TRUE;
+    static FALSE: CelBool = CelBool::FALSE;
+    CowVal::Borrowed(if b { &TRUE } else { &FALSE })
+}
+
+/// Nodes of `expr`, for the weight of one loop iteration.
+fn count_nodes(expr: &IdedExpr) -> usize {
+    match &expr.expr {
+        Expr::Call(call) => {
+            1 + call.target.as_deref().map_or(0, count_nodes) + call.args.iter().map(count_nodes).sum::<usize>()
+        }
+        Expr::Comprehension(c) => {
+            1 + count_nodes(&c.iter_range)
+                + count_nodes(&c.accu_init)
+                + count_nodes(&c.loop_cond)
+                + count_nodes(&c.loop_step)
+                + count_nodes(&c.result)
+        }
+        Expr::List(l) => 1 + l.elements.iter().map(count_nodes).sum::<usize>(),
+        Expr::Map(m) => {
+            1 + m
+                .entries
+                .iter()
+                .map(|e| match &e.expr {
+                    EntryExpr::MapEntry(e) => count_nodes(&e.key) + count_nodes(&e.value),
+                    EntryExpr::StructField(f) => count_nodes(&f.value),
+                })
+                .sum::<usize>()
+        }
+        Expr::Struct(s) => {
+            1 + s
+                .entries
+                .iter()
+                .map(|e| match &e.expr {
+                    EntryExpr::MapEntry(e) => count_nodes(&e.key) + count_nodes(&e.value),
+                    EntryExpr::StructField(f) => count_nodes(&f.value),
+                })
+                .sum::<usize>()
+        }
+        Expr::Select(s) => 1 + count_nodes(&s.operand),
+        Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => 1,
+    }
+}

@@ -1,0 +1,240 @@
+//! The list functions of the Kubernetes base environment: the apiserver's
+//! lists library (`isSorted`, `sum`, `min`, `max`, `indexOf`, `lastIndexOf`),
+//! cel-go's `sets` extension (`sets.contains`, `sets.equivalent`,
+//! `sets.intersects`), the regex library's `find` / `findAll`, and DRA's
+//! `includes` for list-typed attributes (`x.includes(v)`: membership for a
+//! list, equality for a scalar). Each charges the meter for the elements it
+//! visits.
+
+use std::cmp::Ordering;
+
+use cel::common::types::{CelDouble, CelInt, CelList, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE};
+use cel::common::value::{CowVal, Val};
+use cel::{DeclarationError, Env, ExecutionError};
+
+use super::cost::{bytes_units, charge, check_list_len};
+use super::ops_lib::deep_units;
+
+type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
+type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
+type Elements<'a, 'v> = &'a [Box<dyn Val + 'v>];
+
+/// `ResourceSliceMaxAttributeValuesPerDevice`-style cap Kubernetes applies to
+/// `includes`: longer lists are a runtime error.
+const MAX_INCLUDES_LIST: usize = 48;
+
+fn error(function: &str, message: impl ToString) -> ExecutionError {
+    ExecutionError::function_error(function, message)
+}
+
+fn list_at<'a, 'v>(
+    function: &str,
+    args: &'a [CowVal<'_, 'v>],
+    i: usize,
+) -> Result<&'a [Box<dyn Val + 'v>], ExecutionError> {
+    args.get(i)
+        .and_then(|v| v.downcast_ref::<CelList>())
+        .map(|l| l.inner())
+        .ok_or_else(|| error(function, format!("argument {i} must be a list")))
+}
+
+fn arg<'a, 'b, 'v>(function: &str, args: &'a [CowVal<'b, 'v>], i: usize) -> Result<&'a CowVal<'b, 'v>, ExecutionError> {
+    args.get(i).ok_or_else(|| error(function, format!("missing argument {i}")))
+}
+
+fn cmp(function: &str, a: &dyn Val, b: &dyn Val) -> Result<Ordering, ExecutionError> {
+    a.as_comparer()
+        .ok_or_else(|| error(function, format!("{} values cannot be ordered", a.get_type().name())))?
+        .compare(b)
+        .map_err(|_| error(function, format!("cannot compare {} with {}", a.get_type().name(), b.get_type().name())))
+}
+
+fn includes<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let target = arg("includes", &args, 0)?;
+    let value = arg("includes", &args, 1)?;
+    if let Some(list) = target.downcast_ref::<CelList>() {
+        if list.inner().len() > MAX_INCLUDES_LIST {
+            return Err(error(
+                "includes",
+                format!("'includes' function cannot be applied to lists longer than {MAX_INCLUDES_LIST} values"),
+            ));
+        }
+        charge(1 + list.inner().len() as u64)?;
+        return Ok(super::cost::boolean(list.inner().iter().any(|e| e.equals(value.as_ref()))));
+    }
+    charge(1)?;
+    Ok(super::cost::boolean(target.equals(value.as_ref())))
+}
+
+fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("isSorted", &args, 0)?;
+    charge(1 + list.len() as u64)?;
+    for pair in list.windows(2) {
+        if let [a, b] = pair
+            && cmp("isSorted", a.as_ref(), b.as_ref())? == Ordering::Greater
+        {
+            return Ok(super::cost::boolean(false));
+        }
+    }
+    Ok(super::cost::boolean(true))
+}
+
+fn sum<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("sum", &args, 0)?;
+    charge(1 + list.len() as u64)?;
+    let overflow = || error("sum", "integer overflow");
+    let Some(first) = list.first() else {
+        return Ok(CowVal::owned(CelInt::from(0)));
+    };
+    if first.downcast_ref::<CelDouble>().is_some() {
+        let mut total = 0.0;
+        for e in list {
+            total +=
+                e.downcast_ref::<CelDouble>().map(|d| *d.inner()).ok_or_else(|| error("sum", "mixed element types"))?;
+        }
+        return Ok(CowVal::owned(CelDouble::from(total)));
+    }
+    if first.downcast_ref::<CelUInt>().is_some() {
+        let mut total: u64 = 0;
+        for e in list {
+            let v =
+                e.downcast_ref::<CelUInt>().map(|u| *u.inner()).ok_or_else(|| error("sum", "mixed element types"))?;
+            total = total.checked_add(v).ok_or_else(overflow)?;
+        }
+        return Ok(CowVal::owned(CelUInt::from(total)));
+    }
+    let mut total: i64 = 0;
+    for e in list {
+        let v = e
+            .downcast_ref::<CelInt>()
+            .map(|i| *i.inner())
+            .ok_or_else(|| error("sum", format!("cannot sum {} values", e.get_type().name())))?;
+        total = total.checked_add(v).ok_or_else(overflow)?;
+    }
+    Ok(CowVal::owned(CelInt::from(total)))
+}
+
+fn extreme<'b, 'v>(function: &str, args: &[CowVal<'b, 'v>], keep: Ordering) -> Out<'b, 'v> {
+    let list = list_at(function, args, 0)?;
+    charge(1 + list.len() as u64)?;
+    let mut best = list.first().ok_or_else(|| error(function, "list is empty"))?;
+    for e in list {
+        if cmp(function, e.as_ref(), best.as_ref())? == keep {
+            best = e;
+        }
+    }
+    Ok(CowVal::Owned(best.clone()))
+}
+
+fn min<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    extreme("min", &args, Ordering::Less)
+}
+
+fn max<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    extreme("max", &args, Ordering::Greater)
+}
+
+fn position<'b, 'v>(function: &str, args: &[CowVal<'b, 'v>], last: bool) -> Out<'b, 'v> {
+    let list = list_at(function, args, 0)?;
+    let value = arg(function, args, 1)?;
+    charge(1 + list.len() as u64 * deep_units(value.as_ref(), 1 << 20))?;
+    let found = if last {
+        list.iter().rposition(|e| e.equals(value.as_ref()))
+    } else {
+        list.iter().position(|e| e.equals(value.as_ref()))
+    };
+    Ok(CowVal::owned(CelInt::from(found.map_or(-1, |i| i as i64))))
+}
+
+fn index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    position("indexOf", &args, false)
+}
+
+fn last_index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    position("lastIndexOf", &args, true)
+}
+
+/// Charges for comparing every element of `a` with every element of `b`.
+fn pairs<'a, 'v>(
+    function: &str,
+    args: &'a [CowVal<'_, 'v>],
+) -> Result<(Elements<'a, 'v>, Elements<'a, 'v>), ExecutionError> {
+    let a = list_at(function, args, 0)?;
+    let b = list_at(function, args, 1)?;
+    charge(1 + (a.len() as u64).saturating_mul(b.len() as u64))?;
+    Ok((a, b))
+}
+
+fn sets_contains<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let (a, b) = pairs("sets.contains", &args)?;
+    Ok(super::cost::boolean(b.iter().all(|x| a.iter().any(|y| y.equals(x.as_ref())))))
+}
+
+fn sets_equivalent<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let (a, b) = pairs("sets.equivalent", &args)?;
+    let within =
+        |x: &[Box<dyn Val + 'v>], y: &[Box<dyn Val + 'v>]| x.iter().all(|e| y.iter().any(|f| f.equals(e.as_ref())));
+    Ok(super::cost::boolean(within(a, b) && within(b, a)))
+}
+
+fn sets_intersects<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let (a, b) = pairs("sets.intersects", &args)?;
+    Ok(super::cost::boolean(a.iter().any(|x| b.iter().any(|y| y.equals(x.as_ref())))))
+}
+
+fn regex_args<'a>(function: &str, args: &'a [CowVal<'_, '_>]) -> Result<(&'a str, &'a str), ExecutionError> {
+    let text = args.first().and_then(|v| v.downcast_ref::<CelString>()).map(|s| s.inner());
+    let pattern = args.get(1).and_then(|v| v.downcast_ref::<CelString>()).map(|s| s.inner());
+    match (text, pattern) {
+        (Some(t), Some(p)) => {
+            charge(bytes_units(t.len()) + bytes_units(p.len()))?;
+            Ok((t, p))
+        }
+        _ => Err(error(function, "expects a string and a pattern")),
+    }
+}
+
+fn find<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let (text, pattern) = regex_args("find", &args)?;
+    let re = super::strings_lib::cached_regex(pattern)?;
+    let found = re.find(text).map(|m| m.as_str().to_owned()).unwrap_or_default();
+    Ok(CowVal::owned(CelString::from(found)))
+}
+
+fn find_all<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let (text, pattern) = regex_args("findAll", &args)?;
+    let limit = match args.get(2) {
+        Some(n) => {
+            n.downcast_ref::<CelInt>().map(|i| *i.inner()).ok_or_else(|| error("findAll", "limit must be an int"))?
+        }
+        None => -1,
+    };
+    let re = super::strings_lib::cached_regex(pattern)?;
+    let take = if limit < 0 { usize::MAX } else { limit as usize };
+    let found: Vec<Box<dyn Val>> = re
+        .find_iter(text)
+        .take(take)
+        .map(|m| Box::new(CelString::from(m.as_str().to_owned())) as Box<dyn Val>)
+        .collect();
+    check_list_len("findAll", found.len())?;
+    charge(1 + found.len() as u64)?;
+    Ok(CowVal::owned(CelList::from(found)))
+}
+
+/// Registers the list functions on `env`.
+pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
+    env.add_member_overload("includes", "dyn_includes", DYN_TYPE, vec![DYN_TYPE], includes)?;
+    env.add_member_overload("isSorted", "list_is_sorted", LIST_TYPE, vec![], is_sorted)?;
+    env.add_member_overload("sum", "list_sum", LIST_TYPE, vec![], sum)?;
+    env.add_member_overload("min", "list_min", LIST_TYPE, vec![], min)?;
+    env.add_member_overload("max", "list_max", LIST_TYPE, vec![], max)?;
+    env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], index_of)?;
+    env.add_member_overload("lastIndexOf", "list_last_index_of", LIST_TYPE, vec![DYN_TYPE], last_index_of)?;
+    env.add_overload("sets.contains", "sets_contains", vec![LIST_TYPE, LIST_TYPE], sets_contains)?;
+    env.add_overload("sets.equivalent", "sets_equivalent", vec![LIST_TYPE, LIST_TYPE], sets_equivalent)?;
+    env.add_overload("sets.intersects", "sets_intersects", vec![LIST_TYPE, LIST_TYPE], sets_intersects)?;
+    env.add_member_overload("find", "string_find", STRING_TYPE, vec![STRING_TYPE], find)?;
+    env.add_member_overload("findAll", "string_find_all", STRING_TYPE, vec![STRING_TYPE], find_all)?;
+    env.add_member_overload("findAll", "string_find_all_n", STRING_TYPE, vec![STRING_TYPE, INT_TYPE], find_all)?;
+    Ok(())
+}

@@ -1,0 +1,226 @@
+//! CEL device selectors, evaluated as the kube-scheduler evaluates them
+//! (`k8s.io/dynamic-resource-allocation/cel`), on the `cel` crate.
+//!
+//! [`SelectorEnv`] compiles an expression once and caches the result, errors
+//! included, by expression text; [`CelDevice`] is the `device` variable,
+//! built once per device; [`CompiledSelector::matches`] evaluates one against
+//! the other within a cost budget (see [`cost`]).
+
+mod cost;
+mod device_value;
+mod env;
+mod lists_lib;
+mod ops_lib;
+mod quantity_lib;
+mod semver_lib;
+mod strings_lib;
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+use cel::common::ast::IdedExpr;
+use cel::common::types::CelBool;
+use cel::common::value::{CowVal, Val};
+use cel::context::VariableResolver;
+use cel::{Context, Env, Value};
+
+pub use device_value::CelDevice;
+pub use quantity_lib::Quantity;
+
+/// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
+pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
+
+/// Most compiled expressions kept; the cache starts over beyond that, so a
+/// stream of distinct expressions cannot grow memory without bound.
+const CACHE_CAPACITY: usize = 4096;
+
+/// Why an expression does not compile. The message names the problem only;
+/// the caller adds which claim, class and selector it was.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CompileError {
+    #[error("expression is {len} bytes long, more than the limit of {limit} bytes")]
+    TooLong { len: usize, limit: usize },
+    #[error("syntax error: {0}")]
+    Syntax(String),
+    #[error("expression nests deeper than the limit of {limit} levels")]
+    TooDeep { limit: usize },
+    #[error("{0}")]
+    InvalidRegex(String),
+    #[error("expression must evaluate to bool, not {0}")]
+    NotBool(String),
+    #[error("undeclared reference to '{0}'; selectors can only use the variable 'device'")]
+    Undeclared(String),
+    #[error("cannot build the CEL environment: {0}")]
+    Environment(String),
+}
+
+/// Why evaluating a selector on a device failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EvalError {
+    #[error("{0}")]
+    Runtime(String),
+    #[error("expression must evaluate to bool, got {0}")]
+    NotBool(String),
+    #[error("evaluation exceeded the cost budget of {limit} units; simplify the expression")]
+    CostExceeded { limit: u64 },
+    #[error("{0}")]
+    Device(String),
+}
+
+/// Stack of the thread that parses: measured to hold a 10 Ki left-deep chain
+/// in a debug build with room to spare (it is virtual memory until touched).
+const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
+
+/// Parses, rewrites for metering and checks `expression`.
+fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, cost::Rewritten), CompileError> {
+    let mut ast = env.parser().parse(expression).map_err(|e| {
+        if e.errors.iter().any(|e| e.msg.contains("Recursion limit")) {
+            CompileError::TooDeep { limit: cost::MAX_AST_DEPTH }
+        } else {
+            CompileError::Syntax(e.to_string())
+        }
+    })?;
+    let rewritten = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
+    env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
+    env::check_result_may_be_bool(&ast)?;
+    env::check_identifiers(&ast, &mut Vec::new())?;
+    Ok((ast, rewritten))
+}
+
+/// Compiles selector expressions and caches them by text. Thread-safe: share
+/// one per process (or per allocator) behind an `Arc` or a reference.
+pub struct SelectorEnv {
+    env: Result<Arc<Env>, CompileError>,
+    cache: RwLock<HashMap<String, Result<Arc<CompiledSelector>, CompileError>>>,
+}
+
+impl Default for SelectorEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl SelectorEnv {
+    pub fn new() -> Self {
+        let env = env::build().map(Arc::new).map_err(|e| CompileError::Environment(e.to_string()));
+        SelectorEnv { env, cache: RwLock::new(HashMap::new()) }
+    }
+
+    /// The compiled form of `expression`, compiling it on first use. A
+    /// failure is cached too: the same expression fails the same way.
+    pub fn compile(&self, expression: &str) -> Result<Arc<CompiledSelector>, CompileError> {
+        if let Ok(cache) = self.cache.read()
+            && let Some(found) = cache.get(expression)
+        {
+            return found.clone();
+        }
+        let compiled = self.compile_uncached(expression).map(Arc::new);
+        if let Ok(mut cache) = self.cache.write() {
+            if cache.len() >= CACHE_CAPACITY {
+                cache.clear();
+            }
+            cache.insert(expression.to_owned(), compiled.clone());
+        }
+        compiled
+    }
+
+    fn compile_uncached(&self, expression: &str) -> Result<CompiledSelector, CompileError> {
+        if expression.len() > MAX_EXPRESSION_BYTES {
+            return Err(CompileError::TooLong { len: expression.len(), limit: MAX_EXPRESSION_BYTES });
+        }
+        let env = self.env.clone()?;
+        // The parser recurses once per operator of a left-deep chain such as
+        // `1+1+...+1`, which its own recursion limit does not count: parse on
+        // a thread with a stack large enough for any 10 Ki expression, and
+        // refuse ASTs deeper than evaluation can safely recurse.
+        let (ast, rewritten) = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("cel-parse".to_owned())
+                .stack_size(PARSER_STACK_BYTES)
+                .spawn_scoped(scope, || parse(&env, expression))
+                .map_err(|e| CompileError::Environment(format!("cannot start the parser thread: {e}")))?
+                .join()
+                .map_err(|_| CompileError::Environment("the parser thread panicked".to_owned()))?
+        })?;
+        Ok(CompiledSelector {
+            expression: expression.to_owned(),
+            ast,
+            env,
+            stack: rewritten.stack,
+            constants: rewritten.constants,
+        })
+    }
+}
+
+/// One compiled selector expression. Thread-safe.
+pub struct CompiledSelector {
+    expression: String,
+    ast: IdedExpr,
+    env: Arc<Env>,
+    /// Stack the evaluation may need; see [`CompiledSelector::matches`].
+    stack: usize,
+    /// Values of constant calls, named `@c<index>` in the AST.
+    constants: Vec<Box<dyn Val>>,
+}
+
+/// The variables of one evaluation: `device`, and the selector's constants.
+struct Variables<'a> {
+    device: &'a CelDevice,
+    constants: &'a [Box<dyn Val>],
+}
+
+impl VariableResolver for Variables<'_> {
+    fn resolve<'b>(&'b self, variable: &str) -> Option<CowVal<'b, 'b>> {
+        match cost::constant_index(variable) {
+            Some(i) => self.constants.get(i).map(|v| CowVal::Borrowed(v.as_ref())),
+            None => self.device.resolve(variable),
+        }
+    }
+}
+
+impl std::fmt::Debug for SelectorEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SelectorEnv").finish_non_exhaustive()
+    }
+}
+
+impl std::fmt::Debug for CompiledSelector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CompiledSelector").field("expression", &self.expression).finish_non_exhaustive()
+    }
+}
+
+impl CompiledSelector {
+    /// The expression as written.
+    pub fn expression(&self) -> &str {
+        &self.expression
+    }
+
+    /// Whether `device` satisfies the selector. A runtime error, a non-bool
+    /// result or a cost overrun is an error, never a silent `false`.
+    ///
+    /// The interpreter recurses once per AST level; when the calling thread
+    /// has less stack left than this expression's depth may need, the
+    /// evaluation runs on a temporary larger stack instead of overflowing.
+    pub fn matches(&self, device: &CelDevice) -> Result<bool, EvalError> {
+        stacker::maybe_grow(self.stack, self.stack * 2, || self.evaluate(device))
+    }
+
+    fn evaluate(&self, device: &CelDevice) -> Result<bool, EvalError> {
+        cost::start(cost::BUDGET);
+        let variables = Variables { device, constants: &self.constants };
+        let mut context = Context::with_env(Arc::clone(&self.env));
+        context.set_variable_resolver(&variables);
+        let result = Value::resolve_val(&self.ast, &context);
+        if cost::exceeded() {
+            return Err(EvalError::CostExceeded { limit: cost::BUDGET });
+        }
+        let value = result.map_err(|e| EvalError::Runtime(e.to_string()))?;
+        value
+            .downcast_ref::<CelBool>()
+            .map(|b| *b.inner())
+            .ok_or_else(|| EvalError::NotBool(value.get_type().name().to_owned()))
+    }
+}

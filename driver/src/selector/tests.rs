@@ -1,0 +1,365 @@
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
+
+use super::*;
+
+const DRIVER: &str = "gpu.nvidia.com";
+
+fn attr_string(s: &str) -> DeviceAttribute {
+    DeviceAttribute { string: Some(s.to_owned()), ..Default::default() }
+}
+
+fn h100() -> Device {
+    let mut attributes = BTreeMap::new();
+    attributes.insert("productName".to_owned(), attr_string("H100"));
+    attributes.insert("index".to_owned(), DeviceAttribute { int: Some(3), ..Default::default() });
+    attributes.insert("mig".to_owned(), DeviceAttribute { bool: Some(false), ..Default::default() });
+    attributes.insert(
+        "driverVersion".to_owned(),
+        DeviceAttribute { version: Some("550.54.15".to_owned()), ..Default::default() },
+    );
+    attributes.insert("resource.kubernetes.io/pcieRoot".to_owned(), attr_string("pci0000:00"));
+    let mut capacity = BTreeMap::new();
+    capacity
+        .insert("memory".to_owned(), DeviceCapacity { value: K8sQuantity("80Gi".to_owned()), ..Default::default() });
+    capacity.insert(
+        "example.com/slots".to_owned(),
+        DeviceCapacity { value: K8sQuantity("4".to_owned()), ..Default::default() },
+    );
+    Device { name: "gpu-0".to_owned(), attributes: Some(attributes), capacity: Some(capacity), ..Default::default() }
+}
+
+fn eval(expression: &str) -> Result<bool, String> {
+    let env = SelectorEnv::new();
+    let device = CelDevice::new(DRIVER, &h100()).map_err(|e| e.to_string())?;
+    let compiled = env.compile(expression).map_err(|e| format!("compile: {e}"))?;
+    compiled.matches(&device).map_err(|e| e.to_string())
+}
+
+fn holds(expression: &str) {
+    assert_eq!(eval(expression), Ok(true), "{expression}");
+}
+
+#[test]
+fn driver_attributes_and_capacity() {
+    holds(r#"device.driver == "gpu.nvidia.com""#);
+    holds(r#"device.attributes["gpu.nvidia.com"].productName == "H100""#);
+    holds(r#"device.attributes["gpu.nvidia.com"].index == 3 && !device.attributes["gpu.nvidia.com"].mig"#);
+    holds(r#"device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00""#);
+    holds(r#"device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))"#);
+    holds(r#"device.capacity["example.com"].slots == quantity("4")"#);
+    holds("!device.allowMultipleAllocations");
+}
+
+fn fails_with(expression: &str, needle: &str) {
+    match eval(expression) {
+        Err(e) => assert!(e.contains(needle), "{expression}: error {e:?} does not mention {needle:?}"),
+        Ok(v) => panic!("{expression}: expected an error mentioning {needle:?}, got {v}"),
+    }
+}
+
+#[test]
+fn unknown_domain_is_an_empty_map_and_unknown_id_an_error() {
+    holds(r#"device.attributes["example.org"].size() == 0"#);
+    holds(r#"!has(device.attributes["example.org"].foo)"#);
+    holds(r#"!("foo" in device.attributes["example.org"])"#);
+    holds(r#"!("example.org" in device.attributes) && "gpu.nvidia.com" in device.attributes"#);
+    holds(r#""resource.kubernetes.io" in device.attributes && "example.com" in device.capacity"#);
+    fails_with(r#"device.attributes["example.org"].foo == 1"#, "No such key: foo");
+    fails_with(r#"device.attributes["example.org"]["foo"] == 1"#, "No such key: foo");
+    fails_with(r#"device.attributes["gpu.nvidia.com"].nope == 1"#, "No such key: nope");
+    fails_with(r#"device.capacity["gpu.nvidia.com"].nope.isGreaterThan(quantity("0"))"#, "No such key: nope");
+}
+
+#[test]
+fn has_and_in_on_attributes() {
+    holds(r#"has(device.attributes["gpu.nvidia.com"].productName)"#);
+    holds(r#"!has(device.attributes["gpu.nvidia.com"].missing)"#);
+    holds(r#""index" in device.attributes["gpu.nvidia.com"]"#);
+    holds(r#"has(device.capacity["gpu.nvidia.com"].memory)"#);
+    holds(r#"device.attributes.exists_one(d, d == "resource.kubernetes.io")"#);
+    holds(r#"device.attributes["gpu.nvidia.com"].all(id, id != "")"#);
+    holds(r#"device.capacity["gpu.nvidia.com"].exists(id, id == "memory")"#);
+    holds(r#"[1, 2, 3].map(x, x * 2).filter(x, x > 2) == [4, 6]"#);
+}
+
+#[test]
+fn result_must_be_bool() {
+    fails_with(r#"device.attributes["gpu.nvidia.com"].index"#, "must evaluate to bool, got int");
+    fails_with(r#"device.attributes["gpu.nvidia.com"].productName"#, "must evaluate to bool, got string");
+    assert_eq!(eval("false"), Ok(false));
+}
+
+#[test]
+fn compile_errors_say_what_is_wrong() {
+    let env = SelectorEnv::new();
+    let long = format!("device.driver == \"{}\"", "x".repeat(MAX_EXPRESSION_BYTES));
+    let err = env.compile(&long).unwrap_err();
+    assert!(err.to_string().contains("limit of 10240 bytes"), "{err}");
+    let at_limit = format!("{}true", " ".repeat(MAX_EXPRESSION_BYTES - 4));
+    assert!(env.compile(&at_limit).is_ok(), "exactly 10 Ki is allowed");
+    let err = env.compile("?!").unwrap_err();
+    assert!(matches!(err, CompileError::Syntax(_)), "{err}");
+    let err = env.compile(r#"device.driver.matches("[unclosed")"#).unwrap_err();
+    assert!(err.to_string().contains("invalid regular expression"), "{err}");
+    let err = env.compile("1").unwrap_err();
+    assert!(err.to_string().contains("must evaluate to bool"), "{err}");
+    let err = env.compile("devices.driver == \"x\"").unwrap_err();
+    assert_eq!(err.to_string(), "undeclared reference to 'devices'; selectors can only use the variable 'device'");
+    assert!(env.compile("[1].all(x, x > 0 && cel.bind(y, x, y == x)) && x > 0").is_err(), "x is out of scope");
+    assert!(
+        env.compile("type(device) == map && sets.contains([1], [1]) && optional.none() == optional.none()").is_ok()
+    );
+    let err = env.compile("cel.bind(a.b, 1, true)").unwrap_err();
+    assert!(err.to_string().contains("simple identifier"), "{err}");
+}
+
+#[test]
+fn compiled_programs_and_errors_are_cached_by_text() {
+    let env = SelectorEnv::new();
+    let a = env.compile("device.driver != \"\"").unwrap();
+    let b = env.compile("device.driver != \"\"").unwrap();
+    assert!(Arc::ptr_eq(&a, &b));
+    assert_eq!(a.expression(), "device.driver != \"\"");
+    assert_eq!(env.compile("?!").unwrap_err(), env.compile("?!").unwrap_err());
+}
+
+#[test]
+fn selector_env_and_programs_are_shared_across_threads() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<SelectorEnv>();
+    send_sync::<CompiledSelector>();
+    send_sync::<CelDevice>();
+    let env = Arc::new(SelectorEnv::new());
+    let device = Arc::new(CelDevice::new(DRIVER, &h100()).unwrap());
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let (env, device) = (Arc::clone(&env), Arc::clone(&device));
+            std::thread::spawn(move || env.compile("device.driver == \"gpu.nvidia.com\"").unwrap().matches(&device))
+        })
+        .collect();
+    for h in handles {
+        assert_eq!(h.join().unwrap(), Ok(true));
+    }
+}
+
+#[test]
+fn quantity_functions() {
+    holds(r#"quantity("1Gi").isGreaterThan(quantity("1G"))"#);
+    holds(r#"quantity("1000Mi").isLessThan(quantity("1Gi"))"#);
+    holds(r#"quantity("1k") == quantity("1000") && quantity("1Ki") == quantity("1024")"#);
+    holds(r#"quantity("1500m").compareTo(quantity("1.5")) == 0 && quantity("2").compareTo(quantity("1.5")) == 1"#);
+    holds(r#"quantity("1e3").compareTo(quantity("1Ki")) == -1"#);
+    holds(r#"device.capacity["gpu.nvidia.com"].memory == quantity("81920Mi")"#);
+    holds(r#"quantity("1Gi").add(quantity("1Gi")) == quantity("2Gi") && quantity("1").add(2) == quantity("3")"#);
+    holds(r#"quantity("1Gi").sub(quantity("512Mi")) == quantity("512Mi") && quantity("5").sub(7).sign() == -1"#);
+    holds(r#"quantity("2k").asInteger() == 2000 && quantity("1.5").isInteger() == false"#);
+    holds(r#"quantity("500m").asApproximateFloat() == 0.5 && quantity("0").sign() == 0"#);
+    holds(r#"isQuantity("1.5Gi") && !isQuantity("1.5GiB") && !isQuantity("")"#);
+    fails_with(r#"quantity("1.5").asInteger() == 1"#, "cannot convert value to integer");
+    fails_with(r#"quantity("12 apples").sign() == 1"#, "not a valid quantity");
+    fails_with(r#"quantity("1").isGreaterThan(1)"#, "no matching overload");
+    fails_with(r#"quantity("1") < quantity("2")"#, "no matching overload");
+    fails_with(r#"device.capacity["gpu.nvidia.com"].memory > quantity("2")"#, "no matching overload");
+    fails_with(r#"semver("1.0.0").isLessThan(quantity("2"))"#, "no matching overload");
+    holds(r#"!quantity("1").isGreaterThan(quantity("1")) && !quantity("1").isLessThan(quantity("1"))"#);
+}
+
+#[test]
+fn semver_functions_and_version_attributes() {
+    holds(r#"device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("550.0.0"))"#);
+    holds(r#"device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("550.54.15")) == 0"#);
+    holds(r#"device.attributes["gpu.nvidia.com"].driverVersion == semver("550.54.15+build")"#);
+    holds(r#"semver("1.2.3").major() == 1 && semver("1.2.3").minor() == 2 && semver("1.2.3").patch() == 3"#);
+    holds(r#"semver("1.0.0-rc.1").isLessThan(semver("1.0.0"))"#);
+    holds(r#"semver("1.10.0").isGreaterThan(semver("1.9.0"))"#);
+    fails_with(r#"semver("1.0.0") < semver("2.0.0")"#, "no matching overload");
+    holds(r#"isSemver("1.2.3") && !isSemver("v1.2.3") && isSemver("v1.2", true)"#);
+    holds(r#"semver("v1.2", true) == semver("1.2.0")"#);
+    fails_with(r#"semver("1.2").major() == 1"#, "not a valid semantic version");
+}
+
+#[test]
+fn string_extension_functions() {
+    holds(r#""H100".lowerAscii() == "h100" && "h100".upperAscii() == "H100""#);
+    holds(r#""a,b,c".split(",") == ["a", "b", "c"] && "a,b,c".split(",", 2) == ["a", "b,c"]"#);
+    holds(r#""a,b".split(",", 0) == [] && "ab".split("") == ["a", "b"]"#);
+    holds(r#"["a", "b"].join("-") == "a-b" && ["a", "b"].join() == "ab""#);
+    holds(r#""aaa".replace("a", "b") == "bbb" && "aaa".replace("a", "b", 2) == "bba""#);
+    holds(r#""hello".substring(1) == "ello" && "hello".substring(1, 3) == "el""#);
+    holds(r#""hello".indexOf("l") == 2 && "hello".indexOf("l", 3) == 3 && "hello".indexOf("z") == -1"#);
+    holds(r#""hello".lastIndexOf("l") == 3 && "hello".lastIndexOf("l", 2) == 2 && "hello".lastIndexOf("h", 0) == 0"#);
+    holds(r#""  x ".trim() == "x" && "héllo".charAt(1) == "é" && "abc".charAt(3) == """#);
+    holds(r#""héllo".indexOf("l") == 2 && "abc".reverse() == "cba""#);
+    holds(r#""H100-SXM".contains("SXM") && "H100".startsWith("H") && "H100".endsWith("00") && size("héllo") == 5"#);
+    fails_with(r#""abc".substring(2, 1) == """#, "invalid substring range");
+    fails_with(r#""abc".charAt(4) == """#, "index out of range");
+}
+
+#[test]
+fn matches_uses_re2_syntax_unanchored() {
+    holds(r#"device.attributes["gpu.nvidia.com"].productName.matches("^H[0-9]+$")"#);
+    holds(r#"matches("asymetric", "[^a]?sym")"#);
+    holds(r#"!"A100".matches("^H")"#);
+    // A runtime pattern is compiled once per thread and reused.
+    holds(r#"["H100", "H200"].all(p, p.matches("^H" + "[0-9]+"))"#);
+    fails_with(r#""x".matches("(" + "")"#, "invalid regular expression");
+}
+
+#[test]
+fn bind_evaluates_with_a_named_value() {
+    holds(r#"cel.bind(gpu, device.attributes["gpu.nvidia.com"], gpu.productName == "H100" && gpu.index == 3)"#);
+    holds(r#"cel.bind(x, 2, cel.bind(y, x + 1, x * y == 6))"#);
+    holds(r#"cel.bind(xs, [1, 2, 3], xs.exists(x, x == 2) && size(xs) == 3)"#);
+}
+
+#[test]
+fn list_attributes_are_lists() {
+    let mut device = h100();
+    let attributes = device.attributes.get_or_insert_default();
+    attributes.insert("links".to_owned(), DeviceAttribute { ints: Some(vec![1, 2, 3]), ..Default::default() });
+    attributes.insert(
+        "versions".to_owned(),
+        DeviceAttribute { versions: Some(vec!["1.0.0".to_owned(), "2.0.0".to_owned()]), ..Default::default() },
+    );
+    let env = SelectorEnv::new();
+    let device = CelDevice::new(DRIVER, &device).unwrap();
+    for expression in [
+        r#"2 in device.attributes["gpu.nvidia.com"].links"#,
+        r#"device.attributes["gpu.nvidia.com"].links.size() == 3"#,
+        r#"device.attributes["gpu.nvidia.com"].versions.all(v, v.isGreaterThan(semver("0.0.1")))"#,
+    ] {
+        assert_eq!(env.compile(expression).unwrap().matches(&device), Ok(true), "{expression}");
+    }
+}
+
+#[test]
+fn invalid_device_values_are_errors() {
+    let mut device = h100();
+    device.attributes.get_or_insert_default().insert("empty".to_owned(), DeviceAttribute::default());
+    let err = CelDevice::new(DRIVER, &device).unwrap_err();
+    assert!(err.to_string().contains("attribute empty"), "{err}");
+    let mut device = h100();
+    device
+        .attributes
+        .get_or_insert_default()
+        .insert("v".to_owned(), DeviceAttribute { version: Some("1.2".to_owned()), ..Default::default() });
+    assert!(CelDevice::new(DRIVER, &device).unwrap_err().to_string().contains("attribute v"));
+}
+
+#[test]
+fn allow_multiple_allocations_is_exposed() {
+    let mut device = h100();
+    device.allow_multiple_allocations = Some(true);
+    let device = CelDevice::new(DRIVER, &device).unwrap();
+    let env = SelectorEnv::new();
+    assert_eq!(env.compile("device.allowMultipleAllocations").unwrap().matches(&device), Ok(true));
+}
+
+/// Each of these would run for minutes, or exhaust memory, unbounded.
+#[test]
+fn pathological_expressions_exceed_the_budget_quickly() {
+    let ten = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]";
+    let nested = format!(
+        "{ten}.all(a, {ten}.all(b, {ten}.all(c, {ten}.all(d, {ten}.all(e, {ten}.all(f, {ten}.all(g, a + b < 100)))))))"
+    );
+    let doubling =
+        (0..40).fold("\"xxxxxxxxxxxxxxxx\"".to_owned(), |inner, i| format!("cel.bind(s{i}, {inner}, s{i} + s{i})"));
+    let list_doubling =
+        (0..40).fold("[1, 2, 3, 4]".to_owned(), |inner, i| format!("cel.bind(l{i}, {inner}, l{i} + l{i})"));
+    let replace_blowup = format!("\"{}\"{}.size() > 0", "a".repeat(64), ".replace(\"a\", \"aaaaaaaa\")".repeat(20));
+    let split_loop = format!(
+        "\"{}\".split(\"\").all(x, \"{}\".split(\"\").all(y, x != y || true))",
+        "a".repeat(4000),
+        "b".repeat(4000)
+    );
+    for expression in
+        [nested, format!("size({doubling}) > 0"), format!("size({list_doubling}) > 0"), replace_blowup, split_loop]
+    {
+        let result = eval(&expression);
+        let err = result.expect_err(&expression);
+        assert!(err.contains("cost budget") || err.contains("exceeds the limit"), "{expression}: {err}");
+    }
+}
+
+#[test]
+fn an_overrun_absorbed_by_or_is_still_an_error() {
+    let ten = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]";
+    let expensive = format!("{ten}.all(a, {ten}.all(b, {ten}.all(c, {ten}.all(d, {ten}.all(e, {ten}.all(f, true))))))");
+    let err = eval(&format!("{expensive} || true")).unwrap_err();
+    assert!(err.contains("cost budget of 1000000"), "{err}");
+}
+
+#[test]
+fn deep_nesting_is_a_compile_error_not_a_stack_overflow() {
+    let env = SelectorEnv::new();
+    let sum = format!("{}1 == 0", "1+".repeat(4500));
+    let parens = format!("{}true{}", "(".repeat(3000), ")".repeat(3000));
+    let lists = format!("size({}1{}) == 1", "[".repeat(3000), "]".repeat(3000));
+    let selects = format!("device{} == 1", ".a".repeat(3000));
+    for expression in [sum, parens, lists, selects] {
+        assert!(env.compile(&expression).is_err(), "{}...", &expression[..40]);
+    }
+    // The parser folds `!!x` into `x`, so a run of negations is shallow.
+    let nots = format!("{}true", "!".repeat(3000));
+    assert!(env.compile(&nots).is_ok());
+    let ands = vec!["true"; 1000].join(" && ");
+    assert!(env.compile(&ands).is_ok(), "a long conjunction is balanced, not deep");
+    // The deepest accepted expressions evaluate on a test thread's small stack.
+    let device = CelDevice::new(DRIVER, &h100()).unwrap();
+    let chain = format!("{}1 == 96", "1 + ".repeat(95));
+    assert_eq!(env.compile(&chain).unwrap().matches(&device), Ok(true));
+    let parens = format!("{}true{}", "(!!".repeat(30), ")".repeat(30));
+    assert_eq!(env.compile(&parens).unwrap().matches(&device), Ok(true));
+    let nested = format!("{}1{} == 1", "[".repeat(90), "]".repeat(90));
+    assert!(env.compile(&format!("size({nested}) == 1")).is_ok());
+}
+
+#[test]
+fn ordinary_selectors_cost_little() {
+    let env = SelectorEnv::new();
+    let device = CelDevice::new(DRIVER, &h100()).unwrap();
+    let compiled = env.compile(r#"device.attributes["gpu.nvidia.com"].all(id, id.size() < 64)"#).unwrap();
+    assert_eq!(compiled.matches(&device), Ok(true));
+    assert!(cost::used() < 100, "spent {}", cost::used());
+}
+
+#[test]
+fn operators_on_two_computed_values_are_metered_but_unchanged() {
+    holds(r#"device.attributes["gpu.nvidia.com"].productName == device.attributes["gpu.nvidia.com"].productName"#);
+    holds(r#"device.attributes["gpu.nvidia.com"].index != device.attributes["gpu.nvidia.com"].index + 1"#);
+    holds(r#"cel.bind(d, "gpu.nvidia.com", "index" in device.attributes[d] && device.attributes[d].index >= 3)"#);
+    holds(r#"cel.bind(d, "example.org", device.attributes[d].size() == 0)"#);
+    holds(r#"cel.bind(k, "b", {"a": 1, "b": 2}[k] == 2 && k in {"b": 1} && k < "c" && k > "a" && k <= "b")"#);
+    holds(r#"cel.bind(l, [1, 2], 2 in l && !(3 in l) && l[1] == 2)"#);
+    holds(r#"cel.bind(o, optional.of({"a": 1}), o["a"] == optional.of(1) && !o["z"].hasValue())"#);
+    fails_with(r#"cel.bind(a, 1, cel.bind(b, "x", a < b))"#, "no matching overload");
+}
+
+#[test]
+fn list_set_regex_and_includes_functions() {
+    holds("[1, 2, 3].isSorted() && ![2, 1].isSorted() && [1, 2, 3].sum() == 6 && [1.5, 2.5].sum() == 4.0");
+    holds("[3, 1, 2].min() == 1 && [3, 1, 2].max() == 3 && ['b', 'a'].min() == 'a'");
+    holds("[1, 2, 1].indexOf(1) == 0 && [1, 2, 1].lastIndexOf(1) == 2 && [1].indexOf(5) == -1");
+    holds("sets.contains([1, 2, 3], [2, 3]) && sets.equivalent([1, 2], [2, 1, 2]) && sets.intersects([1], [3, 1])");
+    holds(r#""abc123def456".find("[0-9]+") == "123" && "abc123def456".findAll("[0-9]+") == ["123", "456"]"#);
+    holds(r#""a1b2c3".findAll("[0-9]", 2) == ["1", "2"] && "abc".find("[0-9]") == """#);
+    holds(r#"device.attributes["gpu.nvidia.com"].productName.includes("H100") && [1, 2].includes(2)"#);
+    fails_with("[].min() == 1", "list is empty");
+}
+
+#[test]
+fn quadratic_scans_of_computed_lists_exceed_the_budget() {
+    let letters = "a".repeat(4000);
+    let expression = format!(r#"cel.bind(l, "{letters}".split(""), l.all(x, x in l))"#);
+    fails_with(&expression, "cost budget");
+    let expression = format!(r#"cel.bind(s, "{letters}", s.split("").all(x, s == s))"#);
+    fails_with(&expression, "cost budget");
+    // Copies made by list literals and loop variables are paid for.
+    let copies = vec!["s"; 1000].join(", ");
+    let big = r#""aaaaaaaaaaaaaaaa".replace("a", "aaaaaaaaaaaaaaaa").replace("a", "aaaaaaaaaaaaaaaa")"#;
+    let expression = format!(r#"cel.bind(s, {big}, [{copies}].all(x, [{copies}].size() > 0))"#);
+    fails_with(&expression, "cost budget");
+}
