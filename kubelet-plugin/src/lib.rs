@@ -1,8 +1,10 @@
 //! The node agent of the GPU DRA driver, as a library so that the binary is
 //! only wiring and the integration suite can reach the same code.
 
+pub mod checkpoint;
 pub mod claims;
 pub mod cli;
+pub mod durable;
 pub mod grpc;
 pub mod health_service;
 pub mod http;
@@ -10,6 +12,7 @@ pub mod inspect;
 pub mod inventory_watch;
 pub mod kube_client;
 pub mod metrics;
+pub mod prepare;
 pub mod publisher;
 pub mod registration;
 pub mod run;

@@ -2,7 +2,6 @@
 //! publisher, the preparer, the gRPC servers and the HTTP port, then waits
 //! for SIGTERM or SIGINT.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -13,11 +12,13 @@ use gpu_dra_driver::inventory::nvml::NvmlSource;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::checkpoint;
+use crate::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::cli::{MetricsAddr, RunArgs};
 use crate::grpc::serve::{self, PluginServers, ServeConfig};
-use crate::grpc::{ClaimOutcome, ClaimRef, DraService};
 use crate::http::{HttpState, ReadyCheck};
 use crate::metrics::Metrics;
+use crate::prepare::{Preparer, PreparerConfig};
 use crate::publisher::{self, PublishStatus, PublisherConfig};
 use crate::sockets::SocketPaths;
 use crate::{inventory_watch, kube_client};
@@ -47,7 +48,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         publish_status.clone(),
     ));
 
-    let service = Arc::new(Unwired);
+    let service = Arc::new(open_preparer(args, client.clone(), inventory.clone())?);
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
@@ -90,6 +91,37 @@ fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Invento
                 .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
         }
     }
+}
+
+/// Opens the checkpoint and reconciles it with the CDI directory; claims
+/// are served only after that.
+fn open_preparer(
+    args: &RunArgs,
+    client: kube::Client,
+    inventory: watch::Receiver<Arc<Inventory>>,
+) -> anyhow::Result<Preparer<KubeClaimSource>> {
+    let boot_id = checkpoint::boot_id(&args.proc_root).with_context(|| {
+        format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.proc_root.display())
+    })?;
+    let config = PreparerConfig {
+        driver: args.node.driver_name.clone(),
+        node: args.node.node_name.clone(),
+        cdi_dir: args.cdi_dir.clone(),
+        checkpoint_dir: args.state_dir().join("checkpoint"),
+        boot_id,
+    };
+    let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
+    let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
+    tracing::info!(
+        kept = report.kept,
+        rolled_back = report.rolled_back.len(),
+        other_boot = report.other_boot.len(),
+        damaged = report.damaged.len(),
+        rewritten = report.rewritten.len(),
+        orphan_specs = report.orphans.len(),
+        "checkpoint reconciled"
+    );
+    Ok(preparer)
 }
 
 type HttpTask = Option<tokio::task::JoinHandle<()>>;
@@ -152,24 +184,5 @@ impl Signals {
             _ = self.term.recv() => "SIGTERM",
             _ = self.int.recv() => "SIGINT",
         }
-    }
-}
-
-/// Until the preparer is wired in: every claim gets an error saying so.
-struct Unwired;
-
-impl DraService for Unwired {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
-        claims
-            .into_iter()
-            .map(|c| (c.uid, Err("preparing claims is not wired into this build yet".to_owned())))
-            .collect()
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
-        claims
-            .into_iter()
-            .map(|c| (c.uid, Err("unpreparing claims is not wired into this build yet".to_owned())))
-            .collect()
     }
 }

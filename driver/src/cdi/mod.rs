@@ -70,6 +70,18 @@ pub fn vendor(driver: &DriverName) -> String {
     format!("k8s.{driver}")
 }
 
+/// The file name of a claim's spec: `<vendor>-claim_<claimUID>.json`, the
+/// reference library's transient spec name.
+pub fn claim_spec_file_name(driver: &DriverName, claim: &ClaimUid) -> String {
+    format!("{}-{CLAIM_CLASS}_{claim}.json", vendor(driver))
+}
+
+/// The prefix shared by all claim spec file names of `driver`; start-up
+/// uses it to find spec files no checkpoint record owns.
+pub fn claim_spec_file_prefix(driver: &DriverName) -> String {
+    format!("{}-{CLAIM_CLASS}_", vendor(driver))
+}
+
 /// Builds the spec that gives `devices` of `claim` to its containers.
 pub fn claim_spec(
     driver: &DriverName,
@@ -111,7 +123,7 @@ pub fn claim_spec(
         },
     };
     spec.cdi_version = spec::minimum_version(&spec).to_string();
-    Ok(ClaimSpec { spec, file_name: format!("{vendor}-{CLAIM_CLASS}_{claim}.json"), device_ids })
+    Ok(ClaimSpec { spec, file_name: claim_spec_file_name(driver, claim), device_ids })
 }
 
 fn device_nodes(

@@ -1,24 +1,3 @@
-//! Domain types of a prepare call, as agreed for `prepare::types` (branch
-//! `prep`). Kept here only until that module lands; then this file becomes
-//! a re-export.
+//! The domain types the servers convert to, owned by the preparer.
 
-/// A claim as the kubelet names it; raw, the preparer validates it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct ClaimRef {
-    pub namespace: String,
-    pub name: String,
-    pub uid: String,
-}
-
-/// One device prepared for a claim.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PreparedDevice {
-    pub request_names: Vec<String>,
-    pub pool_name: String,
-    pub device_name: String,
-    pub cdi_device_ids: Vec<String>,
-    pub share_id: Option<String>,
-}
-
-/// A claim's result: its devices, or the error text the kubelet shows.
-pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+pub use crate::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};

@@ -1,0 +1,308 @@
+//! Prepare and unprepare: turn an allocated ResourceClaim into a CDI spec
+//! the container runtime reads, and take it away again, so that a SIGKILL
+//! at any instant loses nothing and doubles nothing.
+//!
+//! The protocol for one claim (under the claim's lock and its devices'
+//! locks):
+//! 1. a completed record answers at once (idempotent repeat);
+//! 2. read the claim, check UID, allocation, pool, inventory, configs;
+//!    refuse a device another claim holds exclusively;
+//! 3. record `PrepareStarted` with the devices and the spec file name;
+//! 4. write the CDI spec (atomic);
+//! 5. record `PrepareCompleted`; answer.
+//!
+//! A failure after step 3 rolls back (spec file, then record). A kill
+//! leaves a `PrepareStarted` record, which start-up rolls back
+//! ([`reconcile`]); the kubelet then retries and gets a fresh prepare. A
+//! spec file is never written without a record that names it, so start-up
+//! can delete any spec file no record owns.
+
+pub mod locks;
+pub mod plan;
+pub mod reconcile;
+pub mod types;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use gpu_dra_driver::cdi;
+use gpu_dra_driver::inventory::Inventory;
+use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
+use tokio::sync::watch;
+
+use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
+use crate::durable;
+use locks::KeyedLocks;
+use plan::{PlanError, PlannedDevice};
+pub use reconcile::ReconcileReport;
+use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
+
+/// CDI spec files are read by the container runtime (root); others may
+/// read them too, as with NVIDIA's toolkit.
+const CDI_FILE_MODE: u32 = 0o644;
+
+/// Where the preparer keeps its files, and who it is.
+#[derive(Debug, Clone)]
+pub struct PreparerConfig {
+    pub driver: DriverName,
+    pub node: NodeName,
+    /// The CDI spec directory the container runtime reads (`/var/run/cdi`).
+    pub cdi_dir: PathBuf,
+    /// `<state-dir>/checkpoint`.
+    pub checkpoint_dir: PathBuf,
+    /// The node's current boot id; records from another boot are void.
+    pub boot_id: String,
+}
+
+/// Why the preparer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("CDI directory {path}: {error}")]
+    CdiDir { path: PathBuf, error: std::io::Error },
+}
+
+/// Prepares and unprepares claims; one per plugin process.
+pub struct Preparer<S> {
+    config: PreparerConfig,
+    source: S,
+    inventory: watch::Receiver<Arc<Inventory>>,
+    checkpoint: CheckpointDir,
+    /// Mirror of the checkpoint directory, by claim UID.
+    records: Mutex<HashMap<String, ClaimRecord>>,
+    locks: KeyedLocks,
+}
+
+impl<S: ClaimSource> Preparer<S> {
+    /// Opens the checkpoint and reconciles it with the CDI directory (see
+    /// [`reconcile`]) before any claim is served.
+    pub fn open(
+        config: PreparerConfig,
+        source: S,
+        inventory: watch::Receiver<Arc<Inventory>>,
+    ) -> Result<(Self, ReconcileReport), OpenError> {
+        let checkpoint = CheckpointDir::open(&config.checkpoint_dir)?;
+        durable::create_dir(&config.cdi_dir, 0o755)
+            .map_err(|error| OpenError::CdiDir { path: config.cdi_dir.clone(), error })?;
+        let snapshot = inventory.borrow().clone();
+        let (records, report) = reconcile::reconcile(&config, &checkpoint, &snapshot)?;
+        let preparer =
+            Self { config, source, inventory, checkpoint, records: Mutex::new(records), locks: KeyedLocks::default() };
+        Ok((preparer, report))
+    }
+
+    /// How many claims are prepared (completed records).
+    pub fn prepared_claims(&self) -> usize {
+        self.records().values().filter(|r| r.state == PrepareState::PrepareCompleted).count()
+    }
+
+    /// Prepares a batch; claims run concurrently, one result per UID.
+    pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+        let work = claims.into_iter().map(|claim| async move {
+            let outcome = self.prepare_one(&claim).await;
+            (claim.uid, outcome)
+        });
+        futures::future::join_all(work).await.into_iter().collect()
+    }
+
+    /// Unprepares a batch; a claim that is not prepared succeeds.
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        let work = claims.into_iter().map(|claim| async move {
+            let outcome = self.unprepare_one(&claim).await;
+            (claim.uid, outcome)
+        });
+        futures::future::join_all(work).await.into_iter().collect()
+    }
+
+    fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClaimRecord>> {
+        self.records.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn prepare_one(&self, claim: &ClaimRef) -> ClaimOutcome {
+        let claim = claim.validate().map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))?;
+        let uid = claim.uid.to_string();
+        let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
+        if let Some(devices) = self.completed(&uid) {
+            return Ok(devices);
+        }
+        let resource_claim = self.source.get(&claim.namespace, &claim.name).await?.ok_or_else(|| {
+            format!(
+                "ResourceClaim {}/{} not found: it was deleted; re-create the pod's claim",
+                claim.namespace, claim.name
+            )
+        })?;
+        let inventory = self.inventory.borrow().clone();
+        let planned = match plan::plan(&resource_claim, &claim, &self.config.driver, &self.config.node, &inventory) {
+            Ok(planned) => planned,
+            Err(error) => {
+                if matches!(error, PlanError::UidMismatch { .. }) {
+                    self.source.forget(&claim.namespace, &claim.name);
+                }
+                return Err(error.to_string());
+            }
+        };
+        // OPAQUE crate::prepare::configs::check(&self.config.driver, &resource_claim, &planned)?;
+        if planned.is_empty() {
+            return Ok(Vec::new());
+        }
+        let _device_locks = self.locks.lock(planned.iter().map(|d| device_key(d.device.as_str())).collect()).await;
+        self.check_conflicts(&uid, &planned)?;
+        if let Some(stale) = self.record(&uid) {
+            // A previous attempt failed half-way and its roll-back failed too.
+            self.roll_back(&claim.uid, stale).await?;
+        }
+        let names: Vec<_> = planned.iter().map(|d| d.device.clone()).collect();
+        let spec = cdi::claim_spec(&self.config.driver, &inventory, &claim.uid, &names)
+            .map_err(|e| format!("building the CDI spec: {e}"))?;
+        let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}"))?;
+        let mut record = self.started_record(&claim, &planned, &spec);
+        self.store(&claim.uid, record.clone()).await?;
+        let write = {
+            let dir = self.config.cdi_dir.clone();
+            let name = spec.file_name.clone();
+            blocking(move || durable::write(&dir, &name, &bytes, CDI_FILE_MODE)).await
+        };
+        if let Err(error) = write.and_then(|r| r.map_err(|e| e.to_string())) {
+            let _ = self.roll_back(&claim.uid, record).await;
+            return Err(format!("writing CDI spec {}: {error}", self.config.cdi_dir.join(&spec.file_name).display()));
+        }
+        record.state = PrepareState::PrepareCompleted;
+        if let Err(error) = self.store(&claim.uid, record.clone()).await {
+            let _ = self.roll_back(&claim.uid, record).await;
+            return Err(error);
+        }
+        tracing::info!(claim = %claim, devices = names.len(), "prepared");
+        Ok(record.prepared_devices())
+    }
+
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
+        let claim = claim.validate().map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))?;
+        let uid = claim.uid.to_string();
+        let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
+        match self.record(&uid) {
+            Some(record) => {
+                let keys = record.devices.iter().map(|d| device_key(&d.device_name)).collect();
+                let _device_locks = self.locks.lock(keys).await;
+                self.roll_back(&claim.uid, record).await?;
+                tracing::info!(claim = %claim, "unprepared");
+            }
+            None => {
+                // Not prepared, or its record was damaged and set aside:
+                // make sure no spec is left behind either way.
+                let dir = self.config.cdi_dir.clone();
+                let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
+                blocking(move || durable::remove(&dir, &name)).await?.map_err(|e| format!("removing CDI spec: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
+    fn record(&self, uid: &str) -> Option<ClaimRecord> {
+        self.records().get(uid).cloned()
+    }
+
+    fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
+        let records = self.records();
+        let record = records.get(uid).filter(|r| r.state == PrepareState::PrepareCompleted)?;
+        Some(record.prepared_devices())
+    }
+
+    /// Refuses a device another claim holds, unless both share it (a
+    /// `shareID` each) or either has admin access. The scheduler should
+    /// never allocate that way, but the kubelet can ask to prepare a new
+    /// claim before it unprepared the old one (kubernetes#136269).
+    fn check_conflicts(&self, uid: &str, planned: &[PlannedDevice]) -> Result<(), String> {
+        let records = self.records();
+        for ours in planned.iter().filter(|d| !d.admin_access) {
+            for other in records.values().filter(|r| r.uid != uid) {
+                let clash = other.devices.iter().any(|theirs| {
+                    theirs.device_name == ours.device.as_str()
+                        && !theirs.admin_access
+                        && (ours.share_id.is_none() || theirs.share_id.is_none())
+                });
+                if clash {
+                    return Err(format!(
+                        "device {} is already prepared for ResourceClaim {}/{} ({}); a device serves one claim \
+                         at a time unless both share it: wait for that claim to be unprepared",
+                        ours.device, other.namespace, other.name, other.uid
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn started_record(&self, claim: &ValidClaim, planned: &[PlannedDevice], spec: &cdi::ClaimSpec) -> ClaimRecord {
+        ClaimRecord {
+            uid: claim.uid.to_string(),
+            namespace: claim.namespace.clone(),
+            name: claim.name.clone(),
+            state: PrepareState::PrepareStarted,
+            boot_id: self.config.boot_id.clone(),
+            cdi_spec_file: Some(spec.file_name.clone()),
+            devices: planned
+                .iter()
+                .map(|d| CheckpointDevice {
+                    request_names: vec![d.request.clone()],
+                    pool_name: d.pool.clone(),
+                    device_name: d.device.to_string(),
+                    cdi_device_ids: spec.device_id(&d.device).map(str::to_string).into_iter().collect(),
+                    share_id: d.share_id.clone(),
+                    admin_access: d.admin_access,
+                })
+                .collect(),
+        }
+    }
+
+    /// Writes `record` to disk, then to memory.
+    async fn store(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
+        let checkpoint = self.checkpoint.clone();
+        let (owned_uid, to_write) = (uid.clone(), record.clone());
+        blocking(move || checkpoint.write(&owned_uid, &to_write)).await?.map_err(|e| e.to_string())?;
+        self.records().insert(uid.to_string(), record);
+        Ok(())
+    }
+
+    /// Removes the claim's spec file, then its record. If the spec cannot
+    /// be removed the record stays, so the next attempt or start-up retries.
+    async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
+        let dir = self.config.cdi_dir.clone();
+        let name = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&self.config.driver, uid));
+        blocking(move || durable::remove(&dir, &name)).await?.map_err(|e| format!("removing CDI spec: {e}"))?;
+        let checkpoint = self.checkpoint.clone();
+        let owned_uid = uid.clone();
+        blocking(move || checkpoint.remove(&owned_uid)).await?.map_err(|e| e.to_string())?;
+        self.records().remove(uid.as_str());
+        Ok(())
+    }
+}
+
+impl<S: ClaimSource> crate::grpc::DraService for Preparer<S> {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+        Preparer::prepare(self, claims).await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        Preparer::unprepare(self, claims).await
+    }
+}
+
+fn claim_key(uid: &str) -> String {
+    format!("claim:{uid}")
+}
+
+fn device_key(device: &str) -> String {
+    format!("device:{device}")
+}
+
+/// Runs file work off the async workers (fsync blocks for milliseconds).
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+    tokio::task::spawn_blocking(work).await.map_err(|e| format!("internal error: file task failed: {e}"))
+}
+
+#[cfg(test)]
+pub(crate) mod test_support;
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,191 @@
+//! What to prepare for a claim, decided from the ResourceClaim alone: pure,
+//! so every refusal is tested without files or servers.
+
+use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
+use gpu_dra_driver::names::{DeviceName, DriverName, NodeName};
+use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
+
+use super::types::ValidClaim;
+
+/// One allocation result for our driver, checked against this node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedDevice {
+    /// As in the allocation result: `req` or `req/sub`.
+    pub request: String,
+    pub pool: String,
+    pub device: DeviceName,
+    pub is_mig: bool,
+    pub admin_access: bool,
+    pub share_id: Option<String>,
+}
+
+impl PlannedDevice {
+    /// Whether another claim may hold the device at the same time as this
+    /// one (admin access, or a share of a multi-allocatable device).
+    pub fn is_exclusive(&self) -> bool {
+        !self.admin_access && self.share_id.is_none()
+    }
+}
+
+/// Why a claim cannot be prepared on this node. The texts go to the
+/// kubelet, which shows them in the pod's events.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "ResourceClaim {namespace}/{name} has UID {found}, but the kubelet asked for {expected}: \
+         the claim was deleted and re-created; the pod must be re-created to use the new claim"
+    )]
+    UidMismatch { namespace: String, name: String, expected: String, found: String },
+    #[error("ResourceClaim {0} is not allocated (status.allocation is empty): wait for the scheduler to allocate it")]
+    NotAllocated(String),
+    #[error(
+        "status.allocation.devices.results[{index}] of ResourceClaim {claim} is device {device} in pool {pool}, \
+         but this plugin serves only pool {node} (the node's own name): the claim was allocated for another node"
+    )]
+    OtherPool { claim: String, index: usize, device: String, pool: String, node: String },
+    #[error(
+        "status.allocation.devices.results[{index}] of ResourceClaim {claim} names device {device:?}, \
+         which is not in this node's GPU inventory: the device disappeared or the slice was stale; \
+         re-create the claim so it is allocated again"
+    )]
+    UnknownDevice { claim: String, index: usize, device: String },
+}
+
+/// Checks `claim` against what the kubelet asked for and returns our
+/// results in allocation order.
+pub fn plan(
+    claim: &ResourceClaim,
+    expected: &ValidClaim,
+    driver: &DriverName,
+    node: &NodeName,
+    inventory: &Inventory,
+) -> Result<Vec<PlannedDevice>, PlanError> {
+    let found = claim.metadata.uid.as_deref().unwrap_or_default();
+    if found != expected.uid.as_str() {
+        return Err(PlanError::UidMismatch {
+            namespace: expected.namespace.clone(),
+            name: expected.name.clone(),
+            expected: expected.uid.to_string(),
+            found: found.to_string(),
+        });
+    }
+    let id = format!("{}/{}", expected.namespace, expected.name);
+    let allocation =
+        claim.status.as_ref().and_then(|s| s.allocation.as_ref()).ok_or_else(|| PlanError::NotAllocated(id.clone()))?;
+    let results = allocation.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
+    results
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.driver == driver.as_str())
+        .map(|(index, r)| planned(r, index, &id, node, inventory))
+        .collect()
+}
+
+fn planned(
+    result: &DeviceRequestAllocationResult,
+    index: usize,
+    claim: &str,
+    node: &NodeName,
+    inventory: &Inventory,
+) -> Result<PlannedDevice, PlanError> {
+    if result.pool != node.as_str() {
+        return Err(PlanError::OtherPool {
+            claim: claim.to_string(),
+            index,
+            device: result.device.clone(),
+            pool: result.pool.clone(),
+            node: node.to_string(),
+        });
+    }
+    let unknown = || PlanError::UnknownDevice { claim: claim.to_string(), index, device: result.device.clone() };
+    let device = DeviceName::new(result.device.as_str()).map_err(|_| unknown())?;
+    let published = inventory.find_device(&device).ok_or_else(unknown)?;
+    Ok(PlannedDevice {
+        request: result.request.clone(),
+        pool: result.pool.clone(),
+        device,
+        is_mig: matches!(published, PublishedDevice::Mig { .. }),
+        admin_access: result.admin_access.unwrap_or(false),
+        share_id: result.share_id.clone(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::prepare::test_support::two_gpu_inventory;
+    use k8s_openapi::api::resource::v1::{AllocationResult, DeviceAllocationResult, ResourceClaimStatus};
+
+    const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+
+    fn result(driver: &str, pool: &str, device: &str) -> DeviceRequestAllocationResult {
+        DeviceRequestAllocationResult {
+            driver: driver.into(),
+            pool: pool.into(),
+            device: device.into(),
+            request: "gpu".into(),
+            ..Default::default()
+        }
+    }
+
+    fn claim(uid: &str, results: Option<Vec<DeviceRequestAllocationResult>>) -> ResourceClaim {
+        let mut c = ResourceClaim::default();
+        c.metadata.uid = Some(uid.into());
+        c.status = results.map(|results| ResourceClaimStatus {
+            allocation: Some(AllocationResult {
+                devices: Some(DeviceAllocationResult { results: Some(results), config: None }),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        c
+    }
+
+    fn expected() -> ValidClaim {
+        super::super::types::ClaimRef { namespace: "ns".into(), name: "c".into(), uid: UID.into() }.validate().unwrap()
+    }
+
+    fn run(c: &ResourceClaim) -> Result<Vec<PlannedDevice>, PlanError> {
+        plan(c, &expected(), &DriverName::nvidia_default(), &NodeName::new("node-a").unwrap(), &two_gpu_inventory())
+    }
+
+    #[test]
+    fn keeps_our_results_in_order() {
+        let mut shared = result("gpu.nvidia.com", "node-a", "gpu-0");
+        shared.share_id = Some("s-1".into());
+        shared.request = "gpu/large".into();
+        let c = claim(
+            UID,
+            Some(vec![
+                result("gpu.nvidia.com", "node-a", "gpu-1-mig-1g10gb-19-0"),
+                result("net.example.com", "elsewhere", "nic-0"),
+                shared,
+            ]),
+        );
+        let p = run(&c).unwrap();
+        assert_eq!(p.len(), 2);
+        assert!(p[0].is_mig && p[0].is_exclusive());
+        assert_eq!(p[1].request, "gpu/large");
+        assert!(!p[1].is_exclusive());
+    }
+
+    #[test]
+    fn refusals_name_the_problem() {
+        let e = run(&claim("1b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", None)).unwrap_err();
+        assert!(matches!(e, PlanError::UidMismatch { .. }), "{e}");
+        let e = run(&claim(UID, None)).unwrap_err();
+        assert_eq!(e, PlanError::NotAllocated("ns/c".into()));
+        let e = run(&claim(UID, Some(vec![result("gpu.nvidia.com", "node-b", "gpu-0")]))).unwrap_err();
+        assert!(e.to_string().contains("results[0]") && e.to_string().contains("pool node-b"), "{e}");
+        let e = run(&claim(UID, Some(vec![result("gpu.nvidia.com", "node-a", "gpu-7")]))).unwrap_err();
+        assert!(e.to_string().contains("\"gpu-7\"") && e.to_string().contains("inventory"), "{e}");
+        let e = run(&claim(UID, Some(vec![result("gpu.nvidia.com", "node-a", "GPU_0")]))).unwrap_err();
+        assert!(matches!(e, PlanError::UnknownDevice { .. }));
+    }
+
+    #[test]
+    fn a_claim_with_nothing_for_us_plans_nothing() {
+        let c = claim(UID, Some(vec![result("net.example.com", "node-a", "nic-0")]));
+        assert_eq!(run(&c).unwrap(), vec![]);
+    }
+}

@@ -1,0 +1,154 @@
+//! Start-up: make the checkpoint and the CDI directory agree before the
+//! first claim is served.
+//!
+//! - a record from another boot is void (no container survived the reboot):
+//!   its spec and record go;
+//! - a `PrepareStarted` record is an interrupted prepare: rolled back, and
+//!   the kubelet's retry prepares afresh;
+//! - a `PrepareCompleted` record is kept, and its spec file rewritten if it
+//!   went missing (`/var/run/cdi` is a tmpfs someone may have cleaned);
+//! - a damaged record is set aside (`*.damaged`) and its spec file kept, as
+//!   the claim may be in use; unprepare removes that spec later;
+//! - a spec file of ours that no record owns is deleted, as are leftover
+//!   temporary files.
+
+use std::collections::{HashMap, HashSet};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use gpu_dra_driver::cdi;
+use gpu_dra_driver::inventory::Inventory;
+use gpu_dra_driver::names::{ClaimUid, DeviceName};
+
+use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
+use crate::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use crate::durable;
+
+/// What start-up found and did, for the log.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ReconcileReport {
+    /// Completed claims kept.
+    pub kept: usize,
+    /// Interrupted prepares rolled back.
+    pub rolled_back: Vec<String>,
+    /// Claims dropped because they were prepared before a reboot.
+    pub other_boot: Vec<String>,
+    /// Damaged records set aside.
+    pub damaged: Vec<PathBuf>,
+    /// Spec files of completed claims that were missing and rewritten.
+    pub rewritten: Vec<String>,
+    /// Spec files no record owned, deleted.
+    pub orphans: Vec<PathBuf>,
+    /// Leftover temporary files deleted.
+    pub temp_files: usize,
+}
+
+type Records = HashMap<String, ClaimRecord>;
+
+pub(super) fn reconcile(
+    config: &PreparerConfig,
+    checkpoint: &CheckpointDir,
+    inventory: &Inventory,
+) -> Result<(Records, ReconcileReport), OpenError> {
+    let mut report = ReconcileReport::default();
+    let loaded = checkpoint.load()?;
+    for temp in &loaded.temp_files {
+        remove_file(temp);
+        report.temp_files += 1;
+    }
+    let mut owners: HashSet<String> = HashSet::new();
+    for damaged in &loaded.damaged {
+        tracing::error!(file = %damaged.path.display(), reason = %damaged.reason, "damaged checkpoint record; set aside, its CDI spec is kept");
+        owners.insert(damaged.uid.clone());
+        report.damaged.push(checkpoint.set_aside(damaged)?);
+    }
+    let mut records = Records::new();
+    for record in loaded.records {
+        let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
+        let spec_file = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&config.driver, &uid));
+        if record.boot_id != config.boot_id || record.state == PrepareState::PrepareStarted {
+            remove_cdi(&config.cdi_dir, &spec_file)?;
+            checkpoint.remove(&uid)?;
+            if record.boot_id != config.boot_id {
+                report.other_boot.push(record.uid);
+            } else {
+                report.rolled_back.push(record.uid);
+            }
+            continue;
+        }
+        if !config.cdi_dir.join(&spec_file).exists() && rewrite_spec(config, inventory, &uid, &record, &spec_file) {
+            report.rewritten.push(record.uid.clone());
+        }
+        owners.insert(record.uid.clone());
+        report.kept += 1;
+        records.insert(record.uid.clone(), record);
+    }
+    report.temp_files += sweep_cdi_dir(config, &owners, &mut report.orphans)?;
+    Ok((records, report))
+}
+
+/// Rewrites a completed claim's missing spec from the inventory; the
+/// device ids come out the same because they are derived from the claim
+/// UID and device names only.
+fn rewrite_spec(
+    config: &PreparerConfig,
+    inventory: &Inventory,
+    uid: &ClaimUid,
+    record: &ClaimRecord,
+    spec_file: &str,
+) -> bool {
+    let names: Result<Vec<DeviceName>, _> =
+        record.devices.iter().map(|d| DeviceName::new(d.device_name.as_str())).collect();
+    let written = names
+        .map_err(|e| e.to_string())
+        .and_then(|names| cdi::claim_spec(&config.driver, inventory, uid, &names).map_err(|e| e.to_string()))
+        .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))
+        .and_then(|bytes| durable::write(&config.cdi_dir, spec_file, &bytes, CDI_FILE_MODE).map_err(|e| e.to_string()));
+    match written {
+        Ok(()) => true,
+        Err(error) => {
+            tracing::error!(claim_uid = %uid, %error, "the CDI spec of a prepared claim is missing and cannot be rewritten");
+            false
+        }
+    }
+}
+
+/// Deletes our spec files that no record owns and our temporary files;
+/// returns how many temporary files went.
+fn sweep_cdi_dir(
+    config: &PreparerConfig,
+    owners: &HashSet<String>,
+    orphans: &mut Vec<PathBuf>,
+) -> Result<usize, OpenError> {
+    let prefix = cdi::claim_spec_file_prefix(&config.driver);
+    let dir_error = |error| OpenError::CdiDir { path: config.cdi_dir.clone(), error };
+    let mut temp_files = 0;
+    for entry in fs::read_dir(&config.cdi_dir).map_err(dir_error)? {
+        let entry = entry.map_err(dir_error)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if durable::is_temp_for(name, &prefix) {
+            remove_file(&entry.path());
+            temp_files += 1;
+            continue;
+        }
+        let Some(rest) = name.strip_prefix(&prefix) else { continue };
+        let Some(uid) = rest.strip_suffix(".json").or_else(|| rest.strip_suffix(".yaml")) else { continue };
+        if !owners.contains(uid) {
+            remove_cdi(&config.cdi_dir, name)?;
+            orphans.push(entry.path());
+        }
+    }
+    Ok(temp_files)
+}
+
+fn remove_cdi(dir: &Path, name: &str) -> Result<(), OpenError> {
+    durable::remove(dir, name).map(|_| ()).map_err(|error| OpenError::CdiDir { path: dir.join(name), error })
+}
+
+/// Best effort: a temporary file that cannot be deleted is harmless.
+fn remove_file(path: &Path) {
+    if let Err(error) = fs::remove_file(path) {
+        tracing::warn!(file = %path.display(), %error, "cannot delete a leftover temporary file");
+    }
+}

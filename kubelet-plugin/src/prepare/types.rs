@@ -1,0 +1,115 @@
+//! Domain types of a prepare call. The gRPC edge converts protobuf to and
+//! from these, so the preparer never sees protobuf types.
+
+use std::future::Future;
+
+use gpu_dra_driver::k8s_format;
+use gpu_dra_driver::names::{ClaimUid, InvalidName};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+/// A claim as the kubelet names it; raw, [`ClaimRef::validate`] checks it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClaimRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+/// A claim reference whose parts are safe to use: the UID in a path, the
+/// namespace and name in an API request.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ValidClaim {
+    pub uid: ClaimUid,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl ClaimRef {
+    /// Checks the UID (RFC 4122, lower case), the namespace (DNS label) and
+    /// the name (DNS subdomain) before any of them touches a path or a URL.
+    pub fn validate(&self) -> Result<ValidClaim, InvalidName> {
+        let uid = ClaimUid::new(self.uid.as_str())?;
+        k8s_format::check_dns1123_label(&self.namespace).map_err(|rule| InvalidName {
+            kind: "claim namespace",
+            value: self.namespace.clone(),
+            rule,
+        })?;
+        k8s_format::check_dns1123_subdomain(&self.name).map_err(|rule| InvalidName {
+            kind: "claim name",
+            value: self.name.clone(),
+            rule,
+        })?;
+        Ok(ValidClaim { uid, namespace: self.namespace.clone(), name: self.name.clone() })
+    }
+}
+
+impl std::fmt::Display for ValidClaim {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
+    }
+}
+
+/// One device prepared for a claim.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PreparedDevice {
+    /// Request names as in the allocation result (`req` or `req/sub`); the
+    /// gRPC edge strips them to base names.
+    pub request_names: Vec<String>,
+    pub pool_name: String,
+    pub device_name: String,
+    pub cdi_device_ids: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
+}
+
+/// A claim's result: its devices, or the error text the kubelet shows.
+pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+
+/// Where the preparer reads ResourceClaims: the API server in production
+/// ([`crate::claims::KubeClaimSource`]), a map in tests.
+pub trait ClaimSource: Send + Sync + 'static {
+    /// The claim, `None` when it does not exist. The error text is shown to
+    /// the kubelet as is.
+    fn get(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
+
+    /// Drops any cached copy (called when the cached copy's UID is stale).
+    fn forget(&self, namespace: &str, name: &str);
+}
+
+impl ClaimSource for crate::claims::KubeClaimSource {
+    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+        crate::claims::KubeClaimSource::get(self, namespace, name).await.map_err(|e| e.to_string())
+    }
+
+    fn forget(&self, namespace: &str, name: &str) {
+        crate::claims::KubeClaimSource::forget(self, namespace, name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(namespace: &str, name: &str, uid: &str) -> ClaimRef {
+        ClaimRef { namespace: namespace.into(), name: name.into(), uid: uid.into() }
+    }
+
+    #[test]
+    fn valid_claims_pass() {
+        let c = claim("default", "train-0.gpu", "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").validate().unwrap();
+        assert_eq!(c.to_string(), "default/train-0.gpu (0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a)");
+    }
+
+    #[test]
+    fn each_part_is_checked_and_named() {
+        let uid = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+        let e = claim("default", "c", "../../etc/passwd").validate().unwrap_err();
+        assert_eq!(e.kind, "claim UID");
+        let e = claim("Default", "c", uid).validate().unwrap_err();
+        assert_eq!(e.kind, "claim namespace");
+        let e = claim("default", "a/b", uid).validate().unwrap_err();
+        assert_eq!(e.kind, "claim name");
+        assert!(e.to_string().contains("\"a/b\""), "{e}");
+    }
+}
