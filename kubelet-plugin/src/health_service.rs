@@ -31,12 +31,20 @@ pub struct HealthService {
     inventory: watch::Receiver<Arc<Inventory>>,
     pool: String,
     resend: Duration,
+    /// Becomes true when the plugin stops: open streams end, so the
+    /// server's graceful shutdown does not wait for them until its timeout.
+    stopping: watch::Receiver<bool>,
 }
 
 impl HealthService {
     /// `node` names the pool (one pool per node, as the slices publish it).
-    pub fn new(inventory: watch::Receiver<Arc<Inventory>>, node: &NodeName, resend: Duration) -> Self {
-        Self { inventory, pool: node.to_string(), resend }
+    pub fn new(
+        inventory: watch::Receiver<Arc<Inventory>>,
+        node: &NodeName,
+        resend: Duration,
+        stopping: watch::Receiver<bool>,
+    ) -> Self {
+        Self { inventory, pool: node.to_string(), resend, stopping }
     }
 
     /// How long the kubelet may trust one message: three resend periods.
@@ -99,6 +107,7 @@ struct StreamState {
     ticker: tokio::time::Interval,
     pool: String,
     timeout_seconds: i64,
+    stopping: watch::Receiver<bool>,
 }
 
 #[tonic::async_trait]
@@ -118,8 +127,12 @@ impl DraResourceHealth for HealthService {
             ticker,
             pool: self.pool.clone(),
             timeout_seconds: self.timeout_seconds(),
+            stopping: self.stopping.clone(),
         };
         let stream = futures::stream::unfold(state, |mut state| async move {
+            if *state.stopping.borrow() {
+                return None;
+            }
             if state.first {
                 state.first = false;
             } else {
@@ -129,6 +142,7 @@ impl DraResourceHealth for HealthService {
                         changed.ok()?;
                     }
                     _ = state.ticker.tick() => {}
+                    _ = state.stopping.wait_for(|stopping| *stopping) => return None,
                 }
             }
             let inventory = state.inventory.borrow_and_update().clone();
@@ -186,7 +200,8 @@ mod tests {
     #[tokio::test]
     async fn the_stream_sends_the_full_list_at_start_and_on_every_change() {
         let (tx, rx) = watch::channel(Arc::new(parse("gpus:\n- model: H100-80GB\n  count: 2\n")));
-        let svc = HealthService::new(rx, &node(), Duration::from_secs(3600));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let svc = HealthService::new(rx, &node(), Duration::from_secs(3600), stop_rx);
         let request = Request::new(NodeWatchResourcesRequest {});
         let mut stream = svc.node_watch_resources(request).await.unwrap().into_inner();
         let first = stream.next().await.unwrap().unwrap();
@@ -201,6 +216,19 @@ mod tests {
 
         drop(tx);
         assert!(stream.next().await.is_none(), "the stream ends when the inventory is gone");
+        drop(stop_tx);
+    }
+
+    #[tokio::test]
+    async fn the_stream_ends_when_the_plugin_stops() {
+        let (_tx, rx) = watch::channel(Arc::new(parse("gpus:\n- model: H100-80GB\n  count: 1\n")));
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let svc = HealthService::new(rx, &node(), Duration::from_secs(3600), stop_rx);
+        let mut stream =
+            svc.node_watch_resources(Request::new(NodeWatchResourcesRequest {})).await.unwrap().into_inner();
+        assert!(stream.next().await.is_some());
+        stop_tx.send(true).unwrap();
+        assert!(stream.next().await.is_none(), "a stopping plugin ends its health streams");
     }
 
     #[test]

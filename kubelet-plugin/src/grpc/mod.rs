@@ -16,6 +16,7 @@ mod v1beta1;
 use std::collections::HashMap;
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
@@ -32,21 +33,48 @@ pub trait DraService: Send + Sync + 'static {
     fn unprepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
 }
 
+/// Counts prepare and unprepare batches still running, so that stopping
+/// waits for them and no longer: the kubelet keeps its connection open,
+/// so the server's own graceful shutdown would wait for that instead.
+#[derive(Debug, Clone, Default)]
+pub struct InFlight(Arc<AtomicUsize>);
+
+/// One running batch; dropping it ends it.
+pub struct InFlightGuard(Arc<AtomicUsize>);
+
+impl InFlight {
+    pub fn enter(&self) -> InFlightGuard {
+        self.0.fetch_add(1, Ordering::AcqRel);
+        InFlightGuard(self.0.clone())
+    }
+
+    pub fn is_idle(&self) -> bool {
+        self.0.load(Ordering::Acquire) == 0
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// Shared by both API versions: runs a batch, completes it and counts it.
 pub struct DraCore<S> {
     service: Arc<S>,
     metrics: Arc<Metrics>,
+    in_flight: InFlight,
 }
 
 impl<S> Clone for DraCore<S> {
     fn clone(&self) -> Self {
-        Self { service: self.service.clone(), metrics: self.metrics.clone() }
+        Self { service: self.service.clone(), metrics: self.metrics.clone(), in_flight: self.in_flight.clone() }
     }
 }
 
 impl<S: DraService> DraCore<S> {
-    pub fn new(service: Arc<S>, metrics: Arc<Metrics>) -> Self {
-        Self { service, metrics }
+    pub fn new(service: Arc<S>, metrics: Arc<Metrics>, in_flight: InFlight) -> Self {
+        Self { service, metrics, in_flight }
     }
 
     /// Prepares `claims`; the result has exactly the request's UIDs.
@@ -57,7 +85,13 @@ impl<S: DraService> DraCore<S> {
         // A task of its own: when the kubelet's deadline cancels the call,
         // the prepare still finishes (and is found done on the retry)
         // instead of being dropped between two of its steps.
-        let results = match tokio::spawn(async move { service.prepare(claims).await }).await {
+        let guard = self.in_flight.enter();
+        let results = match tokio::spawn(async move {
+            let _guard = guard;
+            service.prepare(claims).await
+        })
+        .await
+        {
             Ok(results) => results,
             Err(join) => {
                 tracing::error!(error = %join, "prepare task failed");
@@ -78,7 +112,13 @@ impl<S: DraService> DraCore<S> {
         let started = Instant::now();
         let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
         let service = self.service.clone();
-        let results = match tokio::spawn(async move { service.unprepare(claims).await }).await {
+        let guard = self.in_flight.enter();
+        let results = match tokio::spawn(async move {
+            let _guard = guard;
+            service.unprepare(claims).await
+        })
+        .await
+        {
             Ok(results) => results,
             Err(join) => {
                 tracing::error!(error = %join, "unprepare task failed");

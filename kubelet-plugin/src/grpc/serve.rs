@@ -20,7 +20,7 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 
-use super::{DraCore, DraPluginV1, DraPluginV1beta1, DraService};
+use super::{DraCore, DraPluginV1, DraPluginV1beta1, DraService, InFlight};
 use crate::health_service::HealthService;
 use crate::metrics::Metrics;
 use crate::registration::{RegistrationService, RegistrationState};
@@ -29,6 +29,12 @@ use crate::sockets::{self, SocketError, SocketPaths};
 /// How long in-flight kubelet calls may run after a stop was asked for.
 /// Less than the kubelet's 45 s deadline and the usual 30 s grace period.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How often stopping checks for the end of in-flight calls.
+const STOP_POLL: Duration = Duration::from_millis(10);
+
+/// Time for the answers of calls that just ended to be written out.
+const FLUSH_GRACE: Duration = Duration::from_millis(100);
 
 /// What the servers need to know.
 #[derive(Debug, Clone)]
@@ -66,19 +72,36 @@ impl Server {
         Self { name, shutdown: Some(tx), task: tokio::spawn(serve(rx)) }
     }
 
-    async fn stop(mut self, drain: Duration) {
+    /// Asks the server to stop, waits until `in_flight` is idle (at most
+    /// `drain`), then ends it. Waiting for the server itself is not enough:
+    /// hyper's graceful shutdown also waits for idle client connections,
+    /// which the kubelet never closes.
+    async fn stop(mut self, drain: Duration, in_flight: &InFlight) {
         if let Some(tx) = self.shutdown.take() {
             let _ = tx.send(());
         }
-        match tokio::time::timeout(drain, &mut self.task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(error))) => tracing::warn!(server = self.name, %error, "gRPC server ended with an error"),
-            Ok(Err(join)) => tracing::warn!(server = self.name, error = %join, "gRPC server task failed"),
-            Err(_) => {
-                tracing::warn!(server = self.name, ?drain, "calls still running after the drain timeout; aborting");
-                self.task.abort();
+        let deadline = tokio::time::Instant::now() + drain;
+        loop {
+            if self.task.is_finished() {
+                match (&mut self.task).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => tracing::warn!(server = self.name, %error, "gRPC server ended with an error"),
+                    Err(join) => tracing::warn!(server = self.name, error = %join, "gRPC server task failed"),
+                }
+                return;
             }
+            if in_flight.is_idle() {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                tracing::warn!(server = self.name, ?drain, "calls still running after the drain timeout; aborting");
+                break;
+            }
+            tokio::time::sleep(STOP_POLL).await;
         }
+        // Let the last answers reach the socket before cutting connections.
+        let _ = tokio::time::timeout(FLUSH_GRACE, &mut self.task).await;
+        self.task.abort();
     }
 }
 
@@ -88,6 +111,9 @@ pub struct PluginServers {
     paths: SocketPaths,
     registration_state: Arc<RegistrationState>,
     serving: Arc<AtomicBool>,
+    /// Tells long-lived streams to end when stopping.
+    stopping: watch::Sender<bool>,
+    in_flight: InFlight,
     dra: Option<Server>,
     registration: Option<Server>,
 }
@@ -110,13 +136,15 @@ pub async fn start<S: DraService>(
         paths: paths.clone(),
         registration_state: Arc::new(RegistrationState::default()),
         serving: Arc::new(AtomicBool::new(false)),
+        stopping: watch::Sender::new(false),
+        in_flight: InFlight::default(),
         dra: None,
         registration: None,
     };
 
     let dra_listener = sockets::bind(&paths.dra)?;
-    let core = DraCore::new(service, metrics.clone());
-    let health = HealthService::new(inventory, &config.node, config.health_resend);
+    let core = DraCore::new(service, metrics.clone(), servers.in_flight.clone());
+    let health = HealthService::new(inventory, &config.node, config.health_resend, servers.stopping.subscribe());
     let router = tonic::transport::Server::builder()
         .add_service(V1Server::new(DraPluginV1(core.clone())))
         .add_service(V1beta1Server::new(DraPluginV1beta1(core)))
@@ -181,10 +209,12 @@ impl PluginServers {
         self.serving.store(false, Ordering::Release);
         remove(&self.paths.registration);
         if let Some(server) = self.registration.take() {
-            server.stop(Duration::from_secs(1)).await;
+            // Registration calls are quick and idempotent; nothing to drain.
+            server.stop(Duration::ZERO, &InFlight::default()).await;
         }
+        self.stopping.send_replace(true);
         if let Some(server) = self.dra.take() {
-            server.stop(DRAIN_TIMEOUT).await;
+            server.stop(DRAIN_TIMEOUT, &self.in_flight).await;
         }
         remove(&self.paths.dra);
         tracing::info!("sockets removed");
