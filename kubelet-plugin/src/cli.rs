@@ -92,7 +92,7 @@ pub struct RunArgs {
     /// or `off` to disable it. Port 0 picks a free port (logged).
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080", value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
-    /// Root of the host's /proc (device majors, MIG capability minors).
+    /// Root of the host's /proc (device majors, MIG capability minors, boot id).
     #[arg(long, env = "PROC_ROOT", default_value = "/proc", value_name = "DIR")]
     pub proc_root: PathBuf,
     /// Root of the host's /sys (PCI topology, NUMA nodes).

@@ -48,7 +48,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         publish_status.clone(),
     ));
 
-    let service = Arc::new(open_preparer(args, client.clone(), inventory.clone())?);
+    let service = Arc::new(open_preparer(args, client.clone(), inventory.clone())?.with_metrics(metrics.clone()));
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),

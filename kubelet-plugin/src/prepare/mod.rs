@@ -33,6 +33,7 @@ use tokio::sync::watch;
 
 use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::durable;
+use crate::metrics::{ErrorKind, Metrics};
 use locks::KeyedLocks;
 use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
@@ -73,6 +74,18 @@ pub struct Preparer<S> {
     /// Mirror of the checkpoint directory, by claim UID.
     records: Mutex<HashMap<String, ClaimRecord>>,
     locks: KeyedLocks,
+    metrics: Option<Arc<Metrics>>,
+}
+
+/// A claim's failure: the text for the kubelet and its kind for metrics.
+struct Failure {
+    kind: ErrorKind,
+    message: String,
+}
+
+/// Tags an error with its kind: `result.map_err(kind(ErrorKind::Cdi))`.
+fn kind<E: ToString>(kind: ErrorKind) -> impl FnOnce(E) -> Failure {
+    move |error| Failure { kind, message: error.to_string() }
 }
 
 impl<S: ClaimSource> Preparer<S> {
@@ -88,9 +101,31 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(|error| OpenError::CdiDir { path: config.cdi_dir.clone(), error })?;
         let snapshot = inventory.borrow().clone();
         let (records, report) = reconcile::reconcile(&config, &checkpoint, &snapshot)?;
-        let preparer =
-            Self { config, source, inventory, checkpoint, records: Mutex::new(records), locks: KeyedLocks::default() };
+        let preparer = Self {
+            config,
+            source,
+            inventory,
+            checkpoint,
+            records: Mutex::new(records),
+            locks: KeyedLocks::default(),
+            metrics: None,
+        };
         Ok((preparer, report))
+    }
+
+    /// Counts failures by kind in `metrics` (`gpu_dra_errors_total`).
+    pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    fn count<T>(&self, result: Result<T, Failure>) -> Result<T, String> {
+        result.map_err(|failure| {
+            if let Some(metrics) = &self.metrics {
+                metrics.error(failure.kind);
+            }
+            failure.message
+        })
     }
 
     /// How many claims are prepared (completed records).
@@ -101,7 +136,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// Prepares a batch; claims run concurrently, one result per UID.
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
         let work = claims.into_iter().map(|claim| async move {
-            let outcome = self.prepare_one(&claim).await;
+            let outcome = self.count(self.prepare_one(&claim).await);
             (claim.uid, outcome)
         });
         futures::future::join_all(work).await.into_iter().collect()
@@ -110,7 +145,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// Unprepares a batch; a claim that is not prepared succeeds.
     pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
         let work = claims.into_iter().map(|claim| async move {
-            let outcome = self.unprepare_one(&claim).await;
+            let outcome = self.count(self.unprepare_one(&claim).await);
             (claim.uid, outcome)
         });
         futures::future::join_all(work).await.into_iter().collect()
@@ -120,19 +155,25 @@ impl<S: ClaimSource> Preparer<S> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn prepare_one(&self, claim: &ClaimRef) -> ClaimOutcome {
-        let claim = claim.validate().map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))?;
+    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, Failure> {
+        let claim = claim
+            .validate()
+            .map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))
+            .map_err(kind(ErrorKind::InvalidRequest))?;
         let uid = claim.uid.to_string();
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         if let Some(devices) = self.completed(&uid) {
             return Ok(devices);
         }
-        let resource_claim = self.source.get(&claim.namespace, &claim.name).await?.ok_or_else(|| {
-            format!(
-                "ResourceClaim {}/{} not found: it was deleted; re-create the pod's claim",
-                claim.namespace, claim.name
-            )
-        })?;
+        let lookup = self.source.get(&claim.namespace, &claim.name).await.map_err(kind(ErrorKind::ClaimLookup))?;
+        let resource_claim = lookup
+            .ok_or_else(|| {
+                format!(
+                    "ResourceClaim {}/{} not found: it was deleted; re-create the pod's claim",
+                    claim.namespace, claim.name
+                )
+            })
+            .map_err(kind(ErrorKind::ClaimLookup))?;
         let inventory = self.inventory.borrow().clone();
         let planned = match plan::plan(&resource_claim, &claim, &self.config.driver, &self.config.node, &inventory) {
             Ok(planned) => planned,
@@ -140,25 +181,26 @@ impl<S: ClaimSource> Preparer<S> {
                 if matches!(error, PlanError::UidMismatch { .. }) {
                     self.source.forget(&claim.namespace, &claim.name);
                 }
-                return Err(error.to_string());
+                return Err(kind(ErrorKind::Prepare)(error));
             }
         };
-        // OPAQUE crate::prepare::configs::check(&self.config.driver, &resource_claim, &planned)?;
+        // OPAQUE crate::prepare::configs::check(&self.config.driver, &resource_claim, &planned).map_err(kind(ErrorKind::Config))?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
         let _device_locks = self.locks.lock(planned.iter().map(|d| device_key(d.device.as_str())).collect()).await;
-        self.check_conflicts(&uid, &planned)?;
+        self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
         if let Some(stale) = self.record(&uid) {
             // A previous attempt failed half-way and its roll-back failed too.
-            self.roll_back(&claim.uid, stale).await?;
+            self.roll_back(&claim.uid, stale).await.map_err(kind(ErrorKind::Cdi))?;
         }
         let names: Vec<_> = planned.iter().map(|d| d.device.clone()).collect();
         let spec = cdi::claim_spec(&self.config.driver, &inventory, &claim.uid, &names)
-            .map_err(|e| format!("building the CDI spec: {e}"))?;
-        let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}"))?;
+            .map_err(|e| format!("building the CDI spec: {e}"))
+            .map_err(kind(ErrorKind::Cdi))?;
+        let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
         let mut record = self.started_record(&claim, &planned, &spec);
-        self.store(&claim.uid, record.clone()).await?;
+        self.store(&claim.uid, record.clone()).await.map_err(kind(ErrorKind::Checkpoint))?;
         let write = {
             let dir = self.config.cdi_dir.clone();
             let name = spec.file_name.clone();
@@ -166,26 +208,30 @@ impl<S: ClaimSource> Preparer<S> {
         };
         if let Err(error) = write.and_then(|r| r.map_err(|e| e.to_string())) {
             let _ = self.roll_back(&claim.uid, record).await;
-            return Err(format!("writing CDI spec {}: {error}", self.config.cdi_dir.join(&spec.file_name).display()));
+            let path = self.config.cdi_dir.join(&spec.file_name);
+            return Err(kind(ErrorKind::Cdi)(format!("writing CDI spec {}: {error}", path.display())));
         }
         record.state = PrepareState::PrepareCompleted;
         if let Err(error) = self.store(&claim.uid, record.clone()).await {
             let _ = self.roll_back(&claim.uid, record).await;
-            return Err(error);
+            return Err(kind(ErrorKind::Checkpoint)(error));
         }
         tracing::info!(claim = %claim, devices = names.len(), "prepared");
         Ok(record.prepared_devices())
     }
 
-    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
-        let claim = claim.validate().map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))?;
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), Failure> {
+        let claim = claim
+            .validate()
+            .map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))
+            .map_err(kind(ErrorKind::InvalidRequest))?;
         let uid = claim.uid.to_string();
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         match self.record(&uid) {
             Some(record) => {
                 let keys = record.devices.iter().map(|d| device_key(&d.device_name)).collect();
                 let _device_locks = self.locks.lock(keys).await;
-                self.roll_back(&claim.uid, record).await?;
+                self.roll_back(&claim.uid, record).await.map_err(kind(ErrorKind::Cdi))?;
                 tracing::info!(claim = %claim, "unprepared");
             }
             None => {
@@ -193,7 +239,10 @@ impl<S: ClaimSource> Preparer<S> {
                 // make sure no spec is left behind either way.
                 let dir = self.config.cdi_dir.clone();
                 let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
-                blocking(move || durable::remove(&dir, &name)).await?.map_err(|e| format!("removing CDI spec: {e}"))?;
+                blocking(move || durable::remove(&dir, &name))
+                    .await
+                    .and_then(|r| r.map_err(|e| format!("removing CDI spec: {e}")))
+                    .map_err(kind(ErrorKind::Cdi))?;
             }
         }
         Ok(())

@@ -205,3 +205,15 @@ async fn a_damaged_record_is_set_aside_and_its_spec_kept_until_unprepare() {
     assert_eq!(p.unprepare(vec![claim_ref(A, "a")]).await[A], Ok(()));
     assert!(h.cdi_files().is_empty());
 }
+
+#[tokio::test]
+async fn failures_are_counted_by_kind() {
+    let h = Harness::new();
+    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let (p, _) = h.open();
+    let p = p.with_metrics(metrics.clone());
+    p.prepare(vec![claim_ref("bad", "x"), claim_ref(B, "missing")]).await;
+    let text = metrics.encode().unwrap();
+    assert!(text.contains(r#"gpu_dra_errors_total{kind="invalid_request"} 1"#), "{text}");
+    assert!(text.contains(r#"gpu_dra_errors_total{kind="claim_lookup"} 1"#), "{text}");
+}
