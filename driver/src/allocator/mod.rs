@@ -149,15 +149,7 @@ impl Allocator {
     /// committing: one result per claim, in order. Claims that already have
     /// an allocation must not be passed (record them instead).
     pub fn allocate(&mut self, node: &str, claims: &[&ResourceClaim]) -> Result<Vec<AllocationResult>, AllocateError> {
-        let mut ctx = placement::Context {
-            fleet: &self.fleet,
-            classes: &self.classes,
-            selectors: &mut self.selectors,
-            state: &self.state,
-            share_ids: self.share_ids.as_mut(),
-            memo: &mut self.memo,
-        };
-        ctx.allocate_on(node, claims)
+        self.context().allocate_on(node, claims)
     }
 
     /// The first node in `nodes` (or in [`Allocator::nodes`] order when
@@ -169,15 +161,19 @@ impl Allocator {
         nodes: Option<&[String]>,
         claims: &[&ResourceClaim],
     ) -> Result<Placement, AllocateError> {
-        let mut ctx = placement::Context {
+        self.context().first_fit(nodes, claims)
+    }
+
+    /// One search over the fleet, borrowing the caches and the allocated state.
+    fn context(&mut self) -> placement::Context<'_> {
+        placement::Context {
             fleet: &self.fleet,
             classes: &self.classes,
             selectors: &mut self.selectors,
             state: &self.state,
             share_ids: self.share_ids.as_mut(),
             memo: &mut self.memo,
-        };
-        ctx.first_fit(nodes, claims)
+        }
     }
 
     /// Records results returned by [`Allocator::allocate`] (one per claim)
