@@ -9,12 +9,10 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use integration_tests::apiserver::ApiServer;
+use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
 use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
-use k8s_openapi::api::resource::v1::{
-    AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaim, ResourceClaimStatus,
-    ResourceSlice,
-};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 
 const DRIVER: &str = "gpu.nvidia.com";
 const NODE: &str = "node-a";
@@ -56,8 +54,8 @@ async fn demo(server: &ApiServer, dirs: &PluginDirs) -> anyhow::Result<()> {
     println!("published {} ResourceSlice(s) with {} devices: {}", slices.len(), devices.len(), devices.join(", "));
 
     let first_two: Vec<&str> = devices.iter().take(2).map(String::as_str).collect();
-    let stored = server.create_with_status(&allocated_claim("train-gpus", &first_two))?;
-    let uid = stored.metadata.uid.clone().context("the stand-in gave the claim no UID")?;
+    let results: Vec<Allocated> = first_two.iter().map(|d| Allocated::new("gpus", NODE, d)).collect();
+    let uid = claim_fixtures::store(server, &allocated_claim("default", "train-gpus", &results, vec![]))?;
     let request = [claim("default", "train-gpus", &uid)];
     println!("\nResourceClaim default/train-gpus ({uid}) allocated {first_two:?}");
 
@@ -90,29 +88,4 @@ async fn wait_for_slices(server: &ApiServer) -> anyhow::Result<Vec<ResourceSlice
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// What the scheduler would have written: one result per device, request `gpus`.
-fn allocated_claim(name: &str, devices: &[&str]) -> ResourceClaim {
-    let results = devices
-        .iter()
-        .map(|device| DeviceRequestAllocationResult {
-            driver: DRIVER.into(),
-            pool: NODE.into(),
-            device: device.to_string(),
-            request: "gpus".into(),
-            ..Default::default()
-        })
-        .collect();
-    let mut claim = ResourceClaim::default();
-    claim.metadata.name = Some(name.into());
-    claim.metadata.namespace = Some("default".into());
-    claim.status = Some(ResourceClaimStatus {
-        allocation: Some(AllocationResult {
-            devices: Some(DeviceAllocationResult { results: Some(results), config: None }),
-            ..Default::default()
-        }),
-        ..Default::default()
-    });
-    claim
 }

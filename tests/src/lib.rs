@@ -2,6 +2,7 @@
 //! and run them as a user would.
 
 pub mod apiserver;
+pub mod claim_fixtures;
 pub mod kubelet;
 pub mod plugin_process;
 

@@ -1,0 +1,89 @@
+//! Allocated ResourceClaims as the scheduler leaves them, stored in the
+//! API-server stand-in for the plugin to read.
+
+use k8s_openapi::api::resource::v1::{
+    AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceRequestAllocationResult,
+    OpaqueDeviceConfiguration, ResourceClaim, ResourceClaimStatus,
+};
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+use crate::apiserver::{ApiError, ApiServer};
+
+/// One allocation result: `device` of pool `pool` for `request`.
+#[derive(Debug, Clone)]
+pub struct Allocated {
+    pub request: String,
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    pub share_id: Option<String>,
+    pub admin_access: bool,
+}
+
+impl Allocated {
+    /// A device of `gpu.nvidia.com` on pool `node` for request `request`.
+    pub fn new(request: &str, node: &str, device: &str) -> Self {
+        Self {
+            request: request.into(),
+            driver: "gpu.nvidia.com".into(),
+            pool: node.into(),
+            device: device.into(),
+            share_id: None,
+            admin_access: false,
+        }
+    }
+}
+
+/// A claim `namespace/name` allocated to `results`, with `config` copied
+/// into the allocation as the scheduler does (class entries first).
+pub fn allocated_claim(
+    namespace: &str,
+    name: &str,
+    results: &[Allocated],
+    config: Vec<DeviceAllocationConfiguration>,
+) -> ResourceClaim {
+    let results = results
+        .iter()
+        .map(|r| DeviceRequestAllocationResult {
+            request: r.request.clone(),
+            driver: r.driver.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            share_id: r.share_id.clone(),
+            admin_access: r.admin_access.then_some(true),
+            ..Default::default()
+        })
+        .collect();
+    let mut claim = ResourceClaim::default();
+    claim.metadata.name = Some(name.into());
+    claim.metadata.namespace = Some(namespace.into());
+    claim.status = Some(ResourceClaimStatus {
+        allocation: Some(AllocationResult {
+            devices: Some(DeviceAllocationResult { results: Some(results), config: Some(config) }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    claim
+}
+
+/// An opaque config entry for `driver` from `source` (`FromClass` or
+/// `FromClaim`) applying to `requests` (all when empty).
+pub fn opaque_config(
+    source: &str,
+    requests: &[&str],
+    driver: &str,
+    parameters: serde_json::Value,
+) -> DeviceAllocationConfiguration {
+    DeviceAllocationConfiguration {
+        source: source.into(),
+        requests: (!requests.is_empty()).then(|| requests.iter().map(|r| r.to_string()).collect()),
+        opaque: Some(OpaqueDeviceConfiguration { driver: driver.into(), parameters: RawExtension(parameters) }),
+    }
+}
+
+/// Stores `claim` with its status and returns the UID the server gave it.
+pub fn store(server: &ApiServer, claim: &ResourceClaim) -> Result<String, ApiError> {
+    let stored = server.create_with_status(claim)?;
+    Ok(stored.metadata.uid.unwrap_or_default())
+}
