@@ -1,0 +1,235 @@
+//! NodePrepareResources / NodeUnprepareResources through the real plugin,
+//! with the API-server stand-in holding the claims and the kubelet
+//! stand-in calling over the socket; CDI specs are checked with the CNCF
+//! CDI library, the way a container runtime would read them.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use container_device_interface::cache::new_cache;
+use container_device_interface::spec_dirs::with_spec_dirs;
+use gpu_kubelet_plugin::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use integration_tests::apiserver::ApiServer;
+use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
+use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
+use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::workspace_root;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use kubelet_proto::dra_v1::Claim;
+
+const DRIVER: &str = "gpu.nvidia.com";
+const NODE: &str = "node-a";
+const WAIT: Duration = Duration::from_secs(30);
+const WHOLE_GPU: &str = "gpu-2";
+const MIG: &str = "gpu-0-mig-1g10gb-19-3";
+
+/// Plugin + both stand-ins on the A100 MIG example node (`gpu-0`, `gpu-1`
+/// MIG-partitioned, `gpu-2`, `gpu-3` whole).
+struct Node {
+    server: ApiServer,
+    dirs: PluginDirs,
+    process: PluginProcess,
+    kubelet: Kubelet,
+    plugin: Plugin,
+    runtime: tokio::runtime::Runtime,
+}
+
+impl Node {
+    fn start(kubelet: KubeletConfig) -> Self {
+        let inventory = std::fs::read_to_string(workspace_root().join("examples/inventories/a100-mig.yaml")).unwrap();
+        let server = ApiServer::start_in_thread().unwrap();
+        let dirs = PluginDirs::new(&inventory).unwrap();
+        server.write_kubeconfig(&dirs.kubeconfig).unwrap();
+        let kubelet = Kubelet::new(KubeletConfig { registry_dir: dirs.registry.clone(), ..kubelet });
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let process = PluginProcess::spawn(&dirs, &PluginOptions::default()).unwrap();
+        let plugin =
+            runtime.block_on(kubelet.wait_and_register(WAIT)).unwrap_or_else(|e| panic!("{e}\n{}", process.log()));
+        Self { server, dirs, process, kubelet, plugin, runtime }
+    }
+
+    fn v1() -> Self {
+        Self::start(KubeletConfig::new("", DRIVER))
+    }
+
+    /// Stops the plugin with SIGTERM and starts it again on the same files.
+    fn restart(&mut self) {
+        let status = self.process.terminate(WAIT).unwrap();
+        assert!(status.is_some_and(|s| s.success()), "{}", self.process.log());
+        self.process = PluginProcess::spawn(&self.dirs, &PluginOptions::default()).unwrap();
+        self.plugin = self
+            .runtime
+            .block_on(self.kubelet.wait_and_register(WAIT))
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
+    }
+
+    /// Stores an allocated claim; returns the kubelet's reference to it.
+    fn claim(&self, name: &str, results: &[Allocated], config: Vec<DeviceAllocationConfiguration>) -> Claim {
+        let uid = claim_fixtures::store(&self.server, &allocated_claim("default", name, results, config)).unwrap();
+        claim("default", name, &uid)
+    }
+
+    fn gpu_claim(&self, name: &str, devices: &[&str]) -> Claim {
+        let results: Vec<Allocated> = devices.iter().map(|d| Allocated::new("gpu", NODE, d)).collect();
+        self.claim(name, &results, vec![])
+    }
+
+    /// Per-claim answers: devices or the error text.
+    fn prepare(&self, claims: &[Claim]) -> HashMap<String, Result<Vec<kubelet_proto::dra_v1::Device>, String>> {
+        let answers = self.runtime.block_on(self.kubelet.prepare_raw(&self.plugin, claims)).unwrap();
+        answers
+            .into_iter()
+            .map(|(uid, a)| (uid, if a.error.is_empty() { Ok(a.devices) } else { Err(a.error) }))
+            .collect()
+    }
+
+    fn unprepare(&self, claims: &[Claim]) {
+        self.runtime
+            .block_on(self.kubelet.unprepare(&self.plugin, claims))
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
+    }
+
+    fn spec_path(&self, uid: &str) -> PathBuf {
+        self.dirs.cdi.join(format!("k8s.{DRIVER}-claim_{uid}.json"))
+    }
+
+    fn records(&self) -> Vec<ClaimRecord> {
+        CheckpointDir::open(self.dirs.plugin_dir(DRIVER).join("checkpoint")).unwrap().load().unwrap().records
+    }
+}
+
+/// The device nodes a container gets for `id`, as the CNCF library
+/// injects them from the CDI directory.
+fn injected_nodes(cdi_dir: &std::path::Path, id: &str) -> BTreeSet<String> {
+    let cache = new_cache(vec![with_spec_dirs(&[cdi_dir.to_str().unwrap()])]);
+    let mut cache = cache.lock().unwrap();
+    let mut oci = oci_spec::runtime::Spec::default();
+    cache.inject_devices(Some(&mut oci), vec![id.to_string()]).unwrap_or_else(|e| panic!("injecting {id}: {e}"));
+    let linux = oci.linux().as_ref().expect("linux section");
+    linux.devices().as_ref().expect("devices").iter().map(|d| d.path().display().to_string()).collect()
+}
+
+#[test]
+fn gpu_and_mig_claims_become_cdi_specs_a_runtime_can_inject() {
+    let node = Node::v1();
+    let whole = node.gpu_claim("whole", &[WHOLE_GPU]);
+    let mig = node.claim("mig", &[Allocated::new("small/1g", NODE, MIG)], vec![]);
+    let answers = node.prepare(&[whole.clone(), mig.clone()]);
+
+    let whole_devices = answers[&whole.uid].clone().unwrap();
+    assert_eq!(whole_devices.len(), 1);
+    let d = &whole_devices[0];
+    assert_eq!((d.pool_name.as_str(), d.device_name.as_str()), (NODE, WHOLE_GPU));
+    assert_eq!(d.request_names, ["gpu"]);
+    assert_eq!(d.cdi_device_ids, [format!("k8s.gpu.nvidia.com/claim={}-{WHOLE_GPU}", whole.uid)]);
+    let nodes = injected_nodes(&node.dirs.cdi, &d.cdi_device_ids[0]);
+    assert!(nodes.contains("/dev/nvidia2") && nodes.contains("/dev/nvidiactl"), "{nodes:?}");
+    assert!(!nodes.iter().any(|n| n.starts_with("/dev/nvidia-caps")), "{nodes:?}");
+
+    let m = &answers[&mig.uid].clone().unwrap()[0];
+    assert_eq!(m.request_names, ["small"], "subrequest names are stripped to the base request");
+    let nodes = injected_nodes(&node.dirs.cdi, &m.cdi_device_ids[0]);
+    assert!(nodes.contains("/dev/nvidia0"), "a MIG device brings its parent GPU: {nodes:?}");
+    assert_eq!(nodes.iter().filter(|n| n.starts_with("/dev/nvidia-caps/nvidia-cap")).count(), 2, "{nodes:?}");
+
+    let records = node.records();
+    assert_eq!(records.len(), 2);
+    assert!(records.iter().all(|r| r.state == PrepareState::PrepareCompleted));
+
+    node.unprepare(&[whole.clone(), mig.clone()]);
+    assert!(!node.spec_path(&whole.uid).exists() && !node.spec_path(&mig.uid).exists());
+    assert!(node.records().is_empty());
+}
+
+#[test]
+fn a_v1beta1_kubelet_prepares_too() {
+    let node = Node::start(KubeletConfig::new("", DRIVER).v1beta1_only());
+    let c = node.gpu_claim("beta", &[WHOLE_GPU]);
+    let devices = node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
+    assert_eq!(devices[0].device_name, WHOLE_GPU);
+    assert_eq!(devices[0].share_id, None, "v1beta1 has no share_id");
+    assert!(!injected_nodes(&node.dirs.cdi, &devices[0].cdi_device_ids[0]).is_empty());
+    node.unprepare(std::slice::from_ref(&c));
+    assert!(!node.spec_path(&c.uid).exists());
+}
+
+#[test]
+fn repeats_and_restarts_answer_the_same() {
+    let mut node = Node::v1();
+    let c = node.gpu_claim("train", &[WHOLE_GPU, "gpu-3"]);
+    let first = node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
+    let spec = std::fs::read(node.spec_path(&c.uid)).unwrap();
+    assert_eq!(node.prepare(std::slice::from_ref(&c))[&c.uid], Ok(first.clone()), "an idempotent repeat");
+    node.restart();
+    assert_eq!(node.prepare(std::slice::from_ref(&c))[&c.uid], Ok(first), "a restart keeps the prepared claim");
+    assert_eq!(std::fs::read(node.spec_path(&c.uid)).unwrap(), spec, "the spec is untouched");
+}
+
+#[test]
+fn unprepare_works_after_the_claim_is_deleted() {
+    let node = Node::v1();
+    let c = node.gpu_claim("gone", &[WHOLE_GPU]);
+    node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
+    node.server.delete::<ResourceClaim>(Some("default"), "gone").unwrap();
+    node.unprepare(std::slice::from_ref(&c));
+    assert!(!node.spec_path(&c.uid).exists());
+    assert!(node.records().is_empty());
+}
+
+#[test]
+fn each_bad_claim_gets_its_own_error_and_good_ones_still_prepare() {
+    let node = Node::v1();
+    let good = node.gpu_claim("good", &["gpu-3"]);
+    let holder = node.gpu_claim("holder", &[WHOLE_GPU]);
+    node.prepare(std::slice::from_ref(&holder))[&holder.uid].clone().unwrap();
+
+    let bad_uid = claim("default", "good", "../../etc/passwd");
+    let missing = claim("default", "missing", "8c0f5b7e-1d2c-4e3f-9a8b-7c6d5e4f3a2b");
+    let mismatch = claim("default", "good", "9d1e6c8f-2e3d-4f5a-8b9c-0d1e2f3a4b5c");
+    let mut unallocated = ResourceClaim::default();
+    unallocated.metadata.name = Some("pending".into());
+    unallocated.metadata.namespace = Some("default".into());
+    let pending_uid = node.server.create(&unallocated).unwrap().metadata.uid.unwrap();
+    let pending = claim("default", "pending", &pending_uid);
+    let elsewhere = node.claim("elsewhere", &[Allocated::new("gpu", "node-b", "gpu-0")], vec![]);
+    let phantom = node.gpu_claim("phantom", &["gpu-9"]);
+    let contender = node.gpu_claim("contender", &[WHOLE_GPU]);
+
+    let batch = [&bad_uid, &missing, &mismatch, &pending, &elsewhere, &phantom, &contender, &good];
+    let answers = node.prepare(&batch.iter().map(|c| (*c).clone()).collect::<Vec<_>>());
+    assert_eq!(answers.len(), batch.len(), "every claim gets an entry");
+    let error = |c: &Claim| answers[&c.uid].clone().expect_err(&c.name);
+    for (claim, needle) in [
+        (&bad_uid, "invalid claim UID"),
+        (&missing, "default/missing not found"),
+        (&mismatch, "the claim was deleted and re-created"),
+        (&pending, "is not allocated"),
+        (&elsewhere, "pool node-b"),
+        (&phantom, "\"gpu-9\", which is not in this node's GPU inventory"),
+        (&contender, "gpu-2 is already prepared for ResourceClaim default/holder"),
+    ] {
+        let text = error(claim);
+        assert!(text.contains(needle), "{}: {text:?} lacks {needle:?}", claim.name);
+    }
+    assert!(answers[&good.uid].is_ok(), "{:?}", answers[&good.uid]);
+    let specs: Vec<_> = std::fs::read_dir(&node.dirs.cdi).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert_eq!(specs.len(), 2, "only the holder and the good claim have specs: {specs:?}");
+}
+
+#[test]
+fn of_two_concurrent_claims_on_one_device_exactly_one_wins() {
+    let node = Node::v1();
+    let a = node.gpu_claim("a", &["gpu-3"]);
+    let b = node.gpu_claim("b", &["gpu-3"]);
+    let (ra, rb) = node.runtime.block_on(async {
+        tokio::join!(
+            node.kubelet.prepare_raw(&node.plugin, std::slice::from_ref(&a)),
+            node.kubelet.prepare_raw(&node.plugin, std::slice::from_ref(&b))
+        )
+    });
+    let ok_a = ra.unwrap()[&a.uid].error.is_empty();
+    let ok_b = rb.unwrap()[&b.uid].error.is_empty();
+    assert!(ok_a != ok_b, "exactly one of the two may hold gpu-3 (a: {ok_a}, b: {ok_b})");
+    assert_eq!(node.records().len(), 1);
+}
