@@ -233,3 +233,55 @@ fn of_two_concurrent_claims_on_one_device_exactly_one_wins() {
     assert!(ok_a != ok_b, "exactly one of the two may hold gpu-3 (a: {ok_a}, b: {ok_b})");
     assert_eq!(node.records().len(), 1);
 }
+
+#[test]
+fn opaque_configs_are_decoded_strictly_and_errors_name_the_field() {
+    use integration_tests::claim_fixtures::opaque_config;
+    use serde_json::json;
+    let node = Node::v1();
+    let gpu = |kind: &str, extra: serde_json::Value| {
+        let mut parameters = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind});
+        if let (Some(p), Some(e)) = (parameters.as_object_mut(), extra.as_object()) {
+            p.extend(e.clone());
+        }
+        parameters
+    };
+    let results = [Allocated::new("gpu", NODE, "gpu-3")];
+    let plain =
+        node.claim("plain", &results, vec![opaque_config("FromClass", &[], DRIVER, gpu("GpuConfig", json!({})))]);
+    let typo = node.claim(
+        "typo",
+        &results,
+        vec![
+            opaque_config("FromClass", &[], DRIVER, gpu("GpuConfig", json!({}))),
+            opaque_config("FromClaim", &["gpu"], DRIVER, gpu("GpuConfig", json!({"sharin": {}}))),
+        ],
+    );
+    let shared = node.claim(
+        "shared",
+        &results,
+        vec![opaque_config(
+            "FromClaim",
+            &[],
+            DRIVER,
+            gpu("GpuConfig", json!({"sharing": {"strategy": "TimeSlicing"}})),
+        )],
+    );
+    let mig_on_gpu = node.claim(
+        "mig-on-gpu",
+        &results,
+        vec![opaque_config("FromClaim", &[], DRIVER, gpu("MigDeviceConfig", json!({})))],
+    );
+    let answers = node.prepare(&[typo.clone(), shared.clone(), mig_on_gpu.clone()]);
+    let error = |c: &Claim| answers[&c.uid].clone().expect_err(&c.name);
+    assert!(
+        error(&typo)
+            .starts_with("status.allocation.devices.config[1].opaque.parameters.sharin: unknown field `sharin`"),
+        "{}",
+        error(&typo)
+    );
+    assert!(error(&shared).contains("sharing.strategy: \"TimeSlicing\" is selected as the GPU sharing strategy"));
+    assert!(error(&mig_on_gpu).contains("cannot apply MigDeviceConfig to device gpu-3 of type gpu"));
+    assert!(node.records().is_empty(), "refused configs leave nothing behind");
+    assert!(node.prepare(std::slice::from_ref(&plain))[&plain.uid].is_ok(), "a plain GpuConfig is accepted");
+}

@@ -17,6 +17,7 @@
 //! spec file is never written without a record that names it, so start-up
 //! can delete any spec file no record owns.
 
+pub mod configs;
 pub mod locks;
 pub mod plan;
 pub mod reconcile;
@@ -184,7 +185,7 @@ impl<S: ClaimSource> Preparer<S> {
                 return Err(kind(ErrorKind::Prepare)(error));
             }
         };
-        // OPAQUE crate::prepare::configs::check(&self.config.driver, &resource_claim, &planned).map_err(kind(ErrorKind::Config))?;
+        configs::resolve(&self.config.driver, &resource_claim, &planned).map_err(kind(ErrorKind::Config))?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
