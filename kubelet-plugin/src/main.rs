@@ -10,6 +10,7 @@ use gpu_kubelet_plugin::cli::{Cli, Command, LogFormat, LoggingArgs};
 use gpu_kubelet_plugin::{inspect, run};
 
 fn main() -> ExitCode {
+    limit_malloc_arenas();
     let cli = Cli::parse();
     init_logging(&cli.logging);
     let stdout = std::io::stdout();
@@ -43,6 +44,20 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("starting the async runtime")
+}
+
+/// One malloc arena for the whole process. glibc gives each thread that
+/// allocates (workers, and up to 16 blocking threads doing fsyncs) an arena
+/// of its own, and freed memory stays spread over them; the plugin is
+/// I/O-bound, so one arena costs no speed and keeps RSS under its 16 MiB
+/// target (about 1 MiB less on a fully MIG-partitioned node).
+fn limit_malloc_arenas() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes malloc's tuning; it is called first
+    // thing in main, before any other thread exists.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
 }
 
 fn init_logging(args: &LoggingArgs) {

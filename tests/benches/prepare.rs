@@ -81,8 +81,8 @@ impl Node {
         (prepare, unprepare)
     }
 
-    /// (VmRSS, VmHWM) in KiB after a moment of idling.
-    fn memory(&self) -> (u64, u64) {
+    /// VmRSS, VmHWM, RssAnon and RssFile in KiB after a moment of idling.
+    fn memory(&self) -> Memory {
         std::thread::sleep(Duration::from_secs(2));
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.process.pid())).unwrap_or_default();
         let field = |name: &str| {
@@ -92,7 +92,28 @@ impl Node {
                 .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
                 .unwrap_or(0)
         };
-        (field("VmRSS:"), field("VmHWM:"))
+        Memory { rss: field("VmRSS:"), hwm: field("VmHWM:"), anon: field("RssAnon:"), file: field("RssFile:") }
+    }
+}
+
+struct Memory {
+    rss: u64,
+    hwm: u64,
+    anon: u64,
+    file: u64,
+}
+
+impl std::fmt::Display for Memory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "VmRSS {} KiB ({:.1} MiB; anonymous {} KiB, file-backed {} KiB), VmHWM {} KiB",
+            self.rss,
+            self.rss as f64 / 1024.0,
+            self.anon,
+            self.file,
+            self.hwm
+        )
     }
 }
 
@@ -169,25 +190,16 @@ fn main() {
     }
     // Leave one 8-GPU claim prepared for the memory reading.
     node.runtime.block_on(node.kubelet.prepare(&node.plugin, std::slice::from_ref(&eight))).expect("prepare");
-    let (rss, hwm) = node.memory();
-    println!(
-        "\nplugin memory, 8 × H100 (8 devices, one 8-GPU claim prepared): VmRSS {} KiB ({:.1} MiB), VmHWM {} KiB",
-        rss,
-        rss as f64 / 1024.0,
-        hwm
-    );
+    println!("\nplugin memory, 8 × H100 (8 devices, one 8-GPU claim prepared): {}", node.memory());
     drop(node);
 
     let mig = Node::start(A100_FULL_MIG);
     let claims: Vec<Claim> =
         (0..8).map(|g| mig.claim(&format!("mig-{g}"), &[format!("gpu-{g}-mig-1g5gb-19-0")])).collect();
     mig.runtime.block_on(mig.kubelet.prepare(&mig.plugin, &claims)).expect("MIG prepare");
-    let (rss, hwm) = mig.memory();
     println!(
-        "plugin memory, 8 × A100-40GB fully MIG-partitioned (56 devices, 8 MIG claims prepared): VmRSS {} KiB ({:.1} MiB), VmHWM {} KiB",
-        rss,
-        rss as f64 / 1024.0,
-        hwm
+        "plugin memory, 8 × A100-40GB fully MIG-partitioned (56 devices, 8 MIG claims prepared): {}",
+        mig.memory()
     );
     println!("\ntargets: prepare p99 ≤ 2× the fsync cost of a prepare; plugin RSS ≤ 16 MiB (16384 KiB)");
 }

@@ -79,58 +79,59 @@ impl<S: DraService> DraCore<S> {
 
     /// Prepares `claims`; the result has exactly the request's UIDs.
     pub async fn prepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
-        let started = Instant::now();
-        let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
         let service = self.service.clone();
-        // A task of its own: when the kubelet's deadline cancels the call,
-        // the prepare still finishes (and is found done on the retry)
-        // instead of being dropped between two of its steps.
-        let guard = self.in_flight.enter();
-        let results = match tokio::spawn(async move {
-            let _guard = guard;
-            service.prepare(claims).await
-        })
-        .await
-        {
-            Ok(results) => results,
-            Err(join) => {
-                tracing::error!(error = %join, "prepare task failed");
-                HashMap::new()
-            }
-        };
-        let results = complete(&uids, results, "prepare");
-        for result in results.values() {
-            self.metrics.claim(Operation::Prepare, if result.is_ok() { Outcome::Ok } else { Outcome::Error });
-        }
-        self.metrics.request(Operation::Prepare, api, started.elapsed());
-        log_batch("NodePrepareResources", api, &results, started);
-        results
+        self.run(Operation::Prepare, api, claims, move |claims| async move { service.prepare(claims).await }).await
     }
 
     /// Unprepares `claims`; the result has exactly the request's UIDs.
     pub async fn unprepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        let service = self.service.clone();
+        self.run(Operation::Unprepare, api, claims, move |claims| async move { service.unprepare(claims).await }).await
+    }
+
+    /// Runs one batch in a task of its own: when the kubelet's deadline
+    /// cancels the call, the batch still finishes (and is found done on the
+    /// retry) instead of being dropped between two of its steps. Then
+    /// completes, counts and logs it.
+    async fn run<T, F, Fut>(
+        &self,
+        operation: Operation,
+        api: ApiVersion,
+        claims: Vec<ClaimRef>,
+        batch: F,
+    ) -> HashMap<String, Result<T, String>>
+    where
+        T: Send + 'static,
+        F: FnOnce(Vec<ClaimRef>) -> Fut,
+        Fut: Future<Output = HashMap<String, Result<T, String>>> + Send + 'static,
+    {
         let started = Instant::now();
         let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
-        let service = self.service.clone();
         let guard = self.in_flight.enter();
+        let work = batch(claims);
+        let what = operation.as_str();
         let results = match tokio::spawn(async move {
             let _guard = guard;
-            service.unprepare(claims).await
+            work.await
         })
         .await
         {
             Ok(results) => results,
             Err(join) => {
-                tracing::error!(error = %join, "unprepare task failed");
+                tracing::error!(error = %join, "{what} task failed");
                 HashMap::new()
             }
         };
-        let results = complete(&uids, results, "unprepare");
+        let results = complete(&uids, results, what);
         for result in results.values() {
-            self.metrics.claim(Operation::Unprepare, if result.is_ok() { Outcome::Ok } else { Outcome::Error });
+            self.metrics.claim(operation, if result.is_ok() { Outcome::Ok } else { Outcome::Error });
         }
-        self.metrics.request(Operation::Unprepare, api, started.elapsed());
-        log_batch("NodeUnprepareResources", api, &results, started);
+        self.metrics.request(operation, api, started.elapsed());
+        let call = match operation {
+            Operation::Prepare => "NodePrepareResources",
+            Operation::Unprepare => "NodeUnprepareResources",
+        };
+        log_batch(call, api, &results, started);
         results
     }
 }

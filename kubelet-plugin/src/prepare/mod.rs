@@ -18,6 +18,7 @@
 //! can delete any spec file no record owns.
 
 pub mod configs;
+mod files;
 pub mod locks;
 pub mod plan;
 pub mod reconcile;
@@ -35,6 +36,7 @@ use tokio::sync::watch;
 use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::durable;
 use crate::metrics::{ErrorKind, Metrics};
+use files::Files;
 use locks::KeyedLocks;
 use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
@@ -71,7 +73,7 @@ pub struct Preparer<S> {
     config: PreparerConfig,
     source: S,
     inventory: watch::Receiver<Arc<Inventory>>,
-    checkpoint: CheckpointDir,
+    files: Arc<Files>,
     /// Mirror of the checkpoint directory, by claim UID.
     records: Mutex<HashMap<String, ClaimRecord>>,
     locks: KeyedLocks,
@@ -102,11 +104,12 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(|error| OpenError::CdiDir { path: config.cdi_dir.clone(), error })?;
         let snapshot = inventory.borrow().clone();
         let (records, report) = reconcile::reconcile(&config, &checkpoint, &snapshot)?;
+        let files = Arc::new(Files { checkpoint, cdi_dir: config.cdi_dir.clone() });
         let preparer = Self {
             config,
             source,
+            files,
             inventory,
-            checkpoint,
             records: Mutex::new(records),
             locks: KeyedLocks::default(),
             metrics: None,
@@ -157,10 +160,7 @@ impl<S: ClaimSource> Preparer<S> {
     }
 
     async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, Failure> {
-        let claim = claim
-            .validate()
-            .map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))
-            .map_err(kind(ErrorKind::InvalidRequest))?;
+        let claim = validated(claim)?;
         let uid = claim.uid.to_string();
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         if let Some(devices) = self.completed(&uid) {
@@ -200,32 +200,30 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(|e| format!("building the CDI spec: {e}"))
             .map_err(kind(ErrorKind::Cdi))?;
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
-        let mut record = self.started_record(&claim, &planned, &spec);
-        self.store(&claim.uid, record.clone()).await.map_err(kind(ErrorKind::Checkpoint))?;
-        let write = {
-            let dir = self.config.cdi_dir.clone();
-            let name = spec.file_name.clone();
-            blocking(move || durable::write(&dir, &name, &bytes, CDI_FILE_MODE)).await
-        };
-        if let Err(error) = write.and_then(|r| r.map_err(|e| e.to_string())) {
-            let _ = self.roll_back(&claim.uid, record).await;
-            let path = self.config.cdi_dir.join(&spec.file_name);
-            return Err(kind(ErrorKind::Cdi)(format!("writing CDI spec {}: {error}", path.display())));
+        let record = self.started_record(&claim, &planned, &spec);
+        let files = self.files.clone();
+        let uid_for_files = claim.uid.clone();
+        let written = blocking(move || files.write_prepared(&uid_for_files, record, &bytes))
+            .await
+            .map_err(kind(ErrorKind::Checkpoint))?;
+        match written {
+            Ok(record) => {
+                let devices = record.prepared_devices();
+                self.records().insert(uid, record);
+                tracing::info!(claim = %claim, devices = names.len(), "prepared");
+                Ok(devices)
+            }
+            Err(failure) => {
+                if let Some(stale) = failure.left_behind {
+                    self.records().insert(uid, *stale);
+                }
+                Err(Failure { kind: failure.kind, message: failure.message })
+            }
         }
-        record.state = PrepareState::PrepareCompleted;
-        if let Err(error) = self.store(&claim.uid, record.clone()).await {
-            let _ = self.roll_back(&claim.uid, record).await;
-            return Err(kind(ErrorKind::Checkpoint)(error));
-        }
-        tracing::info!(claim = %claim, devices = names.len(), "prepared");
-        Ok(record.prepared_devices())
     }
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), Failure> {
-        let claim = claim
-            .validate()
-            .map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))
-            .map_err(kind(ErrorKind::InvalidRequest))?;
+        let claim = validated(claim)?;
         let uid = claim.uid.to_string();
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         match self.record(&uid) {
@@ -306,24 +304,12 @@ impl<S: ClaimSource> Preparer<S> {
         }
     }
 
-    /// Writes `record` to disk, then to memory.
-    async fn store(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
-        let checkpoint = self.checkpoint.clone();
-        let (owned_uid, to_write) = (uid.clone(), record.clone());
-        blocking(move || checkpoint.write(&owned_uid, &to_write)).await?.map_err(|e| e.to_string())?;
-        self.records().insert(uid.to_string(), record);
-        Ok(())
-    }
-
-    /// Removes the claim's spec file, then its record. If the spec cannot
-    /// be removed the record stays, so the next attempt or start-up retries.
+    /// Removes the claim's spec file, then its record (see
+    /// [`Files::remove_claim`]), then forgets it.
     async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
-        let dir = self.config.cdi_dir.clone();
         let name = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&self.config.driver, uid));
-        blocking(move || durable::remove(&dir, &name)).await?.map_err(|e| format!("removing CDI spec: {e}"))?;
-        let checkpoint = self.checkpoint.clone();
-        let owned_uid = uid.clone();
-        blocking(move || checkpoint.remove(&owned_uid)).await?.map_err(|e| e.to_string())?;
+        let (files, owned_uid) = (self.files.clone(), uid.clone());
+        blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());
         Ok(())
     }
@@ -337,6 +323,13 @@ impl<S: ClaimSource> crate::grpc::DraService for Preparer<S> {
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
         Preparer::unprepare(self, claims).await
     }
+}
+
+fn validated(claim: &ClaimRef) -> Result<ValidClaim, Failure> {
+    claim
+        .validate()
+        .map_err(|e| format!("{e} (the kubelet sent an invalid claim reference)"))
+        .map_err(kind(ErrorKind::InvalidRequest))
 }
 
 fn claim_key(uid: &str) -> String {

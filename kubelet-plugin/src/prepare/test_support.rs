@@ -144,16 +144,15 @@ impl Harness {
     }
 
     pub fn cdi_files(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.dir.path().join("cdi"))
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
+        self.file_names("cdi")
     }
 
     pub fn checkpoint_files(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(self.dir.path().join("state/checkpoint"))
+        self.file_names("state/checkpoint")
+    }
+
+    fn file_names(&self, dir: &str) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.dir.path().join(dir))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
