@@ -4,6 +4,7 @@
 pub mod apiserver;
 pub mod claim_fixtures;
 pub mod kubelet;
+pub mod node;
 pub mod plugin_process;
 
 use std::path::{Path, PathBuf};

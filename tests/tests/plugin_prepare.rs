@@ -3,100 +3,32 @@
 //! stand-in calling over the socket; CDI specs are checked with the CNCF
 //! CDI library, the way a container runtime would read them.
 
-use std::collections::{BTreeSet, HashMap};
-use std::path::PathBuf;
-use std::time::Duration;
+use std::collections::BTreeSet;
 
 use container_device_interface::cache::new_cache;
 use container_device_interface::spec_dirs::with_spec_dirs;
-use gpu_kubelet_plugin::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
-use integration_tests::apiserver::ApiServer;
-use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
-use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
-use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use gpu_kubelet_plugin::checkpoint::PrepareState;
+use integration_tests::claim_fixtures::Allocated;
+use integration_tests::kubelet::{KubeletConfig, claim};
+use integration_tests::node::{DRIVER, NODE, RunningNode};
+use integration_tests::plugin_process::PluginOptions;
 use integration_tests::workspace_root;
-use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
 
-const DRIVER: &str = "gpu.nvidia.com";
-const NODE: &str = "node-a";
-const WAIT: Duration = Duration::from_secs(30);
 const WHOLE_GPU: &str = "gpu-2";
 const MIG: &str = "gpu-0-mig-1g10gb-19-3";
 
 /// Plugin + both stand-ins on the A100 MIG example node (`gpu-0`, `gpu-1`
 /// MIG-partitioned, `gpu-2`, `gpu-3` whole).
-struct Node {
-    server: ApiServer,
-    dirs: PluginDirs,
-    process: PluginProcess,
-    kubelet: Kubelet,
-    plugin: Plugin,
-    runtime: tokio::runtime::Runtime,
+fn a100_node(kubelet: KubeletConfig) -> RunningNode {
+    let inventory = std::fs::read_to_string(workspace_root().join("examples/inventories/a100-mig.yaml")).unwrap();
+    RunningNode::start(&inventory, kubelet, PluginOptions::default())
 }
 
-impl Node {
-    fn start(kubelet: KubeletConfig) -> Self {
-        let inventory = std::fs::read_to_string(workspace_root().join("examples/inventories/a100-mig.yaml")).unwrap();
-        let server = ApiServer::start_in_thread().unwrap();
-        let dirs = PluginDirs::new(&inventory).unwrap();
-        server.write_kubeconfig(&dirs.kubeconfig).unwrap();
-        let kubelet = Kubelet::new(KubeletConfig { registry_dir: dirs.registry.clone(), ..kubelet });
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        let process = PluginProcess::spawn(&dirs, &PluginOptions::default()).unwrap();
-        let plugin =
-            runtime.block_on(kubelet.wait_and_register(WAIT)).unwrap_or_else(|e| panic!("{e}\n{}", process.log()));
-        Self { server, dirs, process, kubelet, plugin, runtime }
-    }
-
-    fn v1() -> Self {
-        Self::start(KubeletConfig::new("", DRIVER))
-    }
-
-    /// Stops the plugin with SIGTERM and starts it again on the same files.
-    fn restart(&mut self) {
-        let status = self.process.terminate(WAIT).unwrap();
-        assert!(status.is_some_and(|s| s.success()), "{}", self.process.log());
-        self.process = PluginProcess::spawn(&self.dirs, &PluginOptions::default()).unwrap();
-        self.plugin = self
-            .runtime
-            .block_on(self.kubelet.wait_and_register(WAIT))
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
-    }
-
-    /// Stores an allocated claim; returns the kubelet's reference to it.
-    fn claim(&self, name: &str, results: &[Allocated], config: Vec<DeviceAllocationConfiguration>) -> Claim {
-        let uid = claim_fixtures::store(&self.server, &allocated_claim("default", name, results, config)).unwrap();
-        claim("default", name, &uid)
-    }
-
-    fn gpu_claim(&self, name: &str, devices: &[&str]) -> Claim {
-        let results: Vec<Allocated> = devices.iter().map(|d| Allocated::new("gpu", NODE, d)).collect();
-        self.claim(name, &results, vec![])
-    }
-
-    /// Per-claim answers: devices or the error text.
-    fn prepare(&self, claims: &[Claim]) -> HashMap<String, Result<Vec<kubelet_proto::dra_v1::Device>, String>> {
-        let answers = self.runtime.block_on(self.kubelet.prepare_raw(&self.plugin, claims)).unwrap();
-        answers
-            .into_iter()
-            .map(|(uid, a)| (uid, if a.error.is_empty() { Ok(a.devices) } else { Err(a.error) }))
-            .collect()
-    }
-
-    fn unprepare(&self, claims: &[Claim]) {
-        self.runtime
-            .block_on(self.kubelet.unprepare(&self.plugin, claims))
-            .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
-    }
-
-    fn spec_path(&self, uid: &str) -> PathBuf {
-        self.dirs.cdi.join(format!("k8s.{DRIVER}-claim_{uid}.json"))
-    }
-
-    fn records(&self) -> Vec<ClaimRecord> {
-        CheckpointDir::open(self.dirs.plugin_dir(DRIVER).join("checkpoint")).unwrap().load().unwrap().records
-    }
+/// The same with a kubelet that speaks v1.
+fn v1_node() -> RunningNode {
+    a100_node(KubeletConfig::new("", DRIVER))
 }
 
 /// The device nodes a container gets for `id`, as the CNCF library
@@ -112,7 +44,7 @@ fn injected_nodes(cdi_dir: &std::path::Path, id: &str) -> BTreeSet<String> {
 
 #[test]
 fn gpu_and_mig_claims_become_cdi_specs_a_runtime_can_inject() {
-    let node = Node::v1();
+    let node = v1_node();
     let whole = node.gpu_claim("whole", &[WHOLE_GPU]);
     let mig = node.claim("mig", &[Allocated::new("small/1g", NODE, MIG)], vec![]);
     let answers = node.prepare(&[whole.clone(), mig.clone()]);
@@ -144,7 +76,7 @@ fn gpu_and_mig_claims_become_cdi_specs_a_runtime_can_inject() {
 
 #[test]
 fn a_v1beta1_kubelet_prepares_too() {
-    let node = Node::start(KubeletConfig::new("", DRIVER).v1beta1_only());
+    let node = a100_node(KubeletConfig::new("", DRIVER).v1beta1_only());
     let c = node.gpu_claim("beta", &[WHOLE_GPU]);
     let devices = node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
     assert_eq!(devices[0].device_name, WHOLE_GPU);
@@ -156,7 +88,7 @@ fn a_v1beta1_kubelet_prepares_too() {
 
 #[test]
 fn repeats_and_restarts_answer_the_same() {
-    let mut node = Node::v1();
+    let mut node = v1_node();
     let c = node.gpu_claim("train", &[WHOLE_GPU, "gpu-3"]);
     let first = node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
     let spec = std::fs::read(node.spec_path(&c.uid)).unwrap();
@@ -168,7 +100,7 @@ fn repeats_and_restarts_answer_the_same() {
 
 #[test]
 fn unprepare_works_after_the_claim_is_deleted() {
-    let node = Node::v1();
+    let node = v1_node();
     let c = node.gpu_claim("gone", &[WHOLE_GPU]);
     node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
     node.server.delete::<ResourceClaim>(Some("default"), "gone").unwrap();
@@ -179,7 +111,7 @@ fn unprepare_works_after_the_claim_is_deleted() {
 
 #[test]
 fn each_bad_claim_gets_its_own_error_and_good_ones_still_prepare() {
-    let node = Node::v1();
+    let node = v1_node();
     let good = node.gpu_claim("good", &["gpu-3"]);
     let holder = node.gpu_claim("holder", &[WHOLE_GPU]);
     node.prepare(std::slice::from_ref(&holder))[&holder.uid].clone().unwrap();
@@ -219,7 +151,7 @@ fn each_bad_claim_gets_its_own_error_and_good_ones_still_prepare() {
 
 #[test]
 fn of_two_concurrent_claims_on_one_device_exactly_one_wins() {
-    let node = Node::v1();
+    let node = v1_node();
     let a = node.gpu_claim("a", &["gpu-3"]);
     let b = node.gpu_claim("b", &["gpu-3"]);
     let (ra, rb) = node.runtime.block_on(async {
@@ -238,7 +170,7 @@ fn of_two_concurrent_claims_on_one_device_exactly_one_wins() {
 fn opaque_configs_are_decoded_strictly_and_errors_name_the_field() {
     use integration_tests::claim_fixtures::opaque_config;
     use serde_json::json;
-    let node = Node::v1();
+    let node = v1_node();
     let gpu = |kind: &str, extra: serde_json::Value| {
         let mut parameters = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": kind});
         if let (Some(p), Some(e)) = (parameters.as_object_mut(), extra.as_object()) {
