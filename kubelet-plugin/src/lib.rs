@@ -9,6 +9,7 @@ pub mod grpc;
 pub mod health_service;
 pub mod http;
 pub mod inspect;
+pub mod instance_lock;
 pub mod inventory_watch;
 pub mod kube_client;
 pub mod metrics;

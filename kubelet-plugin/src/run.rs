@@ -15,8 +15,10 @@ use tokio::sync::watch;
 use crate::checkpoint;
 use crate::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::cli::{MetricsAddr, RunArgs};
+use crate::durable;
 use crate::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::http::{HttpState, ReadyCheck};
+use crate::instance_lock;
 use crate::metrics::Metrics;
 use crate::prepare::{Preparer, PreparerConfig};
 use crate::publisher::{self, PublishStatus, PublisherConfig};
@@ -33,6 +35,19 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let driver = &args.node.driver_name;
     let metrics = Arc::new(Metrics::new());
     let mut signals = Signals::new()?;
+
+    let state_dir = args.state_dir();
+    durable::create_dir(&state_dir, 0o700).with_context(|| format!("creating --state-dir {}", state_dir.display()))?;
+    // Held until the process ends: one instance publishes and prepares.
+    let _instance = tokio::select! {
+        lock = instance_lock::acquire(&state_dir) => {
+            lock.with_context(|| format!("locking {}", state_dir.join(instance_lock::LOCK_FILE).display()))?
+        }
+        name = signals.next() => {
+            tracing::info!(signal = name, "stopping before start-up finished");
+            return Ok(());
+        }
+    };
 
     let inventory = watch_inventory(args)?;
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");

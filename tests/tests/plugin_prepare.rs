@@ -217,3 +217,24 @@ fn opaque_configs_are_decoded_strictly_and_errors_name_the_field() {
     assert!(node.records().is_empty(), "refused configs leave nothing behind");
     assert!(node.prepare(std::slice::from_ref(&plain))[&plain.uid].is_ok(), "a plain GpuConfig is accepted");
 }
+
+#[test]
+fn a_second_plugin_process_waits_for_the_first_to_stop() {
+    use integration_tests::plugin_process::PluginProcess;
+    let mut node = v1_node();
+    let c = node.gpu_claim("kept", &["gpu-3"]);
+    let first = node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
+
+    let mut second = PluginProcess::spawn(&node.dirs, &PluginOptions::default()).unwrap();
+    let waiting = second.wait_for_log("another plugin process uses this state directory", WAIT_FOR_LOG);
+    assert!(waiting.is_some(), "{}", second.log());
+    assert_eq!(node.prepare(std::slice::from_ref(&c))[&c.uid], Ok(first.clone()), "the first still serves");
+
+    let status = node.process.terminate(WAIT_FOR_LOG).unwrap();
+    assert!(status.is_some_and(|s| s.success()));
+    node.process = second;
+    node.plugin = node.runtime.block_on(node.kubelet.wait_and_register(WAIT_FOR_LOG)).unwrap();
+    assert_eq!(node.prepare(std::slice::from_ref(&c))[&c.uid], Ok(first), "the second took over the checkpoint");
+}
+
+const WAIT_FOR_LOG: std::time::Duration = std::time::Duration::from_secs(30);
