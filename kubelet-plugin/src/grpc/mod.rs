@@ -10,8 +10,7 @@
 mod convert;
 pub mod domain;
 pub mod serve;
-mod v1;
-mod v1beta1;
+mod versions;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -20,8 +19,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
-pub use v1::DraPluginV1;
-pub use v1beta1::DraPluginV1beta1;
+pub use versions::{DraPluginV1, DraPluginV1beta1};
 
 use crate::metrics::{ApiVersion, Metrics, Operation, Outcome};
 
