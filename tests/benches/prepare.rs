@@ -1,5 +1,6 @@
 //! NodePrepareResources latency and the plugin's memory, measured from the
-//! kubelet stand-in against the release binary on a fake inventory.
+//! kubelet stand-in against the shipped binary (profile `node`) on a fake
+//! inventory.
 //!
 //! `cargo bench -p integration-tests --bench prepare [-- ROUNDS]`
 //!
@@ -126,7 +127,7 @@ fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(300);
     let inventory =
         std::fs::read_to_string(workspace_root().join("examples/inventories/dgx-h100.yaml")).expect("inventory");
-    println!("prepare benchmark: {rounds} rounds per claim shape, release plugin, fake inventory\n");
+    println!("prepare benchmark: {rounds} rounds per claim shape, plugin built with profile `node`, fake inventory\n");
 
     let node = start(&inventory);
     let (fsync, fsyncs) = fsync_cost(node.dirs.root.path(), rounds);

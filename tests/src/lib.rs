@@ -28,28 +28,27 @@ pub fn example_inventories() -> Vec<PathBuf> {
     files
 }
 
-fn build(package: &str, bin: &str) -> PathBuf {
-    let run = escargot::CargoBuild::new()
-        .manifest_path(workspace_root().join("Cargo.toml"))
-        .package(package)
-        .bin(bin)
-        .current_release()
-        .current_target()
-        .run()
-        .unwrap_or_else(|e| panic!("building {bin}: {e}"));
+/// Builds `bin` in the debug profile under test, or in `release_profile`
+/// when this crate is optimized (benchmarks), so that benchmarks measure
+/// the binary as shipped.
+fn build(package: &str, bin: &str, release_profile: &str) -> PathBuf {
+    let cargo =
+        escargot::CargoBuild::new().manifest_path(workspace_root().join("Cargo.toml")).package(package).bin(bin);
+    let cargo = if cfg!(debug_assertions) { cargo } else { cargo.profile(release_profile) };
+    let run = cargo.current_target().run().unwrap_or_else(|e| panic!("building {bin}: {e}"));
     run.path().to_path_buf()
 }
 
 /// Path of `gpu-kubelet-plugin`, built on first use.
 pub fn kubelet_plugin() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("gpu-kubelet-plugin", "gpu-kubelet-plugin"))
+    BIN.get_or_init(|| build("gpu-kubelet-plugin", "gpu-kubelet-plugin", "node"))
 }
 
 /// Path of `gpu-dra-controller`, built on first use.
 pub fn controller() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
-    BIN.get_or_init(|| build("gpu-dra-controller", "gpu-dra-controller"))
+    BIN.get_or_init(|| build("gpu-dra-controller", "gpu-dra-controller", "release"))
 }
 
 /// Runs `bin` with `args`, feeding `stdin`; the environment is cleared of the
