@@ -22,7 +22,11 @@ impl Amount {
     pub(crate) const ZERO: Amount = Amount(0);
 
     pub(crate) fn parse(q: &Quantity) -> Result<Self, BadQuantity> {
-        parse(&q.0).ok_or_else(|| BadQuantity(q.0.clone()))
+        Self::parse_str(&q.0)
+    }
+
+    pub(crate) fn parse_str(q: &str) -> Result<Self, BadQuantity> {
+        parse(q).ok_or_else(|| BadQuantity(q.to_owned()))
     }
 
     pub(crate) fn saturating_add(self, other: Amount) -> Amount {

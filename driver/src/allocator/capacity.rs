@@ -17,10 +17,11 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange, Device, DeviceCapacity};
+use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::amount::Amount;
+use super::compact::{CapacityEntry, DeviceRecord};
 
 /// Per-capacity amounts already taken on a device.
 pub(crate) type Consumed = BTreeMap<String, Amount>;
@@ -46,30 +47,30 @@ pub(crate) type Take = BTreeMap<String, (Amount, Quantity)>;
 /// why it does not fit.
 pub(crate) fn take(
     requests: Option<&BTreeMap<String, Quantity>>,
-    device: &Device,
+    device: &DeviceRecord,
     used: Option<&Consumed>,
 ) -> Result<Take, Misfit> {
-    let caps = device.capacity.as_ref();
+    let caps = &device.capacity;
     if let Some(reqs) = requests {
         for name in reqs.keys() {
-            if !caps.is_some_and(|c| c.contains_key(name)) {
+            if !caps.contains(name) {
                 return Err(Misfit::Missing(name.clone()));
             }
         }
     }
     let mut out = Take::new();
-    for (name, cap) in caps.into_iter().flatten() {
+    for (name, cap) in caps.iter() {
         let requested = requests.and_then(|r| r.get(name));
         let (amount, quantity) = consumed(requested, cap).map_err(Misfit::Invalid)?;
         if violates(amount, cap.request_policy.as_ref()).map_err(Misfit::Invalid)? {
-            return Err(Misfit::Policy(name.clone()));
+            return Err(Misfit::Policy(name.to_string()));
         }
-        let value = Amount::parse(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
+        let value = Amount::parse_str(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
         let already = used.and_then(|u| u.get(name)).copied().unwrap_or_default();
         if already.saturating_add(amount) > value {
-            return Err(Misfit::Exhausted(name.clone()));
+            return Err(Misfit::Exhausted(name.to_string()));
         }
-        out.insert(name.clone(), (amount, quantity));
+        out.insert(name.to_string(), (amount, quantity));
     }
     Ok(out)
 }
@@ -79,10 +80,10 @@ fn parse(q: &Quantity) -> Result<Amount, String> {
 }
 
 /// `calculateConsumedCapacity`.
-fn consumed(requested: Option<&Quantity>, cap: &DeviceCapacity) -> Result<(Amount, Quantity), String> {
+fn consumed(requested: Option<&Quantity>, cap: &CapacityEntry) -> Result<(Amount, Quantity), String> {
     let policy = cap.request_policy.as_ref();
     let Some(requested) = requested else {
-        let q = policy.and_then(|p| p.default.clone()).unwrap_or_else(|| cap.value.clone());
+        let q = policy.and_then(|p| p.default.clone()).unwrap_or_else(|| Quantity(cap.value.to_string()));
         return Ok((parse(&q)?, q));
     };
     let req = parse(requested)?;
@@ -175,6 +176,8 @@ pub(crate) fn sub(total: &mut Consumed, take: &Take) {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::resource::v1::Device;
+
     use super::super::test_support::*;
     use super::*;
 
@@ -197,12 +200,12 @@ mod tests {
     #[test]
     fn without_policy_the_request_or_everything_is_taken() {
         let d = device("d").shareable().cap("memory", "40Gi");
-        assert_eq!(taken(&take(Some(&reqs("10Gi")), &d, None).unwrap()), "10Gi");
-        assert_eq!(taken(&take(None, &d, None).unwrap()), "40Gi");
+        assert_eq!(taken(&take(Some(&reqs("10Gi")), &rec(d.clone()), None).unwrap()), "10Gi");
+        assert_eq!(taken(&take(None, &rec(d.clone()), None).unwrap()), "40Gi");
         let used = Consumed::from([("memory".to_string(), Amount::parse(&q("35Gi")).unwrap())]);
-        assert_eq!(take(Some(&reqs("10Gi")), &d, Some(&used)), Err(Misfit::Exhausted("memory".into())));
+        assert_eq!(take(Some(&reqs("10Gi")), &rec(d.clone()), Some(&used)), Err(Misfit::Exhausted("memory".into())));
         assert_eq!(
-            take(Some(&BTreeMap::from([("cores".into(), q("1"))])), &d, None),
+            take(Some(&BTreeMap::from([("cores".into(), q("1"))])), &rec(d.clone()), None),
             Err(Misfit::Missing("cores".into()))
         );
     }
@@ -214,10 +217,10 @@ mod tests {
             valid_range: Some(CapacityRequestPolicyRange { min: q("4Gi"), max: Some(q("32Gi")), step: Some(q("4Gi")) }),
             valid_values: None,
         });
-        assert_eq!(taken(&take(None, &d, None).unwrap()), "4Gi");
-        assert_eq!(taken(&take(Some(&reqs("1Gi")), &d, None).unwrap()), "4Gi", "below min");
-        assert_eq!(taken(&take(Some(&reqs("5Gi")), &d, None).unwrap()), "8Gi", "rounded to a step");
-        assert_eq!(take(Some(&reqs("33Gi")), &d, None), Err(Misfit::Policy("memory".into())));
+        assert_eq!(taken(&take(None, &rec(d.clone()), None).unwrap()), "4Gi");
+        assert_eq!(taken(&take(Some(&reqs("1Gi")), &rec(d.clone()), None).unwrap()), "4Gi", "below min");
+        assert_eq!(taken(&take(Some(&reqs("5Gi")), &rec(d.clone()), None).unwrap()), "8Gi", "rounded to a step");
+        assert_eq!(take(Some(&reqs("33Gi")), &rec(d.clone()), None), Err(Misfit::Policy("memory".into())));
     }
 
     #[test]
@@ -227,7 +230,7 @@ mod tests {
             valid_range: None,
             valid_values: Some(vec![q("10Gi"), q("20Gi")]),
         });
-        assert_eq!(taken(&take(Some(&reqs("11Gi")), &d, None).unwrap()), "20Gi");
-        assert_eq!(take(Some(&reqs("21Gi")), &d, None), Err(Misfit::Policy("memory".into())));
+        assert_eq!(taken(&take(Some(&reqs("11Gi")), &rec(d.clone()), None).unwrap()), "20Gi");
+        assert_eq!(take(Some(&reqs("21Gi")), &rec(d.clone()), None), Err(Misfit::Policy("memory".into())));
     }
 }

@@ -15,7 +15,7 @@
 //! which is what the field promises ("all devices must have distinct
 //! values").
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+use super::compact::{AttrValue, DeviceRecord};
 
 /// A scalar attribute value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,19 +37,19 @@ impl std::fmt::Display for Value {
     }
 }
 
-fn scalar(a: &DeviceAttribute) -> Option<Value> {
-    match (&a.string, a.int, a.bool, &a.version) {
-        (Some(s), _, _, _) => Some(Value::Str(s.clone())),
-        (_, Some(i), _, _) => Some(Value::Int(i)),
-        (_, _, Some(b), _) => Some(Value::Bool(b)),
-        (_, _, _, Some(v)) => Some(Value::Version(v.clone())),
-        _ => None,
+fn scalar(a: &AttrValue) -> Option<Value> {
+    match a {
+        AttrValue::Str(s) => Some(Value::Str(s.to_string())),
+        AttrValue::Int(i) => Some(Value::Int(*i)),
+        AttrValue::Bool(b) => Some(Value::Bool(*b)),
+        AttrValue::Version(v) => Some(Value::Version(v.to_string())),
+        AttrValue::List(_) | AttrValue::Empty => None,
     }
 }
 
 /// The attribute `name` (fully qualified) of a device of `driver`.
-pub(crate) fn lookup<'d>(device: &'d Device, driver: &str, name: &str) -> Option<&'d DeviceAttribute> {
-    let attrs = device.attributes.as_ref()?;
+pub(crate) fn lookup<'d>(device: &'d DeviceRecord, driver: &str, name: &str) -> Option<&'d AttrValue> {
+    let attrs = &device.attributes;
     if let Some(a) = attrs.get(name) {
         return Some(a);
     }
@@ -61,7 +61,7 @@ pub(crate) fn lookup<'d>(device: &'d Device, driver: &str, name: &str) -> Option
 }
 
 /// The scalar value of attribute `name`, if the device has one.
-pub(crate) fn value_of(device: &Device, driver: &str, name: &str) -> Option<Value> {
+pub(crate) fn value_of(device: &DeviceRecord, driver: &str, name: &str) -> Option<Value> {
     lookup(device, driver, name).and_then(scalar)
 }
 
@@ -103,7 +103,7 @@ impl Constraint {
 
     /// Tries to add a device; `false` if it would violate the constraint
     /// (nothing changes then). Uncovered devices always pass.
-    pub(crate) fn add(&mut self, request: &str, sub: Option<&str>, device: &Device, driver: &str) -> bool {
+    pub(crate) fn add(&mut self, request: &str, sub: Option<&str>, device: &DeviceRecord, driver: &str) -> bool {
         if !self.covers(request, sub) {
             return true;
         }
@@ -148,28 +148,28 @@ mod tests {
         let d0 = device("a").int("group", 1);
         let d1 = device("b").int("gpu.nvidia.com/group", 1);
         let d2 = device("c").string("group", "1");
-        assert!(c.add("r", None, &d0, DRIVER));
-        assert!(c.add("r", None, &d1, DRIVER), "qualified and bare names are the same attribute");
-        assert!(!c.add("r", None, &d2, DRIVER));
-        assert!(!c.add("r", None, &device("d"), DRIVER), "missing attribute");
+        assert!(c.add("r", None, &rec(d0), DRIVER));
+        assert!(c.add("r", None, &rec(d1), DRIVER), "qualified and bare names are the same attribute");
+        assert!(!c.add("r", None, &rec(d2.clone()), DRIVER));
+        assert!(!c.add("r", None, &rec(device("d")), DRIVER), "missing attribute");
         c.remove("r", None);
         c.remove("r", None);
-        assert!(c.add("r", None, &d2, DRIVER), "empty again after removals");
+        assert!(c.add("r", None, &rec(d2), DRIVER), "empty again after removals");
     }
 
     #[test]
     fn other_domains_need_the_qualified_name() {
         let d = device("a").int("group", 1);
-        assert!(value_of(&d, DRIVER, "example.com/group").is_none());
-        assert_eq!(value_of(&d, DRIVER, "gpu.nvidia.com/group"), Some(Value::Int(1)));
+        assert!(value_of(&rec(d.clone()), DRIVER, "example.com/group").is_none());
+        assert_eq!(value_of(&rec(d.clone()), DRIVER, "gpu.nvidia.com/group"), Some(Value::Int(1)));
     }
 
     #[test]
     fn distinct_rejects_any_repeat() {
         let mut c = Constraint::new(Kind::Distinct, "gpu.nvidia.com/numa".into(), vec![]);
-        assert!(c.add("r", None, &device("a").int("numa", 0), DRIVER));
-        assert!(c.add("r", None, &device("b").int("numa", 1), DRIVER));
-        assert!(!c.add("s", None, &device("c").int("numa", 0), DRIVER));
-        assert!(c.add("s", None, &device("c").string("numa", "0"), DRIVER), "different type is different");
+        assert!(c.add("r", None, &rec(device("a").int("numa", 0)), DRIVER));
+        assert!(c.add("r", None, &rec(device("b").int("numa", 1)), DRIVER));
+        assert!(!c.add("s", None, &rec(device("c").int("numa", 0)), DRIVER));
+        assert!(c.add("s", None, &rec(device("c").string("numa", "0")), DRIVER), "different type is different");
     }
 }

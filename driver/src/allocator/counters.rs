@@ -13,13 +13,13 @@
 
 use std::collections::HashMap;
 
-use k8s_openapi::api::resource::v1::Device;
-
 use super::amount::Amount;
+use super::compact::CounterDraw;
 use super::pools::CounterSets;
 
-/// A device's consumption: (counter number in its pool, amount).
-pub(crate) type Consumption = Box<[(u32, Amount)]>;
+/// A device's consumption: (counter number in its pool, amount). Shared by
+/// the devices that consume the same (most of a fleet's GPUs look alike).
+pub(crate) type Consumption = std::sync::Arc<[(u32, Amount)]>;
 
 /// A pool's counters, numbered.
 #[derive(Debug, Clone, Default)]
@@ -27,7 +27,8 @@ pub(crate) struct PoolCounters {
     /// (set, counter) by number.
     pub(crate) names: Vec<(String, String)>,
     pub(crate) totals: Vec<Amount>,
-    index: HashMap<(String, String), u32>,
+    /// set → counter → number.
+    index: HashMap<String, HashMap<String, u32>>,
 }
 
 impl PoolCounters {
@@ -35,9 +36,8 @@ impl PoolCounters {
         let mut pc = PoolCounters::default();
         for (set, counters) in sets {
             for (counter, total) in counters {
-                let key = (set.clone(), counter.clone());
-                pc.index.insert(key.clone(), pc.names.len() as u32);
-                pc.names.push(key);
+                pc.index.entry(set.clone()).or_default().insert(counter.clone(), pc.names.len() as u32);
+                pc.names.push((set.clone(), counter.clone()));
                 pc.totals.push(*total);
             }
         }
@@ -46,12 +46,12 @@ impl PoolCounters {
 
     /// The consumption of `device`; unknown counters and unparsable amounts
     /// are left out (pools with those are invalid and never allocated from).
-    pub(crate) fn consumption(&self, device: &Device) -> Consumption {
+    pub(crate) fn consumption(&self, draws: &[CounterDraw]) -> Vec<(u32, Amount)> {
         let mut out: Vec<(u32, Amount)> = Vec::new();
-        for c in device.consumes_counters.as_deref().unwrap_or_default() {
-            for (name, counter) in &c.counters {
+        for c in draws {
+            for (name, value) in c.counters.iter() {
                 let (Some(&i), Ok(a)) =
-                    (self.index.get(&(c.counter_set.clone(), name.clone())), Amount::parse(&counter.value))
+                    (self.index.get(&*c.set).and_then(|s| s.get(&**name)), Amount::parse_str(value))
                 else {
                     continue;
                 };
@@ -61,7 +61,7 @@ impl PoolCounters {
                 }
             }
         }
-        out.into_boxed_slice()
+        out
     }
 }
 
@@ -135,8 +135,9 @@ mod tests {
             BTreeMap::from([("memory".to_string(), Amount::parse(&q("80Gi")).unwrap())]),
         )]);
         let pc = PoolCounters::new(&sets);
-        let half = pc.consumption(&device("half").consumes("gpu-0", &[("memory", "40Gi")]));
-        let whole = pc.consumption(&device("whole").consumes("gpu-0", &[("memory", "80Gi")]));
+        let mut c = super::super::compact::Compactor::default();
+        let half = pc.consumption(&c.device(&device("half").consumes("gpu-0", &[("memory", "40Gi")])).consumes);
+        let whole = pc.consumption(&c.device(&device("whole").consumes("gpu-0", &[("memory", "80Gi")])).consumes);
         let (allocated, mut allocating) = (CounterUse::default(), CounterUse::default());
         assert!(fits(&pc, 0, &whole, &allocated, &allocating).is_ok());
         allocating.add(0, &half);

@@ -91,8 +91,8 @@ pub(crate) fn explain(
                 && let (Some(pool), Some(problem)) = (fleet.pool(p), fleet.pool_problem(p))
             {
                 pools.push(PoolIssue {
-                    driver: pool.driver.clone(),
-                    pool: pool.name.clone(),
+                    driver: pool.driver.to_string(),
+                    pool: pool.name.to_string(),
                     problem: problem.clone(),
                 });
             }
@@ -244,7 +244,7 @@ fn count(
             let (Some(dev), Some(dref)) = (fleet.device(d), fleet.device_ref(d)) else {
                 continue;
             };
-            let shareable = dev.allow_multiple_allocations == Some(true);
+            let shareable = dev.allow_multiple_allocations;
             if !alt.admin && state.is_taken(d) {
                 if first_time {
                     for o in state.owners(d) {

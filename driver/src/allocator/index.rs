@@ -1,29 +1,37 @@
-//! The fleet as an index: every usable device gets a dense number, and each
-//! node gets the list of devices it can see, in upstream's search order
-//! (pools by driver and name, pools with binding conditions last, slices by
-//! name, devices in slice order).
+//! The fleet as an index: every usable device gets a number, and each node
+//! gets the list of devices it can see, in upstream's search order (pools
+//! by driver and name, pools with binding conditions last, slices by name,
+//! devices in slice order).
 //!
-//! Built once per snapshot; node views are computed eagerly for the known
-//! nodes (and on demand for others) so a claim only walks one node's
-//! devices, never the fleet.
+//! Incremental: slices are kept per pool in compact form (`compact`), and a
+//! slice added, changed or deleted re-assembles only its pool and recomputes
+//! only the views of the nodes that pool touches. Device numbers are never
+//! reused while the fleet lives (a changed pool's devices get new numbers,
+//! the old ones become dead), so everything cached per device number stays
+//! true; [`Fleet::needs_compaction`] says when dead numbers outweigh live
+//! ones and the caller rebuilds.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 
+use super::compact::{CompactSlice, Compactor, DeviceRecord};
 use super::counters::{Consumption, PoolCounters};
 use super::explain::PoolProblem;
 use super::node_selection::{NodeInfo, Reach};
 use super::pools::{self, Pool};
 
-/// A device's place in the fleet.
+/// A device's place in the fleet: pool, kept slice of the pool, index.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceRef {
     pub(crate) pool: u32,
     pub(crate) slice: u32,
     pub(crate) index: u32,
 }
+
+const DEAD: u32 = u32::MAX;
 
 /// What one node can see.
 #[derive(Debug, Clone, Default)]
@@ -36,114 +44,338 @@ pub(crate) struct NodeView {
     pub(crate) error: Option<String>,
 }
 
+/// One pool and everything derived from it.
+#[derive(Debug)]
+struct PoolSlot {
+    pool: Pool,
+    /// The newest generation's slices, by name.
+    kept: Vec<CompactSlice>,
+    /// Slices of other generations (a driver mid-update), kept for when
+    /// the newest ones go away.
+    other: Vec<CompactSlice>,
+    counters: PoolCounters,
+    /// Per kept slice: the number of its first device (valid pools only).
+    first_device: Vec<Option<u32>>,
+    /// Device name → number (valid pools only).
+    device_ids: HashMap<Arc<str>, u32>,
+    /// Nodes named by kept device slices' `nodeName`.
+    local_nodes: BTreeSet<String>,
+    /// Some kept device slice is not pinned by `nodeName`.
+    shared: bool,
+}
+
+impl PoolSlot {
+    fn slices(&self) -> impl Iterator<Item = &CompactSlice> {
+        self.kept.iter().chain(&self.other)
+    }
+}
+
+/// Which device numbers a pool change retired and which nodes it touched;
+/// the allocator uses it to move allocations and drop cached answers.
+#[derive(Debug, Default)]
+pub(crate) struct PoolChange {
+    pub(crate) pool: u32,
+    /// (old number, device name) of the devices the pool had.
+    pub(crate) retired: Vec<(u32, Arc<str>)>,
+    /// Views changed for these nodes; `None`: possibly every node.
+    pub(crate) nodes: Option<Vec<String>>,
+    /// The list of node names changed (positions moved).
+    pub(crate) node_set_changed: bool,
+}
+
 #[derive(Debug, Default)]
 pub(crate) struct Fleet {
-    slices: Vec<ResourceSlice>,
-    pools: Vec<Pool>,
+    compactor: Compactor,
+    slots: Vec<PoolSlot>,
+    /// driver → pool → slot number (stable while the fleet lives).
+    pool_ids: HashMap<Arc<str>, HashMap<Arc<str>, u32>>,
+    /// slice name → the pool that holds it.
+    slice_home: HashMap<Arc<str>, u32>,
     devices: Vec<DeviceRef>,
-    by_id: HashMap<(String, String, String), u32>,
-    node_names: Vec<String>,
-    node_infos: HashMap<String, NodeInfo>,
-    node_index: HashMap<String, usize>,
-    views: Vec<NodeView>,
-    /// Slices that are not pinned to one node by `nodeName`.
-    shared_slices: Vec<usize>,
-    /// node name → its node-local slices.
-    local_slices: HashMap<String, Vec<usize>>,
-    /// slice → its pool.
-    slice_pool: Vec<u32>,
-    /// slice → index of its first device in `devices` (valid pools only).
-    slice_first_device: Vec<Option<u32>>,
-    /// Numbered counters per pool, and each device's parsed consumption.
-    pool_counters: Vec<PoolCounters>,
     consumption: Vec<Consumption>,
+    dead: usize,
+    /// Nodes known from Node objects (labels).
+    known_nodes: BTreeMap<String, NodeInfo>,
+    /// Node names mentioned by kept slices, with how many mention them.
+    mentioned: BTreeMap<String, usize>,
+    node_names: Vec<String>,
+    node_index: HashMap<String, usize>,
+    views: HashMap<String, NodeView>,
+    /// node → pools with kept slices local to it.
+    local_pools: HashMap<String, BTreeSet<u32>>,
+    /// Pools with kept slices not pinned to one node.
+    shared_pools: BTreeSet<u32>,
+    /// Interned values not yet pruned since slices went away.
+    garbage: usize,
 }
 
 impl Fleet {
+    /// The fleet of these slices and nodes, built in one pass.
     pub(crate) fn build(all: &[ResourceSlice], nodes: &[Node]) -> Self {
-        let (slices, pools) = pools::build(all);
-        let mut devices = Vec::new();
-        let mut consumption = Vec::new();
-        let pool_counters: Vec<PoolCounters> = pools.iter().map(|p| PoolCounters::new(&p.counter_sets)).collect();
-        let mut by_id = HashMap::new();
-        let mut slice_pool = vec![0; slices.len()];
-        let mut slice_first_device = vec![None; slices.len()];
-        for (p, pool) in pools.iter().enumerate() {
-            for &s in &pool.slices {
-                if let Some(sp) = slice_pool.get_mut(s) {
-                    *sp = p as u32;
+        let mut fleet = Fleet::default();
+        for n in nodes {
+            fleet.set_node(n);
+        }
+        let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
+        for s in all {
+            let c = fleet.compactor.slice(s);
+            grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
+        }
+        for ((driver, pool), slices) in grouped {
+            let p = fleet.slot_for(&driver, &pool);
+            fleet.reassemble(p, slices, false);
+        }
+        fleet.refresh_node_names();
+        fleet.recompute_views(None);
+        fleet
+    }
+
+    /// Adds or replaces one slice (by name) and updates its pool.
+    pub(crate) fn apply_slice(&mut self, slice: &ResourceSlice) -> Vec<PoolChange> {
+        let c = self.compactor.slice(slice);
+        let mut changes = Vec::new();
+        // A slice that moved to another pool leaves its old one first.
+        if let Some(&old) = self.slice_home.get(&c.name)
+            && self.slots.get(old as usize).is_some_and(|s| s.pool.driver != c.driver || s.pool.name != c.pool)
+        {
+            changes.extend(self.remove_slice(&c.name.clone()));
+        }
+        let p = self.slot_for(&c.driver.clone(), &c.pool.clone());
+        let Some(slot) = self.slots.get_mut(p as usize) else { return changes };
+        let mut slices: Vec<CompactSlice> =
+            std::mem::take(&mut slot.kept).into_iter().chain(std::mem::take(&mut slot.other)).collect();
+        slices.retain(|s| s.name != c.name);
+        slices.push(c);
+        changes.push(self.reassemble(p, slices, true));
+        changes
+    }
+
+    /// Deletes one slice by name; nothing happens for an unknown name.
+    pub(crate) fn remove_slice(&mut self, name: &str) -> Option<PoolChange> {
+        let p = self.slice_home.remove(name)?;
+        let slot = self.slots.get_mut(p as usize)?;
+        let slices: Vec<CompactSlice> = std::mem::take(&mut slot.kept)
+            .into_iter()
+            .chain(std::mem::take(&mut slot.other))
+            .filter(|s| &*s.name != name)
+            .collect();
+        self.garbage += 1;
+        Some(self.reassemble(p, slices, true))
+    }
+
+    /// Adds or updates a node's labels. Returns whether anything changed.
+    pub(crate) fn set_node(&mut self, node: &Node) -> bool {
+        let Some(name) = node.metadata.name.clone() else { return false };
+        let info = NodeInfo { name: name.clone(), labels: node.metadata.labels.clone().unwrap_or_default() };
+        if self.known_nodes.get(&name) == Some(&info) {
+            return false;
+        }
+        self.known_nodes.insert(name.clone(), info);
+        true
+    }
+
+    /// Forgets a node's labels (it stays known while slices name it).
+    pub(crate) fn remove_node(&mut self, name: &str) -> bool {
+        self.known_nodes.remove(name).is_some()
+    }
+
+    /// After [`Fleet::set_node`] / [`Fleet::remove_node`]: the node's view
+    /// and the node list are brought up to date.
+    pub(crate) fn node_changed(&mut self, name: &str) -> bool {
+        let set_changed = self.refresh_node_names();
+        self.recompute_views(Some(&[name.to_string()]));
+        set_changed
+    }
+
+    /// Dead device numbers outweigh live ones: rebuilding is cheaper than
+    /// carrying them.
+    pub(crate) fn needs_compaction(&self) -> bool {
+        self.dead > 4096 && self.dead > self.devices.len() / 2
+    }
+
+    /// Drops interned values no device uses since slices went away; cheap
+    /// to call after a batch of removals.
+    pub(crate) fn prune_if_needed(&mut self) {
+        if self.garbage > 64 {
+            self.compactor.prune();
+            self.garbage = 0;
+        }
+    }
+
+    /// Every slice currently held (all generations), e.g. to rebuild.
+    pub(crate) fn take_slices(self) -> (Vec<CompactSlice>, BTreeMap<String, NodeInfo>) {
+        let slices = self.slots.into_iter().flat_map(|s| s.kept.into_iter().chain(s.other)).collect();
+        (slices, self.known_nodes)
+    }
+
+    /// A fleet from compact slices (a rebuild after [`Fleet::take_slices`]).
+    pub(crate) fn from_compact(slices: Vec<CompactSlice>, nodes: BTreeMap<String, NodeInfo>) -> Self {
+        let mut fleet = Fleet { known_nodes: nodes, ..Default::default() };
+        let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
+        for c in slices {
+            grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
+        }
+        for ((driver, pool), slices) in grouped {
+            let p = fleet.slot_for(&driver, &pool);
+            fleet.reassemble(p, slices, false);
+        }
+        fleet.refresh_node_names();
+        fleet.recompute_views(None);
+        fleet
+    }
+
+    fn slot_for(&mut self, driver: &Arc<str>, pool: &Arc<str>) -> u32 {
+        if let Some(&p) = self.pool_ids.get(&**driver).and_then(|m| m.get(&**pool)) {
+            return p;
+        }
+        let p = self.slots.len() as u32;
+        let (empty, _, _) = pools::assemble(Arc::clone(driver), Arc::clone(pool), Vec::new());
+        self.slots.push(PoolSlot {
+            pool: empty,
+            kept: Vec::new(),
+            other: Vec::new(),
+            counters: PoolCounters::default(),
+            first_device: Vec::new(),
+            device_ids: HashMap::new(),
+            local_nodes: BTreeSet::new(),
+            shared: false,
+        });
+        self.pool_ids.entry(Arc::clone(driver)).or_default().insert(Arc::clone(pool), p);
+        p
+    }
+
+    /// Re-derives pool `p` from `slices`: retires its device numbers, numbers
+    /// the new devices, and (when `update_views`) recomputes the views of
+    /// the nodes it touched before or touches now.
+    fn reassemble(&mut self, p: u32, slices: Vec<CompactSlice>, update_views: bool) -> PoolChange {
+        let Some(slot) = self.slots.get_mut(p as usize) else { return PoolChange::default() };
+        let mut change = PoolChange { pool: p, ..Default::default() };
+        for (name, &d) in &slot.device_ids {
+            change.retired.push((d, Arc::clone(name)));
+            if let Some(r) = self.devices.get_mut(d as usize) {
+                r.pool = DEAD;
+                self.dead += 1;
+            }
+        }
+        let old_local = std::mem::take(&mut slot.local_nodes);
+        let old_shared = slot.shared;
+        for n in &old_local {
+            forget(&mut self.mentioned, n);
+            if let Some(set) = self.local_pools.get_mut(n) {
+                set.remove(&p);
+            }
+        }
+        for s in slot.kept.iter() {
+            if s.per_device_node_selection {
+                for d in &s.devices {
+                    if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
+                        forget(&mut self.mentioned, n);
+                    }
+                }
+            }
+        }
+        let (pool, kept, other) = pools::assemble(Arc::clone(&slot.pool.driver), Arc::clone(&slot.pool.name), slices);
+        for s in kept.iter().chain(&other) {
+            self.slice_home.insert(Arc::clone(&s.name), p);
+        }
+        slot.counters = PoolCounters::new(&pool.counter_sets);
+        slot.first_device = vec![None; kept.len()];
+        slot.device_ids = HashMap::new();
+        slot.shared = false;
+        for (i, s) in kept.iter().enumerate() {
+            if s.is_counter_slice() {
+                continue;
+            }
+            match s.node_name.as_deref().filter(|n| !n.is_empty()) {
+                Some(n) => {
+                    slot.local_nodes.insert(n.to_string());
+                }
+                None => slot.shared = true,
+            }
+            if s.per_device_node_selection {
+                for d in &s.devices {
+                    if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
+                        *self.mentioned.entry(n.to_string()).or_default() += 1;
+                    }
                 }
             }
             if pool.problem.is_some() {
                 continue;
             }
-            for &s in &pool.slices {
-                let Some(slice) = slices.get(s) else { continue };
-                if pools::is_counter_slice(slice) {
-                    continue;
-                }
-                if let Some(first) = slice_first_device.get_mut(s) {
-                    *first = Some(devices.len() as u32);
-                }
-                for (i, d) in slice.spec.devices.as_deref().unwrap_or_default().iter().enumerate() {
-                    let idx = devices.len() as u32;
-                    devices.push(DeviceRef { pool: p as u32, slice: s as u32, index: i as u32 });
-                    consumption.push(pool_counters.get(p).map(|pc| pc.consumption(d)).unwrap_or_default());
-                    by_id.insert((pool.driver.clone(), pool.name.clone(), d.name.clone()), idx);
-                }
+            if let Some(first) = slot.first_device.get_mut(i) {
+                *first = Some(self.devices.len() as u32);
+            }
+            let mut shared_consumption: HashMap<*const u8, Consumption> = HashMap::new();
+            for (j, d) in s.devices.iter().enumerate() {
+                let id = self.devices.len() as u32;
+                self.devices.push(DeviceRef { pool: p, slice: i as u32, index: j as u32 });
+                let key = Arc::as_ptr(&d.consumes).cast::<u8>();
+                let c = shared_consumption
+                    .entry(key)
+                    .or_insert_with(|| Arc::from(slot.counters.consumption(&d.consumes)))
+                    .clone();
+                self.consumption.push(c);
+                slot.device_ids.insert(Arc::clone(&d.name), id);
             }
         }
-        let mut node_infos: HashMap<String, NodeInfo> = HashMap::new();
-        for n in nodes {
-            let Some(name) = n.metadata.name.clone() else { continue };
-            let labels = n.metadata.labels.clone().unwrap_or_default();
-            node_infos.insert(name.clone(), NodeInfo { name, labels });
+        for n in &slot.local_nodes {
+            *self.mentioned.entry(n.clone()).or_default() += 1;
+            self.local_pools.entry(n.clone()).or_default().insert(p);
         }
-        let mut shared_slices = Vec::new();
-        let mut local_slices: HashMap<String, Vec<usize>> = HashMap::new();
-        let mut names: BTreeSet<String> = node_infos.keys().cloned().collect();
-        for (i, s) in slices.iter().enumerate() {
-            match s.spec.node_name.as_ref().filter(|n| !n.is_empty()) {
-                Some(n) if !pools::is_counter_slice(s) => {
-                    names.insert(n.clone());
-                    local_slices.entry(n.clone()).or_default().push(i);
-                }
-                _ => shared_slices.push(i),
+        if slot.shared {
+            self.shared_pools.insert(p);
+        } else {
+            self.shared_pools.remove(&p);
+        }
+        slot.pool = pool;
+        slot.kept = kept;
+        slot.other = other;
+        let everywhere = old_shared || slot.shared;
+        let mut touched: BTreeSet<String> = old_local;
+        touched.extend(slot.local_nodes.iter().cloned());
+        if update_views {
+            change.node_set_changed = self.refresh_node_names();
+            if everywhere || change.node_set_changed {
+                self.recompute_views(None);
+            } else {
+                let nodes: Vec<String> = touched.into_iter().collect();
+                self.recompute_views(Some(&nodes));
+                change.nodes = Some(nodes);
             }
-            if s.spec.per_device_node_selection == Some(true) {
-                for d in s.spec.devices.as_deref().unwrap_or_default() {
-                    if let Some(n) = d.node_name.as_ref().filter(|n| !n.is_empty()) {
-                        names.insert(n.clone());
-                    }
-                }
-            }
         }
-        for name in &names {
-            node_infos
-                .entry(name.clone())
-                .or_insert_with(|| NodeInfo { name: name.clone(), labels: Default::default() });
+        change
+    }
+
+    /// Recomputes the sorted node list; true when it changed.
+    fn refresh_node_names(&mut self) -> bool {
+        let mut names: BTreeSet<&String> = self.known_nodes.keys().collect();
+        names.extend(self.mentioned.keys());
+        if names.len() == self.node_names.len() && names.iter().zip(&self.node_names).all(|(a, b)| *a == b) {
+            return false;
         }
-        let node_names: Vec<String> = names.into_iter().collect();
-        let node_index = node_names.iter().enumerate().map(|(i, n)| (n.clone(), i)).collect();
-        let mut fleet = Fleet {
-            slices,
-            pools,
-            devices,
-            by_id,
-            node_names,
-            node_infos,
-            node_index,
-            views: Vec::new(),
-            shared_slices,
-            local_slices,
-            slice_pool,
-            slice_first_device,
-            pool_counters,
-            consumption,
+        self.node_names = names.into_iter().cloned().collect();
+        self.node_index = self.node_names.iter().enumerate().map(|(i, n)| (n.clone(), i)).collect();
+        self.views.retain(|n, _| self.node_index.contains_key(n));
+        true
+    }
+
+    fn recompute_views(&mut self, nodes: Option<&[String]>) {
+        let names: Vec<String> = match nodes {
+            Some(n) => n.iter().filter(|n| self.node_index.contains_key(*n)).cloned().collect(),
+            None => self.node_names.clone(),
         };
-        let views = fleet.node_names.iter().map(|n| fleet.compute_view(&fleet.node_infos[n])).collect();
-        fleet.views = views;
-        fleet
+        for n in names {
+            let info = self.node_info(&n);
+            let view = self.compute_view(&info);
+            self.views.insert(n, view);
+        }
+    }
+
+    fn node_info(&self, name: &str) -> NodeInfo {
+        self.known_nodes
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| NodeInfo { name: name.to_string(), labels: Default::default() })
     }
 
     pub(crate) fn node_names(&self) -> &[String] {
@@ -154,36 +386,46 @@ impl Fleet {
         self.node_index.get(node).copied()
     }
 
+    /// Live devices.
     pub(crate) fn device_count(&self) -> usize {
+        self.devices.len() - self.dead
+    }
+
+    /// Device numbers handed out so far (live and dead): the size of
+    /// per-number caches.
+    pub(crate) fn device_numbers(&self) -> usize {
         self.devices.len()
+    }
+
+    pub(crate) fn slice_count(&self) -> usize {
+        self.slots.iter().map(|s| s.kept.len() + s.other.len()).sum()
     }
 
     /// The view of any node: precomputed when known, else computed for a
     /// node without labels.
     pub(crate) fn view(&self, node: &str) -> std::borrow::Cow<'_, NodeView> {
-        match self.node_position(node).and_then(|p| self.views.get(p)) {
+        match self.views.get(node) {
             Some(v) => std::borrow::Cow::Borrowed(v),
-            None => std::borrow::Cow::Owned(
-                self.compute_view(&NodeInfo { name: node.to_string(), labels: Default::default() }),
-            ),
+            None => std::borrow::Cow::Owned(self.compute_view(&self.node_info(node))),
         }
     }
 
     pub(crate) fn pool(&self, p: u32) -> Option<&Pool> {
-        self.pools.get(p as usize)
+        self.slots.get(p as usize).map(|s| &s.pool)
     }
 
     pub(crate) fn device_ref(&self, d: u32) -> Option<DeviceRef> {
-        self.devices.get(d as usize).copied()
+        self.devices.get(d as usize).copied().filter(|r| r.pool != DEAD)
     }
 
-    pub(crate) fn slice_of(&self, d: u32) -> Option<&ResourceSlice> {
-        self.device_ref(d).and_then(|r| self.slices.get(r.slice as usize))
-    }
-
-    pub(crate) fn device(&self, d: u32) -> Option<&Device> {
+    fn slice_of(&self, d: u32) -> Option<&CompactSlice> {
         let r = self.device_ref(d)?;
-        self.slices.get(r.slice as usize)?.spec.devices.as_ref()?.get(r.index as usize)
+        self.slots.get(r.pool as usize)?.kept.get(r.slice as usize)
+    }
+
+    pub(crate) fn device(&self, d: u32) -> Option<&DeviceRecord> {
+        let r = self.device_ref(d)?;
+        self.slots.get(r.pool as usize)?.kept.get(r.slice as usize)?.devices.get(r.index as usize)
     }
 
     /// A device's counter consumption (empty when it consumes none).
@@ -192,11 +434,16 @@ impl Fleet {
     }
 
     pub(crate) fn pool_counters(&self, p: u32) -> Option<&PoolCounters> {
-        self.pool_counters.get(p as usize)
+        self.slots.get(p as usize).map(|s| &s.counters)
     }
 
     pub(crate) fn pool_of(&self, d: u32) -> Option<&Pool> {
         self.device_ref(d).and_then(|r| self.pool(r.pool))
+    }
+
+    /// The live devices of pool `p`, by number.
+    pub(crate) fn pool_devices(&self, p: u32) -> impl Iterator<Item = (&Arc<str>, u32)> {
+        self.slots.get(p as usize).into_iter().flat_map(|s| s.device_ids.iter().map(|(n, &d)| (n, d)))
     }
 
     /// `driver`, `pool`, `device` of a device.
@@ -214,87 +461,78 @@ impl Fleet {
     }
 
     pub(crate) fn lookup(&self, driver: &str, pool: &str, device: &str) -> Option<u32> {
-        self.by_id.get(&(driver.to_string(), pool.to_string(), device.to_string())).copied()
+        let p = *self.pool_ids.get(driver)?.get(pool)?;
+        self.slots.get(p as usize)?.device_ids.get(device).copied()
     }
 
     /// Where a device may be used: the device's own selection when its slice
     /// uses `perDeviceNodeSelection`, else the slice's.
     pub(crate) fn reach(&self, d: u32) -> Reach<'_> {
         match (self.slice_of(d), self.device(d)) {
-            (Some(s), Some(dev)) if s.spec.per_device_node_selection == Some(true) => {
-                Reach::of(dev.node_name.as_ref(), dev.all_nodes, dev.node_selector.as_ref())
-            }
-            (Some(s), _) => Reach::of(s.spec.node_name.as_ref(), s.spec.all_nodes, s.spec.node_selector.as_ref()),
+            (Some(s), Some(dev)) if s.per_device_node_selection => device_reach(dev),
+            (Some(s), _) => Reach::of(s.node_name.as_ref(), s.all_nodes, s.node_selector.as_ref()),
             _ => Reach::Unknown,
         }
     }
 
     fn compute_view(&self, node: &NodeInfo) -> NodeView {
-        let mut slices: Vec<usize> = self.local_slices.get(&node.name).cloned().unwrap_or_default();
+        let mut pools: Vec<u32> =
+            self.local_pools.get(&node.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        pools.extend(self.shared_pools.iter().copied());
+        pools.sort_unstable();
+        pools.dedup();
         let mut error = None;
-        for &i in &self.shared_slices {
-            let Some(s) = self.slices.get(i) else { continue };
-            let relevant = if pools::is_counter_slice(s) {
-                // Counter slices matter to every node that uses the pool, not on their own.
-                false
-            } else if s.spec.per_device_node_selection == Some(true) {
-                s.spec.devices.as_deref().unwrap_or_default().iter().any(|d| {
-                    Reach::of(d.node_name.as_ref(), d.all_nodes, d.node_selector.as_ref()).matches(node).unwrap_or_else(
-                        |e| {
-                            error.get_or_insert_with(|| format!("slice {}: device {}: {e}", name(s), d.name));
-                            false
-                        },
-                    )
-                })
-            } else {
-                Reach::of(s.spec.node_name.as_ref(), s.spec.all_nodes, s.spec.node_selector.as_ref())
-                    .matches(node)
-                    .unwrap_or_else(|e| {
-                        error.get_or_insert_with(|| format!("slice {}: {e}", name(s)));
-                        false
-                    })
-            };
-            if relevant {
-                slices.push(i);
-            }
-        }
-        // Kept slices are stored pool by pool in (driver, pool, name) order,
-        // so slice index order is search order.
-        slices.sort_unstable();
-        slices.dedup();
-        let mut pools_seen: Vec<u32> = Vec::new();
-        let mut by_pool: Vec<(bool, u32, Vec<u32>)> = Vec::new();
-        for &si in &slices {
-            let Some(s) = self.slices.get(si) else { continue };
-            let Some(&p) = self.slice_pool.get(si) else { continue };
-            if !pools_seen.contains(&p) {
-                pools_seen.push(p);
-                let binding = self.pool(p).is_some_and(|pool| pool.binding_conditions);
-                by_pool.push((binding, p, Vec::new()));
-            }
-            if self.pool(p).is_some_and(|pool| pool.problem.is_some()) {
-                continue;
-            }
-            let per_device = s.spec.per_device_node_selection == Some(true);
-            let Some(entry) = by_pool.iter_mut().find(|e| e.1 == p) else { continue };
-            for (i, dev) in s.spec.devices.as_deref().unwrap_or_default().iter().enumerate() {
-                if per_device
-                    && !Reach::of(dev.node_name.as_ref(), dev.all_nodes, dev.node_selector.as_ref())
-                        .matches(node)
-                        .unwrap_or(false)
-                {
+        let mut by_pool: Vec<(bool, &str, &str, u32, Vec<u32>)> = Vec::new();
+        for p in pools {
+            let Some(slot) = self.slots.get(p as usize) else { continue };
+            let mut relevant_any = false;
+            let mut devices = Vec::new();
+            for (i, s) in slot.kept.iter().enumerate() {
+                if s.is_counter_slice() {
+                    // Counter slices matter to every node that uses the pool, not on their own.
                     continue;
                 }
-                if let Some(Some(first)) = self.slice_first_device.get(si) {
-                    entry.2.push(first + i as u32);
+                let local = s.node_name.as_deref().filter(|n| !n.is_empty());
+                let relevant = match local {
+                    Some(n) => n == node.name,
+                    None if s.per_device_node_selection => s.devices.iter().any(|d| {
+                        device_reach(d).matches(node).unwrap_or_else(|e| {
+                            error.get_or_insert_with(|| format!("slice {}: device {}: {e}", s.name, d.name));
+                            false
+                        })
+                    }),
+                    None => Reach::of(None, s.all_nodes, s.node_selector.as_ref()).matches(node).unwrap_or_else(|e| {
+                        error.get_or_insert_with(|| format!("slice {}: {e}", s.name));
+                        false
+                    }),
+                };
+                if !relevant {
+                    continue;
+                }
+                relevant_any = true;
+                if slot.pool.problem.is_some() {
+                    continue;
+                }
+                let Some(Some(first)) = slot.first_device.get(i) else { continue };
+                for (j, dev) in s.devices.iter().enumerate() {
+                    if s.per_device_node_selection
+                        && local.is_none()
+                        && !device_reach(dev).matches(node).unwrap_or(false)
+                    {
+                        continue;
+                    }
+                    devices.push(first + j as u32);
                 }
             }
+            if relevant_any {
+                by_pool.push((slot.pool.binding_conditions, &slot.pool.driver, &slot.pool.name, p, devices));
+            }
         }
-        // Pools with binding conditions go last (stable, so name order stays).
-        by_pool.sort_by_key(|e| (e.0, e.1));
+        // Pools by (driver, name), those with binding conditions last.
+        by_pool.sort_by(|a, b| (a.0, a.1, a.2).cmp(&(b.0, b.1, b.2)));
         let mut view = NodeView { error, ..Default::default() };
-        for (_, p, devices) in by_pool {
-            if self.pool(p).is_some_and(|pool| pool.problem.is_some()) {
+        for (_, _, _, p, devices) in by_pool {
+            if self.pool_problem(p).is_some() {
                 view.problem_pools.push(p);
             }
             view.devices.extend(devices);
@@ -308,8 +546,20 @@ impl Fleet {
     }
 }
 
-fn name(s: &ResourceSlice) -> &str {
-    s.metadata.name.as_deref().unwrap_or("<unnamed>")
+fn device_reach(d: &DeviceRecord) -> Reach<'_> {
+    match d.extra.as_deref() {
+        Some(e) => Reach::of(e.node_name.as_ref(), e.all_nodes, e.node_selector.as_ref()),
+        None => Reach::Unknown,
+    }
+}
+
+fn forget(counts: &mut BTreeMap<String, usize>, name: &str) {
+    if let Some(c) = counts.get_mut(name) {
+        *c -= 1;
+        if *c == 0 {
+            counts.remove(name);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -43,6 +43,7 @@
 
 mod amount;
 mod capacity;
+mod compact;
 mod constraints;
 mod counters;
 mod diagnose;

@@ -18,10 +18,10 @@
 //! pool is invalid for every node or for none.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-use k8s_openapi::api::resource::v1::ResourceSlice;
+use std::sync::Arc;
 
 use super::amount::Amount;
+use super::compact::CompactSlice;
 use super::explain::PoolProblem;
 
 /// Counter sets of a pool: set name → counter name → amount.
@@ -29,8 +29,8 @@ pub(crate) type CounterSets = BTreeMap<String, BTreeMap<String, Amount>>;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {
-    pub(crate) driver: String,
-    pub(crate) name: String,
+    pub(crate) driver: Arc<str>,
+    pub(crate) name: Arc<str>,
     /// Indices into the fleet's kept slices, sorted by slice name.
     pub(crate) slices: Vec<usize>,
     pub(crate) problem: Option<PoolProblem>,
@@ -40,64 +40,76 @@ pub(crate) struct Pool {
 }
 
 /// Keeps the newest generation of every pool and builds the pools, in
-/// (driver, pool) order. Returns the kept slices (owned) and the pools that
-/// index into them.
-pub(crate) fn build(all: &[ResourceSlice]) -> (Vec<ResourceSlice>, Vec<Pool>) {
-    let mut newest: HashMap<(&str, &str), i64> = HashMap::new();
-    for s in all {
-        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
-        let g = newest.entry(key).or_insert(s.spec.pool.generation);
-        *g = (*g).max(s.spec.pool.generation);
+/// (driver, pool) order. Returns the kept slices and the pools that index
+/// into them.
+pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
+    let mut newest: HashMap<(Arc<str>, Arc<str>), i64> = HashMap::new();
+    for s in &all {
+        let g = newest.entry((Arc::clone(&s.driver), Arc::clone(&s.pool))).or_insert(s.generation);
+        *g = (*g).max(s.generation);
     }
-    let mut grouped: BTreeMap<(&str, &str), Vec<&ResourceSlice>> = BTreeMap::new();
+    let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
     for s in all {
-        let key = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
-        if newest.get(&key) == Some(&s.spec.pool.generation) {
+        let key = (Arc::clone(&s.driver), Arc::clone(&s.pool));
+        if newest.get(&key) == Some(&s.generation) {
             grouped.entry(key).or_default().push(s);
         }
     }
     let mut kept = Vec::new();
     let mut pools = Vec::new();
     for ((driver, name), mut slices) in grouped {
-        slices.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
-        let expected = slices.first().map_or(0, |s| s.spec.pool.resource_slice_count);
-        let mut problem = None;
-        if i64::try_from(slices.len()).ok() != Some(expected) {
-            problem = Some(PoolProblem::Incomplete { slices_seen: slices.len(), slices_expected: expected });
-        }
-        let counter_sets = match counter_sets(&slices) {
-            Ok(c) => c,
-            Err(reason) => {
-                problem.get_or_insert(PoolProblem::Invalid { reason });
-                CounterSets::new()
-            }
-        };
-        if problem.is_none()
-            && let Err(reason) = check_devices(&slices, &counter_sets)
-        {
-            problem = Some(PoolProblem::Invalid { reason });
-        }
-        let binding_conditions = slices
-            .iter()
-            .any(|s| s.spec.devices.as_deref().unwrap_or_default().iter().any(|d| d.binding_conditions.is_some()));
+        slices.sort_by(|a, b| a.name.cmp(&b.name));
         let start = kept.len();
-        kept.extend(slices.into_iter().cloned());
-        pools.push(Pool {
-            driver: driver.to_string(),
-            name: name.to_string(),
-            slices: (start..kept.len()).collect(),
-            problem,
-            counter_sets,
-            binding_conditions,
-        });
+        let pool = check(driver, name, &slices, start);
+        kept.extend(slices);
+        pools.push(pool);
     }
     (kept, pools)
 }
 
-fn counter_sets(slices: &[&ResourceSlice]) -> Result<CounterSets, String> {
+/// One pool from all of its slices (any generation): the pool, its kept
+/// slices (newest generation, by name) and the others.
+pub(crate) fn assemble(
+    driver: Arc<str>,
+    name: Arc<str>,
+    all: Vec<CompactSlice>,
+) -> (Pool, Vec<CompactSlice>, Vec<CompactSlice>) {
+    let newest = all.iter().map(|s| s.generation).max().unwrap_or_default();
+    let (mut kept, other): (Vec<CompactSlice>, Vec<CompactSlice>) =
+        all.into_iter().partition(|s| s.generation == newest);
+    kept.sort_by(|a, b| a.name.cmp(&b.name));
+    let pool = check(driver, name, &kept, 0);
+    (pool, kept, other)
+}
+
+/// The pool made of `slices` (one generation, sorted by name), which will
+/// sit at `start..` among the kept slices.
+fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], start: usize) -> Pool {
+    let expected = slices.first().map_or(0, |s| s.resource_slice_count);
+    let mut problem = None;
+    if i64::try_from(slices.len()).ok() != Some(expected) {
+        problem = Some(PoolProblem::Incomplete { slices_seen: slices.len(), slices_expected: expected });
+    }
+    let counter_sets = match counter_sets(slices) {
+        Ok(c) => c,
+        Err(reason) => {
+            problem.get_or_insert(PoolProblem::Invalid { reason });
+            CounterSets::new()
+        }
+    };
+    if problem.is_none()
+        && let Err(reason) = check_devices(slices, &counter_sets)
+    {
+        problem = Some(PoolProblem::Invalid { reason });
+    }
+    let binding_conditions = slices.iter().any(|s| s.devices.iter().any(|d| d.has_binding_conditions()));
+    Pool { driver, name, slices: (start..start + slices.len()).collect(), problem, counter_sets, binding_conditions }
+}
+
+fn counter_sets(slices: &[CompactSlice]) -> Result<CounterSets, String> {
     let mut sets = CounterSets::new();
     for s in slices {
-        for set in s.spec.shared_counters.as_deref().unwrap_or_default() {
+        for set in &s.shared_counters {
             if sets.contains_key(&set.name) {
                 return Err(format!("duplicate counter set name {}", set.name));
             }
@@ -113,28 +125,28 @@ fn counter_sets(slices: &[&ResourceSlice]) -> Result<CounterSets, String> {
     Ok(sets)
 }
 
-fn check_devices(slices: &[&ResourceSlice], sets: &CounterSets) -> Result<(), String> {
+fn check_devices(slices: &[CompactSlice], sets: &CounterSets) -> Result<(), String> {
     let mut names = HashSet::new();
     for s in slices {
-        if s.spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty()) {
+        if s.is_counter_slice() {
             continue;
         }
-        for d in s.spec.devices.as_deref().unwrap_or_default() {
-            if !names.insert(d.name.as_str()) {
+        for d in &s.devices {
+            if !names.insert(&*d.name) {
                 return Err(format!("duplicate device name {}", d.name));
             }
-            for consumption in d.consumes_counters.as_deref().unwrap_or_default() {
-                let Some(set) = sets.get(&consumption.counter_set) else {
-                    return Err(format!("device {}: counter set {} not found", d.name, consumption.counter_set));
+            for draw in d.consumes.iter() {
+                let Some(set) = sets.get(&*draw.set) else {
+                    return Err(format!("device {}: counter set {} not found", d.name, draw.set));
                 };
-                for (counter, value) in &consumption.counters {
-                    if !set.contains_key(counter) {
+                for (counter, value) in draw.counters.iter() {
+                    if !set.contains_key(&**counter) {
                         return Err(format!(
                             "device {}: counter {counter} not found in counter set {}",
-                            d.name, consumption.counter_set
+                            d.name, draw.set
                         ));
                     }
-                    Amount::parse(&value.value).map_err(|e| format!("device {}: counter {counter}: {e}", d.name))?;
+                    Amount::parse_str(value).map_err(|e| format!("device {}: counter {counter}: {e}", d.name))?;
                 }
             }
         }
@@ -142,31 +154,32 @@ fn check_devices(slices: &[&ResourceSlice], sets: &CounterSets) -> Result<(), St
     Ok(())
 }
 
-/// Whether a slice carries counters rather than devices.
-pub(crate) fn is_counter_slice(s: &ResourceSlice) -> bool {
-    s.spec.shared_counters.as_ref().is_some_and(|c| !c.is_empty())
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::compact::Compactor;
     use super::super::test_support::*;
     use super::*;
+
+    fn build_k8s(all: &[k8s_openapi::api::resource::v1::ResourceSlice]) -> (Vec<CompactSlice>, Vec<Pool>) {
+        let mut c = Compactor::default();
+        build(all.iter().map(|s| c.slice(s)).collect())
+    }
 
     #[test]
     fn only_the_newest_generation_is_kept() {
         let old = slice("s-old", "node-1", "pool-1", 1, 1, vec![device("gpu-0"), device("gpu-9")]);
         let new = slice("s-new", "node-1", "pool-1", 2, 1, vec![device("gpu-0")]);
-        let (kept, pools) = build(&[old, new]);
+        let (kept, pools) = build_k8s(&[old, new]);
         assert_eq!(pools.len(), 1);
         assert_eq!(kept.len(), 1);
-        assert_eq!(kept[0].metadata.name.as_deref(), Some("s-new"));
+        assert_eq!(&*kept[0].name, "s-new");
         assert!(pools[0].problem.is_none());
     }
 
     #[test]
     fn missing_slices_make_a_pool_incomplete() {
         let s = slice("s", "node-1", "pool-1", 3, 2, vec![device("gpu-0")]);
-        let (_, pools) = build(&[s]);
+        let (_, pools) = build_k8s(&[s]);
         assert_eq!(pools[0].problem, Some(PoolProblem::Incomplete { slices_seen: 1, slices_expected: 2 }));
     }
 
@@ -174,7 +187,7 @@ mod tests {
     fn duplicate_devices_and_unknown_counters_make_a_pool_invalid() {
         let a = slice("a", "node-1", "pool-1", 1, 2, vec![device("gpu-0")]);
         let b = slice("b", "node-1", "pool-1", 1, 2, vec![device("gpu-0")]);
-        let (_, pools) = build(&[a, b]);
+        let (_, pools) = build_k8s(&[a, b]);
         assert!(
             matches!(&pools[0].problem, Some(PoolProblem::Invalid { reason }) if reason.contains("duplicate device name gpu-0"))
         );
@@ -182,7 +195,7 @@ mod tests {
         let mut d = device("mig-0");
         d.consumes_counters = Some(vec![consumes("gpu-0-set", &[("memory", "10Gi")])]);
         let c = slice("c", "node-1", "pool-2", 1, 1, vec![d]);
-        let (_, pools) = build(&[c]);
+        let (_, pools) = build_k8s(&[c]);
         assert!(
             matches!(&pools[0].problem, Some(PoolProblem::Invalid { reason }) if reason.contains("counter set gpu-0-set not found"))
         );
@@ -193,9 +206,9 @@ mod tests {
         let s1 = slice("z", "node-1", "pool-b", 1, 1, vec![]);
         let s2 = slice("y", "node-1", "pool-a", 1, 2, vec![]);
         let s3 = slice("x", "node-1", "pool-a", 1, 2, vec![]);
-        let (kept, pools) = build(&[s1, s2, s3]);
-        assert_eq!(pools.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["pool-a", "pool-b"]);
-        let names: Vec<_> = pools[0].slices.iter().map(|&i| kept[i].metadata.name.clone().unwrap()).collect();
+        let (kept, pools) = build_k8s(&[s1, s2, s3]);
+        assert_eq!(pools.iter().map(|p| &*p.name).collect::<Vec<_>>(), ["pool-a", "pool-b"]);
+        let names: Vec<_> = pools[0].slices.iter().map(|&i| kept[i].name.to_string()).collect();
         assert_eq!(names, ["x", "y"]);
     }
 }

@@ -43,7 +43,7 @@ pub(crate) fn build(
                 continue;
             };
             let Some(alt) = request.alternatives.get(pick.alt) else { continue };
-            let shareable = dev.allow_multiple_allocations == Some(true);
+            let shareable = dev.allow_multiple_allocations;
             let consumed = pick
                 .take
                 .as_ref()
@@ -51,22 +51,25 @@ pub(crate) fn build(
                 .map(|t| t.iter().map(|(k, (_, q))| (k.clone(), q.clone())).collect());
             results.push(DeviceRequestAllocationResult {
                 request: request.result_name(pick.alt),
-                driver: pool.driver.clone(),
-                pool: pool.name.clone(),
-                device: dev.name.clone(),
+                driver: pool.driver.to_string(),
+                pool: pool.name.to_string(),
+                device: dev.name.to_string(),
                 admin_access: alt.admin.then_some(true),
                 tolerations: (!alt.tolerations.is_empty()).then(|| alt.tolerations.to_vec()),
                 share_id: shareable.then(|| share_ids.next_share_id()),
                 consumed_capacity: if shareable { consumed } else { None },
-                binding_conditions: dev.binding_conditions.clone(),
-                binding_failure_conditions: dev.binding_failure_conditions.clone(),
+                binding_conditions: dev.extra.as_deref().and_then(|e| e.binding_conditions.clone()),
+                binding_failure_conditions: dev.extra.as_deref().and_then(|e| e.binding_failure_conditions.clone()),
                 ..Default::default()
             });
         }
         let config = configs(plan, chosen);
-        let reaches = picks
-            .iter()
-            .map(|p| (fleet.reach(p.device), fleet.device(p.device).and_then(|d| d.binds_to_node) == Some(true)));
+        let reaches = picks.iter().map(|p| {
+            (
+                fleet.reach(p.device),
+                fleet.device(p.device).and_then(|d| d.extra.as_deref()).and_then(|e| e.binds_to_node) == Some(true),
+            )
+        });
         let node_selector = allocation_node_selector(reaches, node).map_err(|e| FatalError::InvalidSlice {
             message: format!("create nodeSelector for claim {}: {e}", plan.name),
         })?;

@@ -125,8 +125,8 @@ pub(crate) fn search_node(
                             return Err(FatalError::PoolNotReady {
                                 claim: plan.name.clone(),
                                 request: request.result_name(a),
-                                driver: pool.driver.clone(),
-                                pool: pool.name.clone(),
+                                driver: pool.driver.to_string(),
+                                pool: pool.name.to_string(),
                                 problem: match &pool.problem {
                                     Some(super::explain::PoolProblem::Incomplete { .. }) => {
                                         "is currently being updated (incomplete)".to_string()
@@ -158,7 +158,7 @@ pub(crate) fn search_node(
                                 }
                             }
                             if let Some(dev) = fleet.device(d) {
-                                let shareable = dev.allow_multiple_allocations == Some(true);
+                                let shareable = dev.allow_multiple_allocations;
                                 if (shareable || alt.capacity.is_some())
                                     && capacity::take(alt.capacity, dev, state.consumed(d)).is_err()
                                 {
@@ -342,7 +342,7 @@ impl Search<'_, '_> {
         };
         let Some(request) = plan.requests.get(r) else { return Ok(false) };
         let Some(alt) = request.alternatives.get(a) else { return Ok(false) };
-        let shareable = dev.allow_multiple_allocations == Some(true);
+        let shareable = dev.allow_multiple_allocations;
         if !shareable && alt.admin && self.taking_for(d, c) {
             return Ok(false);
         }

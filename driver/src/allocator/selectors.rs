@@ -15,6 +15,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::compact::DeviceRecord;
 use super::index::Fleet;
 use crate::selector as sel;
 
@@ -86,6 +87,29 @@ impl SelectorCache {
         Self { env: sel::SelectorEnv::new(), ..Default::default() }
     }
 
+    /// Drops the cached candidate lists of these node positions (`None`:
+    /// all), after their views changed or positions moved.
+    pub(crate) fn forget_nodes(&mut self, positions: Option<&[usize]>) {
+        match positions {
+            Some(ps) => self.candidates.retain(|(_, p), _| !ps.contains(p)),
+            None => self.candidates.clear(),
+        }
+    }
+
+    /// Drops everything cached per device number (after the fleet was
+    /// renumbered); compiled expressions stay.
+    pub(crate) fn forget_devices(&mut self) {
+        for e in &mut self.exprs {
+            e.results = Vec::new();
+            e.errors.clear();
+        }
+        for s in &mut self.sets {
+            s.results = Vec::new();
+        }
+        self.cel_devices.clear();
+        self.candidates.clear();
+    }
+
     fn expr_id(&mut self, text: &str) -> u32 {
         if let Some(&id) = self.by_text.get(text) {
             return id;
@@ -142,7 +166,7 @@ impl SelectorCache {
         };
         if let Some(s) = self.sets.get_mut(set as usize) {
             if s.results.len() <= device as usize {
-                s.results.resize(fleet.device_count().max(device as usize + 1), UNKNOWN);
+                s.results.resize(fleet.device_numbers().max(device as usize + 1), UNKNOWN);
             }
             if let Some(slot) = s.results.get_mut(device as usize) {
                 *slot = code;
@@ -173,7 +197,7 @@ impl SelectorCache {
         };
         let Some(expr) = self.exprs.get_mut(e as usize) else { return Ok(false) };
         if expr.results.len() <= device as usize {
-            expr.results.resize(fleet.device_count().max(device as usize + 1), UNKNOWN);
+            expr.results.resize(fleet.device_numbers().max(device as usize + 1), UNKNOWN);
         }
         let code = match &outcome {
             Ok(true) => YES,
@@ -194,7 +218,7 @@ impl SelectorCache {
             return d.clone();
         }
         let built = match (fleet.pool_of(device), fleet.device(device)) {
-            (Some(pool), Some(dev)) => sel::CelDevice::new(&pool.driver, dev).map(Arc::new).map_err(|e| e.to_string()),
+            (Some(pool), Some(dev)) => cel_value(&pool.driver, dev).map(Arc::new).map_err(|e| e.to_string()),
             _ => Err("device not in the fleet".to_string()),
         };
         if self.cel_devices.len() >= CEL_DEVICE_CACHE {
@@ -226,4 +250,28 @@ impl SelectorCache {
         }
         list
     }
+}
+
+/// The CEL `device` value of a compact device, built when a selector first
+/// needs it.
+fn cel_value(driver: &str, dev: &DeviceRecord) -> Result<sel::CelDevice, sel::EvalError> {
+    use super::compact::{AttrValue, ListValue};
+    let attributes = dev.attributes.iter().map(|(name, v)| {
+        let value = match v {
+            AttrValue::Bool(b) => sel::AttributeValue::Bool(*b),
+            AttrValue::Int(i) => sel::AttributeValue::Int(*i),
+            AttrValue::Str(s) => sel::AttributeValue::Str(s),
+            AttrValue::Version(s) => sel::AttributeValue::Version(s),
+            AttrValue::List(l) => match &**l {
+                ListValue::Bools(v) => sel::AttributeValue::Bools(v),
+                ListValue::Ints(v) => sel::AttributeValue::Ints(v),
+                ListValue::Strings(v) => sel::AttributeValue::Strings(v),
+                ListValue::Versions(v) => sel::AttributeValue::Versions(v),
+            },
+            AttrValue::Empty => sel::AttributeValue::Empty,
+        };
+        (name, value)
+    });
+    let capacities = dev.capacity.iter().map(|(name, c)| (name, &*c.value));
+    sel::CelDevice::from_parts(driver, dev.allow_multiple_allocations, attributes, capacities)
 }

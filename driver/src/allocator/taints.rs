@@ -7,7 +7,9 @@
 //! toleration rule: empty effect matches any effect, empty key matches any
 //! key, operator `Equal` (default) compares values, `Exists` does not).
 
-use k8s_openapi::api::resource::v1::{Device, DeviceTaint, DeviceToleration};
+use k8s_openapi::api::resource::v1::{DeviceTaint, DeviceToleration};
+
+use super::compact::DeviceRecord;
 
 pub(crate) fn tolerates(toleration: &DeviceToleration, taint: &DeviceTaint) -> bool {
     if let Some(effect) = toleration.effect.as_deref().filter(|e| !e.is_empty())
@@ -28,11 +30,12 @@ pub(crate) fn tolerates(toleration: &DeviceToleration, taint: &DeviceTaint) -> b
 }
 
 /// The first taint of `device` that keeps it from these tolerations.
-pub(crate) fn blocking_taint<'d>(device: &'d Device, tolerations: &[DeviceToleration]) -> Option<&'d DeviceTaint> {
+pub(crate) fn blocking_taint<'d>(
+    device: &'d DeviceRecord,
+    tolerations: &[DeviceToleration],
+) -> Option<&'d DeviceTaint> {
     device
-        .taints
-        .as_deref()
-        .unwrap_or_default()
+        .taints()
         .iter()
         .filter(|t| matches!(t.effect.as_str(), "NoSchedule" | "NoExecute"))
         .find(|t| !tolerations.iter().any(|tol| tolerates(tol, t)))
@@ -48,6 +51,8 @@ pub(crate) fn describe(taint: &DeviceTaint) -> String {
 
 #[cfg(test)]
 mod tests {
+    use k8s_openapi::api::resource::v1::Device;
+
     use super::*;
 
     fn taint(key: &str, value: Option<&str>, effect: &str) -> DeviceTaint {
@@ -82,6 +87,7 @@ mod tests {
             taints: Some(vec![taint("a", None, "None"), taint("b", None, "NoExecute")]),
             ..Default::default()
         };
+        let device = super::super::test_support::rec(device);
         assert_eq!(blocking_taint(&device, &[]).map(|t| t.key.as_str()), Some("b"));
         assert!(blocking_taint(&device, &[tol(Some("b"), Some("Exists"), None, None)]).is_none());
         assert_eq!(describe(&taint("k", Some("v"), "NoSchedule")), "k=v:NoSchedule");

@@ -19,6 +19,11 @@ pub fn q(s: &str) -> Quantity {
     Quantity(s.to_string())
 }
 
+/// The compact form of a test device.
+pub fn rec(d: Device) -> super::compact::DeviceRecord {
+    super::compact::Compactor::default().device(&d)
+}
+
 pub fn device(name: &str) -> Device {
     Device { name: name.into(), ..Default::default() }
 }

@@ -39,25 +39,38 @@ impl CelDevice {
     /// capacity is not a valid quantity: Kubernetes reports those as runtime
     /// errors of the selector evaluated on the device.
     pub fn new(driver: &str, device: &Device) -> Result<Self, EvalError> {
-        let mut attributes: BTreeMap<String, Entries> = BTreeMap::new();
-        for (name, attribute) in device.attributes.iter().flatten() {
+        Self::from_parts(
+            driver,
+            device.allow_multiple_allocations.unwrap_or(false),
+            device.attributes.iter().flatten().map(|(name, a)| (name.as_str(), AttributeValue::of(a))),
+            device.capacity.iter().flatten().map(|(name, c)| (name.as_str(), c.value.0.as_str())),
+        )
+    }
+
+    /// The device value from its parts, for callers that keep devices in
+    /// their own form (the allocator's compact fleet builds it on demand).
+    pub fn from_parts<'a>(
+        driver: &str,
+        allow_multiple_allocations: bool,
+        attributes: impl IntoIterator<Item = (&'a str, AttributeValue<'a>)>,
+        capacities: impl IntoIterator<Item = (&'a str, &'a str)>,
+    ) -> Result<Self, EvalError> {
+        let mut by_domain: BTreeMap<String, Entries> = BTreeMap::new();
+        for (name, attribute) in attributes {
             let value = attribute_value(attribute).map_err(|e| EvalError::Device(format!("attribute {name}: {e}")))?;
             let (domain, id) = split_qualified(name, driver);
-            attributes.entry(domain.to_owned()).or_default().push((id.to_owned(), value));
+            by_domain.entry(domain.to_owned()).or_default().push((id.to_owned(), value));
         }
         let mut capacity: BTreeMap<String, Entries> = BTreeMap::new();
-        for (name, cap) in device.capacity.iter().flatten() {
-            let value =
-                Quantity::parse(&cap.value.0).map_err(|e| EvalError::Device(format!("capacity {name}: {e}")))?;
+        for (name, quantity) in capacities {
+            let value = Quantity::parse(quantity).map_err(|e| EvalError::Device(format!("capacity {name}: {e}")))?;
             let (domain, id) = split_qualified(name, driver);
             capacity.entry(domain.to_owned()).or_default().push((id.to_owned(), Box::new(value)));
         }
+        let attributes = by_domain;
         let root = SmallMap::new(vec![
             ("driver".to_owned(), Box::new(CelString::from(driver.to_owned()))),
-            (
-                "allowMultipleAllocations".to_owned(),
-                Box::new(CelBool::from(device.allow_multiple_allocations.unwrap_or(false))),
-            ),
+            ("allowMultipleAllocations".to_owned(), Box::new(CelBool::from(allow_multiple_allocations))),
             ("attributes".to_owned(), Box::new(DomainMap::new(attributes))),
             ("capacity".to_owned(), Box::new(DomainMap::new(capacity))),
         ]);
@@ -76,35 +89,60 @@ fn split_qualified<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
     name.split_once('/').unwrap_or((driver, name))
 }
 
-fn attribute_value(attribute: &DeviceAttribute) -> Result<Box<dyn Val>, String> {
-    if let Some(i) = attribute.int {
-        return Ok(Box::new(CelInt::from(i)));
+/// One attribute's value, borrowed from wherever the caller keeps it.
+#[derive(Debug, Clone, Copy)]
+pub enum AttributeValue<'a> {
+    Bool(bool),
+    Int(i64),
+    Str(&'a str),
+    Version(&'a str),
+    /// List-typed attributes (DRAListTypeAttributes, alpha in 1.36).
+    Bools(&'a [bool]),
+    Ints(&'a [i64]),
+    Strings(&'a [String]),
+    Versions(&'a [String]),
+    /// None of the value fields is set.
+    Empty,
+}
+
+impl<'a> AttributeValue<'a> {
+    /// The value of an API attribute (its first set field, as the API
+    /// allows only one).
+    pub fn of(a: &'a DeviceAttribute) -> Self {
+        match a {
+            DeviceAttribute { int: Some(i), .. } => Self::Int(*i),
+            DeviceAttribute { bool: Some(b), .. } => Self::Bool(*b),
+            DeviceAttribute { string: Some(s), .. } => Self::Str(s),
+            DeviceAttribute { version: Some(v), .. } => Self::Version(v),
+            DeviceAttribute { ints: Some(v), .. } => Self::Ints(v),
+            DeviceAttribute { bools: Some(v), .. } => Self::Bools(v),
+            DeviceAttribute { strings: Some(v), .. } => Self::Strings(v),
+            DeviceAttribute { versions: Some(v), .. } => Self::Versions(v),
+            _ => Self::Empty,
+        }
     }
-    if let Some(b) = attribute.bool {
-        return Ok(Box::new(CelBool::from(b)));
-    }
-    if let Some(s) = &attribute.string {
-        return Ok(Box::new(CelString::from(s.clone())));
-    }
-    if let Some(v) = &attribute.version {
-        return Ok(Box::new(Semver::parse(v, false)?));
-    }
-    // List-typed attributes (DRAListTypeAttributes, alpha in 1.36) become lists.
-    if let Some(ints) = &attribute.ints {
-        return Ok(list(ints.iter().map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>).collect()));
-    }
-    if let Some(bools) = &attribute.bools {
-        return Ok(list(bools.iter().map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>).collect()));
-    }
-    if let Some(strings) = &attribute.strings {
-        return Ok(list(strings.iter().map(|s| Box::new(CelString::from(s.clone())) as Box<dyn Val>).collect()));
-    }
-    if let Some(versions) = &attribute.versions {
-        let values: Result<Vec<Box<dyn Val>>, String> =
-            versions.iter().map(|v| Semver::parse(v, false).map(|s| Box::new(s) as Box<dyn Val>)).collect();
-        return Ok(list(values?));
-    }
-    Err("unsupported attribute value: none of int, bool, string, version is set".to_owned())
+}
+
+fn attribute_value(attribute: AttributeValue<'_>) -> Result<Box<dyn Val>, String> {
+    Ok(match attribute {
+        AttributeValue::Int(i) => Box::new(CelInt::from(i)),
+        AttributeValue::Bool(b) => Box::new(CelBool::from(b)),
+        AttributeValue::Str(s) => Box::new(CelString::from(s.to_owned())),
+        AttributeValue::Version(v) => Box::new(Semver::parse(v, false)?),
+        AttributeValue::Ints(ints) => list(ints.iter().map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>).collect()),
+        AttributeValue::Bools(b) => list(b.iter().map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>).collect()),
+        AttributeValue::Strings(s) => {
+            list(s.iter().map(|s| Box::new(CelString::from(s.clone())) as Box<dyn Val>).collect())
+        }
+        AttributeValue::Versions(versions) => {
+            let values: Result<Vec<Box<dyn Val>>, String> =
+                versions.iter().map(|v| Semver::parse(v, false).map(|s| Box::new(s) as Box<dyn Val>)).collect();
+            list(values?)
+        }
+        AttributeValue::Empty => {
+            return Err("unsupported attribute value: none of int, bool, string, version is set".to_owned());
+        }
+    })
 }
 
 fn list(values: Vec<Box<dyn Val>>) -> Box<dyn Val> {

@@ -26,7 +26,7 @@ use cel::common::value::{CowVal, Val};
 use cel::context::VariableResolver;
 use cel::{Context, Env, Value};
 
-pub use device_value::CelDevice;
+pub use device_value::{AttributeValue, CelDevice};
 pub use quantity_lib::Quantity;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.

@@ -1,0 +1,327 @@
+//! The fleet's devices in compact form: each ResourceSlice is converted once
+//! and the k8s-openapi object dropped.
+//!
+//! Names, string values, whole attribute maps, capacity maps and counter
+//! consumptions are interned: the devices of a fleet repeat the same
+//! `productName`, `driverVersion`, device names and MIG layouts on every
+//! node, so a device costs a few pointers plus what is really its own
+//! (`uuid`, `pciBusID`). A k8s `Device` is several KiB; a [`DeviceRecord`]
+//! is under 100 bytes plus its share of the interned maps.
+
+use std::collections::HashSet;
+use std::hash::Hash;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourceSlice,
+};
+
+/// A typed attribute value. Versions keep their text: constraints compare
+/// them as strings and CEL parses them when it builds the device value.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum AttrValue {
+    Bool(bool),
+    Int(i64),
+    Str(Arc<str>),
+    Version(Arc<str>),
+    /// List-typed attributes (1.36 alpha): kept whole, they never match a
+    /// constraint and CEL builds them as lists.
+    List(Arc<ListValue>),
+    /// None of the value fields set (the apiserver refuses it; a CEL runtime
+    /// error when a selector reads it).
+    Empty,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum ListValue {
+    Bools(Vec<bool>),
+    Ints(Vec<i64>),
+    Strings(Vec<String>),
+    Versions(Vec<String>),
+}
+
+/// A device's attributes, sorted by (qualified or bare) name as published.
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Attributes(pub(crate) Box<[(Arc<str>, AttrValue)]>);
+
+impl Attributes {
+    pub(crate) fn get(&self, name: &str) -> Option<&AttrValue> {
+        let i = self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok()?;
+        self.0.get(i).map(|(_, v)| v)
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &AttrValue)> {
+        self.0.iter().map(|(k, v)| (&**k, v))
+    }
+}
+
+/// One capacity: its quantity as published and its request policy.
+#[derive(Debug, PartialEq)]
+pub(crate) struct CapacityEntry {
+    pub(crate) value: Arc<str>,
+    pub(crate) request_policy: Option<CapacityRequestPolicy>,
+}
+
+impl Eq for CapacityEntry {}
+
+impl Hash for CapacityEntry {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        // Policies are rare and equal ones land in one bucket anyway.
+        self.value.hash(state);
+        self.request_policy.is_some().hash(state);
+    }
+}
+
+/// A device's capacities, sorted by name.
+#[derive(Debug, Default, PartialEq, Eq, Hash)]
+pub(crate) struct Capacities(pub(crate) Box<[(Arc<str>, CapacityEntry)]>);
+
+impl Capacities {
+    pub(crate) fn get(&self, name: &str) -> Option<&CapacityEntry> {
+        let i = self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok()?;
+        self.0.get(i).map(|(_, v)| v)
+    }
+
+    pub(crate) fn contains(&self, name: &str) -> bool {
+        self.get(name).is_some()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &CapacityEntry)> {
+        self.0.iter().map(|(k, v)| (&**k, v))
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// What a device draws from one counter set: (counter, quantity as published).
+#[derive(Debug, PartialEq, Eq, Hash)]
+pub(crate) struct CounterDraw {
+    pub(crate) set: Arc<str>,
+    pub(crate) counters: Box<[(Arc<str>, Arc<str>)]>,
+}
+
+/// The rarely set parts of a device, boxed so most devices pay one pointer.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub(crate) struct DeviceExtra {
+    pub(crate) taints: Vec<DeviceTaint>,
+    pub(crate) binding_conditions: Option<Vec<String>>,
+    pub(crate) binding_failure_conditions: Option<Vec<String>>,
+    pub(crate) binds_to_node: Option<bool>,
+    /// Per-device node selection (`perDeviceNodeSelection` slices).
+    pub(crate) node_name: Option<String>,
+    pub(crate) all_nodes: Option<bool>,
+    pub(crate) node_selector: Option<NodeSelector>,
+}
+
+/// One device of a slice, compact.
+#[derive(Debug, Clone)]
+pub(crate) struct DeviceRecord {
+    pub(crate) name: Arc<str>,
+    pub(crate) attributes: Arc<Attributes>,
+    pub(crate) capacity: Arc<Capacities>,
+    pub(crate) consumes: Arc<[CounterDraw]>,
+    pub(crate) allow_multiple_allocations: bool,
+    pub(crate) extra: Option<Box<DeviceExtra>>,
+}
+
+impl DeviceRecord {
+    pub(crate) fn taints(&self) -> &[DeviceTaint] {
+        self.extra.as_deref().map(|e| &e.taints[..]).unwrap_or_default()
+    }
+
+    pub(crate) fn has_binding_conditions(&self) -> bool {
+        self.extra.as_deref().is_some_and(|e| e.binding_conditions.is_some())
+    }
+}
+
+/// A slice, compact: where it applies, and its devices or counter sets.
+#[derive(Debug, Clone)]
+pub(crate) struct CompactSlice {
+    pub(crate) name: Arc<str>,
+    pub(crate) driver: Arc<str>,
+    pub(crate) pool: Arc<str>,
+    pub(crate) generation: i64,
+    pub(crate) resource_slice_count: i64,
+    pub(crate) node_name: Option<String>,
+    pub(crate) all_nodes: Option<bool>,
+    pub(crate) node_selector: Option<NodeSelector>,
+    pub(crate) per_device_node_selection: bool,
+    pub(crate) shared_counters: Vec<CounterSet>,
+    pub(crate) devices: Vec<DeviceRecord>,
+}
+
+impl CompactSlice {
+    /// Carries counters rather than devices (1.35+: one or the other).
+    pub(crate) fn is_counter_slice(&self) -> bool {
+        !self.shared_counters.is_empty()
+    }
+}
+
+/// Interned values of one kind.
+#[derive(Debug)]
+struct Pool<T: ?Sized>(HashSet<Arc<T>>);
+
+impl<T: ?Sized> Default for Pool<T> {
+    fn default() -> Self {
+        Pool(HashSet::new())
+    }
+}
+
+impl<T: ?Sized + Hash + Eq> Pool<T> {
+    fn intern(&mut self, value: Arc<T>) -> Arc<T> {
+        if let Some(found) = self.0.get(&value) {
+            return Arc::clone(found);
+        }
+        self.0.insert(Arc::clone(&value));
+        value
+    }
+
+    /// Forgets values nothing else holds any more.
+    fn prune(&mut self) {
+        self.0.retain(|v| Arc::strong_count(v) > 1);
+    }
+}
+
+impl Pool<str> {
+    fn str(&mut self, s: &str) -> Arc<str> {
+        if let Some(found) = self.0.get(s) {
+            return Arc::clone(found);
+        }
+        let v: Arc<str> = Arc::from(s);
+        self.0.insert(Arc::clone(&v));
+        v
+    }
+}
+
+/// Converts slices to compact form, sharing what repeats.
+#[derive(Debug, Default)]
+pub(crate) struct Compactor {
+    strings: Pool<str>,
+    attributes: Pool<Attributes>,
+    capacities: Pool<Capacities>,
+    draws: Pool<[CounterDraw]>,
+}
+
+impl Compactor {
+    pub(crate) fn str(&mut self, s: &str) -> Arc<str> {
+        self.strings.str(s)
+    }
+
+    pub(crate) fn slice(&mut self, s: &ResourceSlice) -> CompactSlice {
+        CompactSlice {
+            name: self.str(s.metadata.name.as_deref().unwrap_or_default()),
+            driver: self.str(&s.spec.driver),
+            pool: self.str(&s.spec.pool.name),
+            generation: s.spec.pool.generation,
+            resource_slice_count: s.spec.pool.resource_slice_count,
+            node_name: s.spec.node_name.clone(),
+            all_nodes: s.spec.all_nodes,
+            node_selector: s.spec.node_selector.clone(),
+            per_device_node_selection: s.spec.per_device_node_selection == Some(true),
+            shared_counters: s.spec.shared_counters.clone().unwrap_or_default(),
+            devices: s.spec.devices.as_deref().unwrap_or_default().iter().map(|d| self.device(d)).collect(),
+        }
+    }
+
+    pub(crate) fn device(&mut self, d: &Device) -> DeviceRecord {
+        let mut attributes: Vec<(Arc<str>, AttrValue)> =
+            d.attributes.iter().flatten().map(|(name, a)| (self.str(name), self.attr(a))).collect();
+        attributes.sort_by(|a, b| a.0.cmp(&b.0));
+        let mut capacity: Vec<(Arc<str>, CapacityEntry)> =
+            d.capacity.iter().flatten().map(|(name, c)| (self.str(name), self.capacity_entry(c))).collect();
+        capacity.sort_by(|a, b| a.0.cmp(&b.0));
+        let draws: Vec<CounterDraw> = d
+            .consumes_counters
+            .iter()
+            .flatten()
+            .map(|c| CounterDraw {
+                set: self.str(&c.counter_set),
+                counters: c.counters.iter().map(|(k, v)| (self.str(k), self.str(&v.value.0))).collect(),
+            })
+            .collect();
+        let extra = DeviceExtra {
+            taints: d.taints.clone().unwrap_or_default(),
+            binding_conditions: d.binding_conditions.clone(),
+            binding_failure_conditions: d.binding_failure_conditions.clone(),
+            binds_to_node: d.binds_to_node,
+            node_name: d.node_name.clone(),
+            all_nodes: d.all_nodes,
+            node_selector: d.node_selector.clone(),
+        };
+        DeviceRecord {
+            name: self.str(&d.name),
+            attributes: self.attributes.intern(Arc::new(Attributes(attributes.into_boxed_slice()))),
+            capacity: self.capacities.intern(Arc::new(Capacities(capacity.into_boxed_slice()))),
+            consumes: self.draws.intern(Arc::from(draws)),
+            allow_multiple_allocations: d.allow_multiple_allocations == Some(true),
+            extra: (extra != DeviceExtra::default()).then(|| Box::new(extra)),
+        }
+    }
+
+    fn attr(&mut self, a: &DeviceAttribute) -> AttrValue {
+        if let Some(i) = a.int {
+            return AttrValue::Int(i);
+        }
+        if let Some(b) = a.bool {
+            return AttrValue::Bool(b);
+        }
+        if let Some(s) = &a.string {
+            return AttrValue::Str(self.str(s));
+        }
+        if let Some(v) = &a.version {
+            return AttrValue::Version(self.str(v));
+        }
+        let list = match (&a.ints, &a.bools, &a.strings, &a.versions) {
+            (Some(v), _, _, _) => ListValue::Ints(v.clone()),
+            (_, Some(v), _, _) => ListValue::Bools(v.clone()),
+            (_, _, Some(v), _) => ListValue::Strings(v.clone()),
+            (_, _, _, Some(v)) => ListValue::Versions(v.clone()),
+            _ => return AttrValue::Empty,
+        };
+        AttrValue::List(Arc::new(list))
+    }
+
+    fn capacity_entry(&mut self, c: &DeviceCapacity) -> CapacityEntry {
+        CapacityEntry { value: self.str(&c.value.0), request_policy: c.request_policy.clone() }
+    }
+
+    /// Drops interned values no device uses any more (after slices went away).
+    pub(crate) fn prune(&mut self) {
+        self.attributes.prune();
+        self.capacities.prune();
+        self.draws.prune();
+        self.strings.prune();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn repeated_maps_and_strings_are_shared() {
+        let mut c = Compactor::default();
+        let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"));
+        let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"));
+        assert!(Arc::ptr_eq(&a.attributes, &b.attributes));
+        assert!(Arc::ptr_eq(&a.capacity, &b.capacity));
+        assert!(Arc::ptr_eq(&a.name, &b.name));
+        assert_eq!(a.attributes.get("productName"), Some(&AttrValue::Str("H100".into())));
+        assert!(a.extra.is_none(), "no rare fields, no box");
+    }
+
+    #[test]
+    fn pruning_keeps_what_is_in_use() {
+        let mut c = Compactor::default();
+        let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"));
+        drop(c.device(&device("gpu-1").string("uuid", "GPU-b")));
+        c.prune();
+        assert_eq!(c.attributes.0.len(), 1);
+        assert!(c.strings.0.contains("GPU-a") && !c.strings.0.contains("GPU-b"));
+        drop(kept);
+    }
+}
