@@ -90,10 +90,6 @@ impl Capacities {
     pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &CapacityEntry)> {
         self.0.iter().map(|(k, v)| (&**k, v))
     }
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
 }
 
 /// What a device draws from one counter set: (counter, quantity as published).

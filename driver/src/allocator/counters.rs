@@ -94,6 +94,11 @@ impl CounterUse {
         }
     }
 
+    /// Forgets what a pool has in use (before summing it again).
+    pub(crate) fn reset(&mut self, pool: u32) {
+        self.pools.remove(&pool);
+    }
+
     fn get(&self, pool: u32, i: u32) -> Amount {
         self.pools.get(&pool).and_then(|u| u.get(i as usize)).copied().unwrap_or_default()
     }

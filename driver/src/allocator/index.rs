@@ -64,12 +64,6 @@ struct PoolSlot {
     shared: bool,
 }
 
-impl PoolSlot {
-    fn slices(&self) -> impl Iterator<Item = &CompactSlice> {
-        self.kept.iter().chain(&self.other)
-    }
-}
-
 /// Which device numbers a pool change retired and which nodes it touched;
 /// the allocator uses it to move allocations and drop cached answers.
 #[derive(Debug, Default)]
@@ -203,14 +197,18 @@ impl Fleet {
     }
 
     /// Every slice currently held (all generations), e.g. to rebuild.
-    pub(crate) fn take_slices(self) -> (Vec<CompactSlice>, BTreeMap<String, NodeInfo>) {
+    pub(crate) fn take_slices(self) -> (Vec<CompactSlice>, BTreeMap<String, NodeInfo>, Compactor) {
         let slices = self.slots.into_iter().flat_map(|s| s.kept.into_iter().chain(s.other)).collect();
-        (slices, self.known_nodes)
+        (slices, self.known_nodes, self.compactor)
     }
 
     /// A fleet from compact slices (a rebuild after [`Fleet::take_slices`]).
-    pub(crate) fn from_compact(slices: Vec<CompactSlice>, nodes: BTreeMap<String, NodeInfo>) -> Self {
-        let mut fleet = Fleet { known_nodes: nodes, ..Default::default() };
+    pub(crate) fn from_compact(
+        slices: Vec<CompactSlice>,
+        nodes: BTreeMap<String, NodeInfo>,
+        compactor: Compactor,
+    ) -> Self {
+        let mut fleet = Fleet { known_nodes: nodes, compactor, ..Default::default() };
         let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
         for c in slices {
             grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
@@ -395,6 +393,10 @@ impl Fleet {
     /// per-number caches.
     pub(crate) fn device_numbers(&self) -> usize {
         self.devices.len()
+    }
+
+    pub(crate) fn pool_count(&self) -> u32 {
+        self.slots.len() as u32
     }
 
     pub(crate) fn slice_count(&self) -> usize {

@@ -74,6 +74,14 @@ pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 
+/// The size of the fleet an [`Allocator`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FleetStats {
+    pub nodes: usize,
+    pub slices: usize,
+    pub devices: usize,
+}
+
 /// Where a pod's claims fit: the node and one result per claim, in claim order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Placement {
@@ -83,10 +91,12 @@ pub struct Placement {
 
 /// The fleet as the allocator sees it, plus what is already allocated.
 ///
-/// Built once from a snapshot of slices, classes and nodes; allocation then
-/// reuses compiled selectors and cached selector results, so steady-state
-/// allocation does no CEL work. Rebuild it when slices change (pool
-/// generations are part of the cache key).
+/// Built from a snapshot of slices, classes and nodes, then kept up to date
+/// one object at a time ([`Allocator::apply_slice`], [`Allocator::remove_slice`],
+/// [`Allocator::set_node`], [`Allocator::set_class`], [`Allocator::release`], ...):
+/// a slice event re-derives only its pool. Allocation reuses compiled
+/// selectors and selector results cached per device, so steady-state
+/// allocation does no CEL work.
 pub struct Allocator {
     fleet: index::Fleet,
     classes: std::collections::HashMap<String, DeviceClass>,
@@ -122,6 +132,113 @@ impl Allocator {
             share_ids: Box::new(RandomShareIds),
             memo: placement::FirstFitMemo::default(),
         }
+    }
+
+    /// Adds or replaces a ResourceSlice (by name): only its pool is
+    /// re-derived, allocations on its devices carry over by device name.
+    pub fn apply_slice(&mut self, slice: &ResourceSlice) {
+        let changes = self.fleet.apply_slice(slice);
+        self.after_fleet_change(&changes);
+    }
+
+    /// Deletes a ResourceSlice by name (unknown names are ignored).
+    pub fn remove_slice(&mut self, name: &str) {
+        let changes: Vec<_> = self.fleet.remove_slice(name).into_iter().collect();
+        self.after_fleet_change(&changes);
+        self.fleet.prune_if_needed();
+    }
+
+    /// Adds or updates a Node (its labels steer node selectors).
+    pub fn set_node(&mut self, node: &Node) {
+        if self.fleet.set_node(node)
+            && let Some(name) = node.metadata.name.as_deref()
+        {
+            self.node_changed(name);
+        }
+    }
+
+    /// Forgets a Node's labels; it stays known while slices name it.
+    pub fn remove_node(&mut self, name: &str) {
+        if self.fleet.remove_node(name) {
+            self.node_changed(name);
+        }
+    }
+
+    /// Adds or replaces a DeviceClass.
+    pub fn set_class(&mut self, class: &DeviceClass) {
+        if let Some(name) = class.metadata.name.clone() {
+            self.classes.insert(name, class.clone());
+            self.memo = placement::FirstFitMemo::default();
+        }
+    }
+
+    /// Deletes a DeviceClass by name.
+    pub fn remove_class(&mut self, name: &str) {
+        if self.classes.remove(name).is_some() {
+            self.memo = placement::FirstFitMemo::default();
+        }
+    }
+
+    /// Gives back what an allocated claim holds (it was deallocated or
+    /// deleted): devices, consumed capacity, counters. A claim without an
+    /// allocation is ignored.
+    pub fn release(&mut self, claim: &ResourceClaim) -> Result<(), InputError> {
+        let Some(allocation) = claim.status.as_ref().and_then(|s| s.allocation.as_ref()) else {
+            return Ok(());
+        };
+        self.state.release(&self.fleet, &state::owner_of(claim), allocation)?;
+        self.memo = placement::FirstFitMemo::default();
+        Ok(())
+    }
+
+    /// How big the fleet is: nodes, slices held, live devices.
+    pub fn stats(&self) -> FleetStats {
+        FleetStats {
+            nodes: self.fleet.node_names().len(),
+            slices: self.fleet.slice_count(),
+            devices: self.fleet.device_count(),
+        }
+    }
+
+    fn node_changed(&mut self, name: &str) {
+        let moved = self.fleet.node_changed(name);
+        let positions: Vec<usize> = self.fleet.node_position(name).into_iter().collect();
+        self.selectors.forget_nodes(if moved { None } else { Some(&positions) });
+        self.memo = placement::FirstFitMemo::default();
+    }
+
+    fn after_fleet_change(&mut self, changes: &[index::PoolChange]) {
+        if changes.is_empty() {
+            return;
+        }
+        let mut all_nodes = false;
+        let mut positions = Vec::new();
+        for change in changes {
+            self.state.pool_changed(&self.fleet, change);
+            match &change.nodes {
+                Some(nodes) if !change.node_set_changed => {
+                    positions.extend(nodes.iter().filter_map(|n| self.fleet.node_position(n)));
+                }
+                _ => all_nodes = true,
+            }
+        }
+        self.selectors.forget_nodes(if all_nodes { None } else { Some(&positions) });
+        self.memo = placement::FirstFitMemo::default();
+        if self.fleet.needs_compaction() {
+            self.compact();
+        }
+    }
+
+    /// Renumbers the fleet without its dead device numbers.
+    fn compact(&mut self) {
+        self.state.detach_all(&self.fleet);
+        let (slices, nodes, compactor) = std::mem::take(&mut self.fleet).take_slices();
+        self.fleet = index::Fleet::from_compact(slices, nodes, compactor);
+        for p in 0..self.fleet.pool_count() {
+            let change = index::PoolChange { pool: p, ..Default::default() };
+            self.state.pool_changed(&self.fleet, &change);
+        }
+        self.selectors.forget_devices();
     }
 
     /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.
@@ -202,5 +319,7 @@ impl Allocator {
 mod tests_core;
 #[cfg(test)]
 mod tests_features;
+#[cfg(test)]
+mod tests_incremental;
 #[cfg(test)]
 mod tests_more;

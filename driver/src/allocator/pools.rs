@@ -17,7 +17,7 @@
 //! slices a node can see; we check all slices of the pool's generation, so a
 //! pool is invalid for every node or for none.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use super::amount::Amount;
@@ -31,8 +31,6 @@ pub(crate) type CounterSets = BTreeMap<String, BTreeMap<String, Amount>>;
 pub(crate) struct Pool {
     pub(crate) driver: Arc<str>,
     pub(crate) name: Arc<str>,
-    /// Indices into the fleet's kept slices, sorted by slice name.
-    pub(crate) slices: Vec<usize>,
     pub(crate) problem: Option<PoolProblem>,
     pub(crate) counter_sets: CounterSets,
     /// Some device has binding conditions: upstream tries such pools last.
@@ -40,10 +38,10 @@ pub(crate) struct Pool {
 }
 
 /// Keeps the newest generation of every pool and builds the pools, in
-/// (driver, pool) order. Returns the kept slices and the pools that index
-/// into them.
+/// (driver, pool) order, with their kept slices (all pools' in one list).
+#[cfg(test)]
 pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
-    let mut newest: HashMap<(Arc<str>, Arc<str>), i64> = HashMap::new();
+    let mut newest: std::collections::HashMap<(Arc<str>, Arc<str>), i64> = Default::default();
     for s in &all {
         let g = newest.entry((Arc::clone(&s.driver), Arc::clone(&s.pool))).or_insert(s.generation);
         *g = (*g).max(s.generation);
@@ -59,8 +57,7 @@ pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
     let mut pools = Vec::new();
     for ((driver, name), mut slices) in grouped {
         slices.sort_by(|a, b| a.name.cmp(&b.name));
-        let start = kept.len();
-        let pool = check(driver, name, &slices, start);
+        let pool = check(driver, name, &slices);
         kept.extend(slices);
         pools.push(pool);
     }
@@ -78,13 +75,12 @@ pub(crate) fn assemble(
     let (mut kept, other): (Vec<CompactSlice>, Vec<CompactSlice>) =
         all.into_iter().partition(|s| s.generation == newest);
     kept.sort_by(|a, b| a.name.cmp(&b.name));
-    let pool = check(driver, name, &kept, 0);
+    let pool = check(driver, name, &kept);
     (pool, kept, other)
 }
 
-/// The pool made of `slices` (one generation, sorted by name), which will
-/// sit at `start..` among the kept slices.
-fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], start: usize) -> Pool {
+/// The pool made of `slices` (one generation, sorted by name).
+fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice]) -> Pool {
     let expected = slices.first().map_or(0, |s| s.resource_slice_count);
     let mut problem = None;
     if i64::try_from(slices.len()).ok() != Some(expected) {
@@ -103,7 +99,7 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], start: usize
         problem = Some(PoolProblem::Invalid { reason });
     }
     let binding_conditions = slices.iter().any(|s| s.devices.iter().any(|d| d.has_binding_conditions()));
-    Pool { driver, name, slices: (start..start + slices.len()).collect(), problem, counter_sets, binding_conditions }
+    Pool { driver, name, problem, counter_sets, binding_conditions }
 }
 
 fn counter_sets(slices: &[CompactSlice]) -> Result<CounterSets, String> {
@@ -208,7 +204,7 @@ mod tests {
         let s3 = slice("x", "node-1", "pool-a", 1, 2, vec![]);
         let (kept, pools) = build_k8s(&[s1, s2, s3]);
         assert_eq!(pools.iter().map(|p| &*p.name).collect::<Vec<_>>(), ["pool-a", "pool-b"]);
-        let names: Vec<_> = pools[0].slices.iter().map(|&i| kept[i].name.to_string()).collect();
-        assert_eq!(names, ["x", "y"]);
+        let names: Vec<_> = kept.iter().map(|s| s.name.to_string()).collect();
+        assert_eq!(names, ["x", "y", "z"], "pool by pool, slices by name");
     }
 }

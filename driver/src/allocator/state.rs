@@ -3,12 +3,19 @@
 //! As the scheduler's allocated-device tracking: results with
 //! `adminAccess: true` do not make a device busy; results with a `shareID`
 //! consume capacity of a shareable device instead of taking it; anything
-//! else takes the device. Devices the fleet does not know (other
-//! generations, gone slices) are ignored, as upstream ignores IDs it never
-//! meets. Allocations only accumulate here, which the first-fit memo relies
-//! on (a node that failed a claim shape keeps failing it).
+//! else takes the device.
+//!
+//! Upstream recomputes the allocated set from all claims for every
+//! scheduling cycle, by device ID (driver, pool, name). We keep it
+//! incrementally: by device number for the search, and by ID for devices
+//! the fleet does not hold right now (a claim seen before its slice, a
+//! slice being replaced), which attach again when their pool has them.
+//! A release (claim deallocated or deleted) gives devices, capacity and
+//! counters back; the first-fit memo is dropped then (it relies on
+//! allocations only accumulating between releases).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 
@@ -16,12 +23,24 @@ use super::amount::Amount;
 use super::capacity::Consumed;
 use super::counters::CounterUse;
 use super::error::InputError;
-use super::index::Fleet;
+use super::index::{Fleet, PoolChange};
+
+/// A device ID: driver, pool, device name.
+type DeviceId = (String, String, String);
+
+/// What claims hold of one device.
+#[derive(Debug, Default, Clone, PartialEq)]
+struct Holding {
+    exclusive: Option<String>,
+    shared: Option<(Consumed, Vec<String>)>,
+}
 
 #[derive(Debug, Default)]
 pub(crate) struct AllocatedState {
     exclusive: HashMap<u32, String>,
     shared: HashMap<u32, (Consumed, Vec<String>)>,
+    /// Held devices the fleet does not have right now.
+    detached: HashMap<DeviceId, Holding>,
     pub(crate) counters: CounterUse,
     /// Bumped on every change.
     pub(crate) version: u64,
@@ -34,29 +53,24 @@ impl AllocatedState {
             if r.admin_access == Some(true) {
                 continue;
             }
-            let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else { continue };
+            let consumed = match r.share_id {
+                Some(_) => Some(consumed_of(r.consumed_capacity.as_ref(), owner, index)?),
+                None => None,
+            };
+            let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else {
+                let holding = self.detached.entry((r.driver.clone(), r.pool.clone(), r.device.clone())).or_default();
+                match consumed {
+                    Some(c) => add_share(holding.shared.get_or_insert_with(Default::default), c, owner),
+                    None => holding.exclusive = Some(owner.to_string()),
+                }
+                continue;
+            };
             let first_use = !self.is_allocated(d);
-            if r.share_id.is_some() {
-                let mut consumed = Consumed::new();
-                for (name, q) in r.consumed_capacity.iter().flatten() {
-                    let amount = Amount::parse(q).map_err(|e| InputError::BadResult {
-                        claim: owner.to_string(),
-                        index,
-                        field: "consumedCapacity",
-                        reason: e.to_string(),
-                    })?;
-                    consumed.insert(name.clone(), amount);
+            match consumed {
+                Some(c) => add_share(self.shared.entry(d).or_default(), c, owner),
+                None => {
+                    self.exclusive.insert(d, owner.to_string());
                 }
-                let entry = self.shared.entry(d).or_default();
-                for (name, amount) in consumed {
-                    let e = entry.0.entry(name).or_default();
-                    *e = e.saturating_add(amount);
-                }
-                if !entry.1.iter().any(|o| o == owner) {
-                    entry.1.push(owner.to_string());
-                }
-            } else {
-                self.exclusive.insert(d, owner.to_string());
             }
             if first_use && let Some(r) = fleet.device_ref(d) {
                 self.counters.add(r.pool, fleet.consumption(d));
@@ -64,6 +78,105 @@ impl AllocatedState {
         }
         self.version += 1;
         Ok(())
+    }
+
+    /// Gives back what `owner` holds through `result`: devices, capacity
+    /// and, when a device is no longer in use at all, its counters.
+    pub(crate) fn release(&mut self, fleet: &Fleet, owner: &str, result: &AllocationResult) -> Result<(), InputError> {
+        let results = result.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
+        for (index, r) in results.iter().enumerate() {
+            if r.admin_access == Some(true) {
+                continue;
+            }
+            let consumed = match r.share_id {
+                Some(_) => Some(consumed_of(r.consumed_capacity.as_ref(), owner, index)?),
+                None => None,
+            };
+            let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else {
+                let id = (r.driver.clone(), r.pool.clone(), r.device.clone());
+                if let Some(holding) = self.detached.get_mut(&id) {
+                    release_holding(holding, consumed.as_ref(), owner);
+                    if holding.exclusive.is_none() && holding.shared.is_none() {
+                        self.detached.remove(&id);
+                    }
+                }
+                continue;
+            };
+            let was_used = self.is_allocated(d);
+            let mut holding = Holding { exclusive: self.exclusive.remove(&d), shared: self.shared.remove(&d) };
+            release_holding(&mut holding, consumed.as_ref(), owner);
+            if let Some(o) = holding.exclusive {
+                self.exclusive.insert(d, o);
+            }
+            if let Some(s) = holding.shared {
+                self.shared.insert(d, s);
+            }
+            if was_used
+                && !self.is_allocated(d)
+                && let Some(r) = fleet.device_ref(d)
+            {
+                self.counters.sub(r.pool, fleet.consumption(d));
+            }
+        }
+        self.version += 1;
+        Ok(())
+    }
+
+    /// After a pool changed in the fleet: what was held by the old device
+    /// numbers moves to the new ones (by device name), what the pool no
+    /// longer has is kept aside by ID, what it has again attaches, and the
+    /// pool's counters in use are summed again.
+    pub(crate) fn pool_changed(&mut self, fleet: &Fleet, change: &PoolChange) {
+        let Some(pool) = fleet.pool(change.pool) else { return };
+        let (driver, pool_name) = (Arc::clone(&pool.driver), Arc::clone(&pool.name));
+        let mut moved: Vec<(String, Holding)> = Vec::new();
+        for (old, name) in &change.retired {
+            let holding = Holding { exclusive: self.exclusive.remove(old), shared: self.shared.remove(old) };
+            if holding != Holding::default() {
+                moved.push((name.to_string(), holding));
+            }
+        }
+        for (name, holding) in moved {
+            self.detached.insert((driver.to_string(), pool_name.to_string(), name), holding);
+        }
+        let returning: Vec<DeviceId> = self
+            .detached
+            .keys()
+            .filter(|(d, p, n)| **d == *driver && **p == *pool_name && fleet.lookup(d, p, n).is_some())
+            .cloned()
+            .collect();
+        for id in returning {
+            let (Some(holding), Some(d)) = (self.detached.remove(&id), fleet.lookup(&id.0, &id.1, &id.2)) else {
+                continue;
+            };
+            if let Some(o) = holding.exclusive {
+                self.exclusive.insert(d, o);
+            }
+            if let Some(s) = holding.shared {
+                self.shared.insert(d, s);
+            }
+        }
+        self.counters.reset(change.pool);
+        let used: Vec<u32> =
+            fleet.pool_devices(change.pool).map(|(_, d)| d).filter(|&d| self.is_allocated(d)).collect();
+        for d in used {
+            self.counters.add(change.pool, fleet.consumption(d));
+        }
+        self.version += 1;
+    }
+
+    /// Moves every holding to its device ID, before the fleet is
+    /// renumbered; [`AllocatedState::pool_changed`] attaches them again.
+    pub(crate) fn detach_all(&mut self, fleet: &Fleet) {
+        let mut ids: Vec<u32> = self.exclusive.keys().chain(self.shared.keys()).copied().collect();
+        ids.sort_unstable();
+        ids.dedup();
+        for d in ids {
+            let holding = Holding { exclusive: self.exclusive.remove(&d), shared: self.shared.remove(&d) };
+            let (driver, pool, device) = fleet.id(d);
+            self.detached.insert((driver.to_string(), pool.to_string(), device.to_string()), holding);
+        }
+        self.counters = CounterUse::default();
     }
 
     /// Taken by a dedicated allocation.
@@ -98,4 +211,58 @@ pub(crate) fn owner_of(claim: &ResourceClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+fn consumed_of(
+    capacity: Option<&std::collections::BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>>,
+    owner: &str,
+    index: usize,
+) -> Result<Consumed, InputError> {
+    let mut consumed = Consumed::new();
+    for (name, q) in capacity.into_iter().flatten() {
+        let amount = Amount::parse(q).map_err(|e| InputError::BadResult {
+            claim: owner.to_string(),
+            index,
+            field: "consumedCapacity",
+            reason: e.to_string(),
+        })?;
+        consumed.insert(name.clone(), amount);
+    }
+    Ok(consumed)
+}
+
+fn add_share(entry: &mut (Consumed, Vec<String>), consumed: Consumed, owner: &str) {
+    for (name, amount) in consumed {
+        let e = entry.0.entry(name).or_default();
+        *e = e.saturating_add(amount);
+    }
+    if !entry.1.iter().any(|o| o == owner) {
+        entry.1.push(owner.to_string());
+    }
+}
+
+/// Removes `owner`'s part of a holding.
+fn release_holding(holding: &mut Holding, consumed: Option<&Consumed>, owner: &str) {
+    match consumed {
+        Some(c) => {
+            if let Some((total, owners)) = holding.shared.as_mut()
+                && owners.iter().any(|o| o == owner)
+            {
+                for (name, amount) in c {
+                    if let Some(e) = total.get_mut(name) {
+                        *e = e.saturating_sub(*amount);
+                    }
+                }
+                owners.retain(|o| o != owner);
+                if owners.is_empty() {
+                    holding.shared = None;
+                }
+            }
+        }
+        None => {
+            if holding.exclusive.as_deref() == Some(owner) {
+                holding.exclusive = None;
+            }
+        }
+    }
 }
