@@ -64,6 +64,18 @@ struct PoolSlot {
     shared: bool,
 }
 
+/// What a selector can see of a device: driver, attributes, capacities and
+/// `allowMultipleAllocations`. Devices with equal signatures get equal
+/// answers from every selector (seven placements of one MIG profile on a
+/// GPU, say), so selector results are cached per signature. Holding the
+/// interned maps keeps their addresses, the key, from being reused.
+#[derive(Debug)]
+struct Signature {
+    _driver: Arc<str>,
+    _attributes: Arc<super::compact::Attributes>,
+    _capacity: Arc<super::compact::Capacities>,
+}
+
 /// Which device numbers a pool change retired and which nodes it touched;
 /// the allocator uses it to move allocations and drop cached answers.
 #[derive(Debug, Default)]
@@ -87,6 +99,10 @@ pub(crate) struct Fleet {
     slice_home: HashMap<Arc<str>, u32>,
     devices: Vec<DeviceRef>,
     consumption: Vec<Consumption>,
+    /// By device number: its signature (see [`Signature`]).
+    device_signature: Vec<u32>,
+    signatures: Vec<Signature>,
+    signature_ids: HashMap<(usize, usize, usize, bool), u32>,
     dead: usize,
     /// Nodes known from Node objects (labels).
     known_nodes: BTreeMap<String, NodeInfo>,
@@ -101,6 +117,8 @@ pub(crate) struct Fleet {
     shared_pools: BTreeSet<u32>,
     /// Interned values not yet pruned since slices went away.
     garbage: usize,
+    /// A name appeared in or left `known_nodes` or `mentioned`.
+    names_dirty: bool,
 }
 
 impl Fleet {
@@ -164,13 +182,17 @@ impl Fleet {
         if self.known_nodes.get(&name) == Some(&info) {
             return false;
         }
-        self.known_nodes.insert(name.clone(), info);
+        if self.known_nodes.insert(name.clone(), info).is_none() {
+            self.names_dirty = true;
+        }
         true
     }
 
     /// Forgets a node's labels (it stays known while slices name it).
     pub(crate) fn remove_node(&mut self, name: &str) -> bool {
-        self.known_nodes.remove(name).is_some()
+        let removed = self.known_nodes.remove(name).is_some();
+        self.names_dirty |= removed;
+        removed
     }
 
     /// After [`Fleet::set_node`] / [`Fleet::remove_node`]: the node's view
@@ -258,7 +280,7 @@ impl Fleet {
         let old_local = std::mem::take(&mut slot.local_nodes);
         let old_shared = slot.shared;
         for n in &old_local {
-            forget(&mut self.mentioned, n);
+            self.names_dirty |= forget(&mut self.mentioned, n);
             if let Some(set) = self.local_pools.get_mut(n) {
                 set.remove(&p);
             }
@@ -267,7 +289,7 @@ impl Fleet {
             if s.per_device_node_selection {
                 for d in &s.devices {
                     if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
-                        forget(&mut self.mentioned, n);
+                        self.names_dirty |= forget(&mut self.mentioned, n);
                     }
                 }
             }
@@ -293,7 +315,7 @@ impl Fleet {
             if s.per_device_node_selection {
                 for d in &s.devices {
                     if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
-                        *self.mentioned.entry(n.to_string()).or_default() += 1;
+                        self.names_dirty |= mention(&mut self.mentioned, n);
                     }
                 }
             }
@@ -313,11 +335,27 @@ impl Fleet {
                     .or_insert_with(|| Arc::from(slot.counters.consumption(&d.consumes)))
                     .clone();
                 self.consumption.push(c);
+                let sig_key = (
+                    Arc::as_ptr(&slot.pool.driver).cast::<u8>() as usize,
+                    Arc::as_ptr(&d.attributes) as usize,
+                    Arc::as_ptr(&d.capacity) as usize,
+                    d.allow_multiple_allocations,
+                );
+                let next = self.signatures.len() as u32;
+                let sig = *self.signature_ids.entry(sig_key).or_insert(next);
+                if sig == next {
+                    self.signatures.push(Signature {
+                        _driver: Arc::clone(&slot.pool.driver),
+                        _attributes: Arc::clone(&d.attributes),
+                        _capacity: Arc::clone(&d.capacity),
+                    });
+                }
+                self.device_signature.push(sig);
                 slot.device_ids.insert(Arc::clone(&d.name), id);
             }
         }
         for n in &slot.local_nodes {
-            *self.mentioned.entry(n.clone()).or_default() += 1;
+            self.names_dirty |= mention(&mut self.mentioned, n);
             self.local_pools.entry(n.clone()).or_default().insert(p);
         }
         if slot.shared {
@@ -333,7 +371,7 @@ impl Fleet {
         touched.extend(slot.local_nodes.iter().cloned());
         if update_views {
             change.node_set_changed = self.refresh_node_names();
-            if everywhere || change.node_set_changed {
+            if everywhere {
                 self.recompute_views(None);
             } else {
                 let nodes: Vec<String> = touched.into_iter().collect();
@@ -346,6 +384,9 @@ impl Fleet {
 
     /// Recomputes the sorted node list; true when it changed.
     fn refresh_node_names(&mut self) -> bool {
+        if !std::mem::take(&mut self.names_dirty) {
+            return false;
+        }
         let mut names: BTreeSet<&String> = self.known_nodes.keys().collect();
         names.extend(self.mentioned.keys());
         if names.len() == self.node_names.len() && names.iter().zip(&self.node_names).all(|(a, b)| *a == b) {
@@ -389,10 +430,14 @@ impl Fleet {
         self.devices.len() - self.dead
     }
 
-    /// Device numbers handed out so far (live and dead): the size of
-    /// per-number caches.
-    pub(crate) fn device_numbers(&self) -> usize {
-        self.devices.len()
+    /// A device's signature number ([`Signature`]).
+    pub(crate) fn signature(&self, d: u32) -> u32 {
+        self.device_signature.get(d as usize).copied().unwrap_or(u32::MAX)
+    }
+
+    /// Signatures numbered so far: the size of per-signature caches.
+    pub(crate) fn signature_count(&self) -> usize {
+        self.signatures.len()
     }
 
     pub(crate) fn pool_count(&self) -> u32 {
@@ -555,13 +600,30 @@ fn device_reach(d: &DeviceRecord) -> Reach<'_> {
     }
 }
 
-fn forget(counts: &mut BTreeMap<String, usize>, name: &str) {
+/// Counts one more mention; true when the name is new.
+fn mention(counts: &mut BTreeMap<String, usize>, name: &str) -> bool {
+    match counts.get_mut(name) {
+        Some(c) => {
+            *c += 1;
+            false
+        }
+        None => {
+            counts.insert(name.to_string(), 1);
+            true
+        }
+    }
+}
+
+/// Counts one mention less; true when the name is gone.
+fn forget(counts: &mut BTreeMap<String, usize>, name: &str) -> bool {
     if let Some(c) = counts.get_mut(name) {
         *c -= 1;
         if *c == 0 {
             counts.remove(name);
+            return true;
         }
     }
+    false
 }
 
 #[cfg(test)]

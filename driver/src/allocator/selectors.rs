@@ -67,7 +67,8 @@ pub(crate) struct SelectorCache {
     cel_devices: HashMap<u32, Result<Arc<sel::CelDevice>, String>>,
     sets: Vec<MatchSet>,
     sets_by_key: HashMap<(Vec<u32>, usize), SetId>,
-    candidates: HashMap<(SetId, usize), Arc<[u32]>>,
+    /// By node position: match set → candidate devices.
+    candidates: Vec<HashMap<SetId, Arc<[u32]>>>,
     /// CEL evaluations done so far (tests use it to prove caching).
     pub(crate) evaluations: u64,
 }
@@ -91,7 +92,13 @@ impl SelectorCache {
     /// all), after their views changed or positions moved.
     pub(crate) fn forget_nodes(&mut self, positions: Option<&[usize]>) {
         match positions {
-            Some(ps) => self.candidates.retain(|(_, p), _| !ps.contains(p)),
+            Some(ps) => {
+                for &p in ps {
+                    if let Some(c) = self.candidates.get_mut(p) {
+                        c.clear();
+                    }
+                }
+            }
             None => self.candidates.clear(),
         }
     }
@@ -137,7 +144,10 @@ impl SelectorCache {
     /// The verdict of a match set on a device, evaluating only what is not cached.
     pub(crate) fn verdict(&mut self, fleet: &Fleet, set: SetId, device: u32) -> Verdict {
         let Some(s) = self.sets.get(set as usize) else { return Verdict::NoMatch };
-        match s.results.get(device as usize).copied().unwrap_or(UNKNOWN) {
+        // Devices with the same driver, attributes and capacities get the same
+        // answer from any selector: results are kept per such signature.
+        let key = fleet.signature(device);
+        match s.results.get(key as usize).copied().unwrap_or(UNKNOWN) {
             YES => return Verdict::Match,
             NO => return Verdict::NoMatch,
             _ => {}
@@ -165,10 +175,10 @@ impl SelectorCache {
             Verdict::Error { .. } => ERROR,
         };
         if let Some(s) = self.sets.get_mut(set as usize) {
-            if s.results.len() <= device as usize {
-                s.results.resize(fleet.device_numbers().max(device as usize + 1), UNKNOWN);
+            if s.results.len() <= key as usize {
+                s.results.resize(fleet.signature_count().max(key as usize + 1), UNKNOWN);
             }
-            if let Some(slot) = s.results.get_mut(device as usize) {
+            if let Some(slot) = s.results.get_mut(key as usize) {
                 *slot = code;
             }
         }
@@ -182,10 +192,11 @@ impl SelectorCache {
             Ok(c) => Arc::clone(c),
             Err(msg) => return Err((true, msg.clone())),
         };
-        match expr.results.get(device as usize).copied().unwrap_or(UNKNOWN) {
+        let key = fleet.signature(device);
+        match expr.results.get(key as usize).copied().unwrap_or(UNKNOWN) {
             YES => return Ok(true),
             NO => return Ok(false),
-            ERROR => return Err((false, expr.errors.get(&device).cloned().unwrap_or_default())),
+            ERROR => return Err((false, expr.errors.get(&key).cloned().unwrap_or_default())),
             _ => {}
         }
         let outcome = match self.cel_device(fleet, device) {
@@ -196,25 +207,26 @@ impl SelectorCache {
             Err(msg) => Err(msg),
         };
         let Some(expr) = self.exprs.get_mut(e as usize) else { return Ok(false) };
-        if expr.results.len() <= device as usize {
-            expr.results.resize(fleet.device_numbers().max(device as usize + 1), UNKNOWN);
+        if expr.results.len() <= key as usize {
+            expr.results.resize(fleet.signature_count().max(key as usize + 1), UNKNOWN);
         }
         let code = match &outcome {
             Ok(true) => YES,
             Ok(false) => NO,
             Err(msg) => {
-                expr.errors.insert(device, msg.clone());
+                expr.errors.insert(key, msg.clone());
                 ERROR
             }
         };
-        if let Some(slot) = expr.results.get_mut(device as usize) {
+        if let Some(slot) = expr.results.get_mut(key as usize) {
             *slot = code;
         }
         outcome.map_err(|m| (false, m))
     }
 
     fn cel_device(&mut self, fleet: &Fleet, device: u32) -> Result<Arc<sel::CelDevice>, String> {
-        if let Some(d) = self.cel_devices.get(&device) {
+        let key = fleet.signature(device);
+        if let Some(d) = self.cel_devices.get(&key) {
             return d.clone();
         }
         let built = match (fleet.pool_of(device), fleet.device(device)) {
@@ -224,7 +236,7 @@ impl SelectorCache {
         if self.cel_devices.len() >= CEL_DEVICE_CACHE {
             self.cel_devices.clear();
         }
-        self.cel_devices.insert(device, built.clone());
+        self.cel_devices.insert(key, built.clone());
         built
     }
 
@@ -239,14 +251,19 @@ impl SelectorCache {
         view: &[u32],
     ) -> Arc<[u32]> {
         if let Some(p) = node_position
-            && let Some(c) = self.candidates.get(&(set, p))
+            && let Some(c) = self.candidates.get(p).and_then(|c| c.get(&set))
         {
             return Arc::clone(c);
         }
         let list: Arc<[u32]> =
             view.iter().copied().filter(|&d| self.verdict(fleet, set, d) != Verdict::NoMatch).collect();
         if let Some(p) = node_position {
-            self.candidates.insert((set, p), Arc::clone(&list));
+            if self.candidates.len() <= p {
+                self.candidates.resize_with(p + 1, HashMap::new);
+            }
+            if let Some(c) = self.candidates.get_mut(p) {
+                c.insert(set, Arc::clone(&list));
+            }
         }
         list
     }

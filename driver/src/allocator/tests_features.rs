@@ -299,8 +299,11 @@ fn first_fit_fills_nodes_in_name_order_and_commits() {
 
 #[test]
 fn steady_state_allocation_does_no_cel_work() {
-    let slices: Vec<_> =
-        ["n1", "n2"].iter().map(|n| node_slice(n, (0..4).map(|i| gpu(&format!("gpu-{i}"))).collect())).collect();
+    // Distinct UUIDs: no two devices share a signature (see the next test).
+    let slices: Vec<_> = ["n1", "n2"]
+        .iter()
+        .map(|n| node_slice(n, (0..4).map(|i| gpu(&format!("gpu-{i}")).string("uuid", &format!("{n}-{i}"))).collect()))
+        .collect();
     let mut a = allocator(&slices, &[gpu_class()]);
     let shape = |i: usize| claim(&format!("c{i}"), vec![with_selectors(request("r", "gpu", 1), &[GPU])]);
     a.place(&[&shape(0)]).unwrap();
@@ -313,6 +316,21 @@ fn steady_state_allocation_does_no_cel_work() {
     assert_eq!(a.selectors.evaluations, after_first * 2);
     unsatisfiable(a.place(&[&shape(9)]));
     assert_eq!(a.selectors.evaluations, after_first * 2);
+}
+
+#[test]
+fn devices_that_look_alike_to_selectors_are_evaluated_once() {
+    // Same driver, attributes and capacities: one evaluation serves all.
+    let slices: Vec<_> =
+        ["n1", "n2"].iter().map(|n| node_slice(n, (0..4).map(|i| gpu(&format!("gpu-{i}"))).collect())).collect();
+    let mut a = allocator(&slices, &[gpu_class()]);
+    let shape = |i: usize| claim(&format!("c{i}"), vec![with_selectors(request("r", "gpu", 1), &[GPU])]);
+    a.place(&[&shape(0)]).unwrap();
+    let after_first = a.selectors.evaluations;
+    for i in 1..8 {
+        assert_eq!(a.place(&[&shape(i)]).unwrap().node, if i < 4 { "n1" } else { "n2" });
+    }
+    assert_eq!(a.selectors.evaluations, after_first, "n2's devices share n1's results");
 }
 
 #[test]
