@@ -302,7 +302,7 @@ fn run_claims(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok((t.elapsed(), ok, by_kind, placed))
+    Ok(ClaimRun { elapsed: t.elapsed(), ok, by_kind, placed })
 }
 
 fn claims(count: usize, mig_of_ten: usize) -> Vec<ResourceClaim> {
@@ -335,7 +335,7 @@ fn partitionable() -> Result<()> {
     row("cold start (s)", format!("{:.2}", cold.as_secs_f64()), "4.45", "<= 2", Some(cold.as_secs_f64() <= 2.0));
 
     let claims = claims(CLAIMS, MIG_OF_TEN);
-    let (elapsed, ok, by_kind, placed) = run_claims(&mut alloc, &claims, MIG_OF_TEN)?;
+    let ClaimRun { elapsed, ok, by_kind, placed } = run_claims(&mut alloc, &claims, MIG_OF_TEN)?;
     let rate = claims.len() as f64 / elapsed.as_secs_f64();
     info(&format!("{CLAIMS} claims (7k whole GPU, 3k MIG 1g.10gb)"), format!("{} ({ok} placed)", ms(elapsed)));
     row("claims/s, one core", format!("{rate:.0}"), "5,980", ">= 15,000", Some(rate >= 15_000.0));
@@ -402,7 +402,7 @@ fn partitionable() -> Result<()> {
     let release_time = t.elapsed();
     info("release one claim (us)", format!("{:.2}", us(release_time, released.len())));
     let again: Vec<ResourceClaim> = released.iter().map(|c| ResourceClaim { status: None, ..c.clone() }).collect();
-    let (elapsed, ok, _, _) = run_claims(&mut alloc, &again, MIG_OF_TEN)?;
+    let ClaimRun { elapsed, ok, .. } = run_claims(&mut alloc, &again, MIG_OF_TEN)?;
     info(
         &format!("{} released claims placed again", again.len()),
         format!("{} ({ok} placed, {:.0} claims/s)", ms(elapsed), again.len() as f64 / elapsed.as_secs_f64()),
@@ -470,7 +470,7 @@ fn whole_gpus() -> Result<()> {
     let (load_time, slices, _) = load(&mut alloc, false)?;
     info("cold start: parse + apply every slice", format!("{} ({slices} slices)", ms(load_time)));
     let claims = claims(7_000, 0);
-    let (elapsed, ok, _, _) = run_claims(&mut alloc, &claims, 0)?;
+    let ClaimRun { elapsed, ok, .. } = run_claims(&mut alloc, &claims, 0)?;
     let rate = claims.len() as f64 / elapsed.as_secs_f64();
     info("7,000 whole-GPU claims", format!("{} ({ok} placed)", ms(elapsed)));
     row("claims/s, one core", format!("{rate:.0}"), "46,000", "> 3,600 (Go)", Some(rate > 3_600.0));
