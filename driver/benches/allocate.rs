@@ -274,11 +274,17 @@ fn load(alloc: &mut Allocator, partitionable: bool) -> Result<(Duration, usize, 
     Ok((spent, slices, bytes))
 }
 
-fn run_claims(
-    alloc: &mut Allocator,
-    claims: &[ResourceClaim],
-    mig_of_ten: usize,
-) -> Result<(Duration, usize, [(Duration, u32); 2], Vec<(usize, AllocationResult)>)> {
+/// What placing a list of claims one by one gave.
+struct ClaimRun {
+    elapsed: Duration,
+    ok: usize,
+    /// Time and count per kind: [whole GPU, MIG].
+    by_kind: [(Duration, u32); 2],
+    /// (claim index, its allocation).
+    placed: Vec<(usize, AllocationResult)>,
+}
+
+fn run_claims(alloc: &mut Allocator, claims: &[ResourceClaim], mig_of_ten: usize) -> Result<ClaimRun> {
     let mut ok = 0usize;
     let mut by_kind = [(Duration::ZERO, 0u32); 2];
     let mut placed = Vec::new();
