@@ -355,7 +355,7 @@ fn partitionable() -> Result<()> {
     // One slice update: a node's first device slice republished with a new
     // driver version (a new pool generation would republish all; a driver
     // changing one slice in place is the common watch event).
-    let updates = 1000usize;
+    let updates: usize = std::env::var("BENCH_UPDATES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
     let mut update_jsons = Vec::with_capacity(updates);
     for u in 0..updates {
         let n = (u * 7) % NODES;

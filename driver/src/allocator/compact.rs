@@ -156,13 +156,15 @@ impl CompactSlice {
     }
 }
 
-/// Interned values of one kind.
+/// Interned values of one kind. Keys are short strings and small maps,
+/// hashed on every slice event: a fast hasher matters more than DoS
+/// resistance (slices come from the API server, written by drivers).
 #[derive(Debug)]
-struct Pool<T: ?Sized>(HashSet<Arc<T>>);
+struct Pool<T: ?Sized>(HashSet<Arc<T>, foldhash::fast::RandomState>);
 
 impl<T: ?Sized> Default for Pool<T> {
     fn default() -> Self {
-        Pool(HashSet::new())
+        Pool(HashSet::default())
     }
 }
 

@@ -5,11 +5,11 @@
 //!
 //! Incremental: slices are kept per pool in compact form (`compact`), and a
 //! slice added, changed or deleted re-assembles only its pool and recomputes
-//! only the views of the nodes that pool touches. Device numbers are never
-//! reused while the fleet lives (a changed pool's devices get new numbers,
-//! the old ones become dead), so everything cached per device number stays
-//! true; [`Fleet::needs_compaction`] says when dead numbers outweigh live
-//! ones and the caller rebuilds.
+//! only the views of the nodes that pool touches, and only the changed
+//! slice's devices get new numbers. Retired numbers are reused: selector
+//! results are cached per device signature, not per number, and what is
+//! cached per number (candidate lists, allocations) is brought up to date
+//! for the nodes a change touches.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -33,6 +33,9 @@ pub(crate) struct DeviceRef {
 
 const DEAD: u32 = u32::MAX;
 
+/// Maps rebuilt on slice events, keyed by interned names and numbers.
+type FastMap<K, V> = HashMap<K, V, foldhash::fast::RandomState>;
+
 /// What one node can see.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct NodeView {
@@ -54,12 +57,14 @@ struct PoolSlot {
     /// the newest ones go away.
     other: Vec<CompactSlice>,
     counters: PoolCounters,
-    /// Per kept slice: the number of its first device (valid pools only).
-    first_device: Vec<Option<u32>>,
+    /// Kept device slice name → its devices' numbers (valid pools only).
+    numbers: FastMap<Arc<str>, Vec<u32>>,
     /// Device name → number (valid pools only).
-    device_ids: HashMap<Arc<str>, u32>,
+    device_ids: FastMap<Arc<str>, u32>,
     /// Nodes named by kept device slices' `nodeName`.
     local_nodes: BTreeSet<String>,
+    /// Nodes named by devices of kept `perDeviceNodeSelection` slices.
+    device_node_names: Vec<String>,
     /// Some kept device slice is not pinned by `nodeName`.
     shared: bool,
 }
@@ -102,8 +107,11 @@ pub(crate) struct Fleet {
     /// By device number: its signature (see [`Signature`]).
     device_signature: Vec<u32>,
     signatures: Vec<Signature>,
-    signature_ids: HashMap<(usize, usize, usize, bool), u32>,
-    dead: usize,
+    signature_ids: FastMap<(usize, usize, usize, bool), u32>,
+    /// Retired device numbers, reused for new devices. Nothing is cached
+    /// per device number beyond what a pool change invalidates (selector
+    /// results are per signature), so reuse is safe.
+    free: Vec<u32>,
     /// Nodes known from Node objects (labels).
     known_nodes: BTreeMap<String, NodeInfo>,
     /// Node names mentioned by kept slices, with how many mention them.
@@ -135,7 +143,7 @@ impl Fleet {
         }
         for ((driver, pool), slices) in grouped {
             let p = fleet.slot_for(&driver, &pool);
-            fleet.reassemble(p, slices, false);
+            fleet.reassemble(p, slices, None, false);
         }
         fleet.refresh_node_names();
         fleet.recompute_views(None);
@@ -157,8 +165,9 @@ impl Fleet {
         let mut slices: Vec<CompactSlice> =
             std::mem::take(&mut slot.kept).into_iter().chain(std::mem::take(&mut slot.other)).collect();
         slices.retain(|s| s.name != c.name);
+        let name = Arc::clone(&c.name);
         slices.push(c);
-        changes.push(self.reassemble(p, slices, true));
+        changes.push(self.reassemble(p, slices, Some(&name), true));
         changes
     }
 
@@ -172,7 +181,7 @@ impl Fleet {
             .filter(|s| &*s.name != name)
             .collect();
         self.garbage += 1;
-        Some(self.reassemble(p, slices, true))
+        Some(self.reassemble(p, slices, Some(name), true))
     }
 
     /// Adds or updates a node's labels. Returns whether anything changed.
@@ -203,12 +212,6 @@ impl Fleet {
         set_changed
     }
 
-    /// Dead device numbers outweigh live ones: rebuilding is cheaper than
-    /// carrying them.
-    pub(crate) fn needs_compaction(&self) -> bool {
-        self.dead > 4096 && self.dead > self.devices.len() / 2
-    }
-
     /// Drops interned values no device uses since slices went away; cheap
     /// to call after a batch of removals.
     pub(crate) fn prune_if_needed(&mut self) {
@@ -216,32 +219,6 @@ impl Fleet {
             self.compactor.prune();
             self.garbage = 0;
         }
-    }
-
-    /// Every slice currently held (all generations), e.g. to rebuild.
-    pub(crate) fn take_slices(self) -> (Vec<CompactSlice>, BTreeMap<String, NodeInfo>, Compactor) {
-        let slices = self.slots.into_iter().flat_map(|s| s.kept.into_iter().chain(s.other)).collect();
-        (slices, self.known_nodes, self.compactor)
-    }
-
-    /// A fleet from compact slices (a rebuild after [`Fleet::take_slices`]).
-    pub(crate) fn from_compact(
-        slices: Vec<CompactSlice>,
-        nodes: BTreeMap<String, NodeInfo>,
-        compactor: Compactor,
-    ) -> Self {
-        let mut fleet = Fleet { known_nodes: nodes, compactor, ..Default::default() };
-        let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
-        for c in slices {
-            grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
-        }
-        for ((driver, pool), slices) in grouped {
-            let p = fleet.slot_for(&driver, &pool);
-            fleet.reassemble(p, slices, false);
-        }
-        fleet.refresh_node_names();
-        fleet.recompute_views(None);
-        fleet
     }
 
     fn slot_for(&mut self, driver: &Arc<str>, pool: &Arc<str>) -> u32 {
@@ -255,53 +232,49 @@ impl Fleet {
             kept: Vec::new(),
             other: Vec::new(),
             counters: PoolCounters::default(),
-            first_device: Vec::new(),
-            device_ids: HashMap::new(),
+            numbers: FastMap::default(),
+            device_ids: FastMap::default(),
             local_nodes: BTreeSet::new(),
+            device_node_names: Vec::new(),
             shared: false,
         });
         self.pool_ids.entry(Arc::clone(driver)).or_default().insert(Arc::clone(pool), p);
         p
     }
 
-    /// Re-derives pool `p` from `slices`: retires its device numbers, numbers
-    /// the new devices, and (when `update_views`) recomputes the views of
-    /// the nodes it touched before or touches now.
-    fn reassemble(&mut self, p: u32, slices: Vec<CompactSlice>, update_views: bool) -> PoolChange {
+    /// Re-derives pool `p` from `slices`. Kept device slices other than
+    /// `changed` keep their device numbers while the pool stays valid with
+    /// the same counters; the others' numbers are retired (and reused
+    /// later) and their devices numbered anew. When `update_views`, the
+    /// views of the nodes the pool touched before or touches now are
+    /// recomputed.
+    fn reassemble(&mut self, p: u32, slices: Vec<CompactSlice>, changed: Option<&str>, update_views: bool) -> PoolChange {
         let Some(slot) = self.slots.get_mut(p as usize) else { return PoolChange::default() };
         let mut change = PoolChange { pool: p, ..Default::default() };
-        for (name, &d) in &slot.device_ids {
-            change.retired.push((d, Arc::clone(name)));
-            if let Some(r) = self.devices.get_mut(d as usize) {
-                r.pool = DEAD;
-                self.dead += 1;
-            }
-        }
         let old_local = std::mem::take(&mut slot.local_nodes);
         let old_shared = slot.shared;
         for n in &old_local {
-            self.names_dirty |= forget(&mut self.mentioned, n);
             if let Some(set) = self.local_pools.get_mut(n) {
                 set.remove(&p);
             }
         }
-        for s in slot.kept.iter() {
-            if s.per_device_node_selection {
-                for d in &s.devices {
-                    if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
-                        self.names_dirty |= forget(&mut self.mentioned, n);
-                    }
-                }
-            }
-        }
+        // Names the old slices mentioned; forgotten after the new ones are
+        // counted, so a name that stays never leaves the node list.
+        let mut old_mentions: Vec<String> = old_local.iter().cloned().collect();
+        old_mentions.append(&mut slot.device_node_names);
         let (pool, kept, other) = pools::assemble(Arc::clone(&slot.pool.driver), Arc::clone(&slot.pool.name), slices);
         for s in kept.iter().chain(&other) {
             self.slice_home.insert(Arc::clone(&s.name), p);
         }
-        slot.counters = PoolCounters::new(&pool.counter_sets);
-        slot.first_device = vec![None; kept.len()];
-        slot.device_ids = HashMap::new();
+        let keep_numbers = pool.problem.is_none() && slot.pool.problem.is_none() && pool.counter_sets == slot.pool.counter_sets;
+        if pool.counter_sets != slot.pool.counter_sets {
+            slot.counters = PoolCounters::new(&pool.counter_sets);
+        }
+        let mut old_numbers = std::mem::take(&mut slot.numbers);
+        let names_by_number: FastMap<u32, Arc<str>> =
+            slot.device_ids.drain().map(|(name, d)| (d, name)).collect();
         slot.shared = false;
+        let mut retired: Vec<u32> = Vec::new();
         for (i, s) in kept.iter().enumerate() {
             if s.is_counter_slice() {
                 continue;
@@ -313,28 +286,37 @@ impl Fleet {
                 None => slot.shared = true,
             }
             if s.per_device_node_selection {
-                for d in &s.devices {
-                    if let Some(n) = d.extra.as_deref().and_then(|e| e.node_name.as_deref()).filter(|n| !n.is_empty()) {
-                        self.names_dirty |= mention(&mut self.mentioned, n);
-                    }
+                for n in per_device_nodes(s) {
+                    self.names_dirty |= mention(&mut self.mentioned, n);
+                    slot.device_node_names.push(n.to_string());
                 }
             }
+            let previous = old_numbers.remove(&s.name);
             if pool.problem.is_some() {
+                retired.extend(previous.into_iter().flatten());
                 continue;
             }
-            if let Some(first) = slot.first_device.get_mut(i) {
-                *first = Some(self.devices.len() as u32);
+            if let Some(numbers) = previous {
+                if keep_numbers && changed != Some(&*s.name) && numbers.len() == s.devices.len() {
+                    for (j, (&d, dev)) in numbers.iter().zip(&s.devices).enumerate() {
+                        if let Some(r) = self.devices.get_mut(d as usize) {
+                            *r = DeviceRef { pool: p, slice: i as u32, index: j as u32 };
+                        }
+                        slot.device_ids.insert(Arc::clone(&dev.name), d);
+                    }
+                    slot.numbers.insert(Arc::clone(&s.name), numbers);
+                    continue;
+                }
+                retired.extend(numbers);
             }
-            let mut shared_consumption: HashMap<*const u8, Consumption> = HashMap::new();
+            let mut numbers = Vec::with_capacity(s.devices.len());
+            let mut shared_consumption: FastMap<*const u8, Consumption> = FastMap::default();
             for (j, d) in s.devices.iter().enumerate() {
-                let id = self.devices.len() as u32;
-                self.devices.push(DeviceRef { pool: p, slice: i as u32, index: j as u32 });
-                let key = Arc::as_ptr(&d.consumes).cast::<u8>();
-                let c = shared_consumption
-                    .entry(key)
+                let place = DeviceRef { pool: p, slice: i as u32, index: j as u32 };
+                let consumption = shared_consumption
+                    .entry(Arc::as_ptr(&d.consumes).cast::<u8>())
                     .or_insert_with(|| Arc::from(slot.counters.consumption(&d.consumes)))
                     .clone();
-                self.consumption.push(c);
                 let sig_key = (
                     Arc::as_ptr(&slot.pool.driver).cast::<u8>() as usize,
                     Arc::as_ptr(&d.attributes) as usize,
@@ -350,13 +332,47 @@ impl Fleet {
                         _capacity: Arc::clone(&d.capacity),
                     });
                 }
-                self.device_signature.push(sig);
+                let id = match self.free.pop() {
+                    Some(id) => {
+                        if let (Some(r), Some(c), Some(g)) = (
+                            self.devices.get_mut(id as usize),
+                            self.consumption.get_mut(id as usize),
+                            self.device_signature.get_mut(id as usize),
+                        ) {
+                            *r = place;
+                            *c = consumption;
+                            *g = sig;
+                        }
+                        id
+                    }
+                    None => {
+                        self.devices.push(place);
+                        self.consumption.push(consumption);
+                        self.device_signature.push(sig);
+                        (self.devices.len() - 1) as u32
+                    }
+                };
+                numbers.push(id);
                 slot.device_ids.insert(Arc::clone(&d.name), id);
             }
+            slot.numbers.insert(Arc::clone(&s.name), numbers);
+        }
+        retired.extend(old_numbers.into_values().flatten());
+        for d in retired {
+            if let Some(r) = self.devices.get_mut(d as usize) {
+                r.pool = DEAD;
+            }
+            if let Some(name) = names_by_number.get(&d) {
+                change.retired.push((d, Arc::clone(name)));
+            }
+            self.free.push(d);
         }
         for n in &slot.local_nodes {
             self.names_dirty |= mention(&mut self.mentioned, n);
             self.local_pools.entry(n.clone()).or_default().insert(p);
+        }
+        for n in &old_mentions {
+            self.names_dirty |= forget(&mut self.mentioned, n);
         }
         if slot.shared {
             self.shared_pools.insert(p);
@@ -427,7 +443,13 @@ impl Fleet {
 
     /// Live devices.
     pub(crate) fn device_count(&self) -> usize {
-        self.devices.len() - self.dead
+        self.devices.len() - self.free.len()
+    }
+
+    /// Device numbers handed out (live and retired).
+    #[cfg(test)]
+    pub(crate) fn device_numbers(&self) -> usize {
+        self.devices.len()
     }
 
     /// A device's signature number ([`Signature`]).
@@ -438,10 +460,6 @@ impl Fleet {
     /// Signatures numbered so far: the size of per-signature caches.
     pub(crate) fn signature_count(&self) -> usize {
         self.signatures.len()
-    }
-
-    pub(crate) fn pool_count(&self) -> u32 {
-        self.slots.len() as u32
     }
 
     pub(crate) fn slice_count(&self) -> usize {
@@ -534,7 +552,7 @@ impl Fleet {
             let Some(slot) = self.slots.get(p as usize) else { continue };
             let mut relevant_any = false;
             let mut devices = Vec::new();
-            for (i, s) in slot.kept.iter().enumerate() {
+            for s in &slot.kept {
                 if s.is_counter_slice() {
                     // Counter slices matter to every node that uses the pool, not on their own.
                     continue;
@@ -560,15 +578,15 @@ impl Fleet {
                 if slot.pool.problem.is_some() {
                     continue;
                 }
-                let Some(Some(first)) = slot.first_device.get(i) else { continue };
-                for (j, dev) in s.devices.iter().enumerate() {
+                let Some(numbers) = slot.numbers.get(&s.name) else { continue };
+                for (&d, dev) in numbers.iter().zip(&s.devices) {
                     if s.per_device_node_selection
                         && local.is_none()
                         && !device_reach(dev).matches(node).unwrap_or(false)
                     {
                         continue;
                     }
-                    devices.push(first + j as u32);
+                    devices.push(d);
                 }
             }
             if relevant_any {
@@ -591,6 +609,11 @@ impl Fleet {
     pub(crate) fn pool_problem(&self, p: u32) -> Option<&PoolProblem> {
         self.pool(p).and_then(|pool| pool.problem.as_ref())
     }
+}
+
+/// The per-device `nodeName`s of a `perDeviceNodeSelection` slice.
+fn per_device_nodes(s: &CompactSlice) -> impl Iterator<Item = &str> {
+    s.devices.iter().filter_map(|d| d.extra.as_deref().and_then(|e| e.node_name.as_deref())).filter(|n| !n.is_empty())
 }
 
 fn device_reach(d: &DeviceRecord) -> Reach<'_> {

@@ -224,21 +224,6 @@ impl Allocator {
         }
         self.selectors.forget_nodes(if all_nodes { None } else { Some(&positions) });
         self.memo = placement::FirstFitMemo::default();
-        if self.fleet.needs_compaction() {
-            self.compact();
-        }
-    }
-
-    /// Renumbers the fleet without its dead device numbers.
-    fn compact(&mut self) {
-        self.state.detach_all(&self.fleet);
-        let (slices, nodes, compactor) = std::mem::take(&mut self.fleet).take_slices();
-        self.fleet = index::Fleet::from_compact(slices, nodes, compactor);
-        for p in 0..self.fleet.pool_count() {
-            let change = index::PoolChange { pool: p, ..Default::default() };
-            self.state.pool_changed(&self.fleet, &change);
-        }
-        self.selectors.forget_devices();
     }
 
     /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.

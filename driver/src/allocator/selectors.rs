@@ -103,20 +103,6 @@ impl SelectorCache {
         }
     }
 
-    /// Drops everything cached per device number (after the fleet was
-    /// renumbered); compiled expressions stay.
-    pub(crate) fn forget_devices(&mut self) {
-        for e in &mut self.exprs {
-            e.results = Vec::new();
-            e.errors.clear();
-        }
-        for s in &mut self.sets {
-            s.results = Vec::new();
-        }
-        self.cel_devices.clear();
-        self.candidates.clear();
-    }
-
     fn expr_id(&mut self, text: &str) -> u32 {
         if let Some(&id) = self.by_text.get(text) {
             return id;

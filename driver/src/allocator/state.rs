@@ -165,20 +165,6 @@ impl AllocatedState {
         self.version += 1;
     }
 
-    /// Moves every holding to its device ID, before the fleet is
-    /// renumbered; [`AllocatedState::pool_changed`] attaches them again.
-    pub(crate) fn detach_all(&mut self, fleet: &Fleet) {
-        let mut ids: Vec<u32> = self.exclusive.keys().chain(self.shared.keys()).copied().collect();
-        ids.sort_unstable();
-        ids.dedup();
-        for d in ids {
-            let holding = Holding { exclusive: self.exclusive.remove(&d), shared: self.shared.remove(&d) };
-            let (driver, pool, device) = fleet.id(d);
-            self.detached.insert((driver.to_string(), pool.to_string(), device.to_string()), holding);
-        }
-        self.counters = CounterUse::default();
-    }
-
     /// Taken by a dedicated allocation.
     pub(crate) fn is_taken(&self, d: u32) -> bool {
         self.exclusive.contains_key(&d)
