@@ -13,6 +13,8 @@ use std::hash::Hash;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::NodeSelector;
+
+use super::amount::Amount;
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourceSlice,
 };
@@ -92,11 +94,34 @@ impl Capacities {
     }
 }
 
-/// What a device draws from one counter set: (counter, quantity as published).
-#[derive(Debug, PartialEq, Eq, Hash)]
+/// What a device draws from one counter set: (counter, quantity as
+/// published, its amount when it parses). Equality and hashing look at the
+/// text only (the amount follows from it), so a draw is interned before
+/// its quantities are parsed, and parsed once.
+#[derive(Debug)]
 pub(crate) struct CounterDraw {
     pub(crate) set: Arc<str>,
-    pub(crate) counters: Box<[(Arc<str>, Arc<str>)]>,
+    pub(crate) counters: Box<[(Arc<str>, Arc<str>, Option<Amount>)]>,
+}
+
+impl PartialEq for CounterDraw {
+    fn eq(&self, other: &Self) -> bool {
+        self.set == other.set
+            && self.counters.len() == other.counters.len()
+            && self.counters.iter().zip(other.counters.iter()).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
+    }
+}
+
+impl Eq for CounterDraw {}
+
+impl Hash for CounterDraw {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.set.hash(state);
+        for (name, value, _) in self.counters.iter() {
+            name.hash(state);
+            value.hash(state);
+        }
+    }
 }
 
 /// The rarely set parts of a device, boxed so most devices pay one pointer.
@@ -237,7 +262,7 @@ impl Compactor {
             .flatten()
             .map(|c| CounterDraw {
                 set: self.str(&c.counter_set),
-                counters: c.counters.iter().map(|(k, v)| (self.str(k), self.str(&v.value.0))).collect(),
+                counters: c.counters.iter().map(|(k, v)| (self.str(k), self.str(&v.value.0), None)).collect(),
             })
             .collect();
         let extra = DeviceExtra {
@@ -253,10 +278,23 @@ impl Compactor {
             name: self.str(&d.name),
             attributes: self.attributes.intern(Arc::new(Attributes(attributes.into_boxed_slice()))),
             capacity: self.capacities.intern(Arc::new(Capacities(capacity.into_boxed_slice()))),
-            consumes: self.draws.intern(Arc::from(draws)),
+            consumes: self.draws(draws),
             allow_multiple_allocations: d.allow_multiple_allocations == Some(true),
             extra: (extra != DeviceExtra::default()).then(|| Box::new(extra)),
         }
+    }
+
+    /// Interns a device's draws; new ones get their quantities parsed.
+    fn draws(&mut self, mut draws: Vec<CounterDraw>) -> Arc<[CounterDraw]> {
+        if let Some(found) = self.draws.0.get(&draws[..]) {
+            return Arc::clone(found);
+        }
+        for draw in &mut draws {
+            for (_, value, amount) in draw.counters.iter_mut() {
+                *amount = Amount::parse_str(value).ok();
+            }
+        }
+        self.draws.intern(Arc::from(draws))
     }
 
     fn attr(&mut self, a: &DeviceAttribute) -> AttrValue {

@@ -49,10 +49,8 @@ impl PoolCounters {
     pub(crate) fn consumption(&self, draws: &[CounterDraw]) -> Vec<(u32, Amount)> {
         let mut out: Vec<(u32, Amount)> = Vec::new();
         for c in draws {
-            for (name, value) in c.counters.iter() {
-                let (Some(&i), Ok(a)) =
-                    (self.index.get(&*c.set).and_then(|s| s.get(&**name)), Amount::parse_str(value))
-                else {
+            for (name, _, amount) in c.counters.iter() {
+                let (Some(&i), Some(a)) = (self.index.get(&*c.set).and_then(|s| s.get(&**name)), *amount) else {
                     continue;
                 };
                 match out.iter_mut().find(|(j, _)| *j == i) {

@@ -65,6 +65,7 @@ struct PoolSlot {
     local_nodes: BTreeSet<String>,
     /// Nodes named by devices of kept `perDeviceNodeSelection` slices.
     device_node_names: Vec<String>,
+    checked: pools::CheckedDraws,
     /// Some kept device slice is not pinned by `nodeName`.
     shared: bool,
 }
@@ -226,7 +227,8 @@ impl Fleet {
             return p;
         }
         let p = self.slots.len() as u32;
-        let (empty, _, _) = pools::assemble(Arc::clone(driver), Arc::clone(pool), Vec::new());
+        let (empty, _, _) =
+            pools::assemble(Arc::clone(driver), Arc::clone(pool), Vec::new(), &mut pools::CheckedDraws::default());
         self.slots.push(PoolSlot {
             pool: empty,
             kept: Vec::new(),
@@ -236,6 +238,7 @@ impl Fleet {
             device_ids: FastMap::default(),
             local_nodes: BTreeSet::new(),
             device_node_names: Vec::new(),
+            checked: pools::CheckedDraws::default(),
             shared: false,
         });
         self.pool_ids.entry(Arc::clone(driver)).or_default().insert(Arc::clone(pool), p);
@@ -248,7 +251,13 @@ impl Fleet {
     /// later) and their devices numbered anew. When `update_views`, the
     /// views of the nodes the pool touched before or touches now are
     /// recomputed.
-    fn reassemble(&mut self, p: u32, slices: Vec<CompactSlice>, changed: Option<&str>, update_views: bool) -> PoolChange {
+    fn reassemble(
+        &mut self,
+        p: u32,
+        slices: Vec<CompactSlice>,
+        changed: Option<&str>,
+        update_views: bool,
+    ) -> PoolChange {
         let Some(slot) = self.slots.get_mut(p as usize) else { return PoolChange::default() };
         let mut change = PoolChange { pool: p, ..Default::default() };
         let old_local = std::mem::take(&mut slot.local_nodes);
@@ -262,19 +271,20 @@ impl Fleet {
         // counted, so a name that stays never leaves the node list.
         let mut old_mentions: Vec<String> = old_local.iter().cloned().collect();
         old_mentions.append(&mut slot.device_node_names);
-        let (pool, kept, other) = pools::assemble(Arc::clone(&slot.pool.driver), Arc::clone(&slot.pool.name), slices);
+        let (pool, kept, other) =
+            pools::assemble(Arc::clone(&slot.pool.driver), Arc::clone(&slot.pool.name), slices, &mut slot.checked);
         for s in kept.iter().chain(&other) {
             self.slice_home.insert(Arc::clone(&s.name), p);
         }
-        let keep_numbers = pool.problem.is_none() && slot.pool.problem.is_none() && pool.counter_sets == slot.pool.counter_sets;
+        let keep_numbers =
+            pool.problem.is_none() && slot.pool.problem.is_none() && pool.counter_sets == slot.pool.counter_sets;
         if pool.counter_sets != slot.pool.counter_sets {
             slot.counters = PoolCounters::new(&pool.counter_sets);
         }
         let mut old_numbers = std::mem::take(&mut slot.numbers);
-        let names_by_number: FastMap<u32, Arc<str>> =
-            slot.device_ids.drain().map(|(name, d)| (d, name)).collect();
         slot.shared = false;
         let mut retired: Vec<u32> = Vec::new();
+        let mut fresh: Vec<(Arc<str>, u32)> = Vec::new();
         for (i, s) in kept.iter().enumerate() {
             if s.is_counter_slice() {
                 continue;
@@ -298,11 +308,10 @@ impl Fleet {
             }
             if let Some(numbers) = previous {
                 if keep_numbers && changed != Some(&*s.name) && numbers.len() == s.devices.len() {
-                    for (j, (&d, dev)) in numbers.iter().zip(&s.devices).enumerate() {
+                    for (j, &d) in numbers.iter().enumerate() {
                         if let Some(r) = self.devices.get_mut(d as usize) {
                             *r = DeviceRef { pool: p, slice: i as u32, index: j as u32 };
                         }
-                        slot.device_ids.insert(Arc::clone(&dev.name), d);
                     }
                     slot.numbers.insert(Arc::clone(&s.name), numbers);
                     continue;
@@ -353,17 +362,25 @@ impl Fleet {
                     }
                 };
                 numbers.push(id);
-                slot.device_ids.insert(Arc::clone(&d.name), id);
+                fresh.push((Arc::clone(&d.name), id));
             }
             slot.numbers.insert(Arc::clone(&s.name), numbers);
         }
         retired.extend(old_numbers.into_values().flatten());
+        if !retired.is_empty() {
+            let gone: std::collections::HashSet<u32, foldhash::fast::RandomState> = retired.iter().copied().collect();
+            slot.device_ids.retain(|name, d| {
+                let keep = !gone.contains(d);
+                if !keep {
+                    change.retired.push((*d, Arc::clone(name)));
+                }
+                keep
+            });
+        }
+        slot.device_ids.extend(fresh);
         for d in retired {
             if let Some(r) = self.devices.get_mut(d as usize) {
                 r.pool = DEAD;
-            }
-            if let Some(name) = names_by_number.get(&d) {
-                change.retired.push((d, Arc::clone(name)));
             }
             self.free.push(d);
         }

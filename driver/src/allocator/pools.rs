@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use super::amount::Amount;
-use super::compact::CompactSlice;
+use super::compact::{CompactSlice, CounterDraw};
 use super::explain::PoolProblem;
 
 /// Counter sets of a pool: set name → counter name → amount.
@@ -57,11 +57,33 @@ pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
     let mut pools = Vec::new();
     for ((driver, name), mut slices) in grouped {
         slices.sort_by(|a, b| a.name.cmp(&b.name));
-        let pool = check(driver, name, &slices);
+        let pool = check(driver, name, &slices, &mut CheckedDraws::default());
         kept.extend(slices);
         pools.push(pool);
     }
     (kept, pools)
+}
+
+/// Counter draws already found valid against a pool's counter sets. Draws
+/// are interned, so a slice republished with the same layout is checked in
+/// a pointer lookup per device rather than a lookup per counter.
+#[derive(Debug, Default)]
+pub(crate) struct CheckedDraws {
+    sets: CounterSets,
+    good: Vec<Arc<[CounterDraw]>>,
+    addresses: HashSet<usize, foldhash::fast::RandomState>,
+}
+
+impl CheckedDraws {
+    fn is_good(&self, draws: &Arc<[CounterDraw]>) -> bool {
+        self.addresses.contains(&(Arc::as_ptr(draws).cast::<u8>() as usize))
+    }
+
+    fn remember(&mut self, draws: &Arc<[CounterDraw]>) {
+        if self.addresses.insert(Arc::as_ptr(draws).cast::<u8>() as usize) {
+            self.good.push(Arc::clone(draws));
+        }
+    }
 }
 
 /// One pool from all of its slices (any generation): the pool, its kept
@@ -70,17 +92,18 @@ pub(crate) fn assemble(
     driver: Arc<str>,
     name: Arc<str>,
     all: Vec<CompactSlice>,
+    checked: &mut CheckedDraws,
 ) -> (Pool, Vec<CompactSlice>, Vec<CompactSlice>) {
     let newest = all.iter().map(|s| s.generation).max().unwrap_or_default();
     let (mut kept, other): (Vec<CompactSlice>, Vec<CompactSlice>) =
         all.into_iter().partition(|s| s.generation == newest);
     kept.sort_by(|a, b| a.name.cmp(&b.name));
-    let pool = check(driver, name, &kept);
+    let pool = check(driver, name, &kept, checked);
     (pool, kept, other)
 }
 
 /// The pool made of `slices` (one generation, sorted by name).
-fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice]) -> Pool {
+fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mut CheckedDraws) -> Pool {
     let expected = slices.first().map_or(0, |s| s.resource_slice_count);
     let mut problem = None;
     if i64::try_from(slices.len()).ok() != Some(expected) {
@@ -94,7 +117,7 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice]) -> Pool {
         }
     };
     if problem.is_none()
-        && let Err(reason) = check_devices(slices, &counter_sets)
+        && let Err(reason) = check_devices(slices, &counter_sets, checked)
     {
         problem = Some(PoolProblem::Invalid { reason });
     }
@@ -121,8 +144,11 @@ fn counter_sets(slices: &[CompactSlice]) -> Result<CounterSets, String> {
     Ok(sets)
 }
 
-fn check_devices(slices: &[CompactSlice], sets: &CounterSets) -> Result<(), String> {
-    let mut names = HashSet::new();
+fn check_devices(slices: &[CompactSlice], sets: &CounterSets, checked: &mut CheckedDraws) -> Result<(), String> {
+    if checked.sets != *sets {
+        *checked = CheckedDraws { sets: sets.clone(), ..Default::default() };
+    }
+    let mut names: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
     for s in slices {
         if s.is_counter_slice() {
             continue;
@@ -131,20 +157,26 @@ fn check_devices(slices: &[CompactSlice], sets: &CounterSets) -> Result<(), Stri
             if !names.insert(&*d.name) {
                 return Err(format!("duplicate device name {}", d.name));
             }
+            if d.consumes.is_empty() || checked.is_good(&d.consumes) {
+                continue;
+            }
             for draw in d.consumes.iter() {
                 let Some(set) = sets.get(&*draw.set) else {
                     return Err(format!("device {}: counter set {} not found", d.name, draw.set));
                 };
-                for (counter, value) in draw.counters.iter() {
+                for (counter, value, amount) in draw.counters.iter() {
                     if !set.contains_key(&**counter) {
                         return Err(format!(
                             "device {}: counter {counter} not found in counter set {}",
                             d.name, draw.set
                         ));
                     }
-                    Amount::parse_str(value).map_err(|e| format!("device {}: counter {counter}: {e}", d.name))?;
+                    if amount.is_none() {
+                        return Err(format!("device {}: counter {counter}: invalid quantity {value:?}", d.name));
+                    }
                 }
             }
+            checked.remember(&d.consumes);
         }
     }
     Ok(())

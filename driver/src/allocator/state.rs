@@ -37,8 +37,8 @@ struct Holding {
 
 #[derive(Debug, Default)]
 pub(crate) struct AllocatedState {
-    exclusive: HashMap<u32, String>,
-    shared: HashMap<u32, (Consumed, Vec<String>)>,
+    exclusive: HashMap<u32, String, foldhash::fast::RandomState>,
+    shared: HashMap<u32, (Consumed, Vec<String>), foldhash::fast::RandomState>,
     /// Held devices the fleet does not have right now.
     detached: HashMap<DeviceId, Holding>,
     pub(crate) counters: CounterUse,
