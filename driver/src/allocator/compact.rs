@@ -101,8 +101,11 @@ impl Capacities {
 #[derive(Debug)]
 pub(crate) struct CounterDraw {
     pub(crate) set: Arc<str>,
-    pub(crate) counters: Box<[(Arc<str>, Arc<str>, Option<Amount>)]>,
+    pub(crate) counters: Box<[CounterAmount]>,
 }
+
+/// One counter of a draw: name, quantity as published, amount if it parses.
+pub(crate) type CounterAmount = (Arc<str>, Arc<str>, Option<Amount>);
 
 impl PartialEq for CounterDraw {
     fn eq(&self, other: &Self) -> bool {
