@@ -58,6 +58,7 @@ fn read_file(path: &Path, out: &mut Vec<Manifest>) -> Result<()> {
 
 /// Parses a YAML stream (JSON is YAML) into objects, unpacking `List`s.
 pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
+    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
     for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
         let value = serde_json::Value::deserialize(doc)
             .map_err(|e| anyhow::anyhow!("{origin}: document {}: malformed YAML: {e}; fix the syntax there", i + 1))?;
@@ -104,5 +105,11 @@ mod tests {
         assert!(err.starts_with("a.yaml: document 2: malformed YAML"), "{err}");
         let err = parse_into("b.yaml", "- 1\n", &mut out).unwrap_err().to_string();
         assert!(err.contains("expected a Kubernetes object"), "{err}");
+        let deep = format!("kind: A\nspec: {}", "[".repeat(80_000));
+        let err = parse_into("c.yaml", &deep, &mut out).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "c.yaml: nesting deeper than 128 levels at line 2; no Kubernetes object is nested this deep: check the file"
+        );
     }
 }

@@ -8,6 +8,7 @@ pub mod cdi;
 pub mod inventory;
 pub mod k8s_format;
 pub mod names;
+pub mod nesting;
 pub mod opaque_config;
 pub mod quantity;
 pub mod selector;

@@ -124,3 +124,21 @@ fn invalid_flags_are_usage_errors() {
     assert!(stderr.contains("--claim-uid") && stderr.contains("invalid claim UID"), "{stderr}");
     assert!(!stderr.contains("panicked"));
 }
+
+/// 80,000 nested brackets: refused by a linear pre-scan before the YAML
+/// parser's quadratic scan starts (it took seconds), with the file and line.
+#[test]
+fn deeply_nested_input_is_refused_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = format!("gpus: {}\n", "[".repeat(80_000));
+    let (line, file) = print_slices_with(dir.path(), &deep);
+    assert!(line.contains(&file), "{line}");
+    assert!(line.contains("nesting deeper than 128 levels at line 1"), "{line}");
+
+    let claims = dir.path().join("claims.yaml");
+    std::fs::write(&claims, format!("kind: ResourceClaim\nspec: {}\n", "{a: ".repeat(80_000))).unwrap();
+    let out = run(integration_tests::controller(), &["simulate", "-f", claims.to_str().unwrap()], None);
+    let line = one_error_line(&out);
+    assert!(line.contains(&claims.display().to_string()), "{line}");
+    assert!(line.contains("nesting deeper than 128 levels at line 2"), "{line}");
+}

@@ -73,6 +73,7 @@ pub fn load(path: &Path) -> Result<Fleet> {
 
 /// Parses fleet YAML read from `origin`; inventory paths are relative to `dir`.
 pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
+    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
     let file: FleetFile = serde_yaml_ng::from_str(text).map_err(|e| {
         anyhow!(
             "{origin}: malformed fleet file: {}; fix: write `nodes:` as a list of {{name, labels, inventory}} entries (see examples/fleets/)",

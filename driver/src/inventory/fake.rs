@@ -110,6 +110,9 @@ type Located = (String, String, String);
 
 /// Parses inventory YAML for `node`.
 pub fn parse(text: &str, node: &NodeName) -> Result<Inventory, Located> {
+    crate::nesting::check(text).map_err(|e| {
+        ("document".to_string(), e.to_string(), "write the inventory as in examples/inventories/".to_string())
+    })?;
     let file: FakeInventoryFile = serde_yaml_ng::from_str(text).map_err(yaml_error)?;
     build(&file, node)
 }
