@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, HashSet};
 
 use super::capacity;
+use super::compact::DeviceRecord;
 use super::constraints::{self, Kind};
 use super::counters::{self, CounterUse};
 use super::explain::{
@@ -19,6 +20,7 @@ use super::search::{self, NodeOutcome, STEP_BUDGET};
 use super::selectors::{SelectorCache, Verdict};
 use super::state::AllocatedState;
 use super::taints;
+use super::why::{self, SelectorBreakdown};
 
 /// How many devices an alternative wants, for scoring nodes.
 fn wanted(alt: &Alternative<'_>) -> Wanted {
@@ -182,9 +184,11 @@ fn count(
         capacity_exhausted: 0,
         counters_exhausted: 0,
         available: 0,
+        selector_breakdown: None,
     };
     let mut owners: BTreeMap<String, usize> = BTreeMap::new();
     let mut seen = HashSet::new();
+    let mut class_matched: Vec<u32> = Vec::new();
     let mut per_node = Vec::with_capacity(nodes.len());
     let no_use = CounterUse::default();
     for node in nodes {
@@ -219,6 +223,7 @@ fn count(
             }
             if first_time {
                 report.class_matches += 1;
+                class_matched.push(d);
             }
             for (i, &set) in request_sets.iter().enumerate() {
                 match selectors.verdict(fleet, set, d) {
@@ -292,7 +297,44 @@ fn count(
         report.other_owners = OtherOwners { claims: rest.len(), devices: rest.iter().map(|o| o.devices).sum() };
     }
     report.allocated = allocated;
+    report.selector_breakdown = break_down(fleet, selectors, &report, &request_sets, request_refs, &class_matched);
     (report, per_node)
+}
+
+/// The first request selector that matched none of the devices left by the
+/// class and the selectors before it, broken down clause by clause.
+fn break_down(
+    fleet: &Fleet,
+    selectors: &mut SelectorCache,
+    report: &RequestReport,
+    request_sets: &[super::selectors::SetId],
+    exprs: &[&str],
+    class_matched: &[u32],
+) -> Option<(usize, SelectorBreakdown)> {
+    let i = report.request_selectors.iter().position(|&n| n == 0)?;
+    let before = if i == 0 { report.class_matches } else { *report.request_selectors.get(i - 1)? };
+    if before == 0 {
+        return None;
+    }
+    let expression = exprs.get(i)?;
+    let previous = i.checked_sub(1).and_then(|p| request_sets.get(p)).copied();
+    let mut base: Vec<u32> = Vec::new();
+    for &d in class_matched {
+        if previous.is_none_or(|set| selectors.verdict(fleet, set, d) == Verdict::Match) {
+            base.push(d);
+        }
+    }
+    let devices: Vec<(&str, &DeviceRecord)> =
+        base.iter().filter_map(|&d| Some((&*fleet.pool_of(d)?.driver, fleet.device(d)?))).collect();
+    let breakdown = why::breakdown(expression, &devices, |clause, k| {
+        let set = selectors.match_set(&[], &[clause]);
+        match base.get(k).map(|&d| selectors.verdict(fleet, set, d)) {
+            Some(Verdict::Match) => Some(true),
+            Some(Verdict::NoMatch) => Some(false),
+            _ => None,
+        }
+    });
+    Some((i, breakdown))
 }
 
 /// Constraints whose removal makes the claim fit on `node`; if no single

@@ -9,6 +9,8 @@
 
 use std::fmt;
 
+pub use super::why::{ClauseCount, SelectorBreakdown};
+
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Wanted {
@@ -75,6 +77,9 @@ pub struct RequestReport {
     pub counters_exhausted: usize,
     /// Matching devices that are usable right now.
     pub available: usize,
+    /// The first request selector that matched nothing, broken down: which
+    /// clause leaves nothing and what to fix (see `why`).
+    pub selector_breakdown: Option<(usize, SelectorBreakdown)>,
 }
 
 impl RequestReport {
@@ -185,6 +190,9 @@ impl fmt::Display for RequestReport {
         }
         for (i, n) in self.request_selectors.iter().enumerate() {
             write!(f, "; selector #{i} matches {n}")?;
+            if let Some((_, b)) = self.selector_breakdown.as_ref().filter(|(s, _)| *s == i) {
+                write!(f, "{b}")?;
+            }
         }
         let matching = self.matching();
         let in_use: usize = self.allocated.iter().map(|o| o.devices).sum::<usize>() + self.other_owners.devices;
@@ -317,6 +325,7 @@ mod tests {
             capacity_exhausted: 0,
             counters_exhausted: 0,
             available: 0,
+            selector_breakdown: None,
         }
     }
 

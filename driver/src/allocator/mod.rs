@@ -60,14 +60,15 @@ mod selectors;
 mod share_id;
 mod state;
 mod taints;
+mod why;
 
 #[cfg(test)]
 mod test_support;
 
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
-    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, PoolProblem,
-    RequestReport, TaintedDevice, ValueCount, Wanted,
+    ClauseCount, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue,
+    PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount, Wanted,
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 

@@ -222,6 +222,13 @@ pub(crate) fn cel_error(
     if compile {
         FatalError::CelCompile { claim: plan.name.clone(), source_ref, index, message }
     } else {
+        let hint = message
+            .strip_prefix("No such key: ")
+            .and_then(|key| super::why::missing_key_hint(key.trim(), fleet.device(device)?));
+        let message = match hint {
+            Some(h) => format!("{message}; {h}"),
+            None => message,
+        };
         FatalError::CelRuntime { claim: plan.name.clone(), source_ref, index, device: fleet.describe(device), message }
     }
 }
