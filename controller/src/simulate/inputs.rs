@@ -12,6 +12,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use serde::de::DeserializeOwned;
 
+use super::versions;
 use crate::manifests::Manifest;
 
 /// Namespace of namespaced objects that do not name one, as `kubectl apply`.
@@ -53,7 +54,7 @@ fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {
     let api = m.object.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
     if api != want_api {
         bail!(
-            "{}: {} {:?}: apiVersion {api:?} is not supported; fix: write it as {want_api} (the shapes differ between versions)",
+            "{}: {} {:?}: apiVersion {api:?} is not supported; fix: write it as {want_api} (v1beta1 and v1beta2 are converted too)",
             m.origin,
             m.kind(),
             m.name()
@@ -108,6 +109,8 @@ pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
             bail!("{}: {kind} {id} is defined twice (first in {first}); fix: remove one or rename it", m.origin);
         }
         let origin = m.origin.clone();
+        let mut m = m;
+        versions::to_v1(&kind, &mut m.object);
         match kind.as_str() {
             "ResourceSlice" => inputs.slices.push(decode(&m, RESOURCE)?),
             "DeviceClass" => inputs.classes.push(Located { origin, object: decode(&m, RESOURCE)? }),
@@ -166,9 +169,9 @@ mod tests {
     #[test]
     fn wrong_version_and_duplicates_name_file_and_object() {
         let (inputs, _) =
-            sort_text("apiVersion: resource.k8s.io/v1beta1\nkind: ResourceClaim\nmetadata: {name: c}\nspec: {}\n");
+            sort_text("apiVersion: resource.k8s.io/v1alpha3\nkind: ResourceClaim\nmetadata: {name: c}\nspec: {}\n");
         let err = inputs.unwrap_err().to_string();
-        assert!(err.starts_with("in.yaml: ResourceClaim \"c\": apiVersion \"resource.k8s.io/v1beta1\""), "{err}");
+        assert!(err.starts_with("in.yaml: ResourceClaim \"c\": apiVersion \"resource.k8s.io/v1alpha3\""), "{err}");
 
         let claim = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\n";
         let (inputs, _) = sort_text(&format!("{claim}---\n{claim}"));

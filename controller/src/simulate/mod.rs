@@ -13,6 +13,7 @@ mod fleet;
 mod inputs;
 mod node_match;
 mod output;
+mod versions;
 mod workload;
 
 use std::io::Write;
