@@ -46,6 +46,10 @@ enum Command {
         /// with the plugin's slice builder (see examples/fleets/).
         #[arg(long = "fleet", value_name = "FILE")]
         fleet: Option<PathBuf>,
+        /// Print how long each phase took (reading, fleet, workload,
+        /// allocation, output) on standard error.
+        #[arg(long = "timings")]
+        timings: bool,
     },
 }
 
@@ -55,9 +59,10 @@ fn main() -> ExitCode {
         Command::ValidateSlices { files } => {
             validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
-        Command::Simulate { files, output, fleet } => {
+        Command::Simulate { files, output, fleet, timings } => {
             let mut buffer = Vec::new();
-            simulate::run(files, fleet.as_deref(), *output, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
+            let options = simulate::Options { fleet: fleet.as_deref(), format: *output, timings: *timings };
+            simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
                 // Nothing on stdout unless the whole run succeeded.
                 std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;
                 Ok(true)

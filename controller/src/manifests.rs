@@ -59,18 +59,32 @@ fn read_file(path: &Path, out: &mut Vec<Manifest>) -> Result<()> {
 /// Parses a YAML stream (JSON is YAML) into objects, unpacking `List`s.
 pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
     gpu_dra_driver::nesting::check(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
-        let value = serde_json::Value::deserialize(doc)
-            .map_err(|e| anyhow::anyhow!("{origin}: document {}: malformed YAML: {e}; fix the syntax there", i + 1))?;
+    // JSON is YAML, but the JSON parser reads it an order of magnitude faster.
+    let values: Box<dyn Iterator<Item = Result<serde_json::Value>>> = if text.trim_start().starts_with(['{', '[']) {
+        Box::new(serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>().enumerate().map(
+            move |(i, v)| {
+                v.map_err(|e| {
+                    anyhow::anyhow!("{origin}: document {}: malformed JSON: {e}; fix the syntax there", i + 1)
+                })
+            },
+        ))
+    } else {
+        Box::new(serde_yaml_ng::Deserializer::from_str(text).enumerate().map(move |(i, doc)| {
+            serde_json::Value::deserialize(doc)
+                .map_err(|e| anyhow::anyhow!("{origin}: document {}: malformed YAML: {e}; fix the syntax there", i + 1))
+        }))
+    };
+    for (i, value) in values.enumerate() {
+        let value = value?;
         let origin = if i == 0 { origin.to_string() } else { format!("{origin}#{}", i + 1) };
         match value {
             serde_json::Value::Null => {}
-            serde_json::Value::Object(ref map) if map.get("kind").and_then(|k| k.as_str()) == Some("List") => {
-                let Some(items) = map.get("items").and_then(|i| i.as_array()) else {
+            serde_json::Value::Object(mut map) if map.get("kind").and_then(|k| k.as_str()) == Some("List") => {
+                let Some(serde_json::Value::Array(items)) = map.remove("items") else {
                     bail!("{origin}: a List needs an items array");
                 };
-                for (j, item) in items.iter().enumerate() {
-                    out.push(Manifest { origin: format!("{origin} items[{j}]"), object: item.clone() });
+                for (j, item) in items.into_iter().enumerate() {
+                    out.push(Manifest { origin: format!("{origin} items[{j}]"), object: item });
                 }
             }
             serde_json::Value::Object(_) => out.push(Manifest { origin, object: value }),
@@ -105,6 +119,8 @@ mod tests {
         assert!(err.starts_with("a.yaml: document 2: malformed YAML"), "{err}");
         let err = parse_into("b.yaml", "- 1\n", &mut out).unwrap_err().to_string();
         assert!(err.contains("expected a Kubernetes object"), "{err}");
+        let err = parse_into("d.json", "{\"kind\": \"A\"} {\"kind\": ", &mut out).unwrap_err().to_string();
+        assert!(err.starts_with("d.json: document 2: malformed JSON"), "{err}");
         let deep = format!("kind: A\nspec: {}", "[".repeat(80_000));
         let err = parse_into("c.yaml", &deep, &mut out).unwrap_err().to_string();
         assert_eq!(

@@ -86,13 +86,15 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
     };
     let mut fleet = Fleet::default();
     let mut names = std::collections::HashSet::new();
+    // Inventory files by path, read and parsed once however many nodes use them.
+    let mut files: std::collections::HashMap<std::path::PathBuf, fake::FakeInventory> = Default::default();
     for (i, n) in nodes.iter().enumerate() {
         let at = format!("{origin}: nodes[{i}] ({})", n.name);
         let node = NodeName::new(n.name.clone()).map_err(|e| anyhow!("{at}: name: {e}"))?;
         if !names.insert(n.name.clone()) {
             bail!("{at}: node {} is listed twice; fix: give each node a distinct name", n.name);
         }
-        let inventory = inventory(&n.inventory, &node, dir, &at)?;
+        let inventory = inventory(&n.inventory, &node, dir, &at, &mut files)?;
         let builder = SliceBuilder::new(DriverName::nvidia_default(), node);
         let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
         fleet.slices.extend(slices);
@@ -107,9 +109,25 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
     Ok(fleet)
 }
 
-fn inventory(source: &InventoryRef, node: &NodeName, dir: &Path, at: &str) -> Result<Inventory> {
+fn inventory(
+    source: &InventoryRef,
+    node: &NodeName,
+    dir: &Path,
+    at: &str,
+    files: &mut std::collections::HashMap<std::path::PathBuf, fake::FakeInventory>,
+) -> Result<Inventory> {
     match source {
-        InventoryRef::Path(p) => fake::load(&dir.join(p), node).map_err(|e| anyhow!("{at}: inventory: {e}")),
+        InventoryRef::Path(p) => {
+            let path = dir.join(p);
+            let file = match files.entry(path) {
+                std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                std::collections::hash_map::Entry::Vacant(e) => {
+                    let loaded = fake::FakeInventory::load(e.key()).map_err(|e| anyhow!("{at}: inventory: {e}"))?;
+                    e.insert(loaded)
+                }
+            };
+            file.for_node(node).map_err(|e| anyhow!("{at}: inventory: {e}"))
+        }
         InventoryRef::Inline(value) => {
             let text = serde_yaml_ng::to_string(value).map_err(|e| anyhow!("{at}: inventory: {e}"))?;
             fake::parse(&text, node).map_err(|(field, problem, fix)| {

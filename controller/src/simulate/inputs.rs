@@ -50,7 +50,7 @@ pub fn key(namespace: Option<&str>, name: &str) -> String {
     format!("{}/{name}", namespace.unwrap_or(DEFAULT_NAMESPACE))
 }
 
-fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {
+fn decode<T: DeserializeOwned>(m: Manifest, want_api: &str) -> Result<T> {
     let api = m.object.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
     if api != want_api {
         bail!(
@@ -60,14 +60,9 @@ fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {
             m.name()
         );
     }
-    serde_json::from_value(m.object.clone()).map_err(|e| {
-        anyhow::anyhow!(
-            "{}: {} {:?}: cannot be read as {want_api} {}: {e}; fix that field",
-            m.origin,
-            m.kind(),
-            m.name(),
-            m.kind()
-        )
+    let (origin, kind, name) = (m.origin.clone(), m.kind().to_string(), m.name().to_string());
+    serde_json::from_value(m.object).map_err(|e| {
+        anyhow::anyhow!("{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {e}; fix that field")
     })
 }
 
@@ -112,27 +107,27 @@ pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
         let mut m = m;
         versions::to_v1(&kind, &mut m.object);
         match kind.as_str() {
-            "ResourceSlice" => inputs.slices.push(decode(&m, RESOURCE)?),
-            "DeviceClass" => inputs.classes.push(Located { origin, object: decode(&m, RESOURCE)? }),
+            "ResourceSlice" => inputs.slices.push(decode(m, RESOURCE)?),
+            "DeviceClass" => inputs.classes.push(Located { origin, object: decode(m, RESOURCE)? }),
             "ResourceClaim" => {
-                let mut object: ResourceClaim = decode(&m, RESOURCE)?;
+                let mut object: ResourceClaim = decode(m, RESOURCE)?;
                 default_namespace(&mut object.metadata);
                 inputs.order.push(Item::Claim(inputs.claims.len()));
                 inputs.claims.push(Located { origin, object });
             }
             "ResourceClaimTemplate" => {
-                let mut object: ResourceClaimTemplate = decode(&m, RESOURCE)?;
+                let mut object: ResourceClaimTemplate = decode(m, RESOURCE)?;
                 default_namespace(&mut object.metadata);
                 inputs.order.push(Item::Template(inputs.templates.len()));
                 inputs.templates.push(Located { origin, object });
             }
             "Pod" => {
-                let mut object: Pod = decode(&m, "v1")?;
+                let mut object: Pod = decode(m, "v1")?;
                 default_namespace(&mut object.metadata);
                 inputs.order.push(Item::Pod(inputs.pods.len()));
                 inputs.pods.push(Located { origin, object });
             }
-            _ => inputs.nodes.push(Located { origin, object: decode(&m, "v1")? }),
+            _ => inputs.nodes.push(Located { origin, object: decode(m, "v1")? }),
         }
     }
     Ok(inputs)

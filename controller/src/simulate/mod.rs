@@ -33,17 +33,23 @@ pub enum Format {
     Yaml,
 }
 
+/// How to run a simulation.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options<'a> {
+    /// Nodes with fake inventories whose slices join the input.
+    pub fleet: Option<&'a Path>,
+    pub format: Format,
+    /// Print each phase's duration on `note`.
+    pub timings: bool,
+}
+
 /// Runs the simulation. Returns an error (exit 1) for input that cannot be
 /// understood; claims that do not fit are results, not errors.
-pub fn run(
-    files: &[PathBuf],
-    fleet_file: Option<&Path>,
-    format: Format,
-    out: &mut impl Write,
-    note: &mut impl Write,
-) -> Result<()> {
+pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+    let mut phases = Phases::default();
     let mut inputs = inputs::sort(manifests::read_all(files)?, note)?;
-    if let Some(path) = fleet_file {
+    phases.mark("read");
+    if let Some(path) = options.fleet {
         let fleet = fleet::load(path)?;
         for node in fleet.nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
@@ -54,6 +60,7 @@ pub fn run(
         }
         inputs.slices.extend(fleet.slices);
     }
+    phases.mark("fleet");
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let workload = workload::build(&inputs, &|name| class_names.iter().any(|c| c == name))?;
     if workload.claims.is_empty() {
@@ -61,11 +68,47 @@ pub fn run(
     }
     let classes: Vec<_> = inputs.classes.into_iter().map(|c| c.object).collect();
     let nodes: Vec<_> = inputs.nodes.into_iter().map(|n| n.object).collect();
+    phases.mark("workload");
     let outcomes = engine::allocate(&workload, &inputs.slices, &classes, &nodes)?;
-    match format {
+    phases.mark("allocate");
+    match options.format {
         Format::Table => output::table(out, &workload.claims, &outcomes),
         Format::Json => output::json(out, &workload.claims, &outcomes),
         Format::Yaml => output::yaml(out, &workload.claims, &outcomes),
+    }?;
+    phases.mark("output");
+    if options.timings {
+        writeln!(note, "timings: {} ({} claims)", phases, workload.claims.len())?;
+    }
+    Ok(())
+}
+
+/// Wall time per phase of a run.
+#[derive(Debug)]
+struct Phases {
+    last: std::time::Instant,
+    done: Vec<(&'static str, std::time::Duration)>,
+}
+
+impl Default for Phases {
+    fn default() -> Self {
+        Phases { last: std::time::Instant::now(), done: Vec::new() }
+    }
+}
+
+impl Phases {
+    fn mark(&mut self, phase: &'static str) {
+        let now = std::time::Instant::now();
+        self.done.push((phase, now - self.last));
+        self.last = now;
+    }
+}
+
+impl std::fmt::Display for Phases {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> =
+            self.done.iter().map(|(p, d)| format!("{p} {:.1} ms", d.as_secs_f64() * 1e3)).collect();
+        write!(f, "{}", parts.join(", "))
     }
 }
 

@@ -31,7 +31,8 @@ fn simulate(docs: &[String], gpus: u32, format: Format) -> (Result<()>, String, 
     std::fs::write(&fleet_file, fleet(gpus)).unwrap();
     let (mut out, mut note) = (Vec::new(), Vec::new());
     let files: Vec<PathBuf> = vec![input];
-    let result = run(&files, Some(&fleet_file), format, &mut out, &mut note);
+    let options = Options { fleet: Some(&fleet_file), format, timings: false };
+    let result = run(&files, &options, &mut out, &mut note);
     (result, String::from_utf8(out).unwrap(), String::from_utf8(note).unwrap())
 }
 

@@ -91,18 +91,39 @@ impl InventorySource for FakeSource {
 
 /// Reads and validates `path` as the inventory of `node`.
 pub fn load(path: &Path, node: &NodeName) -> Result<Inventory, FakeInventoryError> {
-    let text = std::fs::read_to_string(path).map_err(|e| FakeInventoryError {
-        file: path.to_path_buf(),
-        field: String::new(),
-        problem: format!("cannot read the file: {e}"),
-        fix: "pass the path of an existing fake inventory YAML file (see examples/inventories/)".to_string(),
-    })?;
-    parse(&text, node).map_err(|(field, problem, fix)| FakeInventoryError {
-        file: path.to_path_buf(),
-        field,
-        problem,
-        fix,
-    })
+    FakeInventory::load(path)?.for_node(node)
+}
+
+/// A fake inventory file read and parsed once, for any number of nodes
+/// (`simulate` fleets list one file for many nodes).
+#[derive(Debug)]
+pub struct FakeInventory {
+    file: std::path::PathBuf,
+    parsed: FakeInventoryFile,
+}
+
+impl FakeInventory {
+    pub fn load(path: &Path) -> Result<Self, FakeInventoryError> {
+        let at = |(field, problem, fix): Located| FakeInventoryError { file: path.to_path_buf(), field, problem, fix };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            at((
+                String::new(),
+                format!("cannot read the file: {e}"),
+                "pass the path of an existing fake inventory YAML file (see examples/inventories/)".to_string(),
+            ))
+        })?;
+        Ok(FakeInventory { file: path.to_path_buf(), parsed: parse_file(&text).map_err(at)? })
+    }
+
+    /// The inventory of `node` (UUIDs and PCI addresses derive from its name).
+    pub fn for_node(&self, node: &NodeName) -> Result<Inventory, FakeInventoryError> {
+        build(&self.parsed, node).map_err(|(field, problem, fix)| FakeInventoryError {
+            file: self.file.clone(),
+            field,
+            problem,
+            fix,
+        })
+    }
 }
 
 /// (field, problem, fix): a located error before the file name is attached.
@@ -110,11 +131,14 @@ type Located = (String, String, String);
 
 /// Parses inventory YAML for `node`.
 pub fn parse(text: &str, node: &NodeName) -> Result<Inventory, Located> {
+    build(&parse_file(text)?, node)
+}
+
+fn parse_file(text: &str) -> Result<FakeInventoryFile, Located> {
     crate::nesting::check(text).map_err(|e| {
         ("document".to_string(), e.to_string(), "write the inventory as in examples/inventories/".to_string())
     })?;
-    let file: FakeInventoryFile = serde_yaml_ng::from_str(text).map_err(yaml_error)?;
-    build(&file, node)
+    serde_yaml_ng::from_str(text).map_err(yaml_error)
 }
 
 fn yaml_error(e: serde_yaml_ng::Error) -> Located {
