@@ -74,19 +74,30 @@ struct PoolSlot {
 /// `allowMultipleAllocations`. Devices with equal signatures get equal
 /// answers from every selector (seven placements of one MIG profile on a
 /// GPU, say), so selector results are cached per signature. Holding the
-/// interned maps keeps their addresses, the key, from being reused.
+/// interned maps keeps their addresses, the key, from being reused while
+/// any device has the signature; when the last one goes, the number is
+/// released (and the allocator forgets what it cached for it).
 #[derive(Debug)]
 struct Signature {
+    key: SignatureKey,
+    /// Live devices with this signature.
+    users: u32,
     _driver: Arc<str>,
     _attributes: Arc<super::compact::Attributes>,
     _capacity: Arc<super::compact::Capacities>,
 }
+
+/// Addresses of the interned driver, attributes and capacities, and
+/// `allowMultipleAllocations`.
+type SignatureKey = (usize, usize, usize, bool);
 
 /// Which device numbers a pool change retired and which nodes it touched;
 /// the allocator uses it to move allocations and drop cached answers.
 #[derive(Debug, Default)]
 pub(crate) struct PoolChange {
     pub(crate) pool: u32,
+    /// Signature numbers no device has any more (free for reuse).
+    pub(crate) released_signatures: Vec<u32>,
     /// (old number, device name) of the devices the pool had.
     pub(crate) retired: Vec<(u32, Arc<str>)>,
     /// Views changed for these nodes; `None`: possibly every node.
@@ -107,8 +118,9 @@ pub(crate) struct Fleet {
     consumption: Vec<Consumption>,
     /// By device number: its signature (see [`Signature`]).
     device_signature: Vec<u32>,
-    signatures: Vec<Signature>,
-    signature_ids: FastMap<(usize, usize, usize, bool), u32>,
+    signatures: Vec<Option<Signature>>,
+    signature_ids: FastMap<SignatureKey, u32>,
+    free_signatures: Vec<u32>,
     /// Retired device numbers, reused for new devices. Nothing is cached
     /// per device number beyond what a pool change invalidates (selector
     /// results are per signature), so reuse is safe.
@@ -124,7 +136,7 @@ pub(crate) struct Fleet {
     local_pools: HashMap<String, BTreeSet<u32>>,
     /// Pools with kept slices not pinned to one node.
     shared_pools: BTreeSet<u32>,
-    /// Interned values not yet pruned since slices went away.
+    /// Devices retired since interned values were last pruned.
     garbage: usize,
     /// A name appeared in or left `known_nodes` or `mentioned`.
     names_dirty: bool,
@@ -181,7 +193,6 @@ impl Fleet {
             .chain(std::mem::take(&mut slot.other))
             .filter(|s| &*s.name != name)
             .collect();
-        self.garbage += 1;
         Some(self.reassemble(p, slices, Some(name), true))
     }
 
@@ -216,7 +227,7 @@ impl Fleet {
     /// Drops interned values no device uses since slices went away; cheap
     /// to call after a batch of removals.
     pub(crate) fn prune_if_needed(&mut self) {
-        if self.garbage > 64 {
+        if self.garbage > 4096 && self.garbage > self.device_count() {
             self.compactor.prune();
             self.garbage = 0;
         }
@@ -332,14 +343,34 @@ impl Fleet {
                     Arc::as_ptr(&d.capacity) as usize,
                     d.allow_multiple_allocations,
                 );
-                let next = self.signatures.len() as u32;
-                let sig = *self.signature_ids.entry(sig_key).or_insert(next);
-                if sig == next {
-                    self.signatures.push(Signature {
-                        _driver: Arc::clone(&slot.pool.driver),
-                        _attributes: Arc::clone(&d.attributes),
-                        _capacity: Arc::clone(&d.capacity),
-                    });
+                let sig = match self.signature_ids.get(&sig_key) {
+                    Some(&sig) => sig,
+                    None => {
+                        let signature = Signature {
+                            key: sig_key,
+                            users: 0,
+                            _driver: Arc::clone(&slot.pool.driver),
+                            _attributes: Arc::clone(&d.attributes),
+                            _capacity: Arc::clone(&d.capacity),
+                        };
+                        let sig = match self.free_signatures.pop() {
+                            Some(sig) => {
+                                if let Some(s) = self.signatures.get_mut(sig as usize) {
+                                    *s = Some(signature);
+                                }
+                                sig
+                            }
+                            None => {
+                                self.signatures.push(Some(signature));
+                                (self.signatures.len() - 1) as u32
+                            }
+                        };
+                        self.signature_ids.insert(sig_key, sig);
+                        sig
+                    }
+                };
+                if let Some(Some(s)) = self.signatures.get_mut(sig as usize) {
+                    s.users += 1;
                 }
                 let id = match self.free.pop() {
                     Some(id) => {
@@ -378,11 +409,24 @@ impl Fleet {
             });
         }
         slot.device_ids.extend(fresh);
+        self.garbage += retired.len();
         for d in retired {
             if let Some(r) = self.devices.get_mut(d as usize) {
                 r.pool = DEAD;
             }
             self.free.push(d);
+            let sig = self.device_signature.get(d as usize).copied().unwrap_or(u32::MAX);
+            if let Some(entry) = self.signatures.get_mut(sig as usize)
+                && let Some(s) = entry
+            {
+                s.users = s.users.saturating_sub(1);
+                if s.users == 0 {
+                    self.signature_ids.remove(&s.key);
+                    *entry = None;
+                    self.free_signatures.push(sig);
+                    change.released_signatures.push(sig);
+                }
+            }
         }
         for n in &slot.local_nodes {
             self.names_dirty |= mention(&mut self.mentioned, n);

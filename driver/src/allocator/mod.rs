@@ -146,7 +146,6 @@ impl Allocator {
     pub fn remove_slice(&mut self, name: &str) {
         let changes: Vec<_> = self.fleet.remove_slice(name).into_iter().collect();
         self.after_fleet_change(&changes);
-        self.fleet.prune_if_needed();
     }
 
     /// Adds or updates a Node (its labels steer node selectors).
@@ -216,6 +215,7 @@ impl Allocator {
         let mut positions = Vec::new();
         for change in changes {
             self.state.pool_changed(&self.fleet, change);
+            self.selectors.forget_signatures(&change.released_signatures);
             match &change.nodes {
                 Some(nodes) if !change.node_set_changed => {
                     positions.extend(nodes.iter().filter_map(|n| self.fleet.node_position(n)));
@@ -225,6 +225,7 @@ impl Allocator {
         }
         self.selectors.forget_nodes(if all_nodes { None } else { Some(&positions) });
         self.memo = placement::FirstFitMemo::default();
+        self.fleet.prune_if_needed();
     }
 
     /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.

@@ -103,6 +103,25 @@ impl SelectorCache {
         }
     }
 
+    /// Forgets what was cached for these signature numbers: no device has
+    /// them any more, and they will be given to other devices.
+    pub(crate) fn forget_signatures(&mut self, signatures: &[u32]) {
+        for &sig in signatures {
+            for e in &mut self.exprs {
+                if let Some(r) = e.results.get_mut(sig as usize) {
+                    *r = UNKNOWN;
+                }
+                e.errors.remove(&sig);
+            }
+            for s in &mut self.sets {
+                if let Some(r) = s.results.get_mut(sig as usize) {
+                    *r = UNKNOWN;
+                }
+            }
+            self.cel_devices.remove(&sig);
+        }
+    }
+
     fn expr_id(&mut self, text: &str) -> u32 {
         if let Some(&id) = self.by_text.get(text) {
             return id;

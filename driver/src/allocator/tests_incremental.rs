@@ -186,3 +186,22 @@ fn many_updates_reuse_device_numbers_without_losing_allocations() {
     let p = a.place(&[&h100("second")]).unwrap();
     assert_eq!(picks(&p.allocations[0]), pairs_of("r", "gpu-1"), "gpu-0 is still taken");
 }
+
+#[test]
+fn released_signatures_are_reused_with_fresh_answers() {
+    let mut a = allocator(&[node_slice("n1", vec![gpu("gpu-0", "A100")])], &[gpu_class()]);
+    let wants = |product: &str| {
+        let expression = format!(r#"device.attributes["gpu.nvidia.com"].productName == "{product}""#);
+        claim("c", vec![with_selectors(request("r", "gpu", 1), &[expression.as_str()])])
+    };
+    assert!(a.allocate("n1", &[&wants("A100")]).is_ok());
+    // A100 → H100 → B200: the A100 signature's number is free by the third
+    // version and reused; nothing cached for A100 may leak into B200.
+    a.apply_slice(&node_slice("n1", vec![gpu("gpu-0", "H100")]));
+    assert!(a.allocate("n1", &[&wants("H100")]).is_ok());
+    a.apply_slice(&node_slice("n1", vec![gpu("gpu-0", "B200")]));
+    unsatisfiable(a.allocate("n1", &[&wants("A100")]));
+    unsatisfiable(a.allocate("n1", &[&wants("H100")]));
+    assert!(a.allocate("n1", &[&wants("B200")]).is_ok());
+    assert!(a.fleet.signature_count() <= 2, "numbers are reused, not piled up");
+}
