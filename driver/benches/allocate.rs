@@ -45,6 +45,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
+/// The memory allocator the controller ships with (`gpu-dra-controller`
+/// sets the same), so the figures are the controller's.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 const DRIVER: &str = "gpu.nvidia.com";
 const NODES: usize = 1_000;
 const GPUS_PER_NODE: usize = 8;

@@ -187,38 +187,70 @@ impl CompactSlice {
 /// Interned values of one kind. Keys are short strings and small maps,
 /// hashed on every slice event: a fast hasher matters more than DoS
 /// resistance (slices come from the API server, written by drivers).
+///
+/// A fleet's table holds hundreds of thousands of values, so a lookup in it
+/// is a cache miss; a slice repeats the same names and values device after
+/// device, so a small direct-mapped table of recent values (which stays in
+/// cache) answers most lookups first.
 #[derive(Debug)]
-struct Pool<T: ?Sized>(HashSet<Arc<T>, foldhash::fast::RandomState>);
+struct Pool<T: ?Sized> {
+    all: HashSet<Arc<T>, foldhash::fast::RandomState>,
+    recent: Vec<Option<Arc<T>>>,
+}
+
+const RECENT: usize = 1024;
 
 impl<T: ?Sized> Default for Pool<T> {
     fn default() -> Self {
-        Pool(HashSet::default())
+        Pool { all: HashSet::default(), recent: vec![None; RECENT] }
     }
 }
 
 impl<T: ?Sized + Hash + Eq> Pool<T> {
-    fn intern(&mut self, value: Arc<T>) -> Arc<T> {
-        if let Some(found) = self.0.get(&value) {
-            return Arc::clone(found);
+    fn slot(&self, value: &T) -> usize {
+        use std::hash::BuildHasher;
+        (self.all.hasher().hash_one(value) as usize) % RECENT
+    }
+
+    fn get(&mut self, value: &T) -> Option<Arc<T>> {
+        let slot = self.slot(value);
+        if let Some(Some(hit)) = self.recent.get(slot)
+            && **hit == *value
+        {
+            return Some(Arc::clone(hit));
         }
-        self.0.insert(Arc::clone(&value));
+        let found = Arc::clone(self.all.get(value)?);
+        if let Some(entry) = self.recent.get_mut(slot) {
+            *entry = Some(Arc::clone(&found));
+        }
+        Some(found)
+    }
+
+    fn intern(&mut self, value: Arc<T>) -> Arc<T> {
+        if let Some(found) = self.get(&value) {
+            return found;
+        }
+        let slot = self.slot(&value);
+        if let Some(entry) = self.recent.get_mut(slot) {
+            *entry = Some(Arc::clone(&value));
+        }
+        self.all.insert(Arc::clone(&value));
         value
     }
 
     /// Forgets values nothing else holds any more.
     fn prune(&mut self) {
-        self.0.retain(|v| Arc::strong_count(v) > 1);
+        self.recent.iter_mut().for_each(|e| *e = None);
+        self.all.retain(|v| Arc::strong_count(v) > 1);
     }
 }
 
 impl Pool<str> {
     fn str(&mut self, s: &str) -> Arc<str> {
-        if let Some(found) = self.0.get(s) {
-            return Arc::clone(found);
+        match self.get(s) {
+            Some(found) => found,
+            None => self.intern(Arc::from(s)),
         }
-        let v: Arc<str> = Arc::from(s);
-        self.0.insert(Arc::clone(&v));
-        v
     }
 }
 
@@ -289,8 +321,8 @@ impl Compactor {
 
     /// Interns a device's draws; new ones get their quantities parsed.
     fn draws(&mut self, mut draws: Vec<CounterDraw>) -> Arc<[CounterDraw]> {
-        if let Some(found) = self.draws.0.get(&draws[..]) {
-            return Arc::clone(found);
+        if let Some(found) = self.draws.get(&draws[..]) {
+            return found;
         }
         for draw in &mut draws {
             for (_, value, amount) in draw.counters.iter_mut() {
@@ -359,8 +391,8 @@ mod tests {
         let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"));
         drop(c.device(&device("gpu-1").string("uuid", "GPU-b")));
         c.prune();
-        assert_eq!(c.attributes.0.len(), 1);
-        assert!(c.strings.0.contains("GPU-a") && !c.strings.0.contains("GPU-b"));
+        assert_eq!(c.attributes.all.len(), 1);
+        assert!(c.strings.all.contains("GPU-a") && !c.strings.all.contains("GPU-b"));
         drop(kept);
     }
 }
