@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceRequestAllocationResult, ResourceClaim};
 
 use super::amount::Amount;
 use super::capacity::Consumed;
@@ -48,15 +48,8 @@ pub(crate) struct AllocatedState {
 
 impl AllocatedState {
     pub(crate) fn record(&mut self, fleet: &Fleet, owner: &str, result: &AllocationResult) -> Result<(), InputError> {
-        let results = result.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
-        for (index, r) in results.iter().enumerate() {
-            if r.admin_access == Some(true) {
-                continue;
-            }
-            let consumed = match r.share_id {
-                Some(_) => Some(consumed_of(r.consumed_capacity.as_ref(), owner, index)?),
-                None => None,
-            };
+        for held in holdings(result, owner) {
+            let (r, consumed) = held?;
             let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else {
                 let holding = self.detached.entry((r.driver.clone(), r.pool.clone(), r.device.clone())).or_default();
                 match consumed {
@@ -83,15 +76,8 @@ impl AllocatedState {
     /// Gives back what `owner` holds through `result`: devices, capacity
     /// and, when a device is no longer in use at all, its counters.
     pub(crate) fn release(&mut self, fleet: &Fleet, owner: &str, result: &AllocationResult) -> Result<(), InputError> {
-        let results = result.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
-        for (index, r) in results.iter().enumerate() {
-            if r.admin_access == Some(true) {
-                continue;
-            }
-            let consumed = match r.share_id {
-                Some(_) => Some(consumed_of(r.consumed_capacity.as_ref(), owner, index)?),
-                None => None,
-            };
+        for held in holdings(result, owner) {
+            let (r, consumed) = held?;
             let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else {
                 let id = (r.driver.clone(), r.pool.clone(), r.device.clone());
                 if let Some(holding) = self.detached.get_mut(&id) {
@@ -197,6 +183,22 @@ pub(crate) fn owner_of(claim: &ResourceClaim) -> String {
         claim.metadata.namespace.as_deref().unwrap_or_default(),
         claim.metadata.name.as_deref().unwrap_or_default()
     )
+}
+
+/// The results of an allocation that hold something (admin access holds
+/// nothing), each with the capacity it consumed when it is a share.
+fn holdings<'a>(
+    result: &'a AllocationResult,
+    owner: &'a str,
+) -> impl Iterator<Item = Result<(&'a DeviceRequestAllocationResult, Option<Consumed>), InputError>> + 'a {
+    let results = result.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
+    results.iter().enumerate().filter(|(_, r)| r.admin_access != Some(true)).map(move |(index, r)| {
+        let consumed = match r.share_id {
+            Some(_) => Some(consumed_of(r.consumed_capacity.as_ref(), owner, index)?),
+            None => None,
+        };
+        Ok((r, consumed))
+    })
 }
 
 fn consumed_of(
