@@ -255,14 +255,17 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
             "add at least one entry such as {model: H100-80GB, count: 1}".into(),
         ));
     }
-    let total: u32 = file.gpus.iter().map(|e| e.count).sum();
-    if total > MAX_GPUS {
+    // Summed in u64: hostile counts such as 4294967295 + 2 must not wrap
+    // around to a small total (in u32 they built billions of GPUs).
+    let total: u64 = file.gpus.iter().map(|e| u64::from(e.count)).sum();
+    if total > u64::from(MAX_GPUS) {
         return Err((
             "gpus".into(),
             format!("describes {total} GPUs but a node has at most {MAX_GPUS} (minor numbers 0-247)"),
             "lower the counts".into(),
         ));
     }
+    let total = u32::try_from(total).unwrap_or(MAX_GPUS);
 
     let mut gpus = Vec::new();
     for (e, entry) in file.gpus.iter().enumerate() {
@@ -429,7 +432,7 @@ fn apply_faults(entry: &FakeGpuEntry, gpus: &mut [Gpu], at: &dyn Fn(&str) -> Str
                 let Some(mig) = migs.get_mut(i as usize) else {
                     return Err((
                         field,
-                        format!("GPU {} has {} MIG instance(s), not {}", fault.gpu, migs.len(), i + 1),
+                        format!("GPU {} has {} MIG instance(s), not {}", fault.gpu, migs.len(), u64::from(i) + 1),
                         "use an index into that GPU's instances list".into(),
                     ));
                 };
@@ -614,6 +617,18 @@ mod tests {
         assert!(problem.contains("malformed inventory"), "{problem}");
         let (field, _, _) = err("gpus: [{model: H100-80GB, count: -1}]");
         assert_eq!(field, "gpus[0].count");
+        // 4294967295 + 2 wrapped to 1 in u32 and built billions of GPUs.
+        let (field, problem, _) = err("gpus: [{model: H100-80GB, count: 4294967295}, {model: H100-80GB, count: 2}]");
+        assert_eq!(field, "gpus");
+        assert!(problem.contains("describes 4294967297 GPUs but a node has at most 248"), "{problem}");
+        let (field, problem, _) = err("gpus: [{model: H100-80GB, count: 200}, {model: H100-80GB, count: 200}]");
+        assert_eq!(field, "gpus");
+        assert!(problem.contains("describes 400 GPUs"), "{problem}");
+        let (field, problem, _) = err(
+            "gpus: [{model: A100-SXM4-80GB, count: 1, mig: [{instances: [7g.80gb]}], faults: [{gpu: 0, migInstance: 4294967295, xid: 94}]}]",
+        );
+        assert_eq!(field, "gpus[0].faults[0]");
+        assert!(problem.contains("not 4294967296"), "{problem}");
     }
 
     #[test]
