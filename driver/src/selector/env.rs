@@ -121,6 +121,57 @@ const KNOWN_NAMES: [&str; 16] = [
     "optional",
 ];
 
+/// Namespaces of functions that Kubernetes' CEL environment has and this
+/// driver's does not (`lists.range`, `strings.quote`, `math.*`, `base64.*`).
+const UNSUPPORTED_NAMESPACES: [&str; 4] = ["lists", "strings", "math", "base64"];
+
+/// Functions and methods Kubernetes 1.34–1.36 offers selectors that this
+/// driver's CEL lacks: the lists extension's version 3 additions, the `url`,
+/// `ip` and `cidr` libraries, and `format`.
+const UNSUPPORTED_FUNCTIONS: [&str; 16] = [
+    "sort",
+    "sortBy",
+    "distinct",
+    "flatten",
+    "slice",
+    "format",
+    "url",
+    "isURL",
+    "getScheme",
+    "getHost",
+    "getQuery",
+    "ip",
+    "isIP",
+    "cidr",
+    "isCIDR",
+    "containsIP",
+];
+
+/// A runtime error as a person reads it: the `cel` crate prints some parse
+/// failures with Rust debug output (`Parsing Error: Error { input: "x",
+/// code: Float }`), and names a function it lacks as an undeclared reference.
+pub fn runtime_message(message: &str) -> String {
+    if let Some(rest) = message.strip_prefix("Error executing function '")
+        && let Some((function, detail)) = rest.split_once("': ")
+        && detail.starts_with("Parsing Error: Error {")
+    {
+        let input = detail.split_once("input: \"").and_then(|(_, tail)| tail.split_once("\", code:"));
+        let example = match function {
+            "duration" => "; write one such as \"90s\" or \"1h30m\"",
+            "timestamp" => "; write one such as \"2025-01-01T00:00:00Z\"",
+            _ => "",
+        };
+        return match input {
+            Some((text, _)) => format!("{function}(): \"{text}\" is not a valid {function}{example}"),
+            None => format!("{function}(): the argument is not a valid {function}{example}"),
+        };
+    }
+    if let Some(name) = message.strip_prefix("Undeclared reference to '").and_then(|r| r.strip_suffix('\'')) {
+        return CompileError::Unsupported(name.to_string()).to_string();
+    }
+    message.to_string()
+}
+
 /// Refuses an identifier that is neither `device`, a type or namespace, nor
 /// a variable of an enclosing macro or `cel.bind`: Kubernetes' type checker
 /// reports it at compile time ("undeclared reference"), so a typo such as
@@ -133,10 +184,21 @@ pub fn check_identifiers(expr: &IdedExpr, scope: &mut Vec<String>) -> Result<(),
             if known { Ok(()) } else { Err(CompileError::Undeclared(name.clone())) }
         }
         Expr::Call(call) => {
+            // Innermost first: `url(x).getHost()` names `url`.
             if let Some(target) = call.target.as_deref() {
+                if let Expr::Ident(namespace) = &target.expr
+                    && UNSUPPORTED_NAMESPACES.contains(&namespace.as_str())
+                    && !scope.iter().any(|v| v == namespace)
+                {
+                    return Err(CompileError::Unsupported(format!("{namespace}.{}", call.func_name)));
+                }
                 check_identifiers(target, scope)?;
             }
-            call.args.iter().try_for_each(|a| check_identifiers(a, scope))
+            call.args.iter().try_for_each(|a| check_identifiers(a, scope))?;
+            if UNSUPPORTED_FUNCTIONS.contains(&call.func_name.as_str()) {
+                return Err(CompileError::Unsupported(call.func_name.clone()));
+            }
+            Ok(())
         }
         Expr::Comprehension(c) => {
             check_identifiers(&c.iter_range, scope)?;

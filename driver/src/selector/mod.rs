@@ -52,6 +52,10 @@ pub enum CompileError {
     NotBool(String),
     #[error("undeclared reference to '{0}'; selectors can only use the variable 'device'")]
     Undeclared(String),
+    #[error(
+        "`{0}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
+    )]
+    Unsupported(String),
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }
@@ -217,7 +221,7 @@ impl CompiledSelector {
         if cost::exceeded() {
             return Err(EvalError::CostExceeded { limit: cost::BUDGET });
         }
-        let value = result.map_err(|e| EvalError::Runtime(e.to_string()))?;
+        let value = result.map_err(|e| EvalError::Runtime(env::runtime_message(&e.to_string())))?;
         value
             .downcast_ref::<CelBool>()
             .map(|b| *b.inner())

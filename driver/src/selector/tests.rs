@@ -363,3 +363,42 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
     let expression = format!(r#"cel.bind(s, {big}, [{copies}].all(x, [{copies}].size() > 0))"#);
     fails_with(&expression, "cost budget");
 }
+
+#[test]
+fn unsupported_features_are_named_as_such() {
+    let env = SelectorEnv::new();
+    for (expression, name) in [
+        (r#"[3, 1].sort() == [1, 3]"#, "sort"),
+        (r#"lists.range(3).size() == 3"#, "lists.range"),
+        (r#"strings.quote("a") == "a""#, "strings.quote"),
+        (r#"url("https://x").getHost() == "x""#, "url"),
+        (r#"math.greatest(1, 2) == 2"#, "math.greatest"),
+    ] {
+        let err = env.compile(expression).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            format!(
+                "`{name}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
+            ),
+            "{expression}"
+        );
+    }
+    // A variable of that name is not a namespace.
+    assert!(env.compile(r#"[1].all(lists, lists > 0)"#).is_ok());
+}
+
+#[test]
+fn runtime_errors_carry_no_debug_output() {
+    assert_eq!(
+        env::runtime_message(
+            r#"Error executing function 'duration': Parsing Error: Error { input: "x", code: Float }"#
+        ),
+        r#"duration(): "x" is not a valid duration; write one such as "90s" or "1h30m""#
+    );
+    assert!(env::runtime_message("Undeclared reference to 'sortBy'").starts_with("`sortBy` is not supported"));
+    assert_eq!(env::runtime_message("No such key: memory"), "No such key: memory");
+    let dev = k8s_openapi::api::resource::v1::Device { name: "d".into(), ..Default::default() };
+    let value = CelDevice::new("gpu.nvidia.com", &dev).unwrap();
+    let err = SelectorEnv::new().compile(r#"duration("x") > duration("1s")"#).unwrap().matches(&value).unwrap_err();
+    assert!(!err.to_string().contains("Error {"), "{err}");
+}
