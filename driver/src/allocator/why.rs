@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::LazyLock;
 
 use super::compact::{AttrValue, DeviceRecord};
 
@@ -106,13 +107,17 @@ struct Reference {
 /// The references of a clause, found textually (`device.attributes["d"].id`
 /// and `device.attributes["d"]["id"]`, the same for `capacity`).
 fn references(clause: &str) -> Vec<Reference> {
-    let Ok(re) = regex::Regex::new(
-        r#"device\.(attributes|capacity)\[\s*"([^"]+)"\s*\](?:\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*"([^"]+)"\s*\])(\s*==\s*"([^"]*)")?"#,
-    ) else {
-        return Vec::new();
-    };
-    let compared_first = regex::Regex::new(r#"^\s*"([^"]*)"\s*==\s*device\."#).ok();
-    let literal_first = compared_first.and_then(|r| r.captures(clause)).and_then(|c| c.get(1)).map(|m| m.as_str());
+    static REFERENCE: LazyLock<Option<regex::Regex>> = LazyLock::new(|| {
+        regex::Regex::new(
+            r#"device\.(attributes|capacity)\[\s*"([^"]+)"\s*\](?:\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*"([^"]+)"\s*\])(\s*==\s*"([^"]*)")?"#,
+        )
+        .ok()
+    });
+    static LITERAL_FIRST: LazyLock<Option<regex::Regex>> =
+        LazyLock::new(|| regex::Regex::new(r#"^\s*"([^"]*)"\s*==\s*device\."#).ok());
+    let Some(re) = REFERENCE.as_ref() else { return Vec::new() };
+    let literal_first =
+        LITERAL_FIRST.as_ref().and_then(|r| r.captures(clause)).and_then(|c| c.get(1)).map(|m| m.as_str());
     re.captures_iter(clause)
         .map(|c| Reference {
             capacity: c.get(1).is_some_and(|m| m.as_str() == "capacity"),
