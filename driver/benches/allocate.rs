@@ -364,7 +364,10 @@ fn partitionable() -> Result<()> {
     let mut update_jsons = Vec::with_capacity(updates);
     for u in 0..updates {
         let n = (u * 7) % NODES;
-        let s = node_slices(n, true, 1, "580.95.5").into_iter().nth(1).ok_or("no device slice")?;
+        // A new version each round over the nodes: every update changes
+        // every device of its slice, however many are run.
+        let version = format!("580.95.{}", 5 + u / NODES);
+        let s = node_slices(n, true, 1, &version).into_iter().nth(1).ok_or("no device slice")?;
         update_jsons.push(serde_json::to_vec(&s)?);
     }
     let mut parse = Duration::ZERO;

@@ -8,16 +8,18 @@
 //! (`uuid`, `pciBusID`). A k8s `Device` is several KiB; a [`DeviceRecord`]
 //! is under 100 bytes plus its share of the interned maps.
 
-use std::collections::HashSet;
-use std::hash::Hash;
+use std::collections::BTreeMap;
+use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
+use hashbrown::HashTable;
 use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::api::resource::v1::{
+    CapacityRequestPolicy, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint,
+    ResourceSlice,
+};
 
 use super::amount::Amount;
-use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourceSlice,
-};
 
 /// A typed attribute value. Versions keep their text: constraints compare
 /// them as strings and CEL parses them when it builds the device value.
@@ -173,68 +175,66 @@ pub(crate) struct CompactSlice {
     pub(crate) all_nodes: Option<bool>,
     pub(crate) node_selector: Option<NodeSelector>,
     pub(crate) per_device_node_selection: bool,
-    pub(crate) shared_counters: Vec<CounterSet>,
+    /// Counter slices' sets, parsed (empty for device slices).
+    pub(crate) counter_sets: SliceCounterSets,
     pub(crate) devices: Vec<DeviceRecord>,
 }
 
 impl CompactSlice {
     /// Carries counters rather than devices (1.35+: one or the other).
     pub(crate) fn is_counter_slice(&self) -> bool {
-        !self.shared_counters.is_empty()
+        !self.counter_sets.is_empty()
     }
 }
 
-/// Interned values of one kind. Keys are short strings and small maps,
-/// hashed on every slice event: a fast hasher matters more than DoS
-/// resistance (slices come from the API server, written by drivers).
+/// Interned values of one kind, in a table the caller hashes and compares
+/// into: a lookup can hash a value still in its k8s form (counter draws)
+/// or by the addresses of its already interned parts (attribute and
+/// capacity maps), so a hit allocates nothing. Keys are short strings and
+/// small maps hashed on every slice event: a fast hasher matters more than
+/// DoS resistance (slices come from the API server, written by drivers).
 ///
 /// A fleet's table holds hundreds of thousands of values, so a lookup in it
 /// is a cache miss; a slice repeats the same names and values device after
 /// device, so a small direct-mapped table of recent values (which stays in
 /// cache) answers most lookups first.
 #[derive(Debug)]
-struct Pool<T: ?Sized> {
-    all: HashSet<Arc<T>, foldhash::fast::RandomState>,
-    recent: Vec<Option<Arc<T>>>,
+struct Table<T: ?Sized> {
+    all: HashTable<Arc<T>>,
+    recent: Vec<Option<(u64, Arc<T>)>>,
 }
 
 const RECENT: usize = 1024;
 
-impl<T: ?Sized> Default for Pool<T> {
+impl<T: ?Sized> Default for Table<T> {
     fn default() -> Self {
-        Pool { all: HashSet::default(), recent: vec![None; RECENT] }
+        Table { all: HashTable::new(), recent: vec![None; RECENT] }
     }
 }
 
-impl<T: ?Sized + Hash + Eq> Pool<T> {
-    fn slot(&self, value: &T) -> usize {
-        use std::hash::BuildHasher;
-        (self.all.hasher().hash_one(value) as usize) % RECENT
-    }
-
-    fn get(&mut self, value: &T) -> Option<Arc<T>> {
-        let slot = self.slot(value);
-        if let Some(Some(hit)) = self.recent.get(slot)
-            && **hit == *value
+impl<T: ?Sized> Table<T> {
+    fn find(&mut self, hash: u64, eq: impl Fn(&T) -> bool) -> Option<Arc<T>> {
+        let slot = (hash as usize) % RECENT;
+        if let Some(Some((h, hit))) = self.recent.get(slot)
+            && *h == hash
+            && eq(hit)
         {
             return Some(Arc::clone(hit));
         }
-        let found = Arc::clone(self.all.get(value)?);
+        let found = Arc::clone(self.all.find(hash, |v| eq(v))?);
         if let Some(entry) = self.recent.get_mut(slot) {
-            *entry = Some(Arc::clone(&found));
+            *entry = Some((hash, Arc::clone(&found)));
         }
         Some(found)
     }
 
-    fn intern(&mut self, value: Arc<T>) -> Arc<T> {
-        if let Some(found) = self.get(&value) {
-            return found;
+    /// Adds a value `find` did not find; `rehash` hashes the stored values
+    /// when the table grows.
+    fn insert(&mut self, hash: u64, value: Arc<T>, rehash: impl Fn(&T) -> u64) -> Arc<T> {
+        if let Some(entry) = self.recent.get_mut((hash as usize) % RECENT) {
+            *entry = Some((hash, Arc::clone(&value)));
         }
-        let slot = self.slot(&value);
-        if let Some(entry) = self.recent.get_mut(slot) {
-            *entry = Some(Arc::clone(&value));
-        }
-        self.all.insert(Arc::clone(&value));
+        self.all.insert_unique(hash, Arc::clone(&value), |v| rehash(v));
         value
     }
 
@@ -245,30 +245,43 @@ impl<T: ?Sized + Hash + Eq> Pool<T> {
     }
 }
 
-impl Pool<str> {
-    fn str(&mut self, s: &str) -> Arc<str> {
-        match self.get(s) {
-            Some(found) => found,
-            None => self.intern(Arc::from(s)),
-        }
-    }
-}
-
 /// Converts slices to compact form, sharing what repeats.
+///
+/// Invariant the maps' hashing relies on: every `Arc<str>` inside an
+/// interned attribute or capacity map came from `strings`, so equal text
+/// means the same address and those maps hash and compare by address.
 #[derive(Debug, Default)]
 pub(crate) struct Compactor {
-    strings: Pool<str>,
-    attributes: Pool<Attributes>,
-    capacities: Pool<Capacities>,
-    draws: Pool<[CounterDraw]>,
+    hasher: foldhash::fast::RandomState,
+    strings: Table<str>,
+    attributes: Table<Attributes>,
+    capacities: Table<Capacities>,
+    draws: Table<[CounterDraw]>,
 }
 
 impl Compactor {
     pub(crate) fn str(&mut self, s: &str) -> Arc<str> {
-        self.strings.str(s)
+        let hash = self.hasher.hash_one(s);
+        if let Some(found) = self.strings.find(hash, |v| v == s) {
+            return found;
+        }
+        let hasher = self.hasher.clone();
+        self.strings.insert(hash, Arc::from(s), |v| hasher.hash_one(v))
     }
 
-    pub(crate) fn slice(&mut self, s: &ResourceSlice) -> CompactSlice {
+    /// `previous`: the slice this one replaces, if any. Its devices are
+    /// compared with the new ones at the same position and what is equal is
+    /// reused without being hashed again (a driver republishing a slice
+    /// changes a few values, not the layout); without it, each device is
+    /// compared with the one before it (MIG devices repeat most of theirs).
+    pub(crate) fn slice(&mut self, s: &ResourceSlice, previous: Option<&CompactSlice>) -> CompactSlice {
+        let k8s_devices = s.spec.devices.as_deref().unwrap_or_default();
+        let mut devices: Vec<DeviceRecord> = Vec::with_capacity(k8s_devices.len());
+        for (i, d) in k8s_devices.iter().enumerate() {
+            let like = previous.and_then(|p| p.devices.get(i)).or(devices.last());
+            let record = self.device(d, like);
+            devices.push(record);
+        }
         CompactSlice {
             name: self.str(s.metadata.name.as_deref().unwrap_or_default()),
             driver: self.str(&s.spec.driver),
@@ -279,27 +292,14 @@ impl Compactor {
             all_nodes: s.spec.all_nodes,
             node_selector: s.spec.node_selector.clone(),
             per_device_node_selection: s.spec.per_device_node_selection == Some(true),
-            shared_counters: s.spec.shared_counters.clone().unwrap_or_default(),
-            devices: s.spec.devices.as_deref().unwrap_or_default().iter().map(|d| self.device(d)).collect(),
+            counter_sets: parse_counter_sets(s.spec.shared_counters.as_deref().unwrap_or_default()),
+            devices,
         }
     }
 
-    pub(crate) fn device(&mut self, d: &Device) -> DeviceRecord {
-        let mut attributes: Vec<(Arc<str>, AttrValue)> =
-            d.attributes.iter().flatten().map(|(name, a)| (self.str(name), self.attr(a))).collect();
-        attributes.sort_by(|a, b| a.0.cmp(&b.0));
-        let mut capacity: Vec<(Arc<str>, CapacityEntry)> =
-            d.capacity.iter().flatten().map(|(name, c)| (self.str(name), self.capacity_entry(c))).collect();
-        capacity.sort_by(|a, b| a.0.cmp(&b.0));
-        let draws: Vec<CounterDraw> = d
-            .consumes_counters
-            .iter()
-            .flatten()
-            .map(|c| CounterDraw {
-                set: self.str(&c.counter_set),
-                counters: c.counters.iter().map(|(k, v)| (self.str(k), self.str(&v.value.0), None)).collect(),
-            })
-            .collect();
+    /// One device; what equals `like`'s (a device converted before) is
+    /// taken from it.
+    pub(crate) fn device(&mut self, d: &Device, like: Option<&DeviceRecord>) -> DeviceRecord {
         let extra = DeviceExtra {
             taints: d.taints.clone().unwrap_or_default(),
             binding_conditions: d.binding_conditions.clone(),
@@ -309,27 +309,119 @@ impl Compactor {
             all_nodes: d.all_nodes,
             node_selector: d.node_selector.clone(),
         };
+        let name = match like {
+            Some(l) if *l.name == *d.name => Arc::clone(&l.name),
+            _ => self.str(&d.name),
+        };
         DeviceRecord {
-            name: self.str(&d.name),
-            attributes: self.attributes.intern(Arc::new(Attributes(attributes.into_boxed_slice()))),
-            capacity: self.capacities.intern(Arc::new(Capacities(capacity.into_boxed_slice()))),
-            consumes: self.draws(draws),
+            name,
+            attributes: self.attributes(d.attributes.as_ref(), like.map(|l| &l.attributes)),
+            capacity: self.capacities(d.capacity.as_ref(), like.map(|l| &l.capacity)),
+            consumes: self.draws(d.consumes_counters.as_deref().unwrap_or_default()),
             allow_multiple_allocations: d.allow_multiple_allocations == Some(true),
             extra: (extra != DeviceExtra::default()).then(|| Box::new(extra)),
         }
     }
 
-    /// Interns a device's draws; new ones get their quantities parsed.
-    fn draws(&mut self, mut draws: Vec<CounterDraw>) -> Arc<[CounterDraw]> {
-        if let Some(found) = self.draws.get(&draws[..]) {
+    fn attributes(
+        &mut self,
+        map: Option<&BTreeMap<String, DeviceAttribute>>,
+        like: Option<&Arc<Attributes>>,
+    ) -> Arc<Attributes> {
+        let empty = BTreeMap::new();
+        let map = map.unwrap_or(&empty);
+        if let Some(like) = like
+            && map.len() == like.0.len()
+            && map.iter().zip(like.0.iter()).all(|((n, a), (ln, lv))| *n == **ln && attr_is(a, lv))
+        {
+            return Arc::clone(like);
+        }
+        // Both are sorted by name (a BTreeMap's order is the strings'), so
+        // one walk pairs equal names.
+        let like: &[(Arc<str>, AttrValue)] = like.map(|l| &l.0[..]).unwrap_or_default();
+        let mut j = 0;
+        let mut entries = Vec::with_capacity(map.len());
+        for (n, a) in map {
+            while like.get(j).is_some_and(|(ln, _)| **ln < **n) {
+                j += 1;
+            }
+            entries.push(match like.get(j) {
+                Some((ln, lv)) if **ln == **n => {
+                    (Arc::clone(ln), if attr_is(a, lv) { lv.clone() } else { self.attr(a) })
+                }
+                _ => (self.str(n), self.attr(a)),
+            });
+        }
+        let attributes = Attributes(entries.into_boxed_slice());
+        let hash = attributes_hash(&self.hasher, &attributes);
+        if let Some(found) = self.attributes.find(hash, |a| same_attributes(a, &attributes)) {
             return found;
         }
-        for draw in &mut draws {
-            for (_, value, amount) in draw.counters.iter_mut() {
-                *amount = Amount::parse_str(value).ok();
-            }
+        let hasher = self.hasher.clone();
+        self.attributes.insert(hash, Arc::new(attributes), |a| attributes_hash(&hasher, a))
+    }
+
+    fn capacities(
+        &mut self,
+        map: Option<&BTreeMap<String, DeviceCapacity>>,
+        like: Option<&Arc<Capacities>>,
+    ) -> Arc<Capacities> {
+        let empty = BTreeMap::new();
+        let map = map.unwrap_or(&empty);
+        let equal = |c: &DeviceCapacity, e: &CapacityEntry| c.value.0 == *e.value && c.request_policy == e.request_policy;
+        if let Some(like) = like
+            && map.len() == like.0.len()
+            && map.iter().zip(like.0.iter()).all(|((n, c), (ln, e))| *n == **ln && equal(c, e))
+        {
+            return Arc::clone(like);
         }
-        self.draws.intern(Arc::from(draws))
+        let like: &[(Arc<str>, CapacityEntry)] = like.map(|l| &l.0[..]).unwrap_or_default();
+        let mut j = 0;
+        let mut entries = Vec::with_capacity(map.len());
+        for (n, c) in map {
+            while like.get(j).is_some_and(|(ln, _)| **ln < **n) {
+                j += 1;
+            }
+            let (name, value) = match like.get(j) {
+                Some((ln, e)) if **ln == **n => {
+                    (Arc::clone(ln), if c.value.0 == *e.value { Arc::clone(&e.value) } else { self.str(&c.value.0) })
+                }
+                _ => (self.str(n), self.str(&c.value.0)),
+            };
+            entries.push((name, CapacityEntry { value, request_policy: c.request_policy.clone() }));
+        }
+        let capacities = Capacities(entries.into_boxed_slice());
+        let hash = capacities_hash(&self.hasher, &capacities);
+        if let Some(found) = self.capacities.find(hash, |c| same_capacities(c, &capacities)) {
+            return found;
+        }
+        let hasher = self.hasher.clone();
+        self.capacities.insert(hash, Arc::new(capacities), |c| capacities_hash(&hasher, c))
+    }
+
+    /// Interns a device's draws, looked up in their k8s form; new ones get
+    /// their quantities parsed.
+    fn draws(&mut self, k8s: &[DeviceCounterConsumption]) -> Arc<[CounterDraw]> {
+        let hash = draws_hash(
+            &self.hasher,
+            k8s.iter().map(|c| (&*c.counter_set, c.counters.iter().map(|(n, v)| (&**n, &*v.value.0)))),
+        );
+        if let Some(found) = self.draws.find(hash, |d| draws_match(k8s, d)) {
+            return found;
+        }
+        let draws: Vec<CounterDraw> = k8s
+            .iter()
+            .map(|c| CounterDraw {
+                set: self.str(&c.counter_set),
+                counters: c
+                    .counters
+                    .iter()
+                    .map(|(k, v)| (self.str(k), self.str(&v.value.0), Amount::parse_str(&v.value.0).ok()))
+                    .collect(),
+            })
+            .collect();
+        let hasher = self.hasher.clone();
+        self.draws.insert(hash, Arc::from(draws), |d| stored_draws_hash(&hasher, d))
     }
 
     fn attr(&mut self, a: &DeviceAttribute) -> AttrValue {
@@ -355,10 +447,6 @@ impl Compactor {
         AttrValue::List(Arc::new(list))
     }
 
-    fn capacity_entry(&mut self, c: &DeviceCapacity) -> CapacityEntry {
-        CapacityEntry { value: self.str(&c.value.0), request_policy: c.request_policy.clone() }
-    }
-
     /// Drops interned values no device uses any more (after slices went away).
     pub(crate) fn prune(&mut self) {
         self.attributes.prune();
@@ -366,6 +454,121 @@ impl Compactor {
         self.draws.prune();
         self.strings.prune();
     }
+}
+
+/// A counter slice's sets, parsed once when the slice is converted: (set
+/// name, its counters or why one of them does not parse), in slice order.
+pub(crate) type SliceCounterSets = Arc<[(String, Result<BTreeMap<String, Amount>, String>)]>;
+
+fn parse_counter_sets(sets: &[CounterSet]) -> SliceCounterSets {
+    sets.iter()
+        .map(|set| {
+            let counters = set
+                .counters
+                .iter()
+                .map(|(name, c)| {
+                    Amount::parse(&c.value)
+                        .map(|a| (name.clone(), a))
+                        .map_err(|e| format!("counter set {}: counter {name}: {e}", set.name))
+                })
+                .collect();
+            (set.name.clone(), counters)
+        })
+        .collect()
+}
+
+/// What [`Compactor::attr`] would make of `a` is `v` (compared as text,
+/// without interning anything).
+fn attr_is(a: &DeviceAttribute, v: &AttrValue) -> bool {
+    let none_before_string = a.int.is_none() && a.bool.is_none();
+    match v {
+        AttrValue::Int(i) => a.int == Some(*i),
+        AttrValue::Bool(b) => a.int.is_none() && a.bool == Some(*b),
+        AttrValue::Str(s) => none_before_string && a.string.as_deref() == Some(&**s),
+        AttrValue::Version(s) => none_before_string && a.string.is_none() && a.version.as_deref() == Some(&**s),
+        AttrValue::List(_) | AttrValue::Empty => false,
+    }
+}
+
+fn addr<T: ?Sized>(a: &Arc<T>) -> usize {
+    Arc::as_ptr(a).cast::<u8>() as usize
+}
+
+fn attributes_hash(hasher: &foldhash::fast::RandomState, a: &Attributes) -> u64 {
+    let mut h = hasher.build_hasher();
+    for (name, value) in a.0.iter() {
+        h.write_usize(addr(name));
+        match value {
+            AttrValue::Bool(b) => h.write_u64(u64::from(*b)),
+            AttrValue::Int(i) => h.write_i64(*i),
+            AttrValue::Str(s) | AttrValue::Version(s) => h.write_usize(addr(s)),
+            AttrValue::List(l) => l.hash(&mut h),
+            AttrValue::Empty => h.write_u8(0),
+        }
+    }
+    h.finish()
+}
+
+/// Equal maps of interned names and values (see [`Compactor`]).
+fn same_attributes(a: &Attributes, b: &Attributes) -> bool {
+    a.0.len() == b.0.len()
+        && a.0.iter().zip(b.0.iter()).all(|((an, av), (bn, bv))| {
+            Arc::ptr_eq(an, bn)
+                && match (av, bv) {
+                    (AttrValue::Str(x), AttrValue::Str(y)) | (AttrValue::Version(x), AttrValue::Version(y)) => {
+                        Arc::ptr_eq(x, y)
+                    }
+                    _ => av == bv,
+                }
+        })
+}
+
+fn capacities_hash(hasher: &foldhash::fast::RandomState, c: &Capacities) -> u64 {
+    let mut h = hasher.build_hasher();
+    for (name, entry) in c.0.iter() {
+        h.write_usize(addr(name));
+        h.write_usize(addr(&entry.value));
+        h.write_u8(u8::from(entry.request_policy.is_some()));
+    }
+    h.finish()
+}
+
+fn same_capacities(a: &Capacities, b: &Capacities) -> bool {
+    a.0.len() == b.0.len()
+        && a.0.iter().zip(b.0.iter()).all(|((an, ae), (bn, be))| {
+            Arc::ptr_eq(an, bn) && Arc::ptr_eq(&ae.value, &be.value) && ae.request_policy == be.request_policy
+        })
+}
+
+/// Hashes draws as text, so their k8s form and their compact form hash
+/// alike: (set, [(counter, quantity)]) in order.
+fn draws_hash<'a, C>(hasher: &foldhash::fast::RandomState, draws: impl Iterator<Item = (&'a str, C)>) -> u64
+where
+    C: Iterator<Item = (&'a str, &'a str)>,
+{
+    let mut h = hasher.build_hasher();
+    for (set, counters) in draws {
+        set.hash(&mut h);
+        for (name, value) in counters {
+            name.hash(&mut h);
+            value.hash(&mut h);
+        }
+        h.write_u8(0);
+    }
+    h.finish()
+}
+
+fn stored_draws_hash(hasher: &foldhash::fast::RandomState, d: &[CounterDraw]) -> u64 {
+    draws_hash(hasher, d.iter().map(|c| (&*c.set, c.counters.iter().map(|(n, v, _)| (&**n, &**v)))))
+}
+
+fn draws_match(k8s: &[DeviceCounterConsumption], d: &[CounterDraw]) -> bool {
+    k8s.len() == d.len()
+        && k8s.iter().zip(d).all(|(k, c)| {
+            k.counter_set == *c.set
+                && k.counters.len() == c.counters.len()
+                && k.counters.iter().zip(c.counters.iter()).all(|((n, v), (cn, cv, _))| *n == **cn && v.value.0 == **cv)
+        })
 }
 
 #[cfg(test)]
@@ -376,8 +579,8 @@ mod tests {
     #[test]
     fn repeated_maps_and_strings_are_shared() {
         let mut c = Compactor::default();
-        let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"));
-        let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"));
+        let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), None);
+        let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), None);
         assert!(Arc::ptr_eq(&a.attributes, &b.attributes));
         assert!(Arc::ptr_eq(&a.capacity, &b.capacity));
         assert!(Arc::ptr_eq(&a.name, &b.name));
@@ -388,11 +591,12 @@ mod tests {
     #[test]
     fn pruning_keeps_what_is_in_use() {
         let mut c = Compactor::default();
-        let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"));
-        drop(c.device(&device("gpu-1").string("uuid", "GPU-b")));
+        let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"), None);
+        drop(c.device(&device("gpu-1").string("uuid", "GPU-b"), None));
         c.prune();
         assert_eq!(c.attributes.all.len(), 1);
-        assert!(c.strings.all.contains("GPU-a") && !c.strings.all.contains("GPU-b"));
+        let strings: Vec<&str> = c.strings.all.iter().map(|s| &**s).collect();
+        assert!(strings.contains(&"GPU-a") && !strings.contains(&"GPU-b"));
         drop(kept);
     }
 }

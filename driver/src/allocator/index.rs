@@ -66,8 +66,40 @@ struct PoolSlot {
     /// Nodes named by devices of kept `perDeviceNodeSelection` slices.
     device_node_names: Vec<String>,
     checked: pools::CheckedDraws,
+    /// Interned draws (by address, held) → their consumption of this
+    /// pool's counters; cleared when the counters change.
+    consumptions: FastMap<usize, (Arc<[super::compact::CounterDraw]>, Consumption)>,
     /// Some kept device slice is not pinned by `nodeName`.
     shared: bool,
+}
+
+/// The slice an event added, replaced or deleted.
+struct Changed<'a> {
+    name: &'a str,
+    /// The devices of the slice it replaced, if any.
+    replaced: Option<&'a [DeviceRecord]>,
+}
+
+impl Changed<'_> {
+    /// The replaced slice had these devices, by name and in this order.
+    fn same_devices(&self, devices: &[DeviceRecord]) -> bool {
+        self.replaced.is_some_and(|old| {
+            old.len() == devices.len() && old.iter().zip(devices).all(|(a, b)| Arc::ptr_eq(&a.name, &b.name))
+        })
+    }
+}
+
+impl PoolSlot {
+    /// What `d` consumes of this pool's counters, shared by the devices
+    /// with the same (interned) draws.
+    fn consumption_of(&mut self, d: &DeviceRecord) -> Consumption {
+        let counters = &self.counters;
+        let entry = self
+            .consumptions
+            .entry(Arc::as_ptr(&d.consumes).cast::<u8>() as usize)
+            .or_insert_with(|| (Arc::clone(&d.consumes), Arc::from(counters.consumption(&d.consumes))));
+        Arc::clone(&entry.1)
+    }
 }
 
 /// What a selector can see of a device: driver, attributes, capacities and
@@ -90,6 +122,72 @@ struct Signature {
 /// Addresses of the interned driver, attributes and capacities, and
 /// `allowMultipleAllocations`.
 type SignatureKey = (usize, usize, usize, bool);
+
+/// Signatures by number, counted by their devices; numbers of signatures no
+/// device has any more are reused.
+#[derive(Debug, Default)]
+struct Signatures {
+    by_number: Vec<Option<Signature>>,
+    ids: FastMap<SignatureKey, u32>,
+    free: Vec<u32>,
+}
+
+impl Signatures {
+    /// The signature of `d` (of `driver`), counted once more.
+    fn acquire(&mut self, driver: &Arc<str>, d: &DeviceRecord) -> u32 {
+        let key = (
+            Arc::as_ptr(driver).cast::<u8>() as usize,
+            Arc::as_ptr(&d.attributes) as usize,
+            Arc::as_ptr(&d.capacity) as usize,
+            d.allow_multiple_allocations,
+        );
+        let sig = match self.ids.get(&key) {
+            Some(&sig) => sig,
+            None => {
+                let signature = Signature {
+                    key,
+                    users: 0,
+                    _driver: Arc::clone(driver),
+                    _attributes: Arc::clone(&d.attributes),
+                    _capacity: Arc::clone(&d.capacity),
+                };
+                let sig = match self.free.pop() {
+                    Some(sig) => {
+                        if let Some(s) = self.by_number.get_mut(sig as usize) {
+                            *s = Some(signature);
+                        }
+                        sig
+                    }
+                    None => {
+                        self.by_number.push(Some(signature));
+                        (self.by_number.len() - 1) as u32
+                    }
+                };
+                self.ids.insert(key, sig);
+                sig
+            }
+        };
+        if let Some(Some(s)) = self.by_number.get_mut(sig as usize) {
+            s.users += 1;
+        }
+        sig
+    }
+
+    /// Counts one device less for `sig`; true when no device has it any
+    /// more (its number is then free for reuse).
+    fn release(&mut self, sig: u32) -> bool {
+        let Some(entry) = self.by_number.get_mut(sig as usize) else { return false };
+        let Some(s) = entry else { return false };
+        s.users = s.users.saturating_sub(1);
+        if s.users > 0 {
+            return false;
+        }
+        self.ids.remove(&s.key);
+        *entry = None;
+        self.free.push(sig);
+        true
+    }
+}
 
 /// Which device numbers a pool change retired and which nodes it touched;
 /// the allocator uses it to move allocations and drop cached answers.
@@ -118,9 +216,7 @@ pub(crate) struct Fleet {
     consumption: Vec<Consumption>,
     /// By device number: its signature (see [`Signature`]).
     device_signature: Vec<u32>,
-    signatures: Vec<Option<Signature>>,
-    signature_ids: FastMap<SignatureKey, u32>,
-    free_signatures: Vec<u32>,
+    signatures: Signatures,
     /// Retired device numbers, reused for new devices. Nothing is cached
     /// per device number beyond what a pool change invalidates (selector
     /// results are per signature), so reuse is safe.
@@ -151,7 +247,7 @@ impl Fleet {
         }
         let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
         for s in all {
-            let c = fleet.compactor.slice(s);
+            let c = fleet.compactor.slice(s, None);
             grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
         }
         for ((driver, pool), slices) in grouped {
@@ -165,7 +261,13 @@ impl Fleet {
 
     /// Adds or replaces one slice (by name) and updates its pool.
     pub(crate) fn apply_slice(&mut self, slice: &ResourceSlice) -> Vec<PoolChange> {
-        let c = self.compactor.slice(slice);
+        let name = slice.metadata.name.as_deref().unwrap_or_default();
+        let previous = self
+            .slice_home
+            .get(name)
+            .and_then(|&p| self.slots.get(p as usize))
+            .and_then(|slot| slot.kept.iter().chain(&slot.other).find(|s| &*s.name == name));
+        let c = self.compactor.slice(slice, previous);
         let mut changes = Vec::new();
         // A slice that moved to another pool leaves its old one first.
         if let Some(&old) = self.slice_home.get(&c.name)
@@ -177,10 +279,11 @@ impl Fleet {
         let Some(slot) = self.slots.get_mut(p as usize) else { return changes };
         let mut slices: Vec<CompactSlice> =
             std::mem::take(&mut slot.kept).into_iter().chain(std::mem::take(&mut slot.other)).collect();
-        slices.retain(|s| s.name != c.name);
+        let replaced = slices.iter().position(|s| s.name == c.name).map(|i| slices.swap_remove(i));
         let name = Arc::clone(&c.name);
         slices.push(c);
-        changes.push(self.reassemble(p, slices, Some(&name), true));
+        let changed = Changed { name: &name, replaced: replaced.as_ref().map(|r| &r.devices[..]) };
+        changes.push(self.reassemble(p, slices, Some(changed), true));
         changes
     }
 
@@ -193,7 +296,7 @@ impl Fleet {
             .chain(std::mem::take(&mut slot.other))
             .filter(|s| &*s.name != name)
             .collect();
-        Some(self.reassemble(p, slices, Some(name), true))
+        Some(self.reassemble(p, slices, Some(Changed { name, replaced: None }), true))
     }
 
     /// Adds or updates a node's labels. Returns whether anything changed.
@@ -250,6 +353,7 @@ impl Fleet {
             local_nodes: BTreeSet::new(),
             device_node_names: Vec::new(),
             checked: pools::CheckedDraws::default(),
+            consumptions: FastMap::default(),
             shared: false,
         });
         self.pool_ids.entry(Arc::clone(driver)).or_default().insert(Arc::clone(pool), p);
@@ -266,7 +370,7 @@ impl Fleet {
         &mut self,
         p: u32,
         slices: Vec<CompactSlice>,
-        changed: Option<&str>,
+        changed: Option<Changed<'_>>,
         update_views: bool,
     ) -> PoolChange {
         let Some(slot) = self.slots.get_mut(p as usize) else { return PoolChange::default() };
@@ -287,10 +391,12 @@ impl Fleet {
         for s in kept.iter().chain(&other) {
             self.slice_home.insert(Arc::clone(&s.name), p);
         }
-        let keep_numbers =
-            pool.problem.is_none() && slot.pool.problem.is_none() && pool.counter_sets == slot.pool.counter_sets;
-        if pool.counter_sets != slot.pool.counter_sets {
+        let same_counters = Arc::ptr_eq(&pool.counter_sets, &slot.pool.counter_sets)
+            || pool.counter_sets == slot.pool.counter_sets;
+        let keep_numbers = pool.problem.is_none() && slot.pool.problem.is_none() && same_counters;
+        if !same_counters {
             slot.counters = PoolCounters::new(&pool.counter_sets);
+            slot.consumptions.clear();
         }
         let mut old_numbers = std::mem::take(&mut slot.numbers);
         slot.shared = false;
@@ -318,10 +424,28 @@ impl Fleet {
                 continue;
             }
             if let Some(numbers) = previous {
-                if keep_numbers && changed != Some(&*s.name) && numbers.len() == s.devices.len() {
+                let is_changed = changed.as_ref().is_some_and(|c| c.name == &*s.name);
+                let in_place = is_changed && changed.as_ref().is_some_and(|c| c.same_devices(&s.devices));
+                if keep_numbers && numbers.len() == s.devices.len() && (!is_changed || in_place) {
                     for (j, &d) in numbers.iter().enumerate() {
                         if let Some(r) = self.devices.get_mut(d as usize) {
                             *r = DeviceRef { pool: p, slice: i as u32, index: j as u32 };
+                        }
+                        // The same devices with new contents: new
+                        // signatures and consumption, the same numbers (so
+                        // what is allocated stays attached).
+                        if let (true, Some(dev)) = (in_place, s.devices.get(j)) {
+                            let consumption = slot.consumption_of(dev);
+                            let sig = self.signatures.acquire(&slot.pool.driver, dev);
+                            if let (Some(c), Some(g)) =
+                                (self.consumption.get_mut(d as usize), self.device_signature.get_mut(d as usize))
+                            {
+                                *c = consumption;
+                                let old = std::mem::replace(g, sig);
+                                if self.signatures.release(old) {
+                                    change.released_signatures.push(old);
+                                }
+                            }
                         }
                     }
                     slot.numbers.insert(Arc::clone(&s.name), numbers);
@@ -330,48 +454,10 @@ impl Fleet {
                 retired.extend(numbers);
             }
             let mut numbers = Vec::with_capacity(s.devices.len());
-            let mut shared_consumption: FastMap<*const u8, Consumption> = FastMap::default();
             for (j, d) in s.devices.iter().enumerate() {
                 let place = DeviceRef { pool: p, slice: i as u32, index: j as u32 };
-                let consumption = shared_consumption
-                    .entry(Arc::as_ptr(&d.consumes).cast::<u8>())
-                    .or_insert_with(|| Arc::from(slot.counters.consumption(&d.consumes)))
-                    .clone();
-                let sig_key = (
-                    Arc::as_ptr(&slot.pool.driver).cast::<u8>() as usize,
-                    Arc::as_ptr(&d.attributes) as usize,
-                    Arc::as_ptr(&d.capacity) as usize,
-                    d.allow_multiple_allocations,
-                );
-                let sig = match self.signature_ids.get(&sig_key) {
-                    Some(&sig) => sig,
-                    None => {
-                        let signature = Signature {
-                            key: sig_key,
-                            users: 0,
-                            _driver: Arc::clone(&slot.pool.driver),
-                            _attributes: Arc::clone(&d.attributes),
-                            _capacity: Arc::clone(&d.capacity),
-                        };
-                        let sig = match self.free_signatures.pop() {
-                            Some(sig) => {
-                                if let Some(s) = self.signatures.get_mut(sig as usize) {
-                                    *s = Some(signature);
-                                }
-                                sig
-                            }
-                            None => {
-                                self.signatures.push(Some(signature));
-                                (self.signatures.len() - 1) as u32
-                            }
-                        };
-                        self.signature_ids.insert(sig_key, sig);
-                        sig
-                    }
-                };
-                if let Some(Some(s)) = self.signatures.get_mut(sig as usize) {
-                    s.users += 1;
-                }
+                let consumption = slot.consumption_of(d);
+                let sig = self.signatures.acquire(&slot.pool.driver, d);
                 let id = match self.free.pop() {
                     Some(id) => {
                         if let (Some(r), Some(c), Some(g)) = (
@@ -409,6 +495,10 @@ impl Fleet {
             });
         }
         slot.device_ids.extend(fresh);
+        if slot.consumptions.len() > 2 * slot.device_ids.len() + 64 {
+            // Layouts come and go: forget the old ones' (the rest refill).
+            slot.consumptions.clear();
+        }
         self.garbage += retired.len();
         for d in retired {
             if let Some(r) = self.devices.get_mut(d as usize) {
@@ -416,16 +506,8 @@ impl Fleet {
             }
             self.free.push(d);
             let sig = self.device_signature.get(d as usize).copied().unwrap_or(u32::MAX);
-            if let Some(entry) = self.signatures.get_mut(sig as usize)
-                && let Some(s) = entry
-            {
-                s.users = s.users.saturating_sub(1);
-                if s.users == 0 {
-                    self.signature_ids.remove(&s.key);
-                    *entry = None;
-                    self.free_signatures.push(sig);
-                    change.released_signatures.push(sig);
-                }
+            if self.signatures.release(sig) {
+                change.released_signatures.push(sig);
             }
         }
         for n in &slot.local_nodes {
@@ -520,7 +602,7 @@ impl Fleet {
 
     /// Signatures numbered so far: the size of per-signature caches.
     pub(crate) fn signature_count(&self) -> usize {
-        self.signatures.len()
+        self.signatures.by_number.len()
     }
 
     pub(crate) fn slice_count(&self) -> usize {
@@ -762,5 +844,24 @@ mod tests {
         let view = fleet.view("n1");
         assert!(view.devices.is_empty());
         assert_eq!(view.problem_pools.len(), 1);
+    }
+}
+
+#[cfg(test)]
+mod update_tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn republishing_a_slice_keeps_the_node_list() {
+        let mut fleet = Fleet::build(
+            &[node_slice("n1", vec![device("gpu-0")]), node_slice("n2", vec![device("gpu-0")])],
+            &[node("n1", &[])],
+        );
+        assert!(!fleet.names_dirty);
+        let changes = fleet.apply_slice(&node_slice("n2", vec![device("gpu-0").string("driverVersion", "2")]));
+        assert!(!fleet.names_dirty, "the same nodes are mentioned");
+        assert!(changes.iter().all(|c| !c.node_set_changed));
+        assert_eq!(fleet.mentioned.get("n2"), Some(&1));
     }
 }

@@ -21,7 +21,7 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 use super::amount::Amount;
-use super::compact::{CompactSlice, CounterDraw};
+use super::compact::{CompactSlice, CounterDraw, SliceCounterSets};
 use super::explain::PoolProblem;
 
 /// Counter sets of a pool: set name → counter name → amount.
@@ -32,7 +32,8 @@ pub(crate) struct Pool {
     pub(crate) driver: Arc<str>,
     pub(crate) name: Arc<str>,
     pub(crate) problem: Option<PoolProblem>,
-    pub(crate) counter_sets: CounterSets,
+    /// Shared with the pool's memo while the counter slices stay the same.
+    pub(crate) counter_sets: Arc<CounterSets>,
     /// Some device has binding conditions: upstream tries such pools last.
     pub(crate) binding_conditions: bool,
 }
@@ -64,12 +65,17 @@ pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
     (kept, pools)
 }
 
-/// Counter draws already found valid against a pool's counter sets. Draws
+/// What checking a pool found that its next check can reuse: the counter
+/// sets built from its counter slices (rebuilt only when those slices
+/// change), and the counter draws already found valid against them. Draws
 /// are interned, so a slice republished with the same layout is checked in
 /// a pointer lookup per device rather than a lookup per counter.
 #[derive(Debug, Default)]
 pub(crate) struct CheckedDraws {
-    sets: CounterSets,
+    /// The counter slices' parsed sets `sets` was built from (held, so
+    /// their addresses identify them).
+    built_from: Vec<SliceCounterSets>,
+    sets: Arc<CounterSets>,
     good: Vec<Arc<[CounterDraw]>>,
     addresses: HashSet<usize, foldhash::fast::RandomState>,
 }
@@ -109,11 +115,11 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mu
     if i64::try_from(slices.len()).ok() != Some(expected) {
         problem = Some(PoolProblem::Incomplete { slices_seen: slices.len(), slices_expected: expected });
     }
-    let counter_sets = match counter_sets(slices) {
+    let counter_sets = match counter_sets(slices, checked) {
         Ok(c) => c,
         Err(reason) => {
             problem.get_or_insert(PoolProblem::Invalid { reason });
-            CounterSets::new()
+            Arc::default()
         }
     };
     if problem.is_none()
@@ -125,36 +131,44 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mu
     Pool { driver, name, problem, counter_sets, binding_conditions }
 }
 
-fn counter_sets(slices: &[CompactSlice]) -> Result<CounterSets, String> {
+/// The pool's counter sets; the memo's when built from the same slices.
+fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<CounterSets>, String> {
+    let from: Vec<&SliceCounterSets> = slices.iter().filter(|s| s.is_counter_slice()).map(|s| &s.counter_sets).collect();
+    if from.len() == checked.built_from.len() && from.iter().zip(&checked.built_from).all(|(a, b)| Arc::ptr_eq(a, b)) {
+        return Ok(Arc::clone(&checked.sets));
+    }
     let mut sets = CounterSets::new();
     for s in slices {
-        for set in &s.shared_counters {
-            if sets.contains_key(&set.name) {
-                return Err(format!("duplicate counter set name {}", set.name));
+        for (name, counters) in s.counter_sets.iter() {
+            if sets.contains_key(name) {
+                return Err(format!("duplicate counter set name {name}"));
             }
-            let mut counters = BTreeMap::new();
-            for (name, counter) in &set.counters {
-                let amount = Amount::parse(&counter.value)
-                    .map_err(|e| format!("counter set {}: counter {name}: {e}", set.name))?;
-                counters.insert(name.clone(), amount);
-            }
-            sets.insert(set.name.clone(), counters);
+            sets.insert(name.clone(), counters.clone()?);
         }
     }
-    Ok(sets)
+    Ok(Arc::new(sets))
 }
 
-fn check_devices(slices: &[CompactSlice], sets: &CounterSets, checked: &mut CheckedDraws) -> Result<(), String> {
-    if checked.sets != *sets {
-        *checked = CheckedDraws { sets: sets.clone(), ..Default::default() };
+fn check_devices(slices: &[CompactSlice], sets: &Arc<CounterSets>, checked: &mut CheckedDraws) -> Result<(), String> {
+    if !Arc::ptr_eq(&checked.sets, sets) {
+        let built_from =
+            slices.iter().filter(|s| s.is_counter_slice()).map(|s| Arc::clone(&s.counter_sets)).collect();
+        if *checked.sets == **sets {
+            // Equal sets from new slices: the draws found valid stay valid.
+            checked.sets = Arc::clone(sets);
+            checked.built_from = built_from;
+        } else {
+            *checked = CheckedDraws { built_from, sets: Arc::clone(sets), ..Default::default() };
+        }
     }
-    let mut names: HashSet<&str, foldhash::fast::RandomState> = HashSet::default();
+    // Device names are interned: equal names, one address.
+    let mut names: HashSet<usize, foldhash::fast::RandomState> = HashSet::default();
     for s in slices {
         if s.is_counter_slice() {
             continue;
         }
         for d in &s.devices {
-            if !names.insert(&*d.name) {
+            if !names.insert(Arc::as_ptr(&d.name).cast::<u8>() as usize) {
                 return Err(format!("duplicate device name {}", d.name));
             }
             if d.consumes.is_empty() || checked.is_good(&d.consumes) {
@@ -190,7 +204,7 @@ mod tests {
 
     fn build_k8s(all: &[k8s_openapi::api::resource::v1::ResourceSlice]) -> (Vec<CompactSlice>, Vec<Pool>) {
         let mut c = Compactor::default();
-        build(all.iter().map(|s| c.slice(s)).collect())
+        build(all.iter().map(|s| c.slice(s, None)).collect())
     }
 
     #[test]

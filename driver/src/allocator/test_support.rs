@@ -21,7 +21,7 @@ pub fn q(s: &str) -> Quantity {
 
 /// The compact form of a test device.
 pub fn rec(d: Device) -> super::compact::DeviceRecord {
-    super::compact::Compactor::default().device(&d)
+    super::compact::Compactor::default().device(&d, None)
 }
 
 pub fn device(name: &str) -> Device {
