@@ -129,6 +129,22 @@ impl Hash for CounterDraw {
     }
 }
 
+/// Devices converted before that a new one is likely to resemble.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Like<'a> {
+    /// The device converted just before (same slice).
+    pub(crate) before: Option<&'a DeviceRecord>,
+    /// The device at the same position in the slice being replaced.
+    pub(crate) replaced: Option<&'a DeviceRecord>,
+}
+
+impl<'a> Like<'a> {
+    /// The same part of both, the one before first (it is in cache).
+    fn map<T: ?Sized>(self, part: impl Fn(&'a DeviceRecord) -> &'a Arc<T>) -> [Option<&'a Arc<T>>; 2] {
+        [self.before.map(&part), self.replaced.map(&part)]
+    }
+}
+
 /// The rarely set parts of a device, boxed so most devices pay one pointer.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct DeviceExtra {
@@ -200,7 +216,9 @@ impl CompactSlice {
 /// cache) answers most lookups first.
 #[derive(Debug)]
 struct Table<T: ?Sized> {
-    all: HashTable<Arc<T>>,
+    /// With each value its hash: growing the table rehashes without
+    /// reading the values (each read would be a cache miss).
+    all: HashTable<(u64, Arc<T>)>,
     recent: Vec<Option<(u64, Arc<T>)>>,
 }
 
@@ -221,27 +239,26 @@ impl<T: ?Sized> Table<T> {
         {
             return Some(Arc::clone(hit));
         }
-        let found = Arc::clone(self.all.find(hash, |v| eq(v))?);
+        let found = Arc::clone(&self.all.find(hash, |(h, v)| *h == hash && eq(v))?.1);
         if let Some(entry) = self.recent.get_mut(slot) {
             *entry = Some((hash, Arc::clone(&found)));
         }
         Some(found)
     }
 
-    /// Adds a value `find` did not find; `rehash` hashes the stored values
-    /// when the table grows.
-    fn insert(&mut self, hash: u64, value: Arc<T>, rehash: impl Fn(&T) -> u64) -> Arc<T> {
+    /// Adds a value `find` did not find.
+    fn insert(&mut self, hash: u64, value: Arc<T>) -> Arc<T> {
         if let Some(entry) = self.recent.get_mut((hash as usize) % RECENT) {
             *entry = Some((hash, Arc::clone(&value)));
         }
-        self.all.insert_unique(hash, Arc::clone(&value), |v| rehash(v));
+        self.all.insert_unique(hash, (hash, Arc::clone(&value)), |(h, _)| *h);
         value
     }
 
     /// Forgets values nothing else holds any more.
     fn prune(&mut self) {
         self.recent.iter_mut().for_each(|e| *e = None);
-        self.all.retain(|v| Arc::strong_count(v) > 1);
+        self.all.retain(|(_, v)| Arc::strong_count(v) > 1);
     }
 }
 
@@ -265,20 +282,20 @@ impl Compactor {
         if let Some(found) = self.strings.find(hash, |v| v == s) {
             return found;
         }
-        let hasher = self.hasher.clone();
-        self.strings.insert(hash, Arc::from(s), |v| hasher.hash_one(v))
+        self.strings.insert(hash, Arc::from(s))
     }
 
-    /// `previous`: the slice this one replaces, if any. Its devices are
-    /// compared with the new ones at the same position and what is equal is
-    /// reused without being hashed again (a driver republishing a slice
-    /// changes a few values, not the layout); without it, each device is
-    /// compared with the one before it (MIG devices repeat most of theirs).
+    /// `previous`: the slice this one replaces, if any. Each device is
+    /// compared with the one converted before it (MIG devices repeat most
+    /// of theirs, and it is still in cache) and with the previous slice's
+    /// device at the same position (a driver republishing a slice changes a
+    /// few values, not the layout); what is equal is reused without being
+    /// hashed or looked up again.
     pub(crate) fn slice(&mut self, s: &ResourceSlice, previous: Option<&CompactSlice>) -> CompactSlice {
         let k8s_devices = s.spec.devices.as_deref().unwrap_or_default();
         let mut devices: Vec<DeviceRecord> = Vec::with_capacity(k8s_devices.len());
         for (i, d) in k8s_devices.iter().enumerate() {
-            let like = previous.and_then(|p| p.devices.get(i)).or(devices.last());
+            let like = Like { before: devices.last(), replaced: previous.and_then(|p| p.devices.get(i)) };
             let record = self.device(d, like);
             devices.push(record);
         }
@@ -297,9 +314,8 @@ impl Compactor {
         }
     }
 
-    /// One device; what equals `like`'s (a device converted before) is
-    /// taken from it.
-    pub(crate) fn device(&mut self, d: &Device, like: Option<&DeviceRecord>) -> DeviceRecord {
+    /// One device; what equals that of a device in `like` is taken from it.
+    pub(crate) fn device(&mut self, d: &Device, like: Like<'_>) -> DeviceRecord {
         let extra = DeviceExtra {
             taints: d.taints.clone().unwrap_or_default(),
             binding_conditions: d.binding_conditions.clone(),
@@ -309,15 +325,18 @@ impl Compactor {
             all_nodes: d.all_nodes,
             node_selector: d.node_selector.clone(),
         };
-        let name = match like {
+        let name = match like.replaced {
             Some(l) if *l.name == *d.name => Arc::clone(&l.name),
             _ => self.str(&d.name),
         };
+        let attributes = self.attributes(d.attributes.as_ref(), like.map(|l| &l.attributes));
+        let capacity = self.capacities(d.capacity.as_ref(), like.map(|l| &l.capacity));
+        let consumes = self.draws(d.consumes_counters.as_deref().unwrap_or_default(), like.map(|l| &l.consumes));
         DeviceRecord {
             name,
-            attributes: self.attributes(d.attributes.as_ref(), like.map(|l| &l.attributes)),
-            capacity: self.capacities(d.capacity.as_ref(), like.map(|l| &l.capacity)),
-            consumes: self.draws(d.consumes_counters.as_deref().unwrap_or_default()),
+            attributes,
+            capacity,
+            consumes,
             allow_multiple_allocations: d.allow_multiple_allocations == Some(true),
             extra: (extra != DeviceExtra::default()).then(|| Box::new(extra)),
         }
@@ -326,19 +345,20 @@ impl Compactor {
     fn attributes(
         &mut self,
         map: Option<&BTreeMap<String, DeviceAttribute>>,
-        like: Option<&Arc<Attributes>>,
+        like: [Option<&Arc<Attributes>>; 2],
     ) -> Arc<Attributes> {
         let empty = BTreeMap::new();
         let map = map.unwrap_or(&empty);
-        if let Some(like) = like
-            && map.len() == like.0.len()
-            && map.iter().zip(like.0.iter()).all(|((n, a), (ln, lv))| *n == **ln && attr_is(a, lv))
-        {
-            return Arc::clone(like);
+        for l in like.into_iter().flatten() {
+            if map.len() == l.0.len()
+                && map.iter().zip(l.0.iter()).all(|((n, a), (ln, lv))| *n == **ln && attr_is(a, lv))
+            {
+                return Arc::clone(l);
+            }
         }
         // Both are sorted by name (a BTreeMap's order is the strings'), so
         // one walk pairs equal names.
-        let like: &[(Arc<str>, AttrValue)] = like.map(|l| &l.0[..]).unwrap_or_default();
+        let like: &[(Arc<str>, AttrValue)] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
         let mut j = 0;
         let mut entries = Vec::with_capacity(map.len());
         for (n, a) in map {
@@ -357,25 +377,24 @@ impl Compactor {
         if let Some(found) = self.attributes.find(hash, |a| same_attributes(a, &attributes)) {
             return found;
         }
-        let hasher = self.hasher.clone();
-        self.attributes.insert(hash, Arc::new(attributes), |a| attributes_hash(&hasher, a))
+        self.attributes.insert(hash, Arc::new(attributes))
     }
 
     fn capacities(
         &mut self,
         map: Option<&BTreeMap<String, DeviceCapacity>>,
-        like: Option<&Arc<Capacities>>,
+        like: [Option<&Arc<Capacities>>; 2],
     ) -> Arc<Capacities> {
         let empty = BTreeMap::new();
         let map = map.unwrap_or(&empty);
-        let equal = |c: &DeviceCapacity, e: &CapacityEntry| c.value.0 == *e.value && c.request_policy == e.request_policy;
-        if let Some(like) = like
-            && map.len() == like.0.len()
-            && map.iter().zip(like.0.iter()).all(|((n, c), (ln, e))| *n == **ln && equal(c, e))
-        {
-            return Arc::clone(like);
+        let equal =
+            |c: &DeviceCapacity, e: &CapacityEntry| c.value.0 == *e.value && c.request_policy == e.request_policy;
+        for l in like.into_iter().flatten() {
+            if map.len() == l.0.len() && map.iter().zip(l.0.iter()).all(|((n, c), (ln, e))| *n == **ln && equal(c, e)) {
+                return Arc::clone(l);
+            }
         }
-        let like: &[(Arc<str>, CapacityEntry)] = like.map(|l| &l.0[..]).unwrap_or_default();
+        let like: &[(Arc<str>, CapacityEntry)] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
         let mut j = 0;
         let mut entries = Vec::with_capacity(map.len());
         for (n, c) in map {
@@ -395,13 +414,21 @@ impl Compactor {
         if let Some(found) = self.capacities.find(hash, |c| same_capacities(c, &capacities)) {
             return found;
         }
-        let hasher = self.hasher.clone();
-        self.capacities.insert(hash, Arc::new(capacities), |c| capacities_hash(&hasher, c))
+        self.capacities.insert(hash, Arc::new(capacities))
     }
 
     /// Interns a device's draws, looked up in their k8s form; new ones get
     /// their quantities parsed.
-    fn draws(&mut self, k8s: &[DeviceCounterConsumption]) -> Arc<[CounterDraw]> {
+    fn draws(
+        &mut self,
+        k8s: &[DeviceCounterConsumption],
+        like: [Option<&Arc<[CounterDraw]>>; 2],
+    ) -> Arc<[CounterDraw]> {
+        for l in like.into_iter().flatten() {
+            if draws_match(k8s, l) {
+                return Arc::clone(l);
+            }
+        }
         let hash = draws_hash(
             &self.hasher,
             k8s.iter().map(|c| (&*c.counter_set, c.counters.iter().map(|(n, v)| (&**n, &*v.value.0)))),
@@ -420,8 +447,7 @@ impl Compactor {
                     .collect(),
             })
             .collect();
-        let hasher = self.hasher.clone();
-        self.draws.insert(hash, Arc::from(draws), |d| stored_draws_hash(&hasher, d))
+        self.draws.insert(hash, Arc::from(draws))
     }
 
     fn attr(&mut self, a: &DeviceAttribute) -> AttrValue {
@@ -558,10 +584,6 @@ where
     h.finish()
 }
 
-fn stored_draws_hash(hasher: &foldhash::fast::RandomState, d: &[CounterDraw]) -> u64 {
-    draws_hash(hasher, d.iter().map(|c| (&*c.set, c.counters.iter().map(|(n, v, _)| (&**n, &**v)))))
-}
-
 fn draws_match(k8s: &[DeviceCounterConsumption], d: &[CounterDraw]) -> bool {
     k8s.len() == d.len()
         && k8s.iter().zip(d).all(|(k, c)| {
@@ -579,8 +601,8 @@ mod tests {
     #[test]
     fn repeated_maps_and_strings_are_shared() {
         let mut c = Compactor::default();
-        let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), None);
-        let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), None);
+        let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), Like::default());
+        let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), Like::default());
         assert!(Arc::ptr_eq(&a.attributes, &b.attributes));
         assert!(Arc::ptr_eq(&a.capacity, &b.capacity));
         assert!(Arc::ptr_eq(&a.name, &b.name));
@@ -591,11 +613,11 @@ mod tests {
     #[test]
     fn pruning_keeps_what_is_in_use() {
         let mut c = Compactor::default();
-        let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"), None);
+        let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"), Like::default());
         drop(c.device(&device("gpu-1").string("uuid", "GPU-b"), None));
         c.prune();
         assert_eq!(c.attributes.all.len(), 1);
-        let strings: Vec<&str> = c.strings.all.iter().map(|s| &**s).collect();
+        let strings: Vec<&str> = c.strings.all.iter().map(|(_, s)| &**s).collect();
         assert!(strings.contains(&"GPU-a") && !strings.contains(&"GPU-b"));
         drop(kept);
     }

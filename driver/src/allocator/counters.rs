@@ -139,8 +139,17 @@ mod tests {
         )]);
         let pc = PoolCounters::new(&sets);
         let mut c = super::super::compact::Compactor::default();
-        let half = pc.consumption(&c.device(&device("half").consumes("gpu-0", &[("memory", "40Gi")]), None).consumes);
-        let whole = pc.consumption(&c.device(&device("whole").consumes("gpu-0", &[("memory", "80Gi")]), None).consumes);
+        let half = pc.consumption(
+            &c.device(&device("half").consumes("gpu-0", &[("memory", "40Gi")]), super::super::compact::Like::default())
+                .consumes,
+        );
+        let whole = pc.consumption(
+            &c.device(
+                &device("whole").consumes("gpu-0", &[("memory", "80Gi")]),
+                super::super::compact::Like::default(),
+            )
+            .consumes,
+        );
         let (allocated, mut allocating) = (CounterUse::default(), CounterUse::default());
         assert!(fits(&pc, 0, &whole, &allocated, &allocating).is_ok());
         allocating.add(0, &half);

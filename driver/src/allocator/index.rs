@@ -202,6 +202,9 @@ pub(crate) struct PoolChange {
     pub(crate) nodes: Option<Vec<String>>,
     /// The list of node names changed (positions moved).
     pub(crate) node_set_changed: bool,
+    /// Devices came, went or draw differently on the pool's counters (or
+    /// the counters changed): what is in use must be summed again.
+    pub(crate) consumption_changed: bool,
 }
 
 #[derive(Debug, Default)]
@@ -391,8 +394,8 @@ impl Fleet {
         for s in kept.iter().chain(&other) {
             self.slice_home.insert(Arc::clone(&s.name), p);
         }
-        let same_counters = Arc::ptr_eq(&pool.counter_sets, &slot.pool.counter_sets)
-            || pool.counter_sets == slot.pool.counter_sets;
+        let same_counters =
+            Arc::ptr_eq(&pool.counter_sets, &slot.pool.counter_sets) || pool.counter_sets == slot.pool.counter_sets;
         let keep_numbers = pool.problem.is_none() && slot.pool.problem.is_none() && same_counters;
         if !same_counters {
             slot.counters = PoolCounters::new(&pool.counter_sets);
@@ -435,12 +438,21 @@ impl Fleet {
                         // signatures and consumption, the same numbers (so
                         // what is allocated stays attached).
                         if let (true, Some(dev)) = (in_place, s.devices.get(j)) {
-                            let consumption = slot.consumption_of(dev);
+                            let same_draws = changed
+                                .as_ref()
+                                .and_then(|c| c.replaced?.get(j))
+                                .is_some_and(|old| Arc::ptr_eq(&old.consumes, &dev.consumes));
+                            // Its old contents may now be garbage in the interner.
+                            self.garbage += 1;
+                            if !same_draws {
+                                change.consumption_changed = true;
+                                let consumption = slot.consumption_of(dev);
+                                if let Some(c) = self.consumption.get_mut(d as usize) {
+                                    *c = consumption;
+                                }
+                            }
                             let sig = self.signatures.acquire(&slot.pool.driver, dev);
-                            if let (Some(c), Some(g)) =
-                                (self.consumption.get_mut(d as usize), self.device_signature.get_mut(d as usize))
-                            {
-                                *c = consumption;
+                            if let Some(g) = self.device_signature.get_mut(d as usize) {
                                 let old = std::mem::replace(g, sig);
                                 if self.signatures.release(old) {
                                     change.released_signatures.push(old);
@@ -494,12 +506,14 @@ impl Fleet {
                 keep
             });
         }
+        let fresh_empty = fresh.is_empty();
         slot.device_ids.extend(fresh);
         if slot.consumptions.len() > 2 * slot.device_ids.len() + 64 {
             // Layouts come and go: forget the old ones' (the rest refill).
             slot.consumptions.clear();
         }
         self.garbage += retired.len();
+        change.consumption_changed |= !same_counters || !retired.is_empty() || !fresh_empty;
         for d in retired {
             if let Some(r) = self.devices.get_mut(d as usize) {
                 r.pool = DEAD;

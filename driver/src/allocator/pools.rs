@@ -78,6 +78,8 @@ pub(crate) struct CheckedDraws {
     sets: Arc<CounterSets>,
     good: Vec<Arc<[CounterDraw]>>,
     addresses: HashSet<usize, foldhash::fast::RandomState>,
+    /// Scratch set for the duplicate-name check, kept for its allocation.
+    names: HashSet<usize, foldhash::fast::RandomState>,
 }
 
 impl CheckedDraws {
@@ -133,7 +135,8 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mu
 
 /// The pool's counter sets; the memo's when built from the same slices.
 fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<CounterSets>, String> {
-    let from: Vec<&SliceCounterSets> = slices.iter().filter(|s| s.is_counter_slice()).map(|s| &s.counter_sets).collect();
+    let from: Vec<&SliceCounterSets> =
+        slices.iter().filter(|s| s.is_counter_slice()).map(|s| &s.counter_sets).collect();
     if from.len() == checked.built_from.len() && from.iter().zip(&checked.built_from).all(|(a, b)| Arc::ptr_eq(a, b)) {
         return Ok(Arc::clone(&checked.sets));
     }
@@ -151,8 +154,7 @@ fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<C
 
 fn check_devices(slices: &[CompactSlice], sets: &Arc<CounterSets>, checked: &mut CheckedDraws) -> Result<(), String> {
     if !Arc::ptr_eq(&checked.sets, sets) {
-        let built_from =
-            slices.iter().filter(|s| s.is_counter_slice()).map(|s| Arc::clone(&s.counter_sets)).collect();
+        let built_from = slices.iter().filter(|s| s.is_counter_slice()).map(|s| Arc::clone(&s.counter_sets)).collect();
         if *checked.sets == **sets {
             // Equal sets from new slices: the draws found valid stay valid.
             checked.sets = Arc::clone(sets);
@@ -162,7 +164,19 @@ fn check_devices(slices: &[CompactSlice], sets: &Arc<CounterSets>, checked: &mut
         }
     }
     // Device names are interned: equal names, one address.
-    let mut names: HashSet<usize, foldhash::fast::RandomState> = HashSet::default();
+    let mut names = std::mem::take(&mut checked.names);
+    names.clear();
+    let result = check_each_device(slices, sets, checked, &mut names);
+    checked.names = names;
+    result
+}
+
+fn check_each_device(
+    slices: &[CompactSlice],
+    sets: &CounterSets,
+    checked: &mut CheckedDraws,
+    names: &mut HashSet<usize, foldhash::fast::RandomState>,
+) -> Result<(), String> {
     for s in slices {
         if s.is_counter_slice() {
             continue;

@@ -113,6 +113,11 @@ impl AllocatedState {
     /// longer has is kept aside by ID, what it has again attaches, and the
     /// pool's counters in use are summed again.
     pub(crate) fn pool_changed(&mut self, fleet: &Fleet, change: &PoolChange) {
+        self.version += 1;
+        if !change.consumption_changed {
+            // The same devices under the same numbers, drawing the same.
+            return;
+        }
         let Some(pool) = fleet.pool(change.pool) else { return };
         let (driver, pool_name) = (Arc::clone(&pool.driver), Arc::clone(&pool.name));
         let mut moved: Vec<(String, Holding)> = Vec::new();
@@ -148,7 +153,6 @@ impl AllocatedState {
         for d in used {
             self.counters.add(change.pool, fleet.consumption(d));
         }
-        self.version += 1;
     }
 
     /// Taken by a dedicated allocation.

@@ -21,7 +21,7 @@ pub fn q(s: &str) -> Quantity {
 
 /// The compact form of a test device.
 pub fn rec(d: Device) -> super::compact::DeviceRecord {
-    super::compact::Compactor::default().device(&d, None)
+    super::compact::Compactor::default().device(&d, super::compact::Like::default())
 }
 
 pub fn device(name: &str) -> Device {
