@@ -255,6 +255,23 @@ impl<T: ?Sized> Table<T> {
         value
     }
 
+    /// Drops `value` (hashed `hash`) from the table when nothing else holds
+    /// it: the caller's reference, the table's and the recent cache's are
+    /// all there are.
+    fn release(&mut self, hash: u64, value: Arc<T>) {
+        let slot = (hash as usize) % RECENT;
+        let in_recent = matches!(self.recent.get(slot), Some(Some((_, v))) if Arc::ptr_eq(v, &value));
+        if Arc::strong_count(&value) != 2 + usize::from(in_recent) {
+            return;
+        }
+        if let (true, Some(entry)) = (in_recent, self.recent.get_mut(slot)) {
+            *entry = None;
+        }
+        if let Ok(entry) = self.all.find_entry(hash, |(_, v)| Arc::ptr_eq(v, &value)) {
+            entry.remove();
+        }
+    }
+
     /// Forgets values nothing else holds any more.
     fn prune(&mut self) {
         self.recent.iter_mut().for_each(|e| *e = None);
@@ -473,6 +490,40 @@ impl Compactor {
         AttrValue::List(Arc::new(list))
     }
 
+    /// Drops the maps of replaced devices that no other device uses, at
+    /// once: a republished slice's old maps are still in cache (they were
+    /// just compared), where a later [`Compactor::prune`] would find them
+    /// cold. Strings are left to pruning.
+    pub(crate) fn release(&mut self, devices: Vec<DeviceRecord>) {
+        // More holders than a device, the table and the recent cache: a
+        // shared map, not worth hashing.
+        const MAYBE_LAST: usize = 3;
+        for d in devices {
+            let DeviceRecord { attributes, capacity, consumes, .. } = d;
+            if Arc::strong_count(&attributes) <= MAYBE_LAST {
+                let hash = attributes_hash(&self.hasher, &attributes);
+                self.attributes.release(hash, attributes);
+            }
+            if Arc::strong_count(&capacity) <= MAYBE_LAST {
+                let hash = capacities_hash(&self.hasher, &capacity);
+                self.capacities.release(hash, capacity);
+            }
+            if Arc::strong_count(&consumes) <= MAYBE_LAST {
+                let hash = draws_hash(
+                    &self.hasher,
+                    consumes.iter().map(|c| (&*c.set, c.counters.iter().map(|(n, v, _)| (&**n, &**v)))),
+                );
+                self.draws.release(hash, consumes);
+            }
+        }
+    }
+
+    /// Attribute maps interned (tests check that replaced ones go).
+    #[cfg(test)]
+    pub(crate) fn attribute_maps(&self) -> usize {
+        self.attributes.all.len()
+    }
+
     /// Drops interned values no device uses any more (after slices went away).
     pub(crate) fn prune(&mut self) {
         self.attributes.prune();
@@ -614,11 +665,56 @@ mod tests {
     fn pruning_keeps_what_is_in_use() {
         let mut c = Compactor::default();
         let kept = c.device(&device("gpu-0").string("uuid", "GPU-a"), Like::default());
-        drop(c.device(&device("gpu-1").string("uuid", "GPU-b"), None));
+        drop(c.device(&device("gpu-1").string("uuid", "GPU-b"), Like::default()));
         c.prune();
         assert_eq!(c.attributes.all.len(), 1);
         let strings: Vec<&str> = c.strings.all.iter().map(|(_, s)| &**s).collect();
         assert!(strings.contains(&"GPU-a") && !strings.contains(&"GPU-b"));
         drop(kept);
+    }
+}
+
+#[cfg(test)]
+mod reuse_tests {
+    use super::super::test_support::*;
+    use super::*;
+
+    #[test]
+    fn a_republished_device_reuses_what_did_not_change() {
+        let mut c = Compactor::default();
+        let old = c.device(
+            &device("gpu-0").string("productName", "H100").version("driverVersion", "1.0.0").cap("memory", "80Gi"),
+            Like::default(),
+        );
+        let new = c.device(
+            &device("gpu-0").string("productName", "H100").version("driverVersion", "2.0.0").cap("memory", "80Gi"),
+            Like { before: None, replaced: Some(&old) },
+        );
+        assert!(Arc::ptr_eq(&old.capacity, &new.capacity) && Arc::ptr_eq(&old.name, &new.name));
+        assert!(!Arc::ptr_eq(&old.attributes, &new.attributes));
+        assert_eq!(new.attributes.get("driverVersion"), Some(&AttrValue::Version("2.0.0".into())));
+        // A value of another type is not taken for the old one.
+        let typed = c.device(
+            &device("gpu-0").string("productName", "H100").string("driverVersion", "2.0.0").cap("memory", "80Gi"),
+            Like { before: Some(&new), replaced: Some(&old) },
+        );
+        assert_eq!(typed.attributes.get("driverVersion"), Some(&AttrValue::Str("2.0.0".into())));
+        // Built again without a reference, equal maps are the same map.
+        let fresh = c.device(
+            &device("gpu-0").string("productName", "H100").version("driverVersion", "2.0.0").cap("memory", "80Gi"),
+            Like::default(),
+        );
+        assert!(Arc::ptr_eq(&fresh.attributes, &new.attributes));
+    }
+
+    #[test]
+    fn draws_are_found_from_their_k8s_form() {
+        let mut c = Compactor::default();
+        let a = c.device(&device("a").consumes("gpu-0", &[("memory", "10Gi")]), Like::default());
+        let b = c.device(&device("b").consumes("gpu-0", &[("memory", "10Gi")]), Like::default());
+        let other = c.device(&device("c").consumes("gpu-0", &[("memory", "20Gi")]), Like::default());
+        assert!(Arc::ptr_eq(&a.consumes, &b.consumes));
+        assert!(!Arc::ptr_eq(&a.consumes, &other.consumes));
+        assert_eq!(other.consumes[0].counters[0].2, Amount::parse_str("20Gi").ok());
     }
 }

@@ -287,6 +287,9 @@ impl Fleet {
         slices.push(c);
         let changed = Changed { name: &name, replaced: replaced.as_ref().map(|r| &r.devices[..]) };
         changes.push(self.reassemble(p, slices, Some(changed), true));
+        if let Some(r) = replaced {
+            self.compactor.release(r.devices);
+        }
         changes
     }
 
@@ -442,8 +445,6 @@ impl Fleet {
                                 .as_ref()
                                 .and_then(|c| c.replaced?.get(j))
                                 .is_some_and(|old| Arc::ptr_eq(&old.consumes, &dev.consumes));
-                            // Its old contents may now be garbage in the interner.
-                            self.garbage += 1;
                             if !same_draws {
                                 change.consumption_changed = true;
                                 let consumption = slot.consumption_of(dev);
@@ -877,5 +878,28 @@ mod update_tests {
         assert!(!fleet.names_dirty, "the same nodes are mentioned");
         assert!(changes.iter().all(|c| !c.node_set_changed));
         assert_eq!(fleet.mentioned.get("n2"), Some(&1));
+    }
+
+    #[test]
+    fn republished_maps_do_not_pile_up() {
+        let slice = |v: &str| {
+            node_slice(
+                "n1",
+                (0..4)
+                    .map(|g| {
+                        device(&format!("gpu-{g}"))
+                            .string("uuid", &format!("GPU-{g}"))
+                            .int("v", v.len() as i64)
+                            .string("ver", v)
+                    })
+                    .collect(),
+            )
+        };
+        let mut fleet = Fleet::build(&[slice("a")], &[]);
+        for i in 0..50 {
+            fleet.apply_slice(&slice(&"b".repeat(i + 1)));
+        }
+        assert_eq!(fleet.compactor.attribute_maps(), 4, "only the live devices' maps are kept");
+        assert_eq!(fleet.device_count(), 4);
     }
 }

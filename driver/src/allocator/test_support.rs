@@ -32,6 +32,7 @@ pub fn device(name: &str) -> Device {
 pub trait DeviceExt {
     fn string(self, key: &str, v: &str) -> Self;
     fn int(self, key: &str, v: i64) -> Self;
+    fn version(self, key: &str, v: &str) -> Self;
     fn cap(self, key: &str, v: &str) -> Self;
     fn taint(self, key: &str, value: Option<&str>, effect: &str) -> Self;
     fn consumes(self, set: &str, counters: &[(&str, &str)]) -> Self;
@@ -49,6 +50,10 @@ impl DeviceExt for Device {
     }
     fn int(mut self, key: &str, v: i64) -> Self {
         attrs(&mut self).insert(key.into(), DeviceAttribute { int: Some(v), ..Default::default() });
+        self
+    }
+    fn version(mut self, key: &str, v: &str) -> Self {
+        attrs(&mut self).insert(key.into(), DeviceAttribute { version: Some(v.into()), ..Default::default() });
         self
     }
     fn cap(mut self, key: &str, v: &str) -> Self {

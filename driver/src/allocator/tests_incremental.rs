@@ -205,3 +205,35 @@ fn released_signatures_are_reused_with_fresh_answers() {
     assert!(a.allocate("n1", &[&wants("B200")]).is_ok());
     assert!(a.fleet.signature_count() <= 2, "numbers are reused, not piled up");
 }
+
+#[test]
+fn an_in_place_update_keeps_numbers_and_sums_changed_draws_again() {
+    let gpu_set = counter_set("gpu-0", &[("memory", "80Gi")]);
+    let devices = |a_draws: &str| {
+        slice(
+            "devices",
+            "n1",
+            "n1",
+            1,
+            2,
+            vec![
+                device("a").string("type", "gpu").consumes("gpu-0", &[("memory", a_draws)]),
+                device("b").string("type", "gpu").consumes("gpu-0", &[("memory", "40Gi")]),
+            ],
+        )
+    };
+    let counters = counter_slice("counters", "n1", "n1", 2, vec![gpu_set]);
+    let mut a = allocator(&[counters, devices("40Gi")], &[gpu_class()]);
+    let first = claim("first", vec![request("r", "gpu", 1)]);
+    assert_eq!(picks(&a.place(&[&first]).unwrap().allocations[0]), pairs_of("r", "a"));
+    let numbers = a.fleet.device_numbers();
+    // The same devices, `a` now drawing the whole GPU: b no longer fits.
+    a.apply_slice(&devices("80Gi"));
+    assert_eq!(a.fleet.device_numbers(), numbers, "the same devices keep their numbers");
+    let second = claim("second", vec![request("r", "gpu", 1)]);
+    let e = unsatisfiable(a.allocate_first_fit(None, &[&second]));
+    assert!(e.to_string().contains("counter"), "{e}");
+    // Back to 40Gi: b fits again.
+    a.apply_slice(&devices("40Gi"));
+    assert_eq!(picks(&a.place(&[&second]).unwrap().allocations[0]), pairs_of("r", "b"));
+}
