@@ -193,6 +193,8 @@ pub(crate) struct CompactSlice {
     pub(crate) per_device_node_selection: bool,
     /// Counter slices' sets, parsed (empty for device slices).
     pub(crate) counter_sets: SliceCounterSets,
+    /// Some device has binding conditions.
+    pub(crate) binding_conditions: bool,
     pub(crate) devices: Vec<DeviceRecord>,
 }
 
@@ -231,6 +233,13 @@ impl<T: ?Sized> Default for Table<T> {
 }
 
 impl<T: ?Sized> Table<T> {
+    /// Without the recent cache: for values the caller mostly finds by
+    /// comparing with devices it has at hand (attribute maps), where
+    /// evicting a cold entry costs more than the cache saves.
+    fn without_recent() -> Self {
+        Table { all: HashTable::new(), recent: Vec::new() }
+    }
+
     fn find(&mut self, hash: u64, eq: impl Fn(&T) -> bool) -> Option<Arc<T>> {
         let slot = (hash as usize) % RECENT;
         if let Some(Some((h, hit))) = self.recent.get(slot)
@@ -284,13 +293,25 @@ impl<T: ?Sized> Table<T> {
 /// Invariant the maps' hashing relies on: every `Arc<str>` inside an
 /// interned attribute or capacity map came from `strings`, so equal text
 /// means the same address and those maps hash and compare by address.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Compactor {
     hasher: foldhash::fast::RandomState,
     strings: Table<str>,
     attributes: Table<Attributes>,
     capacities: Table<Capacities>,
     draws: Table<[CounterDraw]>,
+}
+
+impl Default for Compactor {
+    fn default() -> Self {
+        Compactor {
+            hasher: Default::default(),
+            strings: Table::default(),
+            attributes: Table::without_recent(),
+            capacities: Table::default(),
+            draws: Table::default(),
+        }
+    }
 }
 
 impl Compactor {
@@ -327,6 +348,7 @@ impl Compactor {
             node_selector: s.spec.node_selector.clone(),
             per_device_node_selection: s.spec.per_device_node_selection == Some(true),
             counter_sets: parse_counter_sets(s.spec.shared_counters.as_deref().unwrap_or_default()),
+            binding_conditions: devices.iter().any(DeviceRecord::has_binding_conditions),
             devices,
         }
     }

@@ -76,15 +76,16 @@ struct PoolSlot {
 /// The slice an event added, replaced or deleted.
 struct Changed<'a> {
     name: &'a str,
-    /// The devices of the slice it replaced, if any.
-    replaced: Option<&'a [DeviceRecord]>,
+    /// The slice it replaced, if any.
+    replaced: Option<&'a CompactSlice>,
 }
 
 impl Changed<'_> {
     /// The replaced slice had these devices, by name and in this order.
     fn same_devices(&self, devices: &[DeviceRecord]) -> bool {
         self.replaced.is_some_and(|old| {
-            old.len() == devices.len() && old.iter().zip(devices).all(|(a, b)| Arc::ptr_eq(&a.name, &b.name))
+            old.devices.len() == devices.len()
+                && old.devices.iter().zip(devices).all(|(a, b)| Arc::ptr_eq(&a.name, &b.name))
         })
     }
 }
@@ -285,7 +286,7 @@ impl Fleet {
         let replaced = slices.iter().position(|s| s.name == c.name).map(|i| slices.swap_remove(i));
         let name = Arc::clone(&c.name);
         slices.push(c);
-        let changed = Changed { name: &name, replaced: replaced.as_ref().map(|r| &r.devices[..]) };
+        let changed = Changed { name: &name, replaced: replaced.as_ref() };
         changes.push(self.reassemble(p, slices, Some(changed), true));
         if let Some(r) = replaced {
             self.compactor.release(r.devices);
@@ -347,8 +348,13 @@ impl Fleet {
             return p;
         }
         let p = self.slots.len() as u32;
-        let (empty, _, _) =
-            pools::assemble(Arc::clone(driver), Arc::clone(pool), Vec::new(), &mut pools::CheckedDraws::default());
+        let (empty, _, _) = pools::assemble(
+            Arc::clone(driver),
+            Arc::clone(pool),
+            Vec::new(),
+            &mut pools::CheckedDraws::default(),
+            None,
+        );
         self.slots.push(PoolSlot {
             pool: empty,
             kept: Vec::new(),
@@ -392,8 +398,25 @@ impl Fleet {
         // counted, so a name that stays never leaves the node list.
         let mut old_mentions: Vec<String> = old_local.iter().cloned().collect();
         old_mentions.append(&mut slot.device_node_names);
-        let (pool, kept, other) =
-            pools::assemble(Arc::clone(&slot.pool.driver), Arc::clone(&slot.pool.name), slices, &mut slot.checked);
+        // Only the changed slice needs checking when the pool was valid, the
+        // slice was kept (it has numbers) and keeps its generation and names.
+        let only_changed = changed
+            .as_ref()
+            .filter(|c| {
+                slot.pool.problem.is_none()
+                    && slot.numbers.contains_key(c.name)
+                    && slices.iter().find(|s| &*s.name == c.name).is_some_and(|new| {
+                        c.replaced.is_some_and(|r| r.generation == new.generation) && c.same_devices(&new.devices)
+                    })
+            })
+            .map(|c| c.name);
+        let (pool, kept, other) = pools::assemble(
+            Arc::clone(&slot.pool.driver),
+            Arc::clone(&slot.pool.name),
+            slices,
+            &mut slot.checked,
+            only_changed,
+        );
         for s in kept.iter().chain(&other) {
             self.slice_home.insert(Arc::clone(&s.name), p);
         }
@@ -443,7 +466,7 @@ impl Fleet {
                         if let (true, Some(dev)) = (in_place, s.devices.get(j)) {
                             let same_draws = changed
                                 .as_ref()
-                                .and_then(|c| c.replaced?.get(j))
+                                .and_then(|c| c.replaced?.devices.get(j))
                                 .is_some_and(|old| Arc::ptr_eq(&old.consumes, &dev.consumes));
                             if !same_draws {
                                 change.consumption_changed = true;

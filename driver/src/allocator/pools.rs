@@ -58,7 +58,7 @@ pub(crate) fn build(all: Vec<CompactSlice>) -> (Vec<CompactSlice>, Vec<Pool>) {
     let mut pools = Vec::new();
     for ((driver, name), mut slices) in grouped {
         slices.sort_by(|a, b| a.name.cmp(&b.name));
-        let pool = check(driver, name, &slices, &mut CheckedDraws::default());
+        let pool = check(driver, name, &slices, &mut CheckedDraws::default(), None);
         kept.extend(slices);
         pools.push(pool);
     }
@@ -96,22 +96,34 @@ impl CheckedDraws {
 
 /// One pool from all of its slices (any generation): the pool, its kept
 /// slices (newest generation, by name) and the others.
+///
+/// `only_changed`: the caller knows the pool was valid when last checked
+/// and that of its kept slices only this one changed since, with the same
+/// device names in the same order; then only that slice's devices are
+/// checked again (a slice update costs its own devices, not the pool's).
 pub(crate) fn assemble(
     driver: Arc<str>,
     name: Arc<str>,
     all: Vec<CompactSlice>,
     checked: &mut CheckedDraws,
+    only_changed: Option<&str>,
 ) -> (Pool, Vec<CompactSlice>, Vec<CompactSlice>) {
     let newest = all.iter().map(|s| s.generation).max().unwrap_or_default();
     let (mut kept, other): (Vec<CompactSlice>, Vec<CompactSlice>) =
         all.into_iter().partition(|s| s.generation == newest);
     kept.sort_by(|a, b| a.name.cmp(&b.name));
-    let pool = check(driver, name, &kept, checked);
+    let pool = check(driver, name, &kept, checked, only_changed);
     (pool, kept, other)
 }
 
 /// The pool made of `slices` (one generation, sorted by name).
-fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mut CheckedDraws) -> Pool {
+fn check(
+    driver: Arc<str>,
+    name: Arc<str>,
+    slices: &[CompactSlice],
+    checked: &mut CheckedDraws,
+    only_changed: Option<&str>,
+) -> Pool {
     let expected = slices.first().map_or(0, |s| s.resource_slice_count);
     let mut problem = None;
     if i64::try_from(slices.len()).ok() != Some(expected) {
@@ -124,12 +136,20 @@ fn check(driver: Arc<str>, name: Arc<str>, slices: &[CompactSlice], checked: &mu
             Arc::default()
         }
     };
-    if problem.is_none()
-        && let Err(reason) = check_devices(slices, &counter_sets, checked)
-    {
-        problem = Some(PoolProblem::Invalid { reason });
+    if problem.is_none() {
+        let result = match only_changed {
+            // The other slices' devices passed against these very sets, and
+            // no name changed: the changed slice's draws are all to check.
+            Some(changed) if Arc::ptr_eq(&checked.sets, &counter_sets) => {
+                check_each_device(slices.iter().filter(|s| &*s.name == changed), &counter_sets, checked, None)
+            }
+            _ => check_devices(slices, &counter_sets, checked),
+        };
+        if let Err(reason) = result {
+            problem = Some(PoolProblem::Invalid { reason });
+        }
     }
-    let binding_conditions = slices.iter().any(|s| s.devices.iter().any(|d| d.has_binding_conditions()));
+    let binding_conditions = slices.iter().any(|s| s.binding_conditions);
     Pool { driver, name, problem, counter_sets, binding_conditions }
 }
 
@@ -166,23 +186,27 @@ fn check_devices(slices: &[CompactSlice], sets: &Arc<CounterSets>, checked: &mut
     // Device names are interned: equal names, one address.
     let mut names = std::mem::take(&mut checked.names);
     names.clear();
-    let result = check_each_device(slices, sets, checked, &mut names);
+    let result = check_each_device(slices.iter(), sets, checked, Some(&mut names));
     checked.names = names;
     result
 }
 
-fn check_each_device(
-    slices: &[CompactSlice],
+/// Checks the devices' draws against `sets` and, with `names`, that no
+/// device name repeats.
+fn check_each_device<'a>(
+    slices: impl Iterator<Item = &'a CompactSlice>,
     sets: &CounterSets,
     checked: &mut CheckedDraws,
-    names: &mut HashSet<usize, foldhash::fast::RandomState>,
+    mut names: Option<&mut HashSet<usize, foldhash::fast::RandomState>>,
 ) -> Result<(), String> {
     for s in slices {
         if s.is_counter_slice() {
             continue;
         }
         for d in &s.devices {
-            if !names.insert(Arc::as_ptr(&d.name).cast::<u8>() as usize) {
+            if let Some(names) = names.as_deref_mut()
+                && !names.insert(Arc::as_ptr(&d.name).cast::<u8>() as usize)
+            {
                 return Err(format!("duplicate device name {}", d.name));
             }
             if d.consumes.is_empty() || checked.is_good(&d.consumes) {

@@ -47,7 +47,7 @@ const ERROR: u8 = 3;
 struct Expr {
     compiled: Result<Arc<sel::CompiledSelector>, String>,
     results: Vec<u8>,
-    errors: HashMap<u32, String>,
+    errors: HashMap<u32, String, foldhash::fast::RandomState>,
 }
 
 struct MatchSet {
@@ -64,7 +64,7 @@ pub(crate) struct SelectorCache {
     env: sel::SelectorEnv,
     exprs: Vec<Expr>,
     by_text: HashMap<String, u32>,
-    cel_devices: HashMap<u32, Result<Arc<sel::CelDevice>, String>>,
+    cel_devices: HashMap<u32, Result<Arc<sel::CelDevice>, String>, foldhash::fast::RandomState>,
     sets: Vec<MatchSet>,
     sets_by_key: HashMap<(Vec<u32>, usize), SetId>,
     /// By node position: match set → candidate devices.
@@ -111,7 +111,9 @@ impl SelectorCache {
                 if let Some(r) = e.results.get_mut(sig as usize) {
                     *r = UNKNOWN;
                 }
-                e.errors.remove(&sig);
+                if !e.errors.is_empty() {
+                    e.errors.remove(&sig);
+                }
             }
             for s in &mut self.sets {
                 if let Some(r) = s.results.get_mut(sig as usize) {
@@ -128,7 +130,7 @@ impl SelectorCache {
         }
         let compiled = self.env.compile(text).map_err(|e| e.to_string());
         let id = self.exprs.len() as u32;
-        self.exprs.push(Expr { compiled, results: Vec::new(), errors: HashMap::new() });
+        self.exprs.push(Expr { compiled, results: Vec::new(), errors: HashMap::default() });
         self.by_text.insert(text.to_string(), id);
         id
     }

@@ -237,3 +237,19 @@ fn an_in_place_update_keeps_numbers_and_sums_changed_draws_again() {
     a.apply_slice(&devices("40Gi"));
     assert_eq!(picks(&a.place(&[&second]).unwrap().allocations[0]), pairs_of("r", "b"));
 }
+
+#[test]
+fn an_in_place_update_with_a_bad_draw_makes_the_pool_invalid() {
+    let counters = counter_slice("counters", "n1", "n1", 2, vec![counter_set("gpu-0", &[("memory", "80Gi")])]);
+    let devices = |set: &str| {
+        slice("devices", "n1", "n1", 1, 2, vec![device("a").string("type", "gpu").consumes(set, &[("memory", "40Gi")])])
+    };
+    let mut a = allocator(&[counters, devices("gpu-0")], &[gpu_class()]);
+    let c = claim("c", vec![request("r", "gpu", 1)]);
+    assert!(a.allocate("n1", &[&c]).is_ok());
+    a.apply_slice(&devices("gpu-9"));
+    let e = unsatisfiable(a.allocate_first_fit(None, &[&c]));
+    assert!(e.to_string().contains("gpu-9"), "{e}");
+    a.apply_slice(&devices("gpu-0"));
+    assert!(a.allocate("n1", &[&c]).is_ok(), "valid again");
+}
