@@ -45,11 +45,32 @@ pub(crate) enum ListValue {
     Versions(Vec<String>),
 }
 
-/// A device's attributes, sorted by (qualified or bare) name as published.
-#[derive(Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Attributes(pub(crate) Box<[(Arc<str>, AttrValue)]>);
+/// An attribute: name and value.
+pub(crate) type AttrEntry = (Arc<str>, AttrValue);
+
+/// A device's attributes, sorted by (qualified or bare) name as published:
+/// one allocation, shared by the devices that have the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Attributes(Arc<[AttrEntry]>);
+
+impl Default for Attributes {
+    fn default() -> Self {
+        Attributes(Arc::from(Vec::new()))
+    }
+}
 
 impl Attributes {
+    /// The allocation's address: equal for equal maps of one compactor.
+    pub(crate) fn addr(&self) -> usize {
+        addr(&self.0)
+    }
+
+    /// The same interned map.
+    #[cfg(test)]
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&AttrValue> {
         let i = self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok()?;
         self.0.get(i).map(|(_, v)| v)
@@ -77,11 +98,32 @@ impl Hash for CapacityEntry {
     }
 }
 
-/// A device's capacities, sorted by name.
-#[derive(Debug, Default, PartialEq, Eq, Hash)]
-pub(crate) struct Capacities(pub(crate) Box<[(Arc<str>, CapacityEntry)]>);
+/// A capacity: name and entry.
+pub(crate) type CapacityPair = (Arc<str>, CapacityEntry);
+
+/// A device's capacities, sorted by name: one allocation, shared by the
+/// devices that have the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Capacities(Arc<[CapacityPair]>);
+
+impl Default for Capacities {
+    fn default() -> Self {
+        Capacities(Arc::from(Vec::new()))
+    }
+}
 
 impl Capacities {
+    /// The allocation's address: equal for equal maps of one compactor.
+    pub(crate) fn addr(&self) -> usize {
+        addr(&self.0)
+    }
+
+    /// The same interned map.
+    #[cfg(test)]
+    pub(crate) fn same(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+
     pub(crate) fn get(&self, name: &str) -> Option<&CapacityEntry> {
         let i = self.0.binary_search_by(|(k, _)| (**k).cmp(name)).ok()?;
         self.0.get(i).map(|(_, v)| v)
@@ -140,7 +182,7 @@ pub(crate) struct Like<'a> {
 
 impl<'a> Like<'a> {
     /// The same part of both, the one before first (it is in cache).
-    fn map<T: ?Sized>(self, part: impl Fn(&'a DeviceRecord) -> &'a Arc<T>) -> [Option<&'a Arc<T>>; 2] {
+    fn map<T>(self, part: impl Fn(&'a DeviceRecord) -> &'a T) -> [Option<&'a T>; 2] {
         [self.before.map(&part), self.replaced.map(&part)]
     }
 }
@@ -162,8 +204,8 @@ pub(crate) struct DeviceExtra {
 #[derive(Debug, Clone)]
 pub(crate) struct DeviceRecord {
     pub(crate) name: Arc<str>,
-    pub(crate) attributes: Arc<Attributes>,
-    pub(crate) capacity: Arc<Capacities>,
+    pub(crate) attributes: Attributes,
+    pub(crate) capacity: Capacities,
     pub(crate) consumes: Arc<[CounterDraw]>,
     pub(crate) allow_multiple_allocations: bool,
     pub(crate) extra: Option<Box<DeviceExtra>>,
@@ -297,8 +339,8 @@ impl<T: ?Sized> Table<T> {
 pub(crate) struct Compactor {
     hasher: foldhash::fast::RandomState,
     strings: Table<str>,
-    attributes: Table<Attributes>,
-    capacities: Table<Capacities>,
+    attributes: Table<[AttrEntry]>,
+    capacities: Table<[CapacityPair]>,
     draws: Table<[CounterDraw]>,
 }
 
@@ -384,20 +426,20 @@ impl Compactor {
     fn attributes(
         &mut self,
         map: Option<&BTreeMap<String, DeviceAttribute>>,
-        like: [Option<&Arc<Attributes>>; 2],
-    ) -> Arc<Attributes> {
+        like: [Option<&Attributes>; 2],
+    ) -> Attributes {
         let empty = BTreeMap::new();
         let map = map.unwrap_or(&empty);
         for l in like.into_iter().flatten() {
             if map.len() == l.0.len()
                 && map.iter().zip(l.0.iter()).all(|((n, a), (ln, lv))| *n == **ln && attr_is(a, lv))
             {
-                return Arc::clone(l);
+                return l.clone();
             }
         }
         // Both are sorted by name (a BTreeMap's order is the strings'), so
         // one walk pairs equal names.
-        let like: &[(Arc<str>, AttrValue)] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
+        let like: &[AttrEntry] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
         let mut j = 0;
         let mut entries = Vec::with_capacity(map.len());
         for (n, a) in map {
@@ -411,29 +453,28 @@ impl Compactor {
                 _ => (self.str(n), self.attr(a)),
             });
         }
-        let attributes = Attributes(entries.into_boxed_slice());
-        let hash = attributes_hash(&self.hasher, &attributes);
-        if let Some(found) = self.attributes.find(hash, |a| same_attributes(a, &attributes)) {
-            return found;
+        let hash = attributes_hash(&self.hasher, &entries);
+        if let Some(found) = self.attributes.find(hash, |a| same_attributes(a, &entries)) {
+            return Attributes(found);
         }
-        self.attributes.insert(hash, Arc::new(attributes))
+        Attributes(self.attributes.insert(hash, Arc::from(entries)))
     }
 
     fn capacities(
         &mut self,
         map: Option<&BTreeMap<String, DeviceCapacity>>,
-        like: [Option<&Arc<Capacities>>; 2],
-    ) -> Arc<Capacities> {
+        like: [Option<&Capacities>; 2],
+    ) -> Capacities {
         let empty = BTreeMap::new();
         let map = map.unwrap_or(&empty);
         let equal =
             |c: &DeviceCapacity, e: &CapacityEntry| c.value.0 == *e.value && c.request_policy == e.request_policy;
         for l in like.into_iter().flatten() {
             if map.len() == l.0.len() && map.iter().zip(l.0.iter()).all(|((n, c), (ln, e))| *n == **ln && equal(c, e)) {
-                return Arc::clone(l);
+                return l.clone();
             }
         }
-        let like: &[(Arc<str>, CapacityEntry)] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
+        let like: &[CapacityPair] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
         let mut j = 0;
         let mut entries = Vec::with_capacity(map.len());
         for (n, c) in map {
@@ -448,12 +489,11 @@ impl Compactor {
             };
             entries.push((name, CapacityEntry { value, request_policy: c.request_policy.clone() }));
         }
-        let capacities = Capacities(entries.into_boxed_slice());
-        let hash = capacities_hash(&self.hasher, &capacities);
-        if let Some(found) = self.capacities.find(hash, |c| same_capacities(c, &capacities)) {
-            return found;
+        let hash = capacities_hash(&self.hasher, &entries);
+        if let Some(found) = self.capacities.find(hash, |c| same_capacities(c, &entries)) {
+            return Capacities(found);
         }
-        self.capacities.insert(hash, Arc::new(capacities))
+        Capacities(self.capacities.insert(hash, Arc::from(entries)))
     }
 
     /// Interns a device's draws, looked up in their k8s form; new ones get
@@ -522,13 +562,13 @@ impl Compactor {
         const MAYBE_LAST: usize = 3;
         for d in devices {
             let DeviceRecord { attributes, capacity, consumes, .. } = d;
-            if Arc::strong_count(&attributes) <= MAYBE_LAST {
-                let hash = attributes_hash(&self.hasher, &attributes);
-                self.attributes.release(hash, attributes);
+            if Arc::strong_count(&attributes.0) <= MAYBE_LAST {
+                let hash = attributes_hash(&self.hasher, &attributes.0);
+                self.attributes.release(hash, attributes.0);
             }
-            if Arc::strong_count(&capacity) <= MAYBE_LAST {
-                let hash = capacities_hash(&self.hasher, &capacity);
-                self.capacities.release(hash, capacity);
+            if Arc::strong_count(&capacity.0) <= MAYBE_LAST {
+                let hash = capacities_hash(&self.hasher, &capacity.0);
+                self.capacities.release(hash, capacity.0);
             }
             if Arc::strong_count(&consumes) <= MAYBE_LAST {
                 let hash = draws_hash(
@@ -593,9 +633,9 @@ fn addr<T: ?Sized>(a: &Arc<T>) -> usize {
     Arc::as_ptr(a).cast::<u8>() as usize
 }
 
-fn attributes_hash(hasher: &foldhash::fast::RandomState, a: &Attributes) -> u64 {
+fn attributes_hash(hasher: &foldhash::fast::RandomState, a: &[AttrEntry]) -> u64 {
     let mut h = hasher.build_hasher();
-    for (name, value) in a.0.iter() {
+    for (name, value) in a {
         h.write_usize(addr(name));
         match value {
             AttrValue::Bool(b) => h.write_u64(u64::from(*b)),
@@ -609,9 +649,9 @@ fn attributes_hash(hasher: &foldhash::fast::RandomState, a: &Attributes) -> u64 
 }
 
 /// Equal maps of interned names and values (see [`Compactor`]).
-fn same_attributes(a: &Attributes, b: &Attributes) -> bool {
-    a.0.len() == b.0.len()
-        && a.0.iter().zip(b.0.iter()).all(|((an, av), (bn, bv))| {
+fn same_attributes(a: &[AttrEntry], b: &[AttrEntry]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((an, av), (bn, bv))| {
             Arc::ptr_eq(an, bn)
                 && match (av, bv) {
                     (AttrValue::Str(x), AttrValue::Str(y)) | (AttrValue::Version(x), AttrValue::Version(y)) => {
@@ -622,9 +662,9 @@ fn same_attributes(a: &Attributes, b: &Attributes) -> bool {
         })
 }
 
-fn capacities_hash(hasher: &foldhash::fast::RandomState, c: &Capacities) -> u64 {
+fn capacities_hash(hasher: &foldhash::fast::RandomState, c: &[CapacityPair]) -> u64 {
     let mut h = hasher.build_hasher();
-    for (name, entry) in c.0.iter() {
+    for (name, entry) in c {
         h.write_usize(addr(name));
         h.write_usize(addr(&entry.value));
         h.write_u8(u8::from(entry.request_policy.is_some()));
@@ -632,9 +672,9 @@ fn capacities_hash(hasher: &foldhash::fast::RandomState, c: &Capacities) -> u64 
     h.finish()
 }
 
-fn same_capacities(a: &Capacities, b: &Capacities) -> bool {
-    a.0.len() == b.0.len()
-        && a.0.iter().zip(b.0.iter()).all(|((an, ae), (bn, be))| {
+fn same_capacities(a: &[CapacityPair], b: &[CapacityPair]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|((an, ae), (bn, be))| {
             Arc::ptr_eq(an, bn) && Arc::ptr_eq(&ae.value, &be.value) && ae.request_policy == be.request_policy
         })
 }
@@ -676,8 +716,8 @@ mod tests {
         let mut c = Compactor::default();
         let a = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), Like::default());
         let b = c.device(&device("gpu-0").string("productName", "H100").cap("memory", "80Gi"), Like::default());
-        assert!(Arc::ptr_eq(&a.attributes, &b.attributes));
-        assert!(Arc::ptr_eq(&a.capacity, &b.capacity));
+        assert!(a.attributes.same(&b.attributes));
+        assert!(a.capacity.same(&b.capacity));
         assert!(Arc::ptr_eq(&a.name, &b.name));
         assert_eq!(a.attributes.get("productName"), Some(&AttrValue::Str("H100".into())));
         assert!(a.extra.is_none(), "no rare fields, no box");
@@ -712,8 +752,8 @@ mod reuse_tests {
             &device("gpu-0").string("productName", "H100").version("driverVersion", "2.0.0").cap("memory", "80Gi"),
             Like { before: None, replaced: Some(&old) },
         );
-        assert!(Arc::ptr_eq(&old.capacity, &new.capacity) && Arc::ptr_eq(&old.name, &new.name));
-        assert!(!Arc::ptr_eq(&old.attributes, &new.attributes));
+        assert!(old.capacity.same(&new.capacity) && Arc::ptr_eq(&old.name, &new.name));
+        assert!(!old.attributes.same(&new.attributes));
         assert_eq!(new.attributes.get("driverVersion"), Some(&AttrValue::Version("2.0.0".into())));
         // A value of another type is not taken for the old one.
         let typed = c.device(
@@ -726,7 +766,7 @@ mod reuse_tests {
             &device("gpu-0").string("productName", "H100").version("driverVersion", "2.0.0").cap("memory", "80Gi"),
             Like::default(),
         );
-        assert!(Arc::ptr_eq(&fresh.attributes, &new.attributes));
+        assert!(fresh.attributes.same(&new.attributes));
     }
 
     #[test]

@@ -116,8 +116,8 @@ struct Signature {
     /// Live devices with this signature.
     users: u32,
     _driver: Arc<str>,
-    _attributes: Arc<super::compact::Attributes>,
-    _capacity: Arc<super::compact::Capacities>,
+    _attributes: super::compact::Attributes,
+    _capacity: super::compact::Capacities,
 }
 
 /// Addresses of the interned driver, attributes and capacities, and
@@ -138,8 +138,8 @@ impl Signatures {
     fn acquire(&mut self, driver: &Arc<str>, d: &DeviceRecord) -> u32 {
         let key = (
             Arc::as_ptr(driver).cast::<u8>() as usize,
-            Arc::as_ptr(&d.attributes) as usize,
-            Arc::as_ptr(&d.capacity) as usize,
+            d.attributes.addr(),
+            d.capacity.addr(),
             d.allow_multiple_allocations,
         );
         let sig = match self.ids.get(&key) {
@@ -149,8 +149,8 @@ impl Signatures {
                     key,
                     users: 0,
                     _driver: Arc::clone(driver),
-                    _attributes: Arc::clone(&d.attributes),
-                    _capacity: Arc::clone(&d.capacity),
+                    _attributes: d.attributes.clone(),
+                    _capacity: d.capacity.clone(),
                 };
                 let sig = match self.free.pop() {
                     Some(sig) => {
