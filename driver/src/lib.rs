@@ -5,6 +5,7 @@
 
 pub mod allocator;
 pub mod cdi;
+pub mod driver_root;
 pub mod inventory;
 pub mod k8s_format;
 pub mod names;

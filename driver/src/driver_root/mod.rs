@@ -1,0 +1,268 @@
+//! What a CUDA container needs from the node's driver installation, found
+//! the way the NVIDIA Container Toolkit's `nvcdi` finds it: libraries
+//! through the driver root's `ld.so.cache` (standard library directories
+//! when it has none), GSP firmware, binaries and IPC sockets.
+//!
+//! The driver root is where the plugin sees the installation (`/`, or
+//! `/driver-root` when the GPU Operator's `/run/nvidia/driver` is mounted
+//! there); the host driver root is where the host sees it, and what specs
+//! name, because the container runtime resolves mounts on the host.
+//! Discovery runs at start and when the driver version changes, never on
+//! the prepare path.
+
+pub mod ld_cache;
+
+use std::path::{Component, Path, PathBuf};
+
+/// Libraries of NVIDIA's compute and utility capabilities (`nvcdi`'s driver
+/// library list); the first two are required.
+pub const LIBRARIES: &[&str] = &[
+    "libcuda.so",
+    "libnvidia-ml.so",
+    "libnvidia-ptxjitcompiler.so",
+    "libnvidia-nvvm.so",
+    "libnvidia-gpucomp.so",
+    "libcudadebugger.so",
+    "libnvidia-opencl.so",
+    "libnvidia-cfg.so",
+    "libnvidia-allocator.so",
+    "libnvidia-pkcs11.so",
+    "libnvidia-pkcs11-openssl3.so",
+    "libnvidia-nscq.so",
+];
+const REQUIRED: &[&str] = &["libcuda.so", "libnvidia-ml.so"];
+
+/// Utility and compute binaries.
+pub const BINARIES: &[&str] =
+    &["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+const BINARY_DIRS: &[&str] = &["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin"];
+
+/// Where `ldconfig` looks when there is no cache (and where distributions
+/// put the driver's libraries).
+const LIBRARY_DIRS: &[&str] = &[
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+];
+
+/// IPC endpoints: persistenced and fabric manager sockets, the MPS pipe
+/// directory.
+pub const IPC: &[&str] = &["run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket", "tmp/nvidia-mps"];
+
+/// `/dev/nvidia-modeset`: char 195:254.
+pub const MODESET: (&str, u32) = ("/dev/nvidia-modeset", 254);
+
+/// The driver installation as the plugin sees it and as the host does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverRoot {
+    /// Where this process reads it.
+    pub root: PathBuf,
+    /// The same directory on the host (what specs name).
+    pub host_root: PathBuf,
+}
+
+impl DriverRoot {
+    pub fn new(root: impl Into<PathBuf>, host_root: Option<PathBuf>) -> Self {
+        let root = root.into();
+        let host_root = host_root.unwrap_or_else(|| root.clone());
+        DriverRoot { root, host_root }
+    }
+
+    /// A path inside the root (absolute, as the root sees it) as this
+    /// process reaches it.
+    fn local(&self, inside: &str) -> PathBuf {
+        self.root.join(inside.trim_start_matches('/'))
+    }
+
+    /// The same path as the host reaches it.
+    fn host(&self, inside: &str) -> String {
+        self.host_root.join(inside.trim_start_matches('/')).to_string_lossy().into_owned()
+    }
+}
+
+/// A file given to containers read-only: host path, path in the container.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverMount {
+    pub host_path: String,
+    pub container_path: String,
+}
+
+/// What discovery found: the mounts, the links to create in the container
+/// (`target`, `link`), and the library directories whose ld cache the
+/// container must update.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverFiles {
+    pub mounts: Vec<DriverMount>,
+    pub links: Vec<(String, String)>,
+    pub library_dirs: Vec<String>,
+    /// Control device nodes present (path, minor) besides the ones every
+    /// claim gets.
+    pub control_devices: Vec<(String, u32)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DiscoveryError {
+    #[error(
+        "{library} was not found under the driver root {root} (neither in its etc/ld.so.cache nor in its library directories): point --driver-root at the directory the NVIDIA driver is installed under (/ on the host, /run/nvidia/driver with the GPU Operator)"
+    )]
+    Missing { library: &'static str, root: String },
+}
+
+/// Finds what a CUDA container needs under `root`, for driver `version`
+/// (firmware lives in a directory named after it).
+pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, DiscoveryError> {
+    let cache: Vec<ld_cache::CacheEntry> = match ld_cache::read(&root.root) {
+        Ok(Ok(entries)) => entries.into_iter().filter(|e| e.is_for(ld_cache::native_arch())).collect(),
+        Ok(Err(e)) => {
+            tracing::debug!(root = %root.root.display(), error = %e, "unreadable ld.so.cache; searching library directories");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::debug!(root = %root.root.display(), error = %e, "no ld.so.cache; searching library directories");
+            Vec::new()
+        }
+    };
+    let mut files = DriverFiles::default();
+    for &library in LIBRARIES {
+        match find_library(root, &cache, library) {
+            Some(found) => add_library(root, &mut files, library, &found),
+            None if REQUIRED.contains(&library) => {
+                return Err(DiscoveryError::Missing { library, root: root.root.display().to_string() });
+            }
+            None => tracing::debug!(library, "driver library not found; skipped"),
+        }
+    }
+    for dir in ["lib/firmware/nvidia", "usr/lib/firmware/nvidia"] {
+        let inside = format!("/{dir}/{version}");
+        let Ok(entries) = std::fs::read_dir(root.local(&inside)) else { continue };
+        let mut names: Vec<String> = entries
+            .flatten()
+            .filter(|e| e.path().is_file())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        for name in names {
+            let path = format!("{inside}/{name}");
+            files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path });
+        }
+        break;
+    }
+    for binary in BINARIES {
+        let found = BINARY_DIRS.iter().map(|d| format!("/{d}/{binary}")).find(|p| root.local(p).is_file());
+        match found {
+            Some(path) => files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path }),
+            None => tracing::debug!(binary, "driver binary not found; skipped"),
+        }
+    }
+    for ipc in IPC {
+        let path = format!("/{ipc}");
+        if root.local(&path).exists() {
+            files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path });
+        }
+    }
+    if root.local(MODESET.0).exists() {
+        files.control_devices.push((MODESET.0.to_string(), MODESET.1));
+    }
+    Ok(files)
+}
+
+/// A library found: where the cache or the directory search says it is
+/// (as the root sees it) and the real file that path leads to.
+struct FoundLibrary {
+    /// The name programs load it by (`libcuda.so.1`, `libnvidia-nvvm.so.4`),
+    /// when known.
+    soname: Option<String>,
+    real: String,
+}
+
+fn find_library(root: &DriverRoot, cache: &[ld_cache::CacheEntry], library: &str) -> Option<FoundLibrary> {
+    let prefix = format!("{library}.");
+    let from_cache =
+        cache.iter().filter(|e| e.soname.starts_with(&prefix)).map(|e| (Some(e.soname.clone()), e.path.clone()));
+    let from_dirs = LIBRARY_DIRS.iter().flat_map(|d| {
+        let dir = format!("/{d}");
+        let mut names: Vec<String> = std::fs::read_dir(root.local(&dir))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(&prefix))
+            .collect();
+        names.sort();
+        names.into_iter().map(move |n| (None, format!("{dir}/{n}")))
+    });
+    from_cache.chain(from_dirs).find_map(|(soname, path)| {
+        let real = resolve(root, &path)?;
+        // Found by a link name in a directory: that name is the soname.
+        let soname = soname.or_else(|| (path != real).then(|| path.rsplit('/').next().unwrap_or_default().to_string()));
+        Some(FoundLibrary { soname, real })
+    })
+}
+
+/// Follows `path`'s symlinks inside the root (absolute targets are the
+/// root's, not this process's) to a regular file; at most 16 hops.
+fn resolve(root: &DriverRoot, path: &str) -> Option<String> {
+    let mut current = normalize(Path::new(path))?;
+    for _ in 0..16 {
+        let local = root.local(&current);
+        let meta = std::fs::symlink_metadata(&local).ok()?;
+        if meta.is_file() {
+            return Some(current);
+        }
+        if !meta.is_symlink() {
+            return None;
+        }
+        let target = std::fs::read_link(&local).ok()?;
+        let next = if target.is_absolute() {
+            target
+        } else {
+            Path::new(&current).parent().unwrap_or(Path::new("/")).join(target)
+        };
+        current = normalize(&next)?;
+    }
+    None
+}
+
+/// `path` made absolute without `.`/`..`, never above `/`.
+fn normalize(path: &Path) -> Option<String> {
+    let mut parts: Vec<String> = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(p) => parts.push(p.to_str()?.to_string()),
+            Component::ParentDir => {
+                parts.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    Some(format!("/{}", parts.join("/")))
+}
+
+/// Mounts the library's real file and links its soname (`libcuda.so.1`)
+/// and development name (`libcuda.so`) to it, as programs that load either
+/// expect.
+fn add_library(root: &DriverRoot, files: &mut DriverFiles, library: &str, found: &FoundLibrary) {
+    let real = &found.real;
+    let (dir, file) = real.rsplit_once('/').unwrap_or(("", real));
+    let dir = if dir.is_empty() { "/".to_string() } else { dir.to_string() };
+    files.mounts.push(DriverMount { host_path: root.host(real), container_path: real.clone() });
+    let mut dev_target = file.to_string();
+    if let Some(soname) = found.soname.as_deref().filter(|s| *s != file) {
+        files.links.push((file.to_string(), format!("{dir}/{soname}")));
+        dev_target = soname.to_string();
+    }
+    if file != library && dev_target != library {
+        files.links.push((dev_target, format!("{dir}/{library}")));
+    }
+    if !files.library_dirs.contains(&dir) {
+        files.library_dirs.push(dir);
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,135 @@
+//! Discovery on a fake driver root laid out like a real install: ELF
+//! libraries built with the system `cc`, an `ld.so.cache` made for the
+//! tree by the system's own `ldconfig -r`, firmware, binaries, a socket.
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+use std::process::Command;
+
+use super::*;
+
+const VERSION: &str = "580.95.05";
+const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
+
+/// An ELF shared object with this soname at `path`.
+fn shared_object(path: &Path, soname: &str) {
+    let src = path.with_extension("c");
+    std::fs::write(&src, "int nvidia_fake(void) { return 0; }\n").unwrap();
+    let status = Command::new("cc")
+        .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
+        .arg(path)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    std::fs::remove_file(src).unwrap();
+}
+
+/// A driver install under `root`: `libs` as (library, soname), versioned
+/// files plus the soname links ldconfig makes, and its cache.
+fn fake_root(root: &Path, libs: &[(&str, &str)]) {
+    let dir = root.join(LIBDIR);
+    std::fs::create_dir_all(&dir).unwrap();
+    for (library, soname) in libs {
+        let real = format!("{library}.{VERSION}");
+        shared_object(&dir.join(&real), soname);
+    }
+    std::fs::create_dir_all(root.join("etc")).unwrap();
+    std::fs::write(root.join("etc/ld.so.conf"), format!("/{LIBDIR}\n")).unwrap();
+    // -r: the cache of the tree, written into it (and links made there).
+    let status = Command::new("ldconfig").arg("-r").arg(root).status().unwrap();
+    assert!(status.success());
+    let firmware = root.join(format!("lib/firmware/nvidia/{VERSION}"));
+    std::fs::create_dir_all(&firmware).unwrap();
+    for f in ["gsp_ga10x.bin", "gsp_tu10x.bin"] {
+        std::fs::write(firmware.join(f), b"fw").unwrap();
+    }
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
+    for b in ["nvidia-smi", "nvidia-cuda-mps-control"] {
+        std::fs::write(root.join("usr/bin").join(b), b"#!/bin/sh\n").unwrap();
+    }
+    std::fs::create_dir_all(root.join("run/nvidia-persistenced")).unwrap();
+    std::fs::write(root.join("run/nvidia-persistenced/socket"), b"").unwrap();
+}
+
+#[test]
+fn libraries_come_from_ldconfigs_cache_with_their_links() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(
+        tmp.path(),
+        &[
+            ("libcuda.so", "libcuda.so.1"),
+            ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+            ("libnvidia-nvvm.so", "libnvidia-nvvm.so.4"),
+        ],
+    );
+    let root = DriverRoot::new(tmp.path(), Some(PathBuf::from("/run/nvidia/driver")));
+    let files = discover(&root, VERSION).unwrap();
+    let mounts: Vec<(&str, &str)> =
+        files.mounts.iter().map(|m| (m.host_path.as_str(), m.container_path.as_str())).collect();
+    let lib = |l: &str| format!("/{LIBDIR}/{l}.{VERSION}");
+    let host = |p: &str| format!("/run/nvidia/driver{p}");
+    let expected: Vec<String> = vec![
+        lib("libcuda.so"),
+        lib("libnvidia-ml.so"),
+        lib("libnvidia-nvvm.so"),
+        format!("/lib/firmware/nvidia/{VERSION}/gsp_ga10x.bin"),
+        format!("/lib/firmware/nvidia/{VERSION}/gsp_tu10x.bin"),
+        "/usr/bin/nvidia-smi".into(),
+        "/usr/bin/nvidia-cuda-mps-control".into(),
+        "/run/nvidia-persistenced/socket".into(),
+    ];
+    let expected_mounts: Vec<(String, String)> = expected.iter().map(|p| (host(p), p.clone())).collect();
+    assert_eq!(mounts, expected_mounts.iter().map(|(h, c)| (h.as_str(), c.as_str())).collect::<Vec<_>>());
+    let d = format!("/{LIBDIR}");
+    assert_eq!(
+        files.links,
+        [
+            (format!("libcuda.so.{VERSION}"), format!("{d}/libcuda.so.1")),
+            ("libcuda.so.1".to_string(), format!("{d}/libcuda.so")),
+            (format!("libnvidia-ml.so.{VERSION}"), format!("{d}/libnvidia-ml.so.1")),
+            ("libnvidia-ml.so.1".to_string(), format!("{d}/libnvidia-ml.so")),
+            (format!("libnvidia-nvvm.so.{VERSION}"), format!("{d}/libnvidia-nvvm.so.4")),
+            ("libnvidia-nvvm.so.4".to_string(), format!("{d}/libnvidia-nvvm.so")),
+        ]
+    );
+    assert_eq!(files.library_dirs, [d]);
+}
+
+#[test]
+fn without_a_cache_the_library_directories_are_searched() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(tmp.path(), &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")]);
+    std::fs::remove_file(tmp.path().join("etc/ld.so.cache")).unwrap();
+    let files = discover(&DriverRoot::new(tmp.path(), None), VERSION).unwrap();
+    assert_eq!(files.mounts[0].container_path, format!("/{LIBDIR}/libcuda.so.{VERSION}"));
+    assert!(files.mounts[0].host_path.starts_with(&*tmp.path().to_string_lossy()), "host root = root by default");
+    assert!(files.links.contains(&("libcuda.so.1".to_string(), format!("/{LIBDIR}/libcuda.so"))));
+}
+
+#[test]
+fn a_root_without_libcuda_names_the_directory_and_the_fix() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(tmp.path(), &[("libnvidia-ml.so", "libnvidia-ml.so.1")]);
+    let e = discover(&DriverRoot::new(tmp.path(), None), VERSION).unwrap_err();
+    assert_eq!(e, DiscoveryError::Missing { library: "libcuda.so", root: tmp.path().display().to_string() });
+    assert!(e.to_string().contains("--driver-root"), "{e}");
+}
+
+#[test]
+fn absolute_links_stay_inside_the_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(tmp.path(), &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")]);
+    // A link to an absolute path is the root's path, not this machine's.
+    let link = tmp.path().join(LIBDIR).join("libnvidia-cfg.so.1");
+    symlink(format!("/{LIBDIR}/libcuda.so.{VERSION}"), &link).unwrap();
+    assert_eq!(
+        resolve(&DriverRoot::new(tmp.path(), None), &format!("/{LIBDIR}/libnvidia-cfg.so.1")),
+        Some(format!("/{LIBDIR}/libcuda.so.{VERSION}"))
+    );
+    // A loop ends.
+    symlink("loop-b", tmp.path().join("loop-a")).unwrap();
+    symlink("loop-a", tmp.path().join("loop-b")).unwrap();
+    assert_eq!(resolve(&DriverRoot::new(tmp.path(), None), "/loop-a"), None);
+    assert_eq!(normalize(Path::new("/../../etc/../x")), Some("/x".to_string()));
+}
