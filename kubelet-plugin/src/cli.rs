@@ -62,11 +62,35 @@ pub struct NodeArgs {
     pub fake_inventory: Option<PathBuf>,
 }
 
+/// Where the NVIDIA driver is installed, for what containers get from it.
+#[derive(Debug, Clone, Args)]
+pub struct DriverRootArgs {
+    /// The NVIDIA driver's installation as this process sees it: `/` on a
+    /// host install, `/run/nvidia/driver` where the GPU Operator installs a
+    /// containerized driver (mounted e.g. at `/driver-root`). Its
+    /// libraries, firmware, binaries and sockets are mounted into every
+    /// prepared container. Default: `/` with NVML; none with
+    /// --fake-inventory (a fake node has no driver to give).
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", value_name = "DIR")]
+    pub driver_root: Option<PathBuf>,
+    /// The same directory as the host sees it, when this process sees it
+    /// mounted elsewhere (specs name host paths) [default: --driver-root].
+    #[arg(long, env = "HOST_DRIVER_ROOT", value_name = "DIR")]
+    pub host_driver_root: Option<PathBuf>,
+    /// Host path of NVIDIA's `nvidia-cdi-hook`, run by the container
+    /// runtime to link the libraries' sonames and update the container's
+    /// ld cache. Without it no hooks are written (a warning at start).
+    #[arg(long, env = "NVIDIA_CDI_HOOK_PATH", value_name = "FILE")]
+    pub nvidia_cdi_hook_path: Option<PathBuf>,
+}
+
 /// Flags of `run`. Every flag also reads the environment variable shown.
 #[derive(Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub node: NodeArgs,
+    #[command(flatten)]
+    pub driver_root: DriverRootArgs,
     /// The kubelet's plugin directory; the DRA socket is
     /// `<plugins-dir>/<driver-name>/dra.sock`. The path must be the same
     /// inside and outside the container: the kubelet dials it as given.
@@ -164,6 +188,8 @@ pub struct PrintSlicesArgs {
 pub struct PrintCdiArgs {
     #[command(flatten)]
     pub node: NodeArgs,
+    #[command(flatten)]
+    pub driver_root: DriverRootArgs,
     /// UID of the ResourceClaim (RFC 4122, lower case).
     #[arg(long)]
     pub claim_uid: ClaimUid,

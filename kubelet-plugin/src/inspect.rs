@@ -57,7 +57,8 @@ struct SliceList<'a> {
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
     let inventory = discover(&args.node)?;
-    let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &args.claim_uid, &args.devices)
+    let edits = crate::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
+    let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;
     match args.output {
         OutputFormat::Json => {

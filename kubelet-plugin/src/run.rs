@@ -118,12 +118,17 @@ fn open_preparer(
     let boot_id = checkpoint::boot_id(&args.proc_root).with_context(|| {
         format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.proc_root.display())
     })?;
+    let driver_edits = {
+        let snapshot = Arc::clone(&inventory.borrow());
+        crate::driver_files::driver_edits(&args.driver_root, &args.node, &snapshot)?
+    };
     let config = PreparerConfig {
         driver: args.node.driver_name.clone(),
         node: args.node.node_name.clone(),
         cdi_dir: args.cdi_dir.clone(),
         checkpoint_dir: args.state_dir().join("checkpoint"),
         boot_id,
+        driver_edits,
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;

@@ -8,9 +8,67 @@
 
 pub mod spec;
 
+use crate::driver_root::DriverFiles;
 use crate::inventory::{Inventory, PublishedDevice};
 use crate::names::{ClaimUid, DeviceName, DriverName};
-pub use spec::{ContainerEdits, DeviceNode, Spec};
+pub use spec::{ContainerEdits, DeviceNode, Hook, Mount, Spec};
+
+/// Options of the driver's file mounts: read-only, no setuid, no devices.
+pub const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "bind"];
+
+/// What every claim's spec adds from the node's driver installation (found
+/// at start by [`crate::driver_root::discover`]): its files as read-only
+/// bind mounts, `nvidia-cdi-hook` hooks that link sonames and update the
+/// container's ld cache, and control devices such as `nvidia-modeset`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverEdits {
+    pub mounts: Vec<Mount>,
+    pub hooks: Vec<Hook>,
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+impl DriverEdits {
+    /// Edits for `files`; without `hook` (the host path of
+    /// `nvidia-cdi-hook`) the links and the ld cache are left to the image.
+    pub fn new(files: &DriverFiles, hook: Option<&str>) -> Self {
+        let mounts = files
+            .mounts
+            .iter()
+            .map(|m| Mount {
+                host_path: m.host_path.clone(),
+                container_path: m.container_path.clone(),
+                mount_type: None,
+                options: DRIVER_MOUNT_OPTIONS.iter().map(|o| o.to_string()).collect(),
+            })
+            .collect();
+        let mut hooks = Vec::new();
+        if let Some(path) = hook {
+            let hook = |args: Vec<String>| Hook { hook_name: "createContainer".into(), path: path.to_string(), args };
+            if !files.links.is_empty() {
+                let mut args = vec!["nvidia-cdi-hook".to_string(), "create-symlinks".to_string()];
+                for (target, link) in &files.links {
+                    args.push("--link".into());
+                    args.push(format!("{target}::{link}"));
+                }
+                hooks.push(hook(args));
+            }
+            if !files.library_dirs.is_empty() {
+                let mut args = vec!["nvidia-cdi-hook".to_string(), "update-ldcache".to_string()];
+                for dir in &files.library_dirs {
+                    args.push("--folder".into());
+                    args.push(dir.clone());
+                }
+                hooks.push(hook(args));
+            }
+        }
+        let device_nodes = files
+            .control_devices
+            .iter()
+            .map(|(path, minor)| DeviceNode::char(path.clone(), NVIDIA_MAJOR, *minor))
+            .collect();
+        DriverEdits { mounts, hooks, device_nodes }
+    }
+}
 
 /// `/dev/nvidia<minor>` and `/dev/nvidiactl` share this fixed major.
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -86,6 +144,7 @@ pub fn claim_spec_file_prefix(driver: &DriverName) -> String {
 pub fn claim_spec(
     driver: &DriverName,
     inventory: &Inventory,
+    driver_edits: &DriverEdits,
     claim: &ClaimUid,
     devices: &[DeviceName],
 ) -> Result<ClaimSpec, CdiError> {
@@ -106,7 +165,10 @@ pub fn claim_spec(
         device_ids.push((name.clone(), format!("{kind}={cdi_name}")));
         cdi_devices.push(spec::Device {
             name: cdi_name,
-            container_edits: ContainerEdits { env: Vec::new(), device_nodes: device_nodes(inventory, name, &device)? },
+            container_edits: ContainerEdits {
+                device_nodes: device_nodes(inventory, name, &device)?,
+                ..Default::default()
+            },
         });
     }
     let mut spec = Spec {
@@ -115,11 +177,16 @@ pub fn claim_spec(
         devices: cdi_devices,
         container_edits: ContainerEdits {
             env: vec![VISIBLE_DEVICES_VOID.to_string()],
-            device_nodes: vec![
+            device_nodes: [
                 DeviceNode::char("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
                 DeviceNode::char("/dev/nvidia-uvm", uvm, 0),
                 DeviceNode::char("/dev/nvidia-uvm-tools", uvm, 1),
-            ],
+            ]
+            .into_iter()
+            .chain(driver_edits.device_nodes.iter().cloned())
+            .collect(),
+            mounts: driver_edits.mounts.clone(),
+            hooks: driver_edits.hooks.clone(),
         },
     };
     spec.cdi_version = spec::minimum_version(&spec).to_string();
@@ -164,8 +231,14 @@ mod tests {
     #[test]
     fn gpu_claim_spec() {
         let inv = inventory(vec![gpu(0), gpu(3)]);
-        let s =
-            claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-3"), dn("gpu-0"), dn("gpu-3")]).unwrap();
+        let s = claim_spec(
+            &DriverName::nvidia_default(),
+            &inv,
+            &DriverEdits::default(),
+            &uid(),
+            &[dn("gpu-3"), dn("gpu-0"), dn("gpu-3")],
+        )
+        .unwrap();
         assert_eq!(s.file_name, "k8s.gpu.nvidia.com-claim_0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a.json");
         assert_eq!(s.spec.kind, "k8s.gpu.nvidia.com/claim");
         assert_eq!(s.spec.cdi_version, "0.5.0", "the claim UID starts with a digit");
@@ -189,7 +262,7 @@ mod tests {
     fn letter_first_uids_need_only_030() {
         let inv = inventory(vec![gpu(0)]);
         let uid = ClaimUid::new("ab4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").unwrap();
-        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid, &[dn("gpu-0")]).unwrap();
+        let s = claim_spec(&DriverName::nvidia_default(), &inv, &DriverEdits::default(), &uid, &[dn("gpu-0")]).unwrap();
         assert_eq!(s.spec.cdi_version, "0.3.0");
     }
 
@@ -198,7 +271,14 @@ mod tests {
         let mut parent = gpu(1);
         parent.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 2, 1)]);
         let inv = inventory(vec![parent]);
-        let s = claim_spec(&DriverName::nvidia_default(), &inv, &uid(), &[dn("gpu-1-mig-1g10gb-19-2")]).unwrap();
+        let s = claim_spec(
+            &DriverName::nvidia_default(),
+            &inv,
+            &DriverEdits::default(),
+            &uid(),
+            &[dn("gpu-1-mig-1g10gb-19-2")],
+        )
+        .unwrap();
         assert_eq!(
             node_paths(&s.spec.devices[0]),
             ["/dev/nvidia1", "/dev/nvidia-caps/nvidia-cap12", "/dev/nvidia-caps/nvidia-cap13"]
@@ -210,10 +290,16 @@ mod tests {
     fn errors_name_the_problem() {
         let driver = DriverName::nvidia_default();
         let mut inv = inventory(vec![gpu(0)]);
-        assert_eq!(claim_spec(&driver, &inv, &uid(), &[dn("gpu-9")]), Err(CdiError::UnknownDevice(dn("gpu-9"))));
-        assert_eq!(claim_spec(&driver, &inv, &uid(), &[]), Err(CdiError::NoDevices));
+        assert_eq!(
+            claim_spec(&driver, &inv, &DriverEdits::default(), &uid(), &[dn("gpu-9")]),
+            Err(CdiError::UnknownDevice(dn("gpu-9")))
+        );
+        assert_eq!(claim_spec(&driver, &inv, &DriverEdits::default(), &uid(), &[]), Err(CdiError::NoDevices));
         inv.device_majors.nvidia_uvm = None;
-        assert_eq!(claim_spec(&driver, &inv, &uid(), &[dn("gpu-0")]), Err(CdiError::UvmNotLoaded));
+        assert_eq!(
+            claim_spec(&driver, &inv, &DriverEdits::default(), &uid(), &[dn("gpu-0")]),
+            Err(CdiError::UvmNotLoaded)
+        );
 
         let mut parent = gpu(1);
         let mut m = mig("1g.10gb", 19, 0, 1);
@@ -221,15 +307,68 @@ mod tests {
         parent.mig = MigMode::Enabled(vec![m]);
         let inv = inventory(vec![parent]);
         let name = dn("gpu-1-mig-1g10gb-19-0");
-        assert_eq!(claim_spec(&driver, &inv, &uid(), std::slice::from_ref(&name)), Err(CdiError::MissingMigCaps(name)));
+        assert_eq!(
+            claim_spec(&driver, &inv, &DriverEdits::default(), &uid(), std::slice::from_ref(&name)),
+            Err(CdiError::MissingMigCaps(name))
+        );
     }
 
     #[test]
     fn other_driver_names_change_the_vendor() {
         let inv = inventory(vec![gpu(0)]);
         let driver = DriverName::new("gpu.example.com").unwrap();
-        let s = claim_spec(&driver, &inv, &uid(), &[dn("gpu-0")]).unwrap();
+        let s = claim_spec(&driver, &inv, &DriverEdits::default(), &uid(), &[dn("gpu-0")]).unwrap();
         assert_eq!(s.spec.kind, "k8s.gpu.example.com/claim");
         assert!(s.file_name.starts_with("k8s.gpu.example.com-claim_"));
+    }
+
+    #[test]
+    fn driver_files_become_read_only_mounts_and_hooks() {
+        use crate::driver_root::{DriverFiles, DriverMount};
+        let files = DriverFiles {
+            mounts: vec![DriverMount {
+                host_path: "/run/nvidia/driver/usr/lib64/libcuda.so.580.95.05".into(),
+                container_path: "/usr/lib64/libcuda.so.580.95.05".into(),
+            }],
+            links: vec![
+                ("libcuda.so.580.95.05".into(), "/usr/lib64/libcuda.so.1".into()),
+                ("libcuda.so.1".into(), "/usr/lib64/libcuda.so".into()),
+            ],
+            library_dirs: vec!["/usr/lib64".into()],
+            control_devices: vec![("/dev/nvidia-modeset".into(), 254)],
+        };
+        let edits = DriverEdits::new(&files, Some("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook"));
+        let inv = inventory(vec![gpu(0)]);
+        let uid = ClaimUid::new("ab4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a").unwrap();
+        let s = claim_spec(&DriverName::nvidia_default(), &inv, &edits, &uid, &[dn("gpu-0")]).unwrap();
+        assert_eq!(s.spec.cdi_version, "0.3.0", "mount options and hooks need no newer version");
+        let json = serde_json::to_value(&s.spec.container_edits).unwrap();
+        assert_eq!(
+            json["mounts"][0],
+            serde_json::json!({
+                "hostPath": "/run/nvidia/driver/usr/lib64/libcuda.so.580.95.05",
+                "containerPath": "/usr/lib64/libcuda.so.580.95.05",
+                "options": ["ro", "nosuid", "nodev", "bind"]
+            })
+        );
+        assert_eq!(
+            json["hooks"][0]["args"],
+            serde_json::json!([
+                "nvidia-cdi-hook",
+                "create-symlinks",
+                "--link",
+                "libcuda.so.580.95.05::/usr/lib64/libcuda.so.1",
+                "--link",
+                "libcuda.so.1::/usr/lib64/libcuda.so"
+            ])
+        );
+        assert_eq!(
+            json["hooks"][1]["args"],
+            serde_json::json!(["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"])
+        );
+        assert_eq!(json["hooks"][0]["hookName"], "createContainer");
+        assert_eq!(json["deviceNodes"][3]["path"], "/dev/nvidia-modeset");
+        // Without the hook binary: mounts only.
+        assert!(DriverEdits::new(&files, None).hooks.is_empty());
     }
 }

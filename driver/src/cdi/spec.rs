@@ -31,12 +31,39 @@ pub struct ContainerEdits {
     pub env: Vec<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<Hook>,
 }
 
 impl ContainerEdits {
     pub fn is_empty(&self) -> bool {
-        self.env.is_empty() && self.device_nodes.is_empty()
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty() && self.hooks.is_empty()
     }
+}
+
+/// A bind mount the runtime adds to the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    /// Never set by us: a `type` needs CDI 0.4.0.
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub mount_type: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
+}
+
+/// An OCI hook the runtime runs for the container.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Hook {
+    pub hook_name: String,
+    pub path: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
 }
 
 /// A device node the runtime creates in the container.
@@ -62,10 +89,12 @@ impl DeviceNode {
 }
 
 /// The lowest CDI version that can express `spec`, following the reference
-/// library's rules (`specs-go/version.go`) for the fields we emit: device
-/// names starting with a digit need 0.5.0, a dot in the class needs 0.6.0,
-/// anything else is valid from 0.3.0. Older runtimes accept only old
-/// versions, so we never claim more than we need.
+/// library's rules (`specs-go/version.go`, and the Rust crate's
+/// `version.rs`) for the fields we emit: a dot in the class needs 0.6.0,
+/// device names starting with a digit need 0.5.0, a mount with a `type`
+/// needs 0.4.0; hooks and mount options are valid from 0.3.0, like the
+/// rest. Older runtimes accept only old versions, so we never claim more
+/// than we need.
 pub fn minimum_version(spec: &Spec) -> &'static str {
     let class = spec.kind.split_once('/').map_or("", |(_, class)| class);
     if class.contains('.') {
@@ -73,6 +102,10 @@ pub fn minimum_version(spec: &Spec) -> &'static str {
     }
     if spec.devices.iter().any(|d| d.name.starts_with(|c: char| c.is_ascii_digit())) {
         return "0.5.0";
+    }
+    let edits = spec.devices.iter().map(|d| &d.container_edits).chain([&spec.container_edits]);
+    if edits.flat_map(|e| &e.mounts).any(|m| m.mount_type.as_deref().is_some_and(|t| !t.is_empty())) {
+        return "0.4.0";
     }
     "0.3.0"
 }
@@ -89,11 +122,11 @@ mod tests {
             devices: vec![Device {
                 name: "1b2c-gpu-0".into(),
                 container_edits: ContainerEdits {
-                    env: vec![],
                     device_nodes: vec![DeviceNode::char("/dev/nvidia0", 195, 0)],
+                    ..Default::default()
                 },
             }],
-            container_edits: ContainerEdits { env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()], device_nodes: vec![] },
+            container_edits: ContainerEdits { env: vec!["NVIDIA_VISIBLE_DEVICES=void".into()], ..Default::default() },
         };
         assert_eq!(
             serde_json::to_string(&spec).unwrap(),
@@ -116,5 +149,18 @@ mod tests {
         assert_eq!(minimum_version(&spec), "0.5.0");
         spec.kind = "vendor.com/my.class".into();
         assert_eq!(minimum_version(&spec), "0.6.0");
+        spec.kind = "vendor.com/claim".into();
+        spec.devices.pop();
+        let mount = |t: Option<&str>| Mount {
+            host_path: "/a".into(),
+            container_path: "/a".into(),
+            mount_type: t.map(Into::into),
+            options: vec!["ro".into()],
+        };
+        spec.container_edits.mounts.push(mount(None));
+        spec.container_edits.hooks.push(Hook { hook_name: "createContainer".into(), path: "/h".into(), args: vec![] });
+        assert_eq!(minimum_version(&spec), "0.3.0", "options and hooks are 0.3.0");
+        spec.devices[0].container_edits.mounts.push(mount(Some("bind")));
+        assert_eq!(minimum_version(&spec), "0.4.0");
     }
 }

@@ -137,10 +137,10 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
             None => tracing::debug!(library, "driver library not found; skipped"),
         }
     }
-    for dir in ["lib/firmware/nvidia", "usr/lib/firmware/nvidia"] {
-        let inside = format!("/{dir}/{version}");
-        let Ok(entries) = std::fs::read_dir(root.local(&inside)) else { continue };
-        let mut names: Vec<String> = entries
+    if let Some(inside) = firmware_dir(root, version) {
+        let mut names: Vec<String> = std::fs::read_dir(root.local(&inside))
+            .into_iter()
+            .flatten()
             .flatten()
             .filter(|e| e.path().is_file())
             .map(|e| e.file_name().to_string_lossy().into_owned())
@@ -150,7 +150,8 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
             let path = format!("{inside}/{name}");
             files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path });
         }
-        break;
+    } else {
+        tracing::debug!(version, "no GSP firmware directory for the driver version; skipped");
     }
     for binary in BINARIES {
         let found = BINARY_DIRS.iter().map(|d| format!("/{d}/{binary}")).find(|p| root.local(p).is_file());
@@ -169,6 +170,26 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
         files.control_devices.push((MODESET.0.to_string(), MODESET.1));
     }
     Ok(files)
+}
+
+/// The GSP firmware directory of driver `version` (named as the driver
+/// names it, `580.82.07`, while NVML's version may read `580.82.7`).
+fn firmware_dir(root: &DriverRoot, version: &str) -> Option<String> {
+    let wanted = crate::version::Semver::normalize(version).ok();
+    for dir in ["/lib/firmware/nvidia", "/usr/lib/firmware/nvidia"] {
+        let exact = format!("{dir}/{version}");
+        if root.local(&exact).is_dir() {
+            return Some(exact);
+        }
+        let found = std::fs::read_dir(root.local(dir)).into_iter().flatten().flatten().find(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            wanted.is_some() && crate::version::Semver::normalize(&name).ok() == wanted && e.path().is_dir()
+        });
+        if let Some(e) = found {
+            return Some(format!("{dir}/{}", e.file_name().to_string_lossy()));
+        }
+    }
+    None
 }
 
 /// A library found: where the cache or the directory search says it is

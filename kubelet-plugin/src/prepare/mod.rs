@@ -57,6 +57,8 @@ pub struct PreparerConfig {
     pub checkpoint_dir: PathBuf,
     /// The node's current boot id; records from another boot are void.
     pub boot_id: String,
+    /// What every spec gets from the driver installation.
+    pub driver_edits: cdi::DriverEdits,
 }
 
 /// Why the preparer could not start.
@@ -196,7 +198,7 @@ impl<S: ClaimSource> Preparer<S> {
             self.roll_back(&claim.uid, stale).await.map_err(kind(ErrorKind::Cdi))?;
         }
         let names: Vec<_> = planned.iter().map(|d| d.device.clone()).collect();
-        let spec = cdi::claim_spec(&self.config.driver, &inventory, &claim.uid, &names)
+        let spec = cdi::claim_spec(&self.config.driver, &inventory, &self.config.driver_edits, &claim.uid, &names)
             .map_err(|e| format!("building the CDI spec: {e}"))
             .map_err(kind(ErrorKind::Cdi))?;
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;

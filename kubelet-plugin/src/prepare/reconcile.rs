@@ -101,7 +101,9 @@ fn rewrite_spec(
         record.devices.iter().map(|d| DeviceName::new(d.device_name.as_str())).collect();
     let written = names
         .map_err(|e| e.to_string())
-        .and_then(|names| cdi::claim_spec(&config.driver, inventory, uid, &names).map_err(|e| e.to_string()))
+        .and_then(|names| {
+            cdi::claim_spec(&config.driver, inventory, &config.driver_edits, uid, &names).map_err(|e| e.to_string())
+        })
         .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))
         .and_then(|bytes| durable::write(&config.cdi_dir, spec_file, &bytes, CDI_FILE_MODE).map_err(|e| e.to_string()));
     match written {

@@ -132,6 +132,7 @@ impl Harness {
             cdi_dir: self.dir.path().join("cdi"),
             checkpoint_dir: self.dir.path().join("state/checkpoint"),
             boot_id: boot_id.into(),
+            driver_edits: Default::default(),
         }
     }
 
