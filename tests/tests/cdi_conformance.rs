@@ -72,7 +72,8 @@ fn every_device_of_every_example_passes_the_cncf_library() {
             claims.push(names.clone());
             for devices in claims {
                 let dir = tempfile::tempdir().unwrap();
-                let spec = cdi::claim_spec(&driver, &inventory, &claim, &devices).unwrap();
+                let spec =
+                    cdi::claim_spec(&driver, &inventory, &cdi::DriverEdits::default(), &claim, &devices).unwrap();
                 let file = write_spec(dir.path(), &spec);
                 let ids: Vec<String> = spec.device_ids.iter().map(|(_, id)| id.clone()).collect();
                 let injected = check_with_cncf_library(dir.path(), &file, &spec.spec.cdi_version, &ids);
@@ -158,4 +159,159 @@ fn the_library_rejects_what_it_should() {
     let unknown = low.replace("\"major\"", "\"majr\"").replace("0.3.0", "0.5.0");
     std::fs::write(&file, unknown).unwrap();
     assert!(read_spec(&file, 0).is_err());
+}
+
+/// A claim's spec for a node whose driver is installed at a (fake) driver
+/// root: `print-cdi --driver-root` gives it, the CNCF library injects it,
+/// and the container gets exactly the driver's files, read-only, and the
+/// two `nvidia-cdi-hook` hooks.
+#[test]
+fn driver_root_files_reach_the_container_through_the_cncf_library() {
+    use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
+    let version = "570.172.08"; // a100-mig.yaml's driverVersion
+    let root = tempfile::tempdir().unwrap();
+    fake_tree::build(
+        root.path(),
+        version,
+        &[
+            ("libcuda.so", "libcuda.so.1"),
+            ("libnvidia-ml.so", "libnvidia-ml.so.1"),
+            ("libnvidia-ptxjitcompiler.so", "libnvidia-ptxjitcompiler.so.1"),
+        ],
+    )
+    .unwrap();
+    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
+    let hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook";
+    let print = |devices: &[&str]| {
+        let mut args = vec![
+            "print-cdi",
+            "--node-name",
+            "node-a",
+            "--fake-inventory",
+            inventory.to_str().unwrap(),
+            "--driver-root",
+            root.path().to_str().unwrap(),
+            "--host-driver-root",
+            "/run/nvidia/driver",
+            "--nvidia-cdi-hook-path",
+            hook,
+            "--claim-uid",
+            CLAIM_UIDS[1],
+        ];
+        for d in devices {
+            args.extend(["--device", d]);
+        }
+        stdout_ok(&run(kubelet_plugin(), &args, None))
+    };
+    let files: Vec<String> = [
+        format!("/{LIBDIR}/libcuda.so.{version}"),
+        format!("/{LIBDIR}/libnvidia-ml.so.{version}"),
+        format!("/{LIBDIR}/libnvidia-ptxjitcompiler.so.{version}"),
+        format!("/lib/firmware/nvidia/{version}/gsp_ga10x.bin"),
+        format!("/lib/firmware/nvidia/{version}/gsp_tu10x.bin"),
+        "/usr/bin/nvidia-smi".to_string(),
+        "/usr/bin/nvidia-cuda-mps-control".to_string(),
+        "/run/nvidia-persistenced/socket".to_string(),
+    ]
+    .to_vec();
+    for device in ["gpu-3", "gpu-0-mig-1g10gb-19-3"] {
+        let dir = tempfile::tempdir().unwrap();
+        let json = print(&[device]);
+        let file = dir.path().join(format!("k8s.gpu.nvidia.com-claim_{}.json", CLAIM_UIDS[1]));
+        std::fs::write(&file, &json).unwrap();
+        let emitted: serde_json::Value = serde_json::from_str(&json).unwrap();
+        let id = format!("k8s.gpu.nvidia.com/claim={}-{device}", CLAIM_UIDS[1]);
+        let cdi_version = emitted["cdiVersion"].as_str().unwrap();
+        check_with_cncf_library(dir.path(), &file, cdi_version, std::slice::from_ref(&id));
+        let cache = new_cache(vec![with_spec_dirs(&[dir.path().to_str().unwrap()])]);
+        let mut oci = oci_spec::runtime::Spec::default();
+        oci.set_mounts(Some(Vec::new()));
+        cache.lock().unwrap().inject_devices(Some(&mut oci), vec![id.clone()]).unwrap();
+        let mounts: Vec<(String, String, Vec<String>)> = oci
+            .mounts()
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|m| {
+                let source = m.source().as_ref().map(|p| p.display().to_string()).unwrap_or_default();
+                (source, m.destination().display().to_string(), m.options().clone().unwrap_or_default())
+            })
+            .collect();
+        let expected: Vec<(String, String, Vec<String>)> = files
+            .iter()
+            .map(|f| {
+                (
+                    format!("/run/nvidia/driver{f}"),
+                    f.clone(),
+                    ["ro", "nosuid", "nodev", "bind"].map(String::from).to_vec(),
+                )
+            })
+            .collect();
+        let mut got = mounts.clone();
+        got.sort();
+        let mut want = expected.clone();
+        want.sort();
+        assert_eq!(got, want, "{device}: exactly the driver's files, read-only, from the host's driver root");
+        let hooks = oci.hooks().clone().expect("hooks");
+        let create: Vec<Vec<String>> = hooks
+            .create_container()
+            .clone()
+            .unwrap_or_default()
+            .iter()
+            .map(|h| h.args().clone().unwrap_or_default())
+            .collect();
+        let d = format!("/{LIBDIR}");
+        assert_eq!(
+            create,
+            [
+                vec![
+                    "nvidia-cdi-hook".to_string(),
+                    "create-symlinks".into(),
+                    "--link".into(),
+                    format!("libcuda.so.{version}::{d}/libcuda.so.1"),
+                    "--link".into(),
+                    format!("libcuda.so.1::{d}/libcuda.so"),
+                    "--link".into(),
+                    format!("libnvidia-ml.so.{version}::{d}/libnvidia-ml.so.1"),
+                    "--link".into(),
+                    format!("libnvidia-ml.so.1::{d}/libnvidia-ml.so"),
+                    "--link".into(),
+                    format!("libnvidia-ptxjitcompiler.so.{version}::{d}/libnvidia-ptxjitcompiler.so.1"),
+                    "--link".into(),
+                    format!("libnvidia-ptxjitcompiler.so.1::{d}/libnvidia-ptxjitcompiler.so"),
+                ],
+                vec!["nvidia-cdi-hook".to_string(), "update-ldcache".into(), "--folder".into(), d.clone()],
+            ],
+            "{device}"
+        );
+    }
+}
+
+#[test]
+fn a_driver_root_without_libcuda_stops_print_cdi_with_the_fix() {
+    let root = tempfile::tempdir().unwrap();
+    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
+    let out = run(
+        kubelet_plugin(),
+        &[
+            "print-cdi",
+            "--node-name",
+            "node-a",
+            "--fake-inventory",
+            inventory.to_str().unwrap(),
+            "--driver-root",
+            root.path().to_str().unwrap(),
+            "--claim-uid",
+            CLAIM_UIDS[1],
+            "--device",
+            "gpu-3",
+        ],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("libcuda.so") && err.contains(&*root.path().to_string_lossy()) && err.contains("--driver-root"),
+        "{err}"
+    );
 }

@@ -10,6 +10,7 @@
 //! Discovery runs at start and when the driver version changes, never on
 //! the prepare path.
 
+pub mod fake_tree;
 pub mod ld_cache;
 
 use std::path::{Component, Path, PathBuf};

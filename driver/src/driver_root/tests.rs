@@ -4,52 +4,14 @@
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
-use std::process::Command;
 
+use super::fake_tree::LIBDIR;
 use super::*;
 
 const VERSION: &str = "580.95.05";
-const LIBDIR: &str = "usr/lib/x86_64-linux-gnu";
 
-/// An ELF shared object with this soname at `path`.
-fn shared_object(path: &Path, soname: &str) {
-    let src = path.with_extension("c");
-    std::fs::write(&src, "int nvidia_fake(void) { return 0; }\n").unwrap();
-    let status = Command::new("cc")
-        .args(["-shared", "-fPIC", &format!("-Wl,-soname,{soname}"), "-o"])
-        .arg(path)
-        .arg(&src)
-        .status()
-        .unwrap();
-    assert!(status.success());
-    std::fs::remove_file(src).unwrap();
-}
-
-/// A driver install under `root`: `libs` as (library, soname), versioned
-/// files plus the soname links ldconfig makes, and its cache.
 fn fake_root(root: &Path, libs: &[(&str, &str)]) {
-    let dir = root.join(LIBDIR);
-    std::fs::create_dir_all(&dir).unwrap();
-    for (library, soname) in libs {
-        let real = format!("{library}.{VERSION}");
-        shared_object(&dir.join(&real), soname);
-    }
-    std::fs::create_dir_all(root.join("etc")).unwrap();
-    std::fs::write(root.join("etc/ld.so.conf"), format!("/{LIBDIR}\n")).unwrap();
-    // -r: the cache of the tree, written into it (and links made there).
-    let status = Command::new("ldconfig").arg("-r").arg(root).status().unwrap();
-    assert!(status.success());
-    let firmware = root.join(format!("lib/firmware/nvidia/{VERSION}"));
-    std::fs::create_dir_all(&firmware).unwrap();
-    for f in ["gsp_ga10x.bin", "gsp_tu10x.bin"] {
-        std::fs::write(firmware.join(f), b"fw").unwrap();
-    }
-    std::fs::create_dir_all(root.join("usr/bin")).unwrap();
-    for b in ["nvidia-smi", "nvidia-cuda-mps-control"] {
-        std::fs::write(root.join("usr/bin").join(b), b"#!/bin/sh\n").unwrap();
-    }
-    std::fs::create_dir_all(root.join("run/nvidia-persistenced")).unwrap();
-    std::fs::write(root.join("run/nvidia-persistenced/socket"), b"").unwrap();
+    fake_tree::build(root, VERSION, libs).unwrap();
 }
 
 #[test]
