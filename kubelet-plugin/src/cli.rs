@@ -60,6 +60,12 @@ pub struct NodeArgs {
     /// nodes without GPUs; see examples/inventories/).
     #[arg(long, env = "FAKE_INVENTORY", value_name = "FILE")]
     pub fake_inventory: Option<PathBuf>,
+    /// XIDs that leave a GPU allocatable, besides the ones NVIDIA attributes
+    /// to applications (13, 31, 43, 45, 68, 109); comma-separated. On
+    /// Kubernetes 1.35+ they are published with taint effect None, on 1.34
+    /// not at all; every other XID taints its GPU NoSchedule.
+    #[arg(long, env = "ADDITIONAL_XIDS_TO_IGNORE", value_delimiter = ',', value_name = "XID,...")]
+    pub additional_xids_to_ignore: Vec<u32>,
 }
 
 /// Where the NVIDIA driver is installed, for what containers get from it.

@@ -28,7 +28,8 @@ fn discover(node: &NodeArgs) -> Result<Inventory> {
 
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
     let inventory = discover(&args.node)?;
-    let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone());
+    let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
+        .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied());
     let slices = builder.build(&inventory, args.generation)?;
     match args.output {
         OutputFormat::Yaml => {

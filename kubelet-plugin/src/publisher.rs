@@ -22,7 +22,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{DriverName, NodeName};
-use gpu_dra_driver::slices::{SliceBuilder, SliceError};
+use gpu_dra_driver::slices::{ServerRules, SliceBuilder, SliceError};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
@@ -44,6 +44,8 @@ pub struct PublisherConfig {
     pub resync: Duration,
     pub min_backoff: Duration,
     pub max_backoff: Duration,
+    /// XIDs that leave a GPU allocatable besides NVIDIA's application ones.
+    pub additional_ignored_xids: Vec<u32>,
 }
 
 impl PublisherConfig {
@@ -54,6 +56,7 @@ impl PublisherConfig {
             resync: Duration::from_secs(300),
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
+            additional_ignored_xids: Vec::new(),
         }
     }
 
@@ -146,6 +149,9 @@ pub async fn run(
 }
 
 struct Publisher {
+    client: kube::Client,
+    /// The server's version was asked for (its rules are in `builder`).
+    server_known: bool,
     api: Api<ResourceSlice>,
     config: PublisherConfig,
     builder: SliceBuilder,
@@ -163,10 +169,13 @@ struct Publisher {
 
 impl Publisher {
     fn new(client: kube::Client, config: PublisherConfig, status: Arc<PublishStatus>) -> Self {
-        let builder = SliceBuilder::new(config.driver.clone(), config.node.clone());
+        let builder = SliceBuilder::new(config.driver.clone(), config.node.clone())
+            .ignoring_xids(config.additional_ignored_xids.iter().copied());
         Self {
             api: Api::all(client.clone()),
-            nodes: Api::all(client),
+            nodes: Api::all(client.clone()),
+            client,
+            server_known: false,
             owner: None,
             config,
             builder,
@@ -243,6 +252,19 @@ impl Publisher {
 
     /// One pass; returns the number of devices published.
     async fn sync(&mut self, inventory: &Arc<Inventory>) -> Result<usize, PublishError> {
+        if !self.server_known {
+            self.server_known = true;
+            match self.client.apiserver_version().await {
+                Ok(info) => {
+                    let rules = server_rules(&info.minor);
+                    tracing::info!(version = %info.git_version, minor = rules.minor, "publishing for this server's rules");
+                    self.builder = self.builder.clone().for_server(rules);
+                }
+                Err(error) => {
+                    tracing::warn!(%error, "the server's version is unknown: publishing for Kubernetes 1.34's rules")
+                }
+            }
+        }
         let selector = self.config.field_selector();
         let existing = self
             .api
@@ -356,5 +378,27 @@ impl Publisher {
             }
         }
         Err(PublishError::Conflicts(name.to_string()))
+    }
+}
+
+/// The rules of a server whose `/version` says `minor` (`"35"`, or `"35+"`
+/// from managed clusters); older or unreadable ones get 1.34's.
+fn server_rules(minor: &str) -> ServerRules {
+    let digits: String = minor.chars().take_while(char::is_ascii_digit).collect();
+    let minor = digits.parse::<u32>().unwrap_or(ServerRules::STRICTEST.minor);
+    ServerRules { minor: minor.max(ServerRules::STRICTEST.minor) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn server_rules_come_from_the_minor_version() {
+        assert_eq!(server_rules("35").minor, 35);
+        assert_eq!(server_rules("36+").minor, 36);
+        assert_eq!(server_rules("").minor, 34);
+        assert_eq!(server_rules("20").minor, 34, "older servers get the strictest rules");
+        assert!(!server_rules("34").taint_effect_none() && server_rules("35").taint_effect_none());
     }
 }

@@ -58,7 +58,10 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let publish_status = Arc::new(PublishStatus::with_observer(metrics.clone()));
     let publisher_task = tokio::spawn(publisher::run(
         client.clone(),
-        PublisherConfig::new(node.clone(), driver.clone()),
+        PublisherConfig {
+            additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
+            ..PublisherConfig::new(node.clone(), driver.clone())
+        },
         inventory.clone(),
         publish_status.clone(),
     ));

@@ -163,6 +163,35 @@ async fn a_fault_in_the_fake_file_bumps_the_generation_and_taints() {
     assert_eq!(run.status.generation(), first + 1);
 }
 
+/// An application XID (43: a user's kernel stopped) leaves the GPU
+/// allocatable: on this 1.36 server it is published with effect None; XID
+/// 79 (fallen off the bus) blocks it; a cleared fault takes its taint away.
+#[tokio::test]
+async fn application_xids_do_not_block_and_cleared_faults_untaint() {
+    let run = start(|_| {}).await;
+    eventually("the slices are published", || !slices(&run.server).is_empty()).await;
+    let taints = |name: &str| {
+        slices(&run.server)
+            .iter()
+            .flat_map(|s| s.spec.devices.iter().flatten())
+            .find(|d| d.name == name)
+            .and_then(|d| d.taints.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
+            .collect::<Vec<_>>()
+    };
+    write_inventory(
+        &run.inventory_file,
+        &format!("{FOUR_GPUS}    faults:\n      - {{gpu: 1, xid: 43}}\n      - {{gpu: 2, xid: 79}}\n"),
+    );
+    eventually("the faults are published", || !taints("gpu-2").is_empty()).await;
+    assert_eq!(taints("gpu-1"), ["gpu.nvidia.com/xid=43:None"]);
+    assert_eq!(taints("gpu-2"), ["gpu.nvidia.com/xid=79:NoSchedule"]);
+    write_inventory(&run.inventory_file, FOUR_GPUS);
+    eventually("the cleared faults are untainted", || taints("gpu-1").is_empty() && taints("gpu-2").is_empty()).await;
+}
+
 #[tokio::test]
 async fn server_errors_and_conflicts_are_retried() {
     let run = start(|server| {

@@ -51,6 +51,8 @@ pub mod taint {
     pub const GPU_LOST: &str = "gpu-lost";
     pub const NO_SCHEDULE: &str = "NoSchedule";
     pub const NO_EXECUTE: &str = "NoExecute";
+    /// Informational (1.35+): tolerated by everything, blocks nothing.
+    pub const NONE: &str = "None";
 }
 
 /// The apiserver's limit on string attribute values.
@@ -150,20 +152,53 @@ fn mig_device(
     (attrs, caps)
 }
 
-/// Taints for a device's faults: the most recent XID as
-/// `<driver>/xid=<code>:NoSchedule`, a lost GPU as `<driver>/gpu-lost:NoExecute`
-/// (running workloads cannot use a lost GPU either). Effects are limited to
-/// those every supported server accepts (`None` needs 1.35).
-pub fn taints(driver: &DriverName, faults: &[Fault]) -> Vec<DeviceTaint> {
+/// XIDs NVIDIA attributes to the application, not the GPU (13 graphics
+/// engine exception, 31 GPU memory page fault, 43 GPU stopped processing,
+/// 45 preemptive cleanup, 68 video processor exception, 109 context switch
+/// timeout): a user's kernel faulted, the GPU is fine. NVIDIA's driver
+/// gives them effect `None`.
+pub const APPLICATION_XIDS: [u32; 6] = [13, 31, 43, 45, 68, 109];
+
+/// Which faults take a device out of service, and how it is said.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TaintPolicy {
+    /// XIDs that leave the device allocatable.
+    pub ignored_xids: std::collections::BTreeSet<u32>,
+    /// The server accepts effect `None` (1.35+): an ignored XID is still
+    /// published, with that effect; on 1.34 it is not published at all.
+    pub none_effect: bool,
+}
+
+impl Default for TaintPolicy {
+    fn default() -> Self {
+        TaintPolicy { ignored_xids: APPLICATION_XIDS.into_iter().collect(), none_effect: false }
+    }
+}
+
+/// Taints for a device's faults: the most recent XID that is not ignored
+/// as `<driver>/xid=<code>:NoSchedule`; else, where the server takes it,
+/// the most recent ignored one as `<driver>/xid=<code>:None` (visible, not
+/// blocking); a lost GPU as `<driver>/gpu-lost:NoExecute` (running
+/// workloads cannot use a lost GPU either).
+pub fn taints(driver: &DriverName, faults: &[Fault], policy: &TaintPolicy) -> Vec<DeviceTaint> {
     let mut out = Vec::new();
-    if let Some(xid) = faults.iter().rev().find_map(|f| match f {
-        Fault::Xid(code) => Some(*code),
-        Fault::Lost => None,
-    }) {
+    let xids = || {
+        faults.iter().rev().filter_map(|f| match f {
+            Fault::Xid(code) => Some(*code),
+            Fault::Lost => None,
+        })
+    };
+    let blocking = xids().find(|x| !policy.ignored_xids.contains(x));
+    let xid = match blocking {
+        Some(code) => Some((code, taint::NO_SCHEDULE)),
+        None if policy.none_effect => xids().next().map(|code| (code, taint::NONE)),
+        None => None,
+    };
+    if let Some((code, effect)) = xid {
         out.push(DeviceTaint {
             key: format!("{driver}/{}", taint::XID),
-            value: Some(xid.to_string()),
-            effect: taint::NO_SCHEDULE.into(),
+            value: Some(code.to_string()),
+            effect: effect.into(),
             time_added: None,
         });
     }
@@ -183,12 +218,13 @@ pub fn to_api_device(
     driver: &DriverName,
     inv: &Inventory,
     device: &PublishedDevice<'_>,
+    policy: &TaintPolicy,
 ) -> Result<Device, InvalidName> {
     let (attributes, capacity) = match device {
         PublishedDevice::Gpu(gpu) => gpu_device(inv, gpu),
         PublishedDevice::Mig { parent, mig } => mig_device(inv, parent, mig),
     };
-    let taints = taints(driver, &device.faults());
+    let taints = taints(driver, &device.faults(), policy);
     Ok(Device {
         name: device.name()?.to_string(),
         attributes: Some(attributes),
@@ -214,7 +250,9 @@ mod tests {
         g.nvlink_group = Some(0);
         g.clique = Some(CliqueId { cluster_uuid: uuid::Uuid::from_u128(1), clique: 3 });
         let inv = inventory(vec![g]);
-        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        let d =
+            to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0], &TaintPolicy::default())
+                .unwrap();
         assert_eq!(d.name, "gpu-0");
         assert_eq!(attr(&d, "type").string.as_deref(), Some("gpu"));
         assert_eq!(attr(&d, "productName").string.as_deref(), Some("NVIDIA H100 80GB HBM3"));
@@ -235,7 +273,9 @@ mod tests {
         let mut parent = gpu(2);
         parent.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 5, 1)]);
         let inv = inventory(vec![parent]);
-        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        let d =
+            to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0], &TaintPolicy::default())
+                .unwrap();
         assert_eq!(d.name, "gpu-2-mig-1g10gb-19-5");
         assert_eq!(attr(&d, "type").string.as_deref(), Some("mig"));
         assert_eq!(attr(&d, "profile").string.as_deref(), Some("1g.10gb"));
@@ -253,7 +293,9 @@ mod tests {
         let mut g = gpu(0);
         g.product_name = "é".repeat(40);
         let inv = inventory(vec![g]);
-        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        let d =
+            to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0], &TaintPolicy::default())
+                .unwrap();
         assert_eq!(attr(&d, "productName").string.as_ref().unwrap().len(), 64);
     }
 
@@ -264,7 +306,9 @@ mod tests {
         g.pci_bus_id = None;
         g.faults = vec![Fault::Lost];
         let inv = inventory(vec![g]);
-        let d = to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0]).unwrap();
+        let d =
+            to_api_device(&DriverName::nvidia_default(), &inv, &inv.published_devices()[0], &TaintPolicy::default())
+                .unwrap();
         let attrs = d.attributes.as_ref().unwrap();
         assert!(!attrs.contains_key("productName") && !attrs.contains_key("resource.kubernetes.io/pciBusID"));
         assert_eq!(d.taints.as_ref().unwrap()[0].key, "gpu.nvidia.com/gpu-lost");
@@ -273,13 +317,32 @@ mod tests {
     #[test]
     fn faults_become_taints() {
         let driver = DriverName::nvidia_default();
-        assert!(taints(&driver, &[]).is_empty());
-        let t = taints(&driver, &[Fault::Xid(48), Fault::Xid(79), Fault::Lost]);
+        let policy = TaintPolicy::default();
+        assert!(taints(&driver, &[], &policy).is_empty());
+        let t = taints(&driver, &[Fault::Xid(48), Fault::Xid(79), Fault::Lost], &policy);
         assert_eq!(t.len(), 2);
         assert_eq!(
             (t[0].key.as_str(), t[0].value.as_deref(), t[0].effect.as_str()),
             ("gpu.nvidia.com/xid", Some("79"), "NoSchedule")
         );
         assert_eq!((t[1].key.as_str(), t[1].effect.as_str()), ("gpu.nvidia.com/gpu-lost", "NoExecute"));
+    }
+
+    #[test]
+    fn application_xids_do_not_block() {
+        let driver = DriverName::nvidia_default();
+        let on_134 = TaintPolicy::default();
+        assert!(taints(&driver, &[Fault::Xid(43)], &on_134).is_empty(), "1.34: not published");
+        let on_135 = TaintPolicy { none_effect: true, ..TaintPolicy::default() };
+        let t = taints(&driver, &[Fault::Xid(43)], &on_135);
+        assert_eq!((t[0].value.as_deref(), t[0].effect.as_str()), (Some("43"), "None"));
+        // A blocking XID wins over a later application one.
+        let t = taints(&driver, &[Fault::Xid(79), Fault::Xid(43)], &on_135);
+        assert_eq!((t[0].value.as_deref(), t[0].effect.as_str()), (Some("79"), "NoSchedule"));
+        assert_eq!(t.len(), 1);
+        // --additional-xids-to-ignore.
+        let mut more = TaintPolicy::default();
+        more.ignored_xids.insert(79);
+        assert!(taints(&driver, &[Fault::Xid(79)], &more).is_empty());
     }
 }

@@ -14,13 +14,16 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use crate::inventory::Inventory;
 use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
 use crate::names::{DriverName, InvalidName, NodeName};
-pub use validation::{FieldError, validate_slice};
+pub use attributes::TaintPolicy;
+pub use validation::{FieldError, ServerRules, validate_slice, validate_slice_for};
 
 /// Builds a node's slices for one driver.
 #[derive(Debug, Clone)]
 pub struct SliceBuilder {
     driver: DriverName,
     node: NodeName,
+    taints: TaintPolicy,
+    rules: ServerRules,
 }
 
 /// Why slices could not be built.
@@ -37,8 +40,23 @@ fn join(errors: &[FieldError]) -> String {
 }
 
 impl SliceBuilder {
+    /// A builder for the strictest server (1.34), with NVIDIA's
+    /// application XIDs ignored.
     pub fn new(driver: DriverName, node: NodeName) -> Self {
-        Self { driver, node }
+        Self { driver, node, taints: TaintPolicy::default(), rules: ServerRules::STRICTEST }
+    }
+
+    /// Slices for a server with `rules` (1.35+ takes taint effect `None`).
+    pub fn for_server(mut self, rules: ServerRules) -> Self {
+        self.rules = rules;
+        self.taints.none_effect = rules.taint_effect_none();
+        self
+    }
+
+    /// More XIDs that leave a device allocatable (`--additional-xids-to-ignore`).
+    pub fn ignoring_xids(mut self, xids: impl IntoIterator<Item = u32>) -> Self {
+        self.taints.ignored_xids.extend(xids);
+        self
     }
 
     pub fn driver(&self) -> &DriverName {
@@ -56,7 +74,7 @@ impl SliceBuilder {
         let devices = inventory
             .published_devices()
             .iter()
-            .map(|d| attributes::to_api_device(&self.driver, inventory, d))
+            .map(|d| attributes::to_api_device(&self.driver, inventory, d, &self.taints))
             .collect::<Result<Vec<Device>, _>>()?;
         let per_slice = devices_per_slice(&devices);
         let mut chunks: Vec<Vec<Device>> = Vec::new();
@@ -83,7 +101,7 @@ impl SliceBuilder {
             })
             .collect();
         for slice in &slices {
-            let errors = validate_slice(slice);
+            let errors = validate_slice_for(slice, self.rules);
             if !errors.is_empty() {
                 return Err(SliceError::Invalid { slice: slice.metadata.name.clone().unwrap_or_default(), errors });
             }

@@ -41,12 +41,15 @@ impl fmt::Display for FieldError {
     }
 }
 
-#[derive(Default)]
-struct Errors(Vec<FieldError>);
+/// The errors found, and the rules of the server they are found for.
+struct Errors {
+    rules: ServerRules,
+    errors: Vec<FieldError>,
+}
 
 impl Errors {
     fn add(&mut self, field: impl Into<String>, rule: impl Into<String>) {
-        self.0.push(FieldError { field: field.into(), rule: rule.into() });
+        self.errors.push(FieldError { field: field.into(), rule: rule.into() });
     }
 
     fn check(&mut self, field: impl Into<String>, result: Result<(), String>) {
@@ -56,9 +59,37 @@ impl Errors {
     }
 }
 
-/// All rules `slice` breaks; empty when the apiserver would accept it.
+/// What differs between the servers we support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ServerRules {
+    /// The server's minor version (1.`minor`).
+    pub minor: u32,
+}
+
+impl ServerRules {
+    /// The strictest: Kubernetes 1.34.
+    pub const STRICTEST: ServerRules = ServerRules { minor: 34 };
+
+    /// Taint effect `None` (1.35+).
+    pub fn taint_effect_none(self) -> bool {
+        self.minor >= 35
+    }
+
+    /// Most taints per device: 4 on 1.34, 16 from 1.35.
+    pub fn max_taints(self) -> usize {
+        if self.minor >= 35 { 16 } else { MAX_TAINTS_PER_DEVICE }
+    }
+}
+
+/// All rules `slice` breaks on the strictest server (1.34); empty when
+/// every supported apiserver would accept it.
 pub fn validate_slice(slice: &ResourceSlice) -> Vec<FieldError> {
-    let mut errs = Errors::default();
+    validate_slice_for(slice, ServerRules::STRICTEST)
+}
+
+/// All rules `slice` breaks on a server with `rules`.
+pub fn validate_slice_for(slice: &ResourceSlice, rules: ServerRules) -> Vec<FieldError> {
+    let mut errs = Errors { rules, errors: Vec::new() };
     match slice.metadata.name.as_deref() {
         None | Some("") if slice.metadata.generate_name.is_none() => {
             errs.add("metadata.name", "Required value: name or generateName is required")
@@ -67,7 +98,7 @@ pub fn validate_slice(slice: &ResourceSlice) -> Vec<FieldError> {
         _ => {}
     }
     validate_spec(&slice.spec, &mut errs);
-    errs.0
+    errs.errors
 }
 
 fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
@@ -209,12 +240,14 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
         }
     }
     if let Some(taints) = &device.taints {
-        if taints.len() > MAX_TAINTS_PER_DEVICE {
+        let max = errs.rules.max_taints();
+        if taints.len() > max {
             errs.add(
                 format!("{at}.taints"),
                 format!(
-                    "Too many: {}: must have at most {MAX_TAINTS_PER_DEVICE} items (the limit of Kubernetes 1.34)",
-                    taints.len()
+                    "Too many: {}: must have at most {max} items (the limit of Kubernetes 1.{})",
+                    taints.len(),
+                    errs.rules.minor
                 ),
             );
         }
@@ -226,6 +259,7 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
             }
             match taint.effect.as_str() {
                 "NoSchedule" | "NoExecute" => {}
+                "None" if errs.rules.taint_effect_none() => {}
                 "" => errs.add(format!("{tat}.effect"), "Required value"),
                 "None" => errs.add(
                     format!("{tat}.effect"),
@@ -480,5 +514,20 @@ mod tests {
                 "spec.devices[0].taints[2].effect"
             ]
         );
+    }
+
+    #[test]
+    fn a_135_server_accepts_none_effects_and_more_taints() {
+        let mut d = device("gpu-0");
+        let taint = |effect: &str| k8s_openapi::api::resource::v1::DeviceTaint {
+            key: "gpu.nvidia.com/xid".into(),
+            value: Some("43".into()),
+            effect: effect.into(),
+            time_added: None,
+        };
+        d.taints = Some(vec![taint("None"); 5]);
+        let s = slice(vec![d]);
+        assert_eq!(validate_slice(&s).len(), 6, "1.34: too many, and five None effects");
+        assert!(validate_slice_for(&s, ServerRules { minor: 35 }).is_empty());
     }
 }

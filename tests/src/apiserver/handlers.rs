@@ -83,7 +83,7 @@ async fn dispatch(
     if path == "/version" {
         return json_response(
             200,
-            &json!({"major": "1", "minor": "36", "gitVersion": "v1.36.0-standin", "platform": "linux/amd64"}),
+            &json!({"major": "1", "minor": super::SERVER_MINOR.to_string(), "gitVersion": format!("v1.{}.0-standin", super::SERVER_MINOR), "platform": "linux/amd64"}),
         );
     }
     let Some(target) = kinds::parse_path(path) else {

@@ -46,6 +46,10 @@ pub use store::Store;
 
 /// How often an idle watch that allows bookmarks gets one (the real server
 /// sends them about once a minute; tests want them sooner).
+/// The Kubernetes release the stand-in is (its `/version`, and the
+/// ResourceSlice rules it validates with).
+pub const SERVER_MINOR: u32 = 36;
+
 pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A running stand-in; stops when dropped.

@@ -4,7 +4,7 @@
 //! port of it) and keep their immutable fields.
 
 use gpu_dra_driver::k8s_format::check_dns1123_subdomain;
-use gpu_dra_driver::slices::validate_slice;
+use gpu_dra_driver::slices::{ServerRules, validate_slice_for};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -31,7 +31,9 @@ pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Re
     match kind.kind {
         "ResourceSlice" => {
             let slice: ResourceSlice = decode(kind, name, object)?;
-            let errors = validate_slice(&slice);
+            // As the release it reports at /version validates (1.35+ takes
+            // taint effect None and 16 taints per device).
+            let errors = validate_slice_for(&slice, ServerRules { minor: super::SERVER_MINOR });
             if !errors.is_empty() {
                 let causes = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
                 return Err(ApiError::invalid(kind, name, &format!("[{causes}]")));
