@@ -7,6 +7,8 @@
 //! no entry for a UID that was not asked for, and a per-claim failure goes
 //! in that claim's `error`, never as a gRPC error for the whole batch.
 
+mod any_client;
+pub mod authority;
 mod convert;
 pub mod domain;
 pub mod serve;

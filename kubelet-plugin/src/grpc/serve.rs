@@ -18,7 +18,6 @@ use kubelet_proto::health_v1alpha1::dra_resource_health_server::DraResourceHealt
 use kubelet_proto::registration::registration_server::RegistrationServer;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio_stream::wrappers::UnixListenerStream;
 
 use super::{DraCore, DraPluginV1, DraPluginV1beta1, DraService, InFlight};
 use crate::health_service::HealthService;
@@ -150,7 +149,7 @@ pub async fn start<S: DraService>(
         .add_service(V1beta1Server::new(DraPluginV1beta1(core)))
         .add_service(DraResourceHealthServer::new(health));
     servers.dra = Some(Server::spawn("DRA", move |stop| {
-        router.serve_with_incoming_shutdown(UnixListenerStream::new(dra_listener), async {
+        router.serve_with_incoming_shutdown(super::any_client::incoming(dra_listener), async {
             let _ = stop.await;
         })
     }));
@@ -161,7 +160,7 @@ pub async fn start<S: DraService>(
         RegistrationService::new(&config.driver, &paths.dra, servers.registration_state.clone(), metrics);
     let router = tonic::transport::Server::builder().add_service(RegistrationServer::new(registration));
     servers.registration = Some(Server::spawn("registration", move |stop| {
-        router.serve_with_incoming_shutdown(UnixListenerStream::new(reg_listener), async {
+        router.serve_with_incoming_shutdown(super::any_client::incoming(reg_listener), async {
             let _ = stop.await;
         })
     }));
