@@ -12,6 +12,7 @@
 
 use std::time::{Duration, Instant};
 
+use gpu_dra_driver::driver_root::{LIBRARIES, fake_tree};
 use gpu_kubelet_plugin::durable;
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, RunningNode};
@@ -62,9 +63,27 @@ fn memory(node: &RunningNode) -> Memory {
     Memory { rss: field("VmRSS:"), hwm: field("VmHWM:"), anon: field("RssAnon:"), file: field("RssFile:") }
 }
 
-fn start(inventory: &str) -> RunningNode {
-    let options = PluginOptions { log_level: "warn".into(), ..PluginOptions::default() };
-    RunningNode::start(inventory, KubeletConfig::new("", DRIVER), options)
+/// The plugin on `inventory`, with a driver root laid out like a real
+/// install (every library of the compute and utility set, firmware,
+/// binaries, the persistenced socket), so specs carry their mounts and hooks.
+fn start(inventory: &str) -> (RunningNode, tempfile::TempDir) {
+    let version = inventory
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("driverVersion:"))
+        .map(|v| v.trim().trim_matches('"').to_string())
+        .unwrap_or_else(|| "580.82.07".into());
+    let root = tempfile::tempdir().expect("driver root");
+    let libs: Vec<(&str, String)> = LIBRARIES.iter().map(|l| (*l, format!("{l}.1"))).collect();
+    let libs: Vec<(&str, &str)> = libs.iter().map(|(l, s)| (*l, s.as_str())).collect();
+    fake_tree::build(root.path(), &version, &libs).expect("fake driver root");
+    let extra_args = vec![
+        "--driver-root".to_string(),
+        root.path().display().to_string(),
+        "--nvidia-cdi-hook-path".into(),
+        "/usr/bin/nvidia-cdi-hook".into(),
+    ];
+    let options = PluginOptions { log_level: "warn".into(), extra_args, ..PluginOptions::default() };
+    (RunningNode::start(inventory, KubeletConfig::new("", DRIVER), options), root)
 }
 
 struct Memory {
@@ -127,9 +146,12 @@ fn main() {
     let rounds: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(300);
     let inventory =
         std::fs::read_to_string(workspace_root().join("examples/inventories/dgx-h100.yaml")).expect("inventory");
-    println!("prepare benchmark: {rounds} rounds per claim shape, plugin built with profile `node`, fake inventory\n");
+    println!(
+        "prepare benchmark: {rounds} rounds per claim shape, plugin built with profile `node`, fake inventory and a fake driver root ({} libraries, firmware, binaries)\n",
+        LIBRARIES.len()
+    );
 
-    let node = start(&inventory);
+    let (node, _root) = start(&inventory);
     let (fsync, fsyncs) = fsync_cost(node.dirs.root.path(), rounds);
     println!(
         "fsync cost of one prepare ({DURABLE_WRITES_PER_PREPARE} durable writes, {fsyncs:.0} fsyncs): p50 {}  p99 {}  mean {}",
@@ -165,7 +187,7 @@ fn main() {
     println!("\nplugin memory, 8 × H100 (8 devices, one 8-GPU claim prepared): {}", memory(&node));
     drop(node);
 
-    let mig = start(A100_FULL_MIG);
+    let (mig, _mig_root) = start(A100_FULL_MIG);
     let claims: Vec<Claim> =
         (0..8).map(|g| mig.gpu_claim(&format!("mig-{g}"), &[&format!("gpu-{g}-mig-1g5gb-19-0")])).collect();
     mig.runtime.block_on(mig.kubelet.prepare(&mig.plugin, &claims)).expect("MIG prepare");
