@@ -128,6 +128,12 @@ pub struct RunArgs {
     /// Root of the host's /sys (PCI topology, NUMA nodes).
     #[arg(long, env = "SYS_ROOT", default_value = "/sys", value_name = "DIR")]
     pub sys_root: PathBuf,
+    /// The directory the host's /dev is under: device nodes a fresh node
+    /// lacks (/dev/nvidia0, /dev/nvidia-uvm, ...) are created there before
+    /// a claim's spec is written [default: / with NVML; none with
+    /// --fake-inventory].
+    #[arg(long, env = "DEV_ROOT", value_name = "DIR")]
+    pub dev_root: Option<PathBuf>,
     /// How often the --fake-inventory file is re-read for changes (fault
     /// injection), in milliseconds.
     #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",

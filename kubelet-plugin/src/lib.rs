@@ -4,6 +4,7 @@
 pub mod checkpoint;
 pub mod claims;
 pub mod cli;
+pub mod device_nodes;
 pub mod driver_files;
 pub mod durable;
 pub mod grpc;

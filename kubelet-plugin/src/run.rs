@@ -132,6 +132,11 @@ fn open_preparer(
         checkpoint_dir: args.state_dir().join("checkpoint"),
         boot_id,
         driver_edits,
+        dev_root: match (&args.dev_root, &args.node.fake_inventory) {
+            (Some(root), _) => Some(root.clone()),
+            (None, Some(_)) => None,
+            (None, None) => Some("/".into()),
+        },
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;

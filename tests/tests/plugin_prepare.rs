@@ -238,3 +238,33 @@ fn a_second_plugin_process_waits_for_the_first_to_stop() {
 }
 
 const WAIT_FOR_LOG: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A fresh node lacks `/dev/nvidia*` (NVIDIA's #1380): the plugin creates
+/// the nodes a claim's spec names, with the majors and minors it knows,
+/// before the spec is written.
+#[test]
+fn missing_device_nodes_are_created_before_the_first_claim() {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: creating device nodes needs CAP_MKNOD");
+        return;
+    }
+    let dev_root = tempfile::tempdir().unwrap();
+    let inventory = std::fs::read_to_string(workspace_root().join("examples/inventories/a100-mig.yaml")).unwrap();
+    let options = PluginOptions {
+        extra_args: vec!["--dev-root".into(), dev_root.path().display().to_string()],
+        ..PluginOptions::default()
+    };
+    let node = RunningNode::start(&inventory, KubeletConfig::new("", DRIVER), options);
+    let mig = node.claim("mig", &[Allocated::new("small/1g", NODE, MIG)], vec![]);
+    node.prepare(std::slice::from_ref(&mig))[&mig.uid].clone().unwrap();
+    let dev = |p: &str| std::fs::metadata(dev_root.path().join(p)).unwrap();
+    for (path, major, minor) in [("dev/nvidia0", 195, 0), ("dev/nvidiactl", 195, 255)] {
+        let meta = dev(path);
+        assert!(meta.file_type().is_char_device(), "{path}");
+        assert_eq!(meta.rdev(), rustix::fs::makedev(major, minor), "{path}");
+    }
+    let caps: Vec<_> = std::fs::read_dir(dev_root.path().join("dev/nvidia-caps")).unwrap().flatten().collect();
+    assert_eq!(caps.len(), 2, "the MIG instance's two capability nodes");
+    assert!(!dev_root.path().join("dev/nvidia2").exists(), "only what the claim needs");
+}

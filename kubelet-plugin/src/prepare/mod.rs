@@ -59,6 +59,9 @@ pub struct PreparerConfig {
     pub boot_id: String,
     /// What every spec gets from the driver installation.
     pub driver_edits: cdi::DriverEdits,
+    /// Where the host's `/` is, to create device nodes a fresh node lacks;
+    /// `None`: leave `/dev` alone (fake inventories).
+    pub dev_root: Option<PathBuf>,
 }
 
 /// Why the preparer could not start.
@@ -202,6 +205,10 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(|e| format!("building the CDI spec: {e}"))
             .map_err(kind(ErrorKind::Cdi))?;
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
+        if let Some(dev_root) = &self.config.dev_root {
+            let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
+            crate::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
+        }
         let record = self.started_record(&claim, &planned, &spec);
         let files = self.files.clone();
         let uid_for_files = claim.uid.clone();

@@ -133,6 +133,7 @@ impl Harness {
             checkpoint_dir: self.dir.path().join("state/checkpoint"),
             boot_id: boot_id.into(),
             driver_edits: Default::default(),
+            dev_root: None,
         }
     }
 
