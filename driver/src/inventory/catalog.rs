@@ -83,12 +83,13 @@ impl Catalog {
 
 impl GpuModel {
     /// The architecture as NVIDIA's driver publishes it (`Hopper`).
+    /// As NVML names it: each word capitalized (`Hopper`, `Ada Lovelace`).
     pub fn architecture_name(&self) -> String {
-        let mut chars = self.architecture.chars();
-        match chars.next() {
-            Some(first) => first.to_uppercase().chain(chars).collect(),
-            None => String::new(),
-        }
+        let word = |w: &str| {
+            let mut chars = w.chars();
+            chars.next().map(|first| first.to_uppercase().chain(chars).collect::<String>()).unwrap_or_default()
+        };
+        self.architecture.split(' ').map(word).collect::<Vec<_>>().join(" ")
     }
 
     pub fn mig_profile(&self, name: &str) -> Option<&CatalogMigProfile> {
@@ -133,5 +134,12 @@ mod tests {
         let catalog = Catalog::embedded().unwrap();
         assert_eq!(catalog.model("H100-80GB").unwrap().architecture_name(), "Hopper");
         assert_eq!(catalog.model("B200-180GB").unwrap().architecture_name(), "Blackwell");
+        assert_eq!(catalog.model("L40S-48GB").unwrap().architecture_name(), "Ada Lovelace", "as NVML names it");
+        for key in ["L4-24GB", "L40S-48GB", "T4-16GB", "A10-24GB"] {
+            assert!(catalog.model(key).unwrap().mig_profiles.is_empty(), "{key} has no MIG");
+        }
+        for key in ["H100-NVL-94GB", "GH200-96GB"] {
+            assert!(catalog.model(key).unwrap().mig_profile("1g.12gb").is_some(), "{key}");
+        }
     }
 }
