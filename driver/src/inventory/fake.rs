@@ -149,7 +149,7 @@ fn yaml_error(e: serde_yaml_ng::Error) -> Located {
         _ => (String::new(), msg),
     };
     let fix = if problem.contains("unknown field") {
-        "remove or correct that field (fields: driverVersion, cudaDriverVersion, deviceMajors, gpus; per GPU entry: model, count, numaNode, nvlinkGroups, clique, mig, faults)"
+        "remove or correct that field (fields: driverVersion, cudaDriverVersion, deviceMajors, gpus; per GPU entry: model, count, numaNode, nvlinkGroups, clique, addressingMode, mig, faults)"
     } else {
         "correct the YAML there; examples/inventories/ has files in the expected format"
     };
@@ -183,6 +183,8 @@ struct FakeGpuEntry {
     #[serde(default)]
     nvlink_groups: Vec<Vec<u32>>,
     clique: Option<FakeClique>,
+    /// `HMM`, `ATS` or `None`, as NVML reports it (absent: not reported).
+    addressing_mode: Option<super::AddressingMode>,
     #[serde(default)]
     mig: Vec<FakeMigLayout>,
     #[serde(default)]
@@ -307,6 +309,7 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
             let mut gpu = fake_gpu(node, index, total, model, entry.numa_node);
             gpu.nvlink_group = groups.get(&local).map(|&g| first_index + g);
             gpu.clique = clique;
+            gpu.addressing_mode = entry.addressing_mode;
             if let Some(instances) = mig_by_gpu.get(&local) {
                 gpu.mig = MigMode::Enabled(fake_mig_devices(node, &gpu, instances));
             }
@@ -471,6 +474,7 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
         mig: MigMode::Disabled,
         nvlink_group: None,
         clique: None,
+        addressing_mode: None,
         faults: Vec::new(),
     }
 }
@@ -647,6 +651,7 @@ mod tests {
             ("gpus: []", "gpus"),
             ("driverVersion: abc\ngpus: [{model: H100-80GB}]", "driverVersion"),
             ("gpus: [{model: H100-80GB, clique: {clusterUuid: nope, cliqueId: 1}}]", "gpus[0].clique.clusterUuid"),
+            ("gpus: [{model: GH200-96GB, addressingMode: HMMM}]", "gpus[0].addressingMode"),
         ] {
             let (f, problem, fix) = err(yaml);
             assert_eq!(f, field, "{yaml}: {problem}");
@@ -660,5 +665,14 @@ mod tests {
         let line = e.to_string();
         assert!(line.starts_with("/nonexistent/inv.yaml: cannot read the file"), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    #[test]
+    fn addressing_mode_reaches_gpus_and_their_mig_devices() {
+        let inv =
+            ok("gpus: [{model: GH200-96GB, count: 2, addressingMode: ATS, mig: [{gpus: [1], instances: [7g.96gb]}]}]");
+        assert!(inv.gpus.iter().all(|g| g.addressing_mode == Some(super::super::AddressingMode::Ats)));
+        let none = ok("gpus: [{model: H100-80GB}]");
+        assert_eq!(none.gpus[0].addressing_mode, None, "not reported unless given");
     }
 }

@@ -69,7 +69,42 @@ pub struct Gpu {
     pub nvlink_group: Option<u32>,
     /// NVLink fabric clique (multi-node NVLink, e.g. GB200 NVL72).
     pub clique: Option<CliqueId>,
+    /// How the GPU addresses system memory, where NVML says (R570+).
+    pub addressing_mode: Option<AddressingMode>,
     pub faults: Vec<Fault>,
+}
+
+/// How a GPU reaches system memory: NVIDIA's `addressingMode` attribute.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub enum AddressingMode {
+    /// Heterogeneous Memory Management (system memory through page faults).
+    #[serde(rename = "HMM")]
+    Hmm,
+    /// Address Translation Services (coherent CPU-GPU systems: Grace Hopper).
+    #[serde(rename = "ATS")]
+    Ats,
+    None,
+}
+
+impl AddressingMode {
+    /// As NVIDIA publishes it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AddressingMode::Hmm => "HMM",
+            AddressingMode::Ats => "ATS",
+            AddressingMode::None => "None",
+        }
+    }
+
+    /// From `nvmlDeviceAddressingModeType_t` (0 none, 1 HMM, 2 ATS).
+    pub fn from_nvml(code: u32) -> Option<Self> {
+        match code {
+            0 => Some(AddressingMode::None),
+            1 => Some(AddressingMode::Hmm),
+            2 => Some(AddressingMode::Ats),
+            _ => None,
+        }
+    }
 }
 
 /// Whether a GPU is partitioned.
@@ -288,6 +323,7 @@ pub(crate) mod test_support {
             mig: MigMode::Disabled,
             nvlink_group: None,
             clique: None,
+            addressing_mode: None,
             faults: vec![],
         }
     }

@@ -25,6 +25,8 @@ pub mod name {
     pub const CUDA_DRIVER_VERSION: &str = "cudaDriverVersion";
     pub const NVLINK_GROUP: &str = "nvlinkGroup";
     pub const CLIQUE_ID: &str = "cliqueID";
+    /// NVIDIA's: `HMM`, `ATS` or `None` (GPUs and MIG devices' parents).
+    pub const ADDRESSING_MODE: &str = "addressingMode";
     /// Standard attributes defined by Kubernetes (`k8s.io/dynamic-resource-allocation/deviceattribute`).
     pub const PCI_BUS_ID: &str = "resource.kubernetes.io/pciBusID";
     pub const PCIE_ROOT: &str = "resource.kubernetes.io/pcieRoot";
@@ -105,6 +107,9 @@ fn gpu_common_attributes(inv: &Inventory, gpu: &Gpu, attrs: &mut BTreeMap<String
     }
     if let Some(numa) = gpu.numa_node {
         attrs.insert(name::NUMA_NODE.into(), int(numa));
+    }
+    if let Some(mode) = gpu.addressing_mode {
+        attrs.insert(name::ADDRESSING_MODE.into(), string(mode.as_str()));
     }
 }
 

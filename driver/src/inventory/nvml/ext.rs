@@ -97,7 +97,22 @@ zeroed_structs!(
     nvmlComputeInstanceProfileInfo_t,
     nvmlGpuFabricInfo_v3_t,
     nvmlGpuFabricInfo_t,
+    nvmlDeviceAddressingMode_v1_t,
 );
+
+pub const DEVICE_ADDRESSING_MODE_V1: u32 = struct_version::<nvmlDeviceAddressingMode_v1_t>(1);
+
+/// `nvmlDeviceGetAddressingMode`: how the GPU reaches system memory
+/// (`NVML_DEVICE_ADDRESSING_MODE_NONE` / `_HMM` / `_ATS`), on drivers that
+/// have it (R570+); a missing symbol is `FailedToLoadSymbol`.
+pub fn addressing_mode(device: &Device<'_>) -> Result<u32, NvmlError> {
+    let sym = nvml_sym(device.nvml().lib().nvmlDeviceGetAddressingMode.as_ref())?;
+    let mut mode = nvmlDeviceAddressingMode_v1_t::zeroed();
+    mode.version = DEVICE_ADDRESSING_MODE_V1;
+    // SAFETY: a live device handle and a pointer to a struct we own.
+    nvml_try(unsafe { sym(raw(device), &mut mode) })?;
+    Ok(mode.value)
+}
 
 /// The raw handle of a device, for the duration of a borrow of it.
 fn raw(device: &Device<'_>) -> nvmlDevice_t {

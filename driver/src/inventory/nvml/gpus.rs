@@ -16,7 +16,7 @@ use super::ext::{self, GpuFabricInfo, NvLinkRemoteDeviceType};
 use super::procfs::{self, MigMinors};
 use super::{NvmlDiscoveryError, mig, names};
 use crate::inventory::nvlink::{self, LinkPeer};
-use crate::inventory::{CliqueId, Fault, Gpu, Inventory, MigMode, PciBusId};
+use crate::inventory::{AddressingMode, CliqueId, Fault, Gpu, Inventory, MigMode, PciBusId};
 use crate::version::Semver;
 
 /// `NVML_NVLINK_MAX_LINKS` of NVML 13's nvml.h (nvml-wrapper-sys 0.10 says
@@ -105,6 +105,7 @@ fn read_gpu(device: &Device<'_>, index: u32, sys_root: &Path, mig_minors: &MigMi
         mig: MigMode::Disabled,
         nvlink_group: None,
         clique: None,
+        addressing_mode: None,
         faults: Vec::new(),
     };
     match fill_gpu(&mut gpu, device, sys_root, mig_minors) {
@@ -155,6 +156,11 @@ fn fill_gpu(gpu: &mut Gpu, device: &Device<'_>, sys_root: &Path, mig_minors: &Mi
             tracing::warn!(minor = gpu.minor, %error, "NVML cannot report GPU fabric info; no clique");
             None
         }
+    };
+    gpu.addressing_mode = match ext::addressing_mode(device) {
+        Ok(code) => AddressingMode::from_nvml(code),
+        Err(NvmlError::GpuLost) => return Err(GpuError::Lost),
+        Err(_) => None,
     };
     Ok(())
 }
