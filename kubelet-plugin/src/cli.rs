@@ -47,7 +47,7 @@ pub enum LogFormat {
 }
 
 /// Which node and which GPUs.
-#[derive(Debug, Args)]
+#[derive(Debug, Clone, Args)]
 pub struct NodeArgs {
     /// Name of this node; also the name of its device pool.
     #[arg(long, env = "NODE_NAME")]

@@ -1,6 +1,8 @@
 //! The driver installation's edits for every claim's CDI spec, found once
 //! at start from the driver-root flags.
 
+use std::sync::{Arc, RwLock};
+
 use anyhow::Result;
 use gpu_dra_driver::cdi::DriverEdits;
 use gpu_dra_driver::driver_root::{self, DriverRoot};
@@ -32,4 +34,61 @@ pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventor
         "driver files found"
     );
     Ok(DriverEdits::new(&files, hook.as_deref()))
+}
+
+/// The driver edits specs are written with, replaced when the driver
+/// version changes (see [`follow_driver_version`]); readers take a snapshot.
+#[derive(Debug, Clone, Default)]
+pub struct SharedDriverEdits(Arc<RwLock<Arc<DriverEdits>>>);
+
+impl SharedDriverEdits {
+    pub fn new(edits: DriverEdits) -> Self {
+        SharedDriverEdits(Arc::new(RwLock::new(Arc::new(edits))))
+    }
+
+    /// The current edits.
+    pub fn get(&self) -> Arc<DriverEdits> {
+        match self.0.read() {
+            Ok(guard) => Arc::clone(&guard),
+            Err(poisoned) => Arc::clone(&poisoned.into_inner()),
+        }
+    }
+
+    fn set(&self, edits: DriverEdits) {
+        match self.0.write() {
+            Ok(mut guard) => *guard = Arc::new(edits),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(edits),
+        }
+    }
+}
+
+/// Discovers the driver's files again whenever the inventory reports a new
+/// driver version (an upgrade under a running plugin), off the prepare
+/// path: prepares keep the last good edits until the new ones are found. A
+/// failed discovery is logged and the old edits stay.
+pub async fn follow_driver_version(
+    args: DriverRootArgs,
+    node: NodeArgs,
+    mut inventory: tokio::sync::watch::Receiver<Arc<Inventory>>,
+    shared: SharedDriverEdits,
+) {
+    let mut version = inventory.borrow().driver_version.clone();
+    while inventory.changed().await.is_ok() {
+        let snapshot = Arc::clone(&inventory.borrow_and_update());
+        if snapshot.driver_version == version {
+            continue;
+        }
+        version = snapshot.driver_version.clone();
+        let (args, node) = (args.clone(), node.clone());
+        match tokio::task::spawn_blocking(move || driver_edits(&args, &node, &snapshot)).await {
+            Ok(Ok(edits)) => {
+                tracing::info!(%version, "driver version changed: driver files found again");
+                shared.set(edits);
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%version, error = %format!("{error:#}"), "driver version changed but its files were not found; specs keep the previous ones")
+            }
+            Err(error) => tracing::warn!(%error, "driver discovery did not finish"),
+        }
+    }
 }

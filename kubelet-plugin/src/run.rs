@@ -123,8 +123,18 @@ fn open_preparer(
     })?;
     let driver_edits = {
         let snapshot = Arc::clone(&inventory.borrow());
-        crate::driver_files::driver_edits(&args.driver_root, &args.node, &snapshot)?
+        crate::driver_files::SharedDriverEdits::new(crate::driver_files::driver_edits(
+            &args.driver_root,
+            &args.node,
+            &snapshot,
+        )?)
     };
+    tokio::spawn(crate::driver_files::follow_driver_version(
+        args.driver_root.clone(),
+        args.node.clone(),
+        inventory.clone(),
+        driver_edits.clone(),
+    ));
     let config = PreparerConfig {
         driver: args.node.driver_name.clone(),
         node: args.node.node_name.clone(),

@@ -268,3 +268,49 @@ fn missing_device_nodes_are_created_before_the_first_claim() {
     assert_eq!(caps.len(), 2, "the MIG instance's two capability nodes");
     assert!(!dev_root.path().join("dev/nvidia2").exists(), "only what the claim needs");
 }
+
+/// A driver upgraded under a running plugin: once the inventory reports the
+/// new version, specs mount the new version's files (found again off the
+/// prepare path); until then they keep the old ones.
+#[test]
+fn specs_follow_a_driver_upgrade() {
+    use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
+    let libs = [("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")];
+    let root = tempfile::tempdir().unwrap();
+    fake_tree::build(root.path(), "570.172.08", &libs).unwrap();
+    let inventory = std::fs::read_to_string(workspace_root().join("examples/inventories/a100-mig.yaml")).unwrap();
+    let options = PluginOptions {
+        extra_args: vec!["--driver-root".into(), root.path().display().to_string()],
+        ..PluginOptions::default()
+    };
+    let node = RunningNode::start(&inventory, KubeletConfig::new("", DRIVER), options);
+    let mounts_libcuda = |name: &str| {
+        let c = node.gpu_claim(name, &[WHOLE_GPU]);
+        node.prepare(std::slice::from_ref(&c))[&c.uid].clone().unwrap();
+        let spec = std::fs::read_to_string(node.spec_path(&c.uid)).unwrap();
+        node.unprepare(std::slice::from_ref(&c));
+        spec
+    };
+    assert!(mounts_libcuda("before").contains(&format!("/{LIBDIR}/libcuda.so.570.172.08")));
+
+    // The upgrade: new files, and the driver reports the new version.
+    std::fs::remove_dir_all(root.path().join(LIBDIR)).unwrap();
+    fake_tree::build(root.path(), "580.95.05", &libs).unwrap();
+    std::fs::write(&node.dirs.inventory, inventory.replace("570.172.08", "580.95.05")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut round = 0;
+    loop {
+        round += 1;
+        let spec = mounts_libcuda(&format!("after-{round}"));
+        if spec.contains(&format!("/{LIBDIR}/libcuda.so.580.95.05")) {
+            assert!(!spec.contains("570.172.08"), "{spec}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "specs never followed the upgrade: {spec}\n{}",
+            node.process.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

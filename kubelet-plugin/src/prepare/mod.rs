@@ -58,7 +58,7 @@ pub struct PreparerConfig {
     /// The node's current boot id; records from another boot are void.
     pub boot_id: String,
     /// What every spec gets from the driver installation.
-    pub driver_edits: cdi::DriverEdits,
+    pub driver_edits: crate::driver_files::SharedDriverEdits,
     /// Where the host's `/` is, to create device nodes a fresh node lacks;
     /// `None`: leave `/dev` alone (fake inventories).
     pub dev_root: Option<PathBuf>,
@@ -201,7 +201,8 @@ impl<S: ClaimSource> Preparer<S> {
             self.roll_back(&claim.uid, stale).await.map_err(kind(ErrorKind::Cdi))?;
         }
         let names: Vec<_> = planned.iter().map(|d| d.device.clone()).collect();
-        let spec = cdi::claim_spec(&self.config.driver, &inventory, &self.config.driver_edits, &claim.uid, &names)
+        let edits = self.config.driver_edits.get();
+        let spec = cdi::claim_spec(&self.config.driver, &inventory, &edits, &claim.uid, &names)
             .map_err(|e| format!("building the CDI spec: {e}"))
             .map_err(kind(ErrorKind::Cdi))?;
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;

@@ -102,7 +102,8 @@ fn rewrite_spec(
     let written = names
         .map_err(|e| e.to_string())
         .and_then(|names| {
-            cdi::claim_spec(&config.driver, inventory, &config.driver_edits, uid, &names).map_err(|e| e.to_string())
+            cdi::claim_spec(&config.driver, inventory, &config.driver_edits.get(), uid, &names)
+                .map_err(|e| e.to_string())
         })
         .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))
         .and_then(|bytes| durable::write(&config.cdi_dir, spec_file, &bytes, CDI_FILE_MODE).map_err(|e| e.to_string()));
