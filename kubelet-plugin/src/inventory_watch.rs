@@ -89,11 +89,13 @@ async fn follow_file(
 pub fn watch_nvml(source: NvmlSource) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
     let first = source.discover()?;
     let (tx, rx) = watch::channel(Arc::new(first));
-    std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(tx)).map_err(|e| {
-        DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
-            "cannot start the NVML event thread: {e}"
-        )))
-    })?;
+    std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(&source, tx)).map_err(
+        |e| {
+            DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
+                "cannot start the NVML event thread: {e}"
+            )))
+        },
+    )?;
     Ok(rx)
 }
 
@@ -127,8 +129,8 @@ pub fn add_fault(
 mod nvml_events {
     use std::sync::Arc;
 
+    use gpu_dra_driver::inventory::nvml::NvmlSource;
     use gpu_dra_driver::inventory::{Fault, Inventory};
-    use nvml_wrapper::Nvml;
     use nvml_wrapper::bitmasks::event::EventTypes;
     use nvml_wrapper::enums::event::XidError;
     use nvml_wrapper::error::NvmlError;
@@ -138,14 +140,14 @@ mod nvml_events {
 
     const WAIT_MS: u32 = 5000;
 
-    pub fn run(tx: watch::Sender<Arc<Inventory>>) {
-        if let Err(error) = watch_events(&tx) {
+    pub fn run(source: &NvmlSource, tx: watch::Sender<Arc<Inventory>>) {
+        if let Err(error) = watch_events(source, &tx) {
             tracing::error!(%error, "NVML health monitoring stopped; device faults will not be detected");
         }
     }
 
-    fn watch_events(tx: &watch::Sender<Arc<Inventory>>) -> Result<(), NvmlError> {
-        let nvml = Nvml::init()?;
+    fn watch_events(source: &NvmlSource, tx: &watch::Sender<Arc<Inventory>>) -> Result<(), NvmlError> {
+        let nvml = source.init_nvml()?;
         let mut set = nvml.create_event_set()?;
         for i in 0..nvml.device_count()? {
             let device = nvml.device_by_index(i)?;

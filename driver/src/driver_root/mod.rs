@@ -193,6 +193,17 @@ fn firmware_dir(root: &DriverRoot, version: &str) -> Option<String> {
     None
 }
 
+/// Where this process reaches `library` (e.g. `libnvidia-ml.so`) under
+/// the root: the real file its soname leads to, found as [`discover`] finds
+/// it. The plugin loads NVML from the driver root this way.
+pub fn local_library(root: &DriverRoot, library: &str) -> Option<PathBuf> {
+    let cache: Vec<ld_cache::CacheEntry> = match ld_cache::read(&root.root) {
+        Ok(Ok(entries)) => entries.into_iter().filter(|e| e.is_for(ld_cache::native_arch())).collect(),
+        _ => Vec::new(),
+    };
+    find_library(root, &cache, library).map(|found| root.local(&found.real))
+}
+
 /// A library found: where the cache or the directory search says it is
 /// (as the root sees it) and the real file that path leads to.
 struct FoundLibrary {

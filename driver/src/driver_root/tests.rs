@@ -96,3 +96,16 @@ fn absolute_links_stay_inside_the_root() {
     assert_eq!(resolve(&DriverRoot::new(tmp.path(), None), "/loop-a"), None);
     assert_eq!(normalize(Path::new("/../../etc/../x")), Some("/x".to_string()));
 }
+
+#[test]
+fn nvml_is_located_under_the_root() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(tmp.path(), &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")]);
+    let root = DriverRoot::new(tmp.path(), Some(PathBuf::from("/elsewhere")));
+    assert_eq!(
+        local_library(&root, "libnvidia-ml.so"),
+        Some(tmp.path().join(format!("{LIBDIR}/libnvidia-ml.so.{VERSION}"))),
+        "a path this process can open, not the host's"
+    );
+    assert_eq!(local_library(&root, "libnvidia-nscq.so"), None);
+}

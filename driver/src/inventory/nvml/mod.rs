@@ -54,6 +54,9 @@ pub enum NvmlDiscoveryError {
 pub struct NvmlSource {
     proc_root: PathBuf,
     sys_root: PathBuf,
+    /// `libnvidia-ml.so.1` to load instead of the loader's search (the one
+    /// under the driver root).
+    library: Option<PathBuf>,
 }
 
 impl Default for NvmlSource {
@@ -64,7 +67,21 @@ impl Default for NvmlSource {
 
 impl NvmlSource {
     pub fn new() -> Self {
-        Self { proc_root: PathBuf::from("/proc"), sys_root: PathBuf::from("/sys") }
+        Self { proc_root: PathBuf::from("/proc"), sys_root: PathBuf::from("/sys"), library: None }
+    }
+
+    /// Loads NVML from this file (the driver root's `libnvidia-ml.so.1`).
+    pub fn with_library(mut self, path: impl Into<PathBuf>) -> Self {
+        self.library = Some(path.into());
+        self
+    }
+
+    /// Initializes NVML from the configured library, else the loader's.
+    pub fn init_nvml(&self) -> Result<nvml_wrapper::Nvml, nvml_wrapper::error::NvmlError> {
+        match &self.library {
+            Some(path) => nvml_wrapper::Nvml::builder().lib_path(path.as_os_str()).init(),
+            None => nvml_wrapper::Nvml::init(),
+        }
     }
 
     /// Reads `devices` and `driver/nvidia-caps/mig-minors` under `root`
@@ -90,7 +107,7 @@ impl NvmlSource {
 
     #[cfg(target_os = "linux")]
     fn discover_nvml(&self) -> Result<Inventory, NvmlDiscoveryError> {
-        let nvml = nvml_wrapper::Nvml::init().map_err(|e| NvmlDiscoveryError::LibraryUnavailable(e.to_string()))?;
+        let nvml = self.init_nvml().map_err(|e| NvmlDiscoveryError::LibraryUnavailable(e.to_string()))?;
         gpus::inventory(&nvml, &self.proc_root, &self.sys_root)
     }
 
