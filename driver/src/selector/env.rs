@@ -127,7 +127,9 @@ const UNSUPPORTED_NAMESPACES: [&str; 4] = ["lists", "strings", "math", "base64"]
 
 /// Functions and methods Kubernetes 1.34–1.36 offers selectors that this
 /// driver's CEL lacks: the lists extension's version 3 additions, the `url`,
-/// `ip` and `cidr` libraries, and `format`.
+/// `ip` and `cidr` libraries, and `format`. (`reverse`, on lists only in
+/// those releases, has its own message: they pin the strings extension at
+/// version 2, which has no `string.reverse()`.)
 const UNSUPPORTED_FUNCTIONS: [&str; 16] = [
     "sort",
     "sortBy",
@@ -195,6 +197,9 @@ pub fn check_identifiers(expr: &IdedExpr, scope: &mut Vec<String>) -> Result<(),
                 check_identifiers(target, scope)?;
             }
             call.args.iter().try_for_each(|a| check_identifiers(a, scope))?;
+            if call.func_name == "reverse" {
+                return Err(CompileError::ReverseUnsupported);
+            }
             if UNSUPPORTED_FUNCTIONS.contains(&call.func_name.as_str()) {
                 return Err(CompileError::Unsupported(call.func_name.clone()));
             }

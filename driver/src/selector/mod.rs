@@ -56,6 +56,10 @@ pub enum CompileError {
         "`{0}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
     )]
     Unsupported(String),
+    #[error(
+        "`reverse` is not supported by this driver's CEL: Kubernetes has it on lists (lists extension v3), not on strings (Kubernetes 1.34–1.36 pin the strings extension at v2); see the README's \"CEL selectors: what is supported\""
+    )]
+    ReverseUnsupported,
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }

@@ -120,10 +120,6 @@ fn trim<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     string("trim", str_at("trim", &args, 0)?.trim().to_owned())
 }
 
-fn reverse<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
-    string("reverse", str_at("reverse", &args, 0)?.chars().rev().collect())
-}
-
 fn replace<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let s = str_at("replace", &args, 0)?;
     let from = str_at("replace", &args, 1)?;
@@ -294,7 +290,6 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("lowerAscii", "string_lower_ascii", s(), vec![], lower_ascii)?;
     env.add_member_overload("upperAscii", "string_upper_ascii", s(), vec![], upper_ascii)?;
     env.add_member_overload("trim", "string_trim", s(), vec![], trim)?;
-    env.add_member_overload("reverse", "string_reverse", s(), vec![], reverse)?;
     env.add_member_overload("replace", "string_replace", s(), vec![s(), s()], replace)?;
     env.add_member_overload("replace", "string_replace_n", s(), vec![s(), s(), INT_TYPE], replace)?;
     env.add_member_overload("split", "string_split", s(), vec![s()], split)?;
