@@ -187,6 +187,8 @@ fn parse_metrics_addr(value: &str) -> Result<MetricsAddr, String> {
 pub struct PrintSlicesArgs {
     #[command(flatten)]
     pub node: NodeArgs,
+    #[command(flatten)]
+    pub driver_root: DriverRootArgs,
     /// Output format: YAML documents ready for `kubectl apply -f -`, or a
     /// JSON `v1` List.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Yaml)]

@@ -10,6 +10,15 @@ use gpu_dra_driver::inventory::Inventory;
 
 use crate::cli::{DriverRootArgs, NodeArgs};
 
+/// The driver root's `libnvidia-ml` (a containerized driver's library
+/// matches its kernel module), when `--driver-root` is given and has one.
+pub fn nvml_library(args: &DriverRootArgs) -> Option<std::path::PathBuf> {
+    let root = DriverRoot::new(args.driver_root.as_ref()?, None);
+    let library = driver_root::local_library(&root, "libnvidia-ml.so")?;
+    tracing::info!(library = %library.display(), "loading NVML from the driver root");
+    Some(library)
+}
+
 /// Discovers the driver's files for `inventory`'s driver version. A fake
 /// inventory without an explicit --driver-root has no driver: no edits.
 pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventory) -> Result<DriverEdits> {

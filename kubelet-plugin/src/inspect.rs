@@ -12,22 +12,29 @@ use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
-use crate::cli::{NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::cli::{DriverRootArgs, NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
 
-/// The inventory source the flags select: the fake file, else NVML.
-pub fn inventory_source(node: &NodeArgs) -> Box<dyn InventorySource> {
+/// The inventory source the flags select: the fake file, else NVML (from
+/// the driver root's library when it has one).
+pub fn inventory_source(node: &NodeArgs, driver_root: &DriverRootArgs) -> Box<dyn InventorySource> {
     match &node.fake_inventory {
         Some(path) => Box::new(FakeSource::new(path, node.node_name.clone())),
-        None => Box::new(NvmlSource::new()),
+        None => {
+            let source = NvmlSource::new();
+            match crate::driver_files::nvml_library(driver_root) {
+                Some(library) => Box::new(source.with_library(library)),
+                None => Box::new(source),
+            }
+        }
     }
 }
 
-fn discover(node: &NodeArgs) -> Result<Inventory> {
-    Ok(inventory_source(node).discover()?)
+fn discover(node: &NodeArgs, driver_root: &DriverRootArgs) -> Result<Inventory> {
+    Ok(inventory_source(node, driver_root).discover()?)
 }
 
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node)?;
+    let inventory = discover(&args.node, &args.driver_root)?;
     let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
         .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied());
     let slices = builder.build(&inventory, args.generation)?;
@@ -57,7 +64,7 @@ struct SliceList<'a> {
 }
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node)?;
+    let inventory = discover(&args.node, &args.driver_root)?;
     let edits = crate::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
     let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;

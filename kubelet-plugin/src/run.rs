@@ -105,14 +105,8 @@ fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Invento
         }
         None => {
             let mut source = NvmlSource::new().with_proc_root(&args.proc_root).with_sys_root(&args.sys_root);
-            // NVML from the driver root when it has one (a containerized
-            // driver's library matches its kernel module).
-            if let Some(root) = &args.driver_root.driver_root {
-                let root = gpu_dra_driver::driver_root::DriverRoot::new(root, None);
-                if let Some(library) = gpu_dra_driver::driver_root::local_library(&root, "libnvidia-ml.so") {
-                    tracing::info!(library = %library.display(), "loading NVML from the driver root");
-                    source = source.with_library(library);
-                }
+            if let Some(library) = crate::driver_files::nvml_library(&args.driver_root) {
+                source = source.with_library(library);
             }
             Ok(inventory_watch::watch_nvml(source)
                 .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)

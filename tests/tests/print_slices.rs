@@ -202,3 +202,27 @@ fn generation_and_driver_name_flags() {
     assert_eq!(slices[0].spec.pool.generation, 7);
     assert_eq!(slices[0].spec.driver, "gpu.example.com");
 }
+
+/// Without a fake inventory, NVML comes from the driver root's
+/// `libnvidia-ml` (found through its ld.so.cache), not the loader's search:
+/// here a library without NVML's symbols, so the error names that file.
+#[test]
+fn nvml_is_loaded_from_the_driver_root() {
+    use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
+    let root = tempfile::tempdir().unwrap();
+    fake_tree::build(
+        root.path(),
+        "580.82.07",
+        &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")],
+    )
+    .unwrap();
+    let out = integration_tests::run(
+        integration_tests::kubelet_plugin(),
+        &["print-slices", "--node-name", "node-a", "--driver-root", root.path().to_str().unwrap()],
+        None,
+    );
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    let library = root.path().join(format!("{LIBDIR}/libnvidia-ml.so.580.82.07"));
+    assert!(err.contains(&*library.to_string_lossy()) && err.contains("nvmlInit_v2"), "{err}");
+}
