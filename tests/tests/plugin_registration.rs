@@ -202,3 +202,23 @@ async fn http_get(addr: &str, path: &str) -> (u16, String) {
     let body = response.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
     (status, body)
 }
+
+/// `run --driver-root DIR` on a tree without libcuda stops at start with one
+/// line naming the directory and the fix, before any socket exists.
+#[test]
+fn a_driver_root_without_libcuda_stops_the_plugin_at_start() {
+    let (_server, dirs) = setup(TWO_GPUS);
+    let empty_root = tempfile::tempdir().unwrap();
+    let options = PluginOptions {
+        extra_args: vec!["--driver-root".into(), empty_root.path().display().to_string()],
+        ..PluginOptions::default()
+    };
+    let mut plugin = PluginProcess::spawn(&dirs, &options).unwrap();
+    let status = plugin.wait_timeout(WAIT).unwrap().expect("the plugin exits");
+    assert!(!status.success());
+    let log = plugin.log();
+    let error: Vec<&str> = log.lines().filter(|l| l.contains("libcuda.so")).collect();
+    assert_eq!(error.len(), 1, "{log}");
+    assert!(error[0].contains(&*empty_root.path().to_string_lossy()) && error[0].contains("--driver-root"), "{log}");
+    assert!(!dirs.dra_socket(DRIVER).exists(), "no socket is served");
+}
