@@ -90,6 +90,17 @@ pub struct DriverRootArgs {
     pub nvidia_cdi_hook_path: Option<PathBuf>,
 }
 
+/// Where the host's /proc and /sys are, for NVML discovery.
+#[derive(Debug, Clone, Args)]
+pub struct HostRootsArgs {
+    /// Root of the host's /proc (device majors, MIG capability minors, boot id).
+    #[arg(long, env = "PROC_ROOT", default_value = "/proc", value_name = "DIR")]
+    pub proc_root: PathBuf,
+    /// Root of the host's /sys (PCI topology, NUMA nodes).
+    #[arg(long, env = "SYS_ROOT", default_value = "/sys", value_name = "DIR")]
+    pub sys_root: PathBuf,
+}
+
 /// Flags of `run`. Every flag also reads the environment variable shown.
 #[derive(Debug, Args)]
 pub struct RunArgs {
@@ -122,12 +133,8 @@ pub struct RunArgs {
     /// or `off` to disable it. Port 0 picks a free port (logged).
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080", value_parser = parse_metrics_addr)]
     pub metrics_addr: MetricsAddr,
-    /// Root of the host's /proc (device majors, MIG capability minors, boot id).
-    #[arg(long, env = "PROC_ROOT", default_value = "/proc", value_name = "DIR")]
-    pub proc_root: PathBuf,
-    /// Root of the host's /sys (PCI topology, NUMA nodes).
-    #[arg(long, env = "SYS_ROOT", default_value = "/sys", value_name = "DIR")]
-    pub sys_root: PathBuf,
+    #[command(flatten)]
+    pub host: HostRootsArgs,
     /// The directory the host's /dev is under: device nodes a fresh node
     /// lacks (/dev/nvidia0, /dev/nvidia-uvm, ...) are created there before
     /// a claim's spec is written [default: / with NVML; none with
@@ -189,6 +196,8 @@ pub struct PrintSlicesArgs {
     pub node: NodeArgs,
     #[command(flatten)]
     pub driver_root: DriverRootArgs,
+    #[command(flatten)]
+    pub host: HostRootsArgs,
     /// Output format: YAML documents ready for `kubectl apply -f -`, or a
     /// JSON `v1` List.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Yaml)]
@@ -204,6 +213,8 @@ pub struct PrintCdiArgs {
     pub node: NodeArgs,
     #[command(flatten)]
     pub driver_root: DriverRootArgs,
+    #[command(flatten)]
+    pub host: HostRootsArgs,
     /// UID of the ResourceClaim (RFC 4122, lower case).
     #[arg(long)]
     pub claim_uid: ClaimUid,

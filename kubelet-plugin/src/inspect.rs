@@ -12,15 +12,19 @@ use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
-use crate::cli::{DriverRootArgs, NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::cli::{DriverRootArgs, HostRootsArgs, NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
 
 /// The inventory source the flags select: the fake file, else NVML (from
 /// the driver root's library when it has one).
-pub fn inventory_source(node: &NodeArgs, driver_root: &DriverRootArgs) -> Box<dyn InventorySource> {
+pub fn inventory_source(
+    node: &NodeArgs,
+    driver_root: &DriverRootArgs,
+    host: &HostRootsArgs,
+) -> Box<dyn InventorySource> {
     match &node.fake_inventory {
         Some(path) => Box::new(FakeSource::new(path, node.node_name.clone())),
         None => {
-            let source = NvmlSource::new();
+            let source = NvmlSource::new().with_proc_root(&host.proc_root).with_sys_root(&host.sys_root);
             match crate::driver_files::nvml_library(driver_root) {
                 Some(library) => Box::new(source.with_library(library)),
                 None => Box::new(source),
@@ -29,12 +33,12 @@ pub fn inventory_source(node: &NodeArgs, driver_root: &DriverRootArgs) -> Box<dy
     }
 }
 
-fn discover(node: &NodeArgs, driver_root: &DriverRootArgs) -> Result<Inventory> {
-    Ok(inventory_source(node, driver_root).discover()?)
+fn discover(node: &NodeArgs, driver_root: &DriverRootArgs, host: &HostRootsArgs) -> Result<Inventory> {
+    Ok(inventory_source(node, driver_root, host).discover()?)
 }
 
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node, &args.driver_root)?;
+    let inventory = discover(&args.node, &args.driver_root, &args.host)?;
     let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
         .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied());
     let slices = builder.build(&inventory, args.generation)?;
@@ -64,7 +68,7 @@ struct SliceList<'a> {
 }
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node, &args.driver_root)?;
+    let inventory = discover(&args.node, &args.driver_root, &args.host)?;
     let edits = crate::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
     let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;

@@ -104,7 +104,7 @@ fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Invento
             Ok(inventory_watch::watch_fake_file(file.clone(), node, interval)?)
         }
         None => {
-            let mut source = NvmlSource::new().with_proc_root(&args.proc_root).with_sys_root(&args.sys_root);
+            let mut source = NvmlSource::new().with_proc_root(&args.host.proc_root).with_sys_root(&args.host.sys_root);
             if let Some(library) = crate::driver_files::nvml_library(&args.driver_root) {
                 source = source.with_library(library);
             }
@@ -121,8 +121,8 @@ fn open_preparer(
     client: kube::Client,
     inventory: watch::Receiver<Arc<Inventory>>,
 ) -> anyhow::Result<Preparer<KubeClaimSource>> {
-    let boot_id = checkpoint::boot_id(&args.proc_root).with_context(|| {
-        format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.proc_root.display())
+    let boot_id = checkpoint::boot_id(&args.host.proc_root).with_context(|| {
+        format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.host.proc_root.display())
     })?;
     let driver_edits = {
         let snapshot = Arc::clone(&inventory.borrow());

@@ -1,0 +1,258 @@
+/*
+ * A mock libnvidia-ml.so.1 for tests on machines without a GPU: the NVML
+ * calls the plugin's discovery makes, answered from a device table the test
+ * writes (path in MOCK_NVML_TABLE), so the real nvml-wrapper code paths run.
+ *
+ * Table lines, fields separated by '|':
+ *   driver|<version>                      nvmlSystemGetDriverVersion
+ *   cuda|<version as int, 13000 = 13.0>   nvmlSystemGetCudaDriverVersion_v2
+ *   gpu|<minor>|<uuid>|<name>|<brand>|<arch>|<cc major>|<cc minor>|<memory bytes>|<bus id>|<pci device id>|<numa>
+ *   link|<minor>|<link>|<remote bus id>   an active NVLink to a GPU
+ *
+ * Structs and enum values follow nvml.h as nvml-wrapper-sys 0.10 binds it.
+ * Anything not implemented is simply absent: nvml-wrapper reports a missing
+ * symbol, which discovery treats as "not supported".
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef int nvmlReturn_t;
+#define NVML_SUCCESS 0
+#define NVML_ERROR_UNINITIALIZED 1
+#define NVML_ERROR_INVALID_ARGUMENT 2
+#define NVML_ERROR_NOT_SUPPORTED 3
+#define NVML_ERROR_INSUFFICIENT_SIZE 7
+#define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_UNKNOWN 999
+
+#define MAX_GPUS 64
+#define MAX_LINKS 18
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain;
+    unsigned int bus;
+    unsigned int device;
+    unsigned int pciDeviceId;
+    unsigned int pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+typedef struct {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+
+typedef struct mock_gpu {
+    unsigned int minor;
+    char uuid[96];
+    char name[96];
+    int brand;
+    unsigned int arch;
+    int cc_major, cc_minor;
+    unsigned long long memory;
+    char bus_id[32];
+    unsigned int pci_device_id;
+    unsigned int numa;
+    char links[MAX_LINKS][32];
+} mock_gpu;
+
+typedef mock_gpu *nvmlDevice_t;
+
+static mock_gpu gpus[MAX_GPUS];
+static unsigned int gpu_count;
+static char driver_version[80];
+static int cuda_version;
+static int initialized;
+
+static mock_gpu *by_minor(unsigned int minor) {
+    for (unsigned int i = 0; i < gpu_count; i++)
+        if (gpus[i].minor == minor) return &gpus[i];
+    return NULL;
+}
+
+static int load_table(void) {
+    const char *path = getenv("MOCK_NVML_TABLE");
+    if (!path) return 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *fields[16];
+        int n = 0;
+        for (char *p = strtok(line, "|"); p && n < 16; p = strtok(NULL, "|")) fields[n++] = p;
+        if (n == 2 && !strcmp(fields[0], "driver")) {
+            snprintf(driver_version, sizeof driver_version, "%s", fields[1]);
+        } else if (n == 2 && !strcmp(fields[0], "cuda")) {
+            cuda_version = atoi(fields[1]);
+        } else if (n == 12 && !strcmp(fields[0], "gpu") && gpu_count < MAX_GPUS) {
+            mock_gpu *g = &gpus[gpu_count++];
+            memset(g, 0, sizeof *g);
+            g->minor = (unsigned int)strtoul(fields[1], NULL, 10);
+            snprintf(g->uuid, sizeof g->uuid, "%s", fields[2]);
+            snprintf(g->name, sizeof g->name, "%s", fields[3]);
+            g->brand = atoi(fields[4]);
+            g->arch = (unsigned int)strtoul(fields[5], NULL, 10);
+            g->cc_major = atoi(fields[6]);
+            g->cc_minor = atoi(fields[7]);
+            g->memory = strtoull(fields[8], NULL, 10);
+            snprintf(g->bus_id, sizeof g->bus_id, "%s", fields[9]);
+            g->pci_device_id = (unsigned int)strtoul(fields[10], NULL, 0);
+            g->numa = (unsigned int)strtoul(fields[11], NULL, 10);
+        } else if (n == 4 && !strcmp(fields[0], "link")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            unsigned int link = (unsigned int)strtoul(fields[2], NULL, 10);
+            if (g && link < MAX_LINKS) snprintf(g->links[link], sizeof g->links[link], "%s", fields[3]);
+        }
+    }
+    fclose(f);
+    return 1;
+}
+
+static nvmlReturn_t copy_string(const char *value, char *out, unsigned int length) {
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(value) + 1 > length) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(out, value);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInit_v2(void) {
+    if (!load_table()) return NVML_ERROR_UNKNOWN;
+    initialized = 1;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return nvmlInit_v2();
+}
+
+nvmlReturn_t nvmlShutdown(void) {
+    initialized = 0;
+    return NVML_SUCCESS;
+}
+
+const char *nvmlErrorString(nvmlReturn_t result) {
+    switch (result) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    default: return "Unknown Error";
+    }
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return copy_string(driver_version, version, length);
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *version) {
+    if (!version) return NVML_ERROR_INVALID_ARGUMENT;
+    *version = cuda_version;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *version) {
+    return nvmlSystemGetCudaDriverVersion_v2(version);
+}
+
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    *count = gpu_count;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
+    if (index >= gpu_count) return NVML_ERROR_INVALID_ARGUMENT;
+    *device = &gpus[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *uuid, unsigned int length) {
+    return copy_string(d->uuid, uuid, length);
+}
+
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *name, unsigned int length) {
+    return copy_string(d->name, name, length);
+}
+
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    *minor = d->minor;
+    return NVML_SUCCESS;
+}
+
+static void fill_pci(const char *bus_id, unsigned int device_id, nvmlPciInfo_t *pci) {
+    memset(pci, 0, sizeof *pci);
+    unsigned int domain = 0, bus = 0, dev = 0, function = 0;
+    sscanf(bus_id, "%x:%x:%x.%x", &domain, &bus, &dev, &function);
+    snprintf(pci->busId, sizeof pci->busId, "%s", bus_id);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04x:%02x:%02x.%x", domain & 0xffff, bus, dev, function);
+    pci->domain = domain;
+    pci->bus = bus;
+    pci->device = dev;
+    pci->pciDeviceId = device_id;
+}
+
+nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t d, nvmlPciInfo_t *pci) {
+    fill_pci(d->bus_id, d->pci_device_id, pci);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetBrand(nvmlDevice_t d, int *brand) {
+    *brand = d->brand;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t d, unsigned int *arch) {
+    *arch = d->arch;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    *major = d->cc_major;
+    *minor = d->cc_minor;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
+    memory->total = d->memory;
+    memory->reserved = 0;
+    memory->free = d->memory;
+    memory->used = 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
+    (void)d;
+    (void)current;
+    (void)pending;
+    return NVML_ERROR_NOT_SUPPORTED;
+}
+
+nvmlReturn_t nvmlDeviceGetNumaNodeId(nvmlDevice_t d, unsigned int *node) {
+    *node = d->numa;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkState(nvmlDevice_t d, unsigned int link, int *active) {
+    if (link >= MAX_LINKS) return NVML_ERROR_INVALID_ARGUMENT;
+    *active = d->links[link][0] != 0;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetNvLinkRemotePciInfo_v2(nvmlDevice_t d, unsigned int link, nvmlPciInfo_t *pci) {
+    if (link >= MAX_LINKS || !d->links[link][0]) return NVML_ERROR_INVALID_ARGUMENT;
+    fill_pci(d->links[link], 0, pci);
+    return NVML_SUCCESS;
+}
+
+/* NVML_NVLINK_DEVICE_TYPE_GPU */
+nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int link, int *type) {
+    if (link >= MAX_LINKS || !d->links[link][0]) return NVML_ERROR_INVALID_ARGUMENT;
+    *type = 0;
+    return NVML_SUCCESS;
+}
