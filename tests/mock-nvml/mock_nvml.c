@@ -9,6 +9,9 @@
  *   gpu|<minor>|<uuid>|<name>|<brand>|<arch>|<cc major>|<cc minor>|<memory bytes>|<bus id>|<pci device id>|<numa>
  *   link|<minor>|<link>|<remote bus id>   an active NVLink to a GPU
  *
+ * XID events: lines `<minor>|<xid>` appended to `<table>.events` are
+ * delivered, in order, by nvmlEventSetWait_v2.
+ *
  * Structs and enum values follow nvml.h as nvml-wrapper-sys 0.10 binds it.
  * Anything not implemented is simply absent: nvml-wrapper reports a missing
  * symbol, which discovery treats as "not supported".
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
@@ -24,7 +28,9 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_NOT_SUPPORTED 3
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_NOT_FOUND 6
+#define NVML_ERROR_TIMEOUT 10
 #define NVML_ERROR_UNKNOWN 999
+#define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
 
 #define MAX_GPUS 64
 #define MAX_LINKS 18
@@ -255,4 +261,87 @@ nvmlReturn_t nvmlDeviceGetNvLinkRemoteDeviceType(nvmlDevice_t d, unsigned int li
     if (link >= MAX_LINKS || !d->links[link][0]) return NVML_ERROR_INVALID_ARGUMENT;
     *type = 0;
     return NVML_SUCCESS;
+}
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned long long eventType;
+    unsigned long long eventData;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlEventData_t;
+
+static int event_set;
+static long events_consumed;
+
+nvmlReturn_t nvmlEventSetCreate(void **set) {
+    *set = &event_set;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlEventSetFree(void *set) {
+    (void)set;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t d, unsigned long long types, void *set) {
+    (void)d;
+    (void)types;
+    (void)set;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long *types) {
+    (void)d;
+    *types = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+    return NVML_SUCCESS;
+}
+
+/* The next unread line of <table>.events, if any. */
+static int next_event(unsigned int *minor, unsigned long long *xid) {
+    const char *table = getenv("MOCK_NVML_TABLE");
+    if (!table) return 0;
+    char path[4096];
+    snprintf(path, sizeof path, "%s.events", table);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    long index = 0;
+    int found = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (!strchr(line, '\n')) break; /* a line still being written */
+        if (index++ < events_consumed) continue;
+        if (sscanf(line, "%u|%llu", minor, xid) == 2) {
+            found = 1;
+            events_consumed = index;
+            break;
+        }
+        events_consumed = index;
+    }
+    fclose(f);
+    return found;
+}
+
+nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int timeout_ms) {
+    (void)set;
+    unsigned int waited = 0;
+    for (;;) {
+        unsigned int minor;
+        unsigned long long xid;
+        if (next_event(&minor, &xid)) {
+            mock_gpu *g = by_minor(minor);
+            if (!g) continue;
+            memset(data, 0, sizeof *data);
+            data->device = g;
+            data->eventType = NVML_EVENT_TYPE_XID_CRITICAL_ERROR;
+            data->eventData = xid;
+            data->gpuInstanceId = 0xFFFFFFFF;
+            data->computeInstanceId = 0xFFFFFFFF;
+            return NVML_SUCCESS;
+        }
+        if (waited >= timeout_ms) return NVML_ERROR_TIMEOUT;
+        struct timespec pause = {0, 50 * 1000 * 1000};
+        nanosleep(&pause, NULL);
+        waited += 50;
+    }
 }

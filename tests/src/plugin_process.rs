@@ -54,6 +54,11 @@ pub struct PluginOptions {
     pub metrics_addr: String,
     pub log_level: String,
     pub extra_args: Vec<String>,
+    /// Pass `--fake-inventory` (the directories' file); without it the
+    /// plugin discovers through NVML (a mock one, see `tests/mock-nvml`).
+    pub fake_inventory: bool,
+    /// Extra environment variables.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for PluginOptions {
@@ -64,6 +69,8 @@ impl Default for PluginOptions {
             metrics_addr: "off".into(),
             log_level: "info".into(),
             extra_args: Vec::new(),
+            fake_inventory: true,
+            env: Vec::new(),
         }
     }
 }
@@ -93,8 +100,11 @@ impl PluginProcess {
             .arg(&dirs.registry)
             .arg("--cdi-dir")
             .arg(&dirs.cdi)
-            .arg("--fake-inventory")
-            .arg(&dirs.inventory)
+            .args(if options.fake_inventory {
+                vec!["--fake-inventory".into(), dirs.inventory.clone().into_os_string()]
+            } else {
+                Vec::new()
+            })
             .arg("--fake-inventory-poll-ms")
             .arg("100")
             .arg("--kubeconfig")
@@ -122,6 +132,7 @@ impl PluginProcess {
         ] {
             cmd.env_remove(var);
         }
+        cmd.envs(options.env.iter().map(|(k, v)| (k, v)));
         Ok(Self { child: cmd.spawn()?, log })
     }
 

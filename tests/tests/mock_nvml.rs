@@ -70,58 +70,92 @@ fn sys_tree(sys: &Path, inventory: &Inventory) {
     }
 }
 
+/// A node whose NVML is the mock, from a fake inventory example.
+struct MockNode {
+    dir: tempfile::TempDir,
+    example: std::path::PathBuf,
+    inventory: Inventory,
+}
+
+impl MockNode {
+    fn new(example: &str) -> Self {
+        let example = workspace_root().join("examples/inventories").join(example);
+        let text = std::fs::read_to_string(&example).unwrap();
+        let raw_version = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("driverVersion:"))
+            .map(|v| v.trim().trim_matches('"').to_string())
+            .unwrap();
+        let inventory = fake::load(&example, &NodeName::new("node-a").unwrap()).unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let node = MockNode { dir, example, inventory };
+        let root = node.root();
+        fake_tree::build(&root, &raw_version, &[("libcuda.so", "libcuda.so.1")]).unwrap();
+        let nvml = root.join(LIBDIR).join(format!("libnvidia-ml.so.{raw_version}"));
+        let built = Command::new("cc")
+            .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+            .arg(&nvml)
+            .arg(workspace_root().join("tests/mock-nvml/mock_nvml.c"))
+            .status()
+            .unwrap();
+        assert!(built.success(), "building the mock NVML");
+        assert!(Command::new("ldconfig").arg("-r").arg(&root).status().unwrap().success());
+        std::fs::write(node.table(), table(&node.inventory, &raw_version)).unwrap();
+        sys_tree(&node.dir.path().join("sys"), &node.inventory);
+        let boot_id = node.dir.path().join("proc/sys/kernel/random");
+        std::fs::create_dir_all(&boot_id).unwrap();
+        std::fs::write(boot_id.join("boot_id"), "4b1c2a55-7d0e-4f6a-9c3b-2e1d0f9a8b7c\n").unwrap();
+        node
+    }
+
+    fn root(&self) -> std::path::PathBuf {
+        self.dir.path().join("driver")
+    }
+
+    fn table(&self) -> std::path::PathBuf {
+        self.dir.path().join("nvml-table")
+    }
+
+    /// Flags that make the plugin discover through the mock.
+    fn args(&self) -> Vec<String> {
+        let path = |p: &str| self.dir.path().join(p).display().to_string();
+        vec![
+            "--driver-root".into(),
+            self.root().display().to_string(),
+            "--sys-root".into(),
+            path("sys"),
+            "--proc-root".into(),
+            path("proc"),
+        ]
+    }
+
+    /// The mock delivers `xid` on GPU `minor` at its next event wait.
+    fn inject_xid(&self, minor: u32, xid: u32) {
+        use std::io::Write;
+        let mut events = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(format!("{}.events", self.table().display()))
+            .unwrap();
+        writeln!(events, "{minor}|{xid}").unwrap();
+    }
+}
+
 #[test]
 fn nvml_discovery_publishes_what_the_fake_inventory_does() {
-    let example = workspace_root().join("examples/inventories/dgx-h100.yaml");
-    let text = std::fs::read_to_string(&example).unwrap();
-    let raw_version = text
-        .lines()
-        .find_map(|l| l.trim().strip_prefix("driverVersion:"))
-        .map(|v| v.trim().trim_matches('"').to_string())
-        .unwrap();
-    let inventory = fake::load(&example, &NodeName::new("node-a").unwrap()).unwrap();
-
-    let dir = tempfile::tempdir().unwrap();
-    let root = dir.path().join("driver");
-    fake_tree::build(&root, &raw_version, &[("libcuda.so", "libcuda.so.1")]).unwrap();
-    let nvml = root.join(LIBDIR).join(format!("libnvidia-ml.so.{raw_version}"));
-    let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
-        .arg(&nvml)
-        .arg(workspace_root().join("tests/mock-nvml/mock_nvml.c"))
-        .status()
-        .unwrap();
-    assert!(built.success(), "building the mock NVML");
-    assert!(Command::new("ldconfig").arg("-r").arg(&root).status().unwrap().success());
-    let table_file = dir.path().join("nvml-table");
-    std::fs::write(&table_file, table(&inventory, &raw_version)).unwrap();
-    let sys = dir.path().join("sys");
-    sys_tree(&sys, &inventory);
-    let proc_root = dir.path().join("proc");
-    std::fs::create_dir_all(&proc_root).unwrap();
-
-    let print = |extra: &[&str], env: Option<&Path>| {
+    let node = MockNode::new("dgx-h100.yaml");
+    let print = |extra: &[String], table: Option<&Path>| {
         let mut cmd = Command::new(kubelet_plugin());
         cmd.args(["print-slices", "--node-name", "node-a", "-o", "json"]).args(extra);
-        if let Some(table) = env {
+        if let Some(table) = table {
             cmd.env("MOCK_NVML_TABLE", table);
         }
         let out = cmd.output().unwrap();
         let json: serde_json::Value = serde_json::from_str(&stdout_ok(&out)).unwrap();
         json
     };
-    let from_fake = print(&["--fake-inventory", example.to_str().unwrap()], None);
-    let from_nvml = print(
-        &[
-            "--driver-root",
-            root.to_str().unwrap(),
-            "--sys-root",
-            sys.to_str().unwrap(),
-            "--proc-root",
-            proc_root.to_str().unwrap(),
-        ],
-        Some(&table_file),
-    );
+    let from_fake = print(&["--fake-inventory".to_string(), node.example.display().to_string()], None);
+    let from_nvml = print(&node.args(), Some(&node.table()));
     let devices = |v: &serde_json::Value| -> usize {
         v["items"].as_array().unwrap().iter().map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len)).sum()
     };
@@ -133,4 +167,54 @@ fn nvml_discovery_publishes_what_the_fake_inventory_does() {
         assert!(!first[key].is_null(), "{key} missing: {first}");
     }
     assert_eq!(from_nvml, from_fake, "NVML through the mock publishes what the fake inventory publishes");
+}
+
+/// A running plugin on the mock NVML: an injected XID 79 (fallen off the
+/// bus) takes its GPU out of service; XID 43 (an application fault) leaves
+/// its GPU allocatable, published with effect None on this 1.36 server.
+#[test]
+fn injected_xids_reach_a_running_plugin_through_nvml_events() {
+    use integration_tests::apiserver::ApiServer;
+    use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+    use k8s_openapi::api::resource::v1::ResourceSlice;
+
+    let node = MockNode::new("dgx-h100.yaml");
+    let server = ApiServer::start_in_thread().unwrap();
+    let dirs = PluginDirs::new("gpus: []\n").unwrap();
+    server.write_kubeconfig(&dirs.kubeconfig).unwrap();
+    let options = PluginOptions {
+        fake_inventory: false,
+        extra_args: node.args(),
+        env: vec![("MOCK_NVML_TABLE".into(), node.table().display().to_string())],
+        ..PluginOptions::default()
+    };
+    let plugin = PluginProcess::spawn(&dirs, &options).unwrap();
+    let taints = |name: &str| -> Option<Vec<String>> {
+        let slices: Vec<ResourceSlice> = server.list(None, "spec.nodeName=node-a").ok()?;
+        let device = slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).find(|d| d.name == name)?;
+        Some(
+            device
+                .taints
+                .iter()
+                .flatten()
+                .map(|t| format!("{}={}:{}", t.key, t.value.clone().unwrap_or_default(), t.effect))
+                .collect(),
+        )
+    };
+    let wait = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while !done() {
+            assert!(std::time::Instant::now() < deadline, "{what}\n{}", plugin.log());
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+    };
+    wait("the slices are published", &|| taints("gpu-7").is_some());
+    assert_eq!(taints("gpu-2"), Some(vec![]));
+    node.inject_xid(2, 79);
+    node.inject_xid(5, 43);
+    wait("XID 79 taints gpu-2", &|| taints("gpu-2").is_some_and(|t| !t.is_empty()));
+    wait("XID 43 is published", &|| taints("gpu-5").is_some_and(|t| !t.is_empty()));
+    assert_eq!(taints("gpu-2"), Some(vec!["gpu.nvidia.com/xid=79:NoSchedule".to_string()]));
+    assert_eq!(taints("gpu-5"), Some(vec!["gpu.nvidia.com/xid=43:None".to_string()]), "allocatable");
+    assert_eq!(taints("gpu-0"), Some(vec![]));
 }
