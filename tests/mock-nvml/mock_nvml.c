@@ -8,6 +8,12 @@
  *   cuda|<version as int, 13000 = 13.0>   nvmlSystemGetCudaDriverVersion_v2
  *   gpu|<minor>|<uuid>|<name>|<brand>|<arch>|<cc major>|<cc minor>|<memory bytes>|<bus id>|<pci device id>|<numa>
  *   link|<minor>|<link>|<remote bus id>   an active NVLink to a GPU
+ *   migmode|<minor>                       MIG mode is on
+ *   profile|<minor>|<index>|<id>|<slices>|<instances>|<SMs>|<CEs>|<decoders>|<encoders>|<jpeg>|<ofa>|<memory MiB>|<name>
+ *   mig|<parent minor>|<uuid>|<gpu instance id>|<compute instance id>|<profile id>|<start>|<size>
+ *
+ * Compute-instance calls are absent: discovery then assumes the compute
+ * instance spans its GPU instance (and says so in a warning).
  *
  * XID events: lines `<minor>|<xid>` appended to `<table>.events` are
  * delivered, in order, by nvmlEventSetWait_v2.
@@ -53,8 +59,25 @@ typedef struct {
     unsigned long long used;
 } nvmlMemory_v2_t;
 
+typedef struct {
+    unsigned int index, id, slices, instances, sms, ces, decoders, encoders, jpeg, ofa;
+    unsigned long long memory_mib;
+    char name[96];
+} mock_profile;
+
+#define MAX_PROFILES 16
+#define MAX_MIGS 8
+
 typedef struct mock_gpu {
     unsigned int minor;
+    int mig_mode;
+    mock_profile profiles[MAX_PROFILES];
+    unsigned int profile_count;
+    struct mock_gpu *migs[MAX_MIGS];
+    unsigned int mig_count;
+    /* For a MIG device: its parent and instance. */
+    struct mock_gpu *parent;
+    unsigned int gi_id, ci_id, profile_id, start, size;
     char uuid[96];
     char name[96];
     int brand;
@@ -71,6 +94,8 @@ typedef mock_gpu *nvmlDevice_t;
 
 static mock_gpu gpus[MAX_GPUS];
 static unsigned int gpu_count;
+static mock_gpu mig_devices[MAX_GPUS * MAX_MIGS];
+static unsigned int mig_device_count;
 static char driver_version[80];
 static int cuda_version;
 static int initialized;
@@ -110,6 +135,34 @@ static int load_table(void) {
             snprintf(g->bus_id, sizeof g->bus_id, "%s", fields[9]);
             g->pci_device_id = (unsigned int)strtoul(fields[10], NULL, 0);
             g->numa = (unsigned int)strtoul(fields[11], NULL, 10);
+        } else if (n == 2 && !strcmp(fields[0], "migmode")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            if (g) g->mig_mode = 1;
+        } else if (n == 14 && !strcmp(fields[0], "profile")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            if (g && g->profile_count < MAX_PROFILES) {
+                mock_profile *p = &g->profiles[g->profile_count++];
+                unsigned int *u[] = {&p->index, &p->id, &p->slices, &p->instances, &p->sms, &p->ces,
+                                     &p->decoders, &p->encoders, &p->jpeg, &p->ofa};
+                for (int i = 0; i < 10; i++) *u[i] = (unsigned int)strtoul(fields[2 + i], NULL, 10);
+                p->memory_mib = strtoull(fields[12], NULL, 10);
+                snprintf(p->name, sizeof p->name, "%s", fields[13]);
+            }
+        } else if (n == 8 && !strcmp(fields[0], "mig") && mig_device_count < MAX_GPUS * MAX_MIGS) {
+            mock_gpu *parent = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            if (parent && parent->mig_count < MAX_MIGS) {
+                mock_gpu *m = &mig_devices[mig_device_count++];
+                memset(m, 0, sizeof *m);
+                m->parent = parent;
+                m->minor = parent->minor;
+                snprintf(m->uuid, sizeof m->uuid, "%s", fields[2]);
+                m->gi_id = (unsigned int)strtoul(fields[3], NULL, 10);
+                m->ci_id = (unsigned int)strtoul(fields[4], NULL, 10);
+                m->profile_id = (unsigned int)strtoul(fields[5], NULL, 10);
+                m->start = (unsigned int)strtoul(fields[6], NULL, 10);
+                m->size = (unsigned int)strtoul(fields[7], NULL, 10);
+                parent->migs[parent->mig_count++] = m;
+            }
         } else if (n == 4 && !strcmp(fields[0], "link")) {
             mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
             unsigned int link = (unsigned int)strtoul(fields[2], NULL, 10);
@@ -233,9 +286,88 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory)
 }
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
-    (void)d;
-    (void)current;
-    (void)pending;
+    if (d->parent) return NVML_ERROR_NOT_SUPPORTED;
+    *current = *pending = (unsigned int)d->mig_mode;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count) {
+    *count = d->mig_count;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
+    if (index >= d->mig_count) return NVML_ERROR_NOT_FOUND;
+    *mig = d->migs[index];
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!d->parent) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->gi_id;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t d, unsigned int *id) {
+    if (!d->parent) return NVML_ERROR_INVALID_ARGUMENT;
+    *id = d->ci_id;
+    return NVML_SUCCESS;
+}
+
+/* A GPU-instance handle is the MIG device with that instance. */
+nvmlReturn_t nvmlDeviceGetGpuInstanceById(nvmlDevice_t d, unsigned int id, nvmlDevice_t *gi) {
+    for (unsigned int i = 0; i < d->mig_count; i++)
+        if (d->migs[i]->gi_id == id) {
+            *gi = d->migs[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+
+typedef struct {
+    nvmlDevice_t device;
+    unsigned int id;
+    unsigned int profileId;
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstanceInfo_t;
+
+nvmlReturn_t nvmlGpuInstanceGetInfo(nvmlDevice_t gi, nvmlGpuInstanceInfo_t *info) {
+    info->device = gi->parent;
+    info->id = gi->gi_id;
+    info->profileId = gi->profile_id;
+    info->start = gi->start;
+    info->size = gi->size;
+    return NVML_SUCCESS;
+}
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, copyEngineCount, decoderCount,
+        encoderCount, jpegCount, ofaCount;
+    unsigned long long memorySizeMB;
+    char name[96];
+    unsigned int capabilities;
+} nvmlGpuInstanceProfileInfo_v3_t;
+
+nvmlReturn_t nvmlDeviceGetGpuInstanceProfileInfoV(nvmlDevice_t d, unsigned int index,
+                                                  nvmlGpuInstanceProfileInfo_v3_t *info) {
+    if ((info->version >> 24) != 3) return NVML_ERROR_NOT_SUPPORTED;
+    for (unsigned int i = 0; i < d->profile_count; i++) {
+        mock_profile *p = &d->profiles[i];
+        if (p->index != index) continue;
+        info->id = p->id;
+        info->sliceCount = p->slices;
+        info->instanceCount = p->instances;
+        info->multiprocessorCount = p->sms;
+        info->copyEngineCount = p->ces;
+        info->decoderCount = p->decoders;
+        info->encoderCount = p->encoders;
+        info->jpegCount = p->jpeg;
+        info->ofaCount = p->ofa;
+        info->memorySizeMB = p->memory_mib;
+        snprintf(info->name, sizeof info->name, "MIG %s", p->name);
+        return NVML_SUCCESS;
+    }
     return NVML_ERROR_NOT_SUPPORTED;
 }
 

@@ -10,8 +10,9 @@ use std::path::Path;
 use std::process::Command;
 
 use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
+use gpu_dra_driver::inventory::catalog::{Catalog, CatalogMigProfile};
 use gpu_dra_driver::inventory::nvml::names;
-use gpu_dra_driver::inventory::{Inventory, fake};
+use gpu_dra_driver::inventory::{Gpu, Inventory, MigDevice, MigMode, fake};
 use gpu_dra_driver::names::NodeName;
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
 
@@ -45,6 +46,9 @@ fn table(inventory: &Inventory, raw_driver_version: &str) -> String {
             g.numa_node.unwrap_or(0),
         )
         .unwrap();
+        if let MigMode::Enabled(migs) = &g.mig {
+            mig_lines(&mut t, g, migs);
+        }
         let peers = inventory
             .gpus
             .iter()
@@ -54,6 +58,66 @@ fn table(inventory: &Inventory, raw_driver_version: &str) -> String {
         }
     }
     t
+}
+
+/// NVML's GPU-instance profile index for a catalog profile (nvml.h's
+/// `NVML_GPU_INSTANCE_PROFILE_*`): by compute slices, `_REV1` for media
+/// extensions, `_REV2` for a 1-slice profile with two memory slices.
+fn profile_index(p: &CatalogMigProfile) -> u32 {
+    match (p.compute_slices, p.name.contains("+me"), p.memory_slices) {
+        (1, true, _) => 7,
+        (2, true, _) => 8,
+        (1, false, 2) => 9,
+        (1, false, _) => 0,
+        (2, ..) => 1,
+        (3, ..) => 2,
+        (4, ..) => 3,
+        (7, ..) => 4,
+        (8, ..) => 5,
+        (6, ..) => 6,
+        (n, ..) => panic!("no NVML profile index for {n} slices"),
+    }
+}
+
+/// MIG mode, the model's profiles and the GPU's instances.
+fn mig_lines(t: &mut String, g: &Gpu, migs: &[MigDevice]) {
+    let catalog = Catalog::embedded().unwrap();
+    let model = catalog.models.values().find(|m| m.product_name == g.product_name).expect("a catalog model");
+    writeln!(t, "migmode|{}", g.minor).unwrap();
+    for p in &model.mig_profiles {
+        writeln!(
+            t,
+            "profile|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
+            g.minor,
+            profile_index(p),
+            p.gi_profile_id,
+            p.compute_slices,
+            p.max_count,
+            p.multiprocessors,
+            p.copy_engines,
+            p.decoders,
+            p.encoders,
+            p.jpeg_engines,
+            p.ofa_engines,
+            p.memory_mib,
+            p.name
+        )
+        .unwrap();
+    }
+    for m in migs {
+        writeln!(
+            t,
+            "mig|{}|{}|{}|{}|{}|{}|{}",
+            g.minor,
+            m.uuid,
+            m.gpu_instance_id,
+            m.compute_instance_id,
+            m.profile.gi_profile_id,
+            m.placement.start,
+            m.placement.size
+        )
+        .unwrap();
+    }
 }
 
 /// `/sys/bus/pci/devices/<bdf>` links into a PCIe root, with `numa_node`.
@@ -142,8 +206,14 @@ impl MockNode {
 }
 
 #[test]
-fn nvml_discovery_publishes_what_the_fake_inventory_does() {
-    let node = MockNode::new("dgx-h100.yaml");
+fn nvml_discovery_publishes_what_the_fake_inventories_do() {
+    for (example, devices) in [("dgx-h100.yaml", 8), ("a100-mig.yaml", 12)] {
+        publishes_the_same(example, devices);
+    }
+}
+
+fn publishes_the_same(example: &str, expected_devices: usize) {
+    let node = MockNode::new(example);
     let print = |extra: &[String], table: Option<&Path>| {
         let mut cmd = Command::new(kubelet_plugin());
         cmd.args(["print-slices", "--node-name", "node-a", "-o", "json"]).args(extra);
@@ -159,14 +229,12 @@ fn nvml_discovery_publishes_what_the_fake_inventory_does() {
     let devices = |v: &serde_json::Value| -> usize {
         v["items"].as_array().unwrap().iter().map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len)).sum()
     };
-    assert_eq!(devices(&from_nvml), 8, "{from_nvml}");
+    assert_eq!(devices(&from_nvml), expected_devices, "{example}: {from_nvml}");
     let first = &from_nvml["items"][0]["spec"]["devices"][0]["attributes"];
-    for key in
-        ["uuid", "productName", "architecture", "driverVersion", "nvlinkGroup", "resource.kubernetes.io/pcieRoot"]
-    {
+    for key in ["uuid", "productName", "architecture", "driverVersion", "resource.kubernetes.io/pcieRoot"] {
         assert!(!first[key].is_null(), "{key} missing: {first}");
     }
-    assert_eq!(from_nvml, from_fake, "NVML through the mock publishes what the fake inventory publishes");
+    assert_eq!(from_nvml, from_fake, "{example}: NVML through the mock publishes what the fake inventory publishes");
 }
 
 /// A running plugin on the mock NVML: an injected XID 79 (fallen off the
