@@ -8,6 +8,10 @@
  *   cuda|<version as int, 13000 = 13.0>   nvmlSystemGetCudaDriverVersion_v2
  *   gpu|<minor>|<uuid>|<name>|<brand>|<arch>|<cc major>|<cc minor>|<memory bytes>|<bus id>|<pci device id>|<numa>
  *   link|<minor>|<link>|<remote bus id>   an active NVLink to a GPU
+ *   fabric|<minor>|<cluster uuid, 32 hex digits>|<clique id>|<v2 only: 0/1>
+ *                                         NVLink fabric registration; with
+ *                                         v2 only, a v3 query gets
+ *                                         NVML_ERROR_ARGUMENT_VERSION_MISMATCH
  *   migmode|<minor>                       MIG mode is on
  *   profile|<minor>|<index>|<id>|<slices>|<instances>|<SMs>|<CEs>|<decoders>|<encoders>|<jpeg>|<ofa>|<memory MiB>|<name>
  *   mig|<parent minor>|<uuid>|<gpu instance id>|<compute instance id>|<profile id>|<start>|<size>
@@ -35,6 +39,7 @@ typedef int nvmlReturn_t;
 #define NVML_ERROR_INSUFFICIENT_SIZE 7
 #define NVML_ERROR_NOT_FOUND 6
 #define NVML_ERROR_TIMEOUT 10
+#define NVML_ERROR_ARGUMENT_VERSION_MISMATCH 25
 #define NVML_ERROR_UNKNOWN 999
 #define NVML_EVENT_TYPE_XID_CRITICAL_ERROR 0x8ULL
 
@@ -75,6 +80,9 @@ typedef struct mock_gpu {
     unsigned int profile_count;
     struct mock_gpu *migs[MAX_MIGS];
     unsigned int mig_count;
+    int has_fabric, fabric_v2_only;
+    unsigned char cluster[16];
+    unsigned int clique;
     /* For a MIG device: its parent and instance. */
     struct mock_gpu *parent;
     unsigned int gi_id, ci_id, profile_id, start, size;
@@ -135,6 +143,18 @@ static int load_table(void) {
             snprintf(g->bus_id, sizeof g->bus_id, "%s", fields[9]);
             g->pci_device_id = (unsigned int)strtoul(fields[10], NULL, 0);
             g->numa = (unsigned int)strtoul(fields[11], NULL, 10);
+        } else if (n == 5 && !strcmp(fields[0], "fabric")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            if (g && strlen(fields[2]) == 32) {
+                for (int i = 0; i < 16; i++) {
+                    unsigned int byte = 0;
+                    sscanf(fields[2] + 2 * i, "%2x", &byte);
+                    g->cluster[i] = (unsigned char)byte;
+                }
+                g->has_fabric = 1;
+                g->clique = (unsigned int)strtoul(fields[3], NULL, 10);
+                g->fabric_v2_only = atoi(fields[4]);
+            }
         } else if (n == 2 && !strcmp(fields[0], "migmode")) {
             mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
             if (g) g->mig_mode = 1;
@@ -476,4 +496,31 @@ nvmlReturn_t nvmlEventSetWait_v2(void *set, nvmlEventData_t *data, unsigned int 
         nanosleep(&pause, NULL);
         waited += 50;
     }
+}
+
+typedef struct {
+    unsigned int version;
+    unsigned char clusterUuid[16];
+    nvmlReturn_t status;
+    unsigned int cliqueId;
+    unsigned char state;
+    unsigned int healthMask;
+    unsigned char healthSummary;
+} nvmlGpuFabricInfo_v3_t;
+
+/* NVML_GPU_FABRIC_STATE_COMPLETED */
+#define FABRIC_COMPLETED 3
+
+nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfo_v3_t *info) {
+    if (!d->has_fabric) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int version = info->version >> 24;
+    if ((version == 3 && d->fabric_v2_only) || (version != 2 && version != 3))
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    memcpy(info->clusterUuid, d->cluster, 16);
+    info->status = NVML_SUCCESS;
+    info->cliqueId = d->clique;
+    info->state = FABRIC_COMPLETED;
+    info->healthMask = 0;
+    if (version == 3) info->healthSummary = 0;
+    return NVML_SUCCESS;
 }

@@ -49,6 +49,11 @@ fn table(inventory: &Inventory, raw_driver_version: &str) -> String {
         if let MigMode::Enabled(migs) = &g.mig {
             mig_lines(&mut t, g, migs);
         }
+        if let Some(clique) = g.clique {
+            // Odd GPUs answer only the v2 query: the v3 -> v2 fallback runs.
+            let uuid = clique.cluster_uuid.simple();
+            writeln!(t, "fabric|{}|{uuid}|{}|{}", g.minor, clique.clique, g.minor % 2).unwrap();
+        }
         let peers = inventory
             .gpus
             .iter()
@@ -207,7 +212,9 @@ impl MockNode {
 
 #[test]
 fn nvml_discovery_publishes_what_the_fake_inventories_do() {
-    for (example, devices) in [("dgx-h100.yaml", 8), ("a100-mig.yaml", 12)] {
+    for (example, devices) in
+        [("dgx-h100.yaml", 8), ("a100-mig.yaml", 12), ("gb200-clique.yaml", 4), ("pcie-nvlink-pairs.yaml", 4)]
+    {
         publishes_the_same(example, devices);
     }
 }
