@@ -126,16 +126,10 @@ const KNOWN_NAMES: [&str; 16] = [
 const UNSUPPORTED_NAMESPACES: [&str; 4] = ["lists", "strings", "math", "base64"];
 
 /// Functions and methods Kubernetes 1.34–1.36 offers selectors that this
-/// driver's CEL lacks: the lists extension's version 3 additions, the `url`,
-/// `ip` and `cidr` libraries, and `format`. (`reverse`, on lists only in
-/// those releases, has its own message: they pin the strings extension at
-/// version 2, which has no `string.reverse()`.)
-const UNSUPPORTED_FUNCTIONS: [&str; 16] = [
-    "sort",
+/// driver's CEL lacks: the lists extension's `sortBy` macro, the `url`,
+/// `ip` and `cidr` libraries, and `format`.
+const UNSUPPORTED_FUNCTIONS: [&str; 12] = [
     "sortBy",
-    "distinct",
-    "flatten",
-    "slice",
     "format",
     "url",
     "isURL",
@@ -148,6 +142,9 @@ const UNSUPPORTED_FUNCTIONS: [&str; 16] = [
     "isCIDR",
     "containsIP",
 ];
+
+/// Namespaced functions this driver has in a namespace it otherwise lacks.
+const SUPPORTED_NAMESPACED: [&str; 1] = ["lists.range"];
 
 /// A runtime error as a person reads it: the `cel` crate prints some parse
 /// failures with Rust debug output (`Parsing Error: Error { input: "x",
@@ -188,21 +185,35 @@ pub fn check_identifiers(expr: &IdedExpr, scope: &mut Vec<String>) -> Result<(),
         Expr::Call(call) => {
             // Innermost first: `url(x).getHost()` names `url`.
             if let Some(target) = call.target.as_deref() {
-                if let Expr::Ident(namespace) = &target.expr
-                    && UNSUPPORTED_NAMESPACES.contains(&namespace.as_str())
-                    && !scope.iter().any(|v| v == namespace)
-                {
-                    return Err(CompileError::Unsupported(format!("{namespace}.{}", call.func_name)));
+                let namespaced = match &target.expr {
+                    Expr::Ident(namespace) if !scope.iter().any(|v| v == namespace) => {
+                        Some((namespace.as_str(), format!("{namespace}.{}", call.func_name)))
+                    }
+                    _ => None,
+                };
+                match namespaced {
+                    Some((_, name)) if SUPPORTED_NAMESPACED.contains(&name.as_str()) => {}
+                    Some((namespace, name)) if UNSUPPORTED_NAMESPACES.contains(&namespace) => {
+                        return Err(CompileError::Unsupported(name));
+                    }
+                    _ => check_identifiers(target, scope)?,
                 }
-                check_identifiers(target, scope)?;
             }
-            call.args.iter().try_for_each(|a| check_identifiers(a, scope))?;
-            if call.func_name == "reverse" {
+            // Strings v2 (what Kubernetes pins) has no reverse(); on a string
+            // literal the apiserver's type checker refuses it at compile time.
+            if call.func_name == "reverse"
+                && call
+                    .target
+                    .as_deref()
+                    .is_some_and(|t| matches!(&t.expr, Expr::Literal(cel::common::ast::LiteralValue::String(_))))
+            {
                 return Err(CompileError::ReverseUnsupported);
             }
+            // Before the arguments: a macro's variables are not declared.
             if UNSUPPORTED_FUNCTIONS.contains(&call.func_name.as_str()) {
                 return Err(CompileError::Unsupported(call.func_name.clone()));
             }
+            call.args.iter().try_for_each(|a| check_identifiers(a, scope))?;
             Ok(())
         }
         Expr::Comprehension(c) => {

@@ -221,6 +221,139 @@ fn find_all<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     Ok(CowVal::owned(CelList::from(found)))
 }
 
+/// A new list of (clones of) `elements`, within the length limit.
+fn new_list<'b, 'v>(function: &str, elements: Vec<Box<dyn Val + 'v>>) -> Out<'b, 'v> {
+    check_list_len(function, elements.len())?;
+    Ok(CowVal::owned(CelList::from(elements)))
+}
+
+fn cloned<'v>(elements: &[Box<dyn Val + 'v>]) -> Vec<Box<dyn Val + 'v>> {
+    elements.iter().map(|e| e.clone_as_boxed()).collect()
+}
+
+/// cel-go lists v3 `sort()`: comparable elements of one type, ascending.
+fn sort<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("sort", &args, 0)?;
+    let n = list.len() as u64;
+    charge(1 + n.saturating_mul(64 - n.leading_zeros() as u64))?;
+    if let Some(first) = list.first() {
+        let ty = first.get_type();
+        if let Some(other) = list.iter().find(|e| e.get_type() != ty) {
+            return Err(error(
+                "sort",
+                format!("list elements must have the same type: {} and {}", ty.name(), other.get_type().name()),
+            ));
+        }
+    }
+    let mut elements = cloned(list);
+    let mut failure = None;
+    elements.sort_by(|a, b| match cmp("sort", a.as_ref(), b.as_ref()) {
+        Ok(o) => o,
+        Err(e) => {
+            failure.get_or_insert(e);
+            Ordering::Equal
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    new_list("sort", elements)
+}
+
+/// `distinct()`: the first occurrence of each value, in order.
+fn distinct<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("distinct", &args, 0)?;
+    let n = list.len() as u64;
+    charge(1 + n.saturating_mul(n))?;
+    let mut out: Vec<Box<dyn Val + 'v>> = Vec::new();
+    for e in list {
+        if !out.iter().any(|o| o.equals(e.as_ref())) {
+            out.push(e.clone_as_boxed());
+        }
+    }
+    new_list("distinct", out)
+}
+
+/// `flatten()` one level, `flatten(depth)` that many.
+fn flatten<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("flatten", &args, 0)?;
+    let depth = match args.get(1) {
+        Some(d) => *d.downcast_ref::<CelInt>().ok_or_else(|| error("flatten", "depth must be an int"))?.inner(),
+        None => 1,
+    };
+    if depth < 0 {
+        return Err(error("flatten", "level must be non-negative"));
+    }
+    fn walk<'v>(
+        elements: &[Box<dyn Val + 'v>],
+        depth: i64,
+        out: &mut Vec<Box<dyn Val + 'v>>,
+    ) -> Result<(), ExecutionError> {
+        for e in elements {
+            match e.downcast_ref::<CelList>() {
+                Some(inner) if depth > 0 => walk(inner.inner(), depth - 1, out)?,
+                _ => {
+                    charge(1)?;
+                    out.push(e.clone_as_boxed());
+                    check_list_len("flatten", out.len())?;
+                }
+            }
+        }
+        Ok(())
+    }
+    let mut out = Vec::new();
+    walk(list, depth, &mut out)?;
+    new_list("flatten", out)
+}
+
+/// `slice(start, end)`: elements `start..end`.
+fn slice<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("slice", &args, 0)?;
+    let int = |i: usize| -> Result<i64, ExecutionError> {
+        args.get(i)
+            .and_then(|v| v.downcast_ref::<CelInt>())
+            .map(|v| *v.inner())
+            .ok_or_else(|| error("slice", "start and end must be ints"))
+    };
+    let (start, end) = (int(1)?, int(2)?);
+    if start < 0 || end < 0 {
+        return Err(error("slice", format!("cannot slice({start}, {end}), negative indexes not supported")));
+    }
+    if start > end {
+        return Err(error(
+            "slice",
+            format!("cannot slice({start}, {end}), start index must be less than or equal to end index"),
+        ));
+    }
+    if end as u64 > list.len() as u64 {
+        return Err(error("slice", format!("cannot slice({start}, {end}), list is length {}", list.len())));
+    }
+    let part = list.get(start as usize..end as usize).unwrap_or_default();
+    charge(1 + part.len() as u64)?;
+    new_list("slice", cloned(part))
+}
+
+/// `reverse()` of a list (strings have none in the extension version
+/// Kubernetes pins).
+fn reverse<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("reverse", &args, 0)?;
+    charge(1 + list.len() as u64)?;
+    new_list("reverse", list.iter().rev().map(|e| e.clone_as_boxed()).collect())
+}
+
+/// `lists.range(n)`: `[0, 1, ..., n-1]` (empty for n ≤ 0).
+fn range<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let n = args
+        .first()
+        .and_then(|v| v.downcast_ref::<CelInt>())
+        .map(|v| *v.inner())
+        .ok_or_else(|| error("lists.range", "argument must be an int"))?;
+    let n = n.max(0);
+    check_list_len("lists.range", usize::try_from(n).unwrap_or(usize::MAX))?;
+    charge(1 + n as u64)?;
+    new_list("lists.range", (0..n).map(|i| Box::new(CelInt::from(i)) as Box<dyn Val>).collect())
+}
+
 /// Registers the list functions on `env`.
 pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("includes", "dyn_includes", DYN_TYPE, vec![DYN_TYPE], includes)?;
@@ -230,6 +363,15 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("max", "list_max", LIST_TYPE, vec![], max)?;
     env.add_member_overload("indexOf", "list_index_of", LIST_TYPE, vec![DYN_TYPE], index_of)?;
     env.add_member_overload("lastIndexOf", "list_last_index_of", LIST_TYPE, vec![DYN_TYPE], last_index_of)?;
+    // cel-go's lists extension, version 3 (what Kubernetes enables), but
+    // `sortBy`, a macro.
+    env.add_member_overload("sort", "list_sort", LIST_TYPE, vec![], sort)?;
+    env.add_member_overload("distinct", "list_distinct", LIST_TYPE, vec![], distinct)?;
+    env.add_member_overload("flatten", "list_flatten", LIST_TYPE, vec![], flatten)?;
+    env.add_member_overload("flatten", "list_flatten_int", LIST_TYPE, vec![INT_TYPE], flatten)?;
+    env.add_member_overload("slice", "list_slice", LIST_TYPE, vec![INT_TYPE, INT_TYPE], slice)?;
+    env.add_member_overload("reverse", "list_reverse", LIST_TYPE, vec![], reverse)?;
+    env.add_overload("lists.range", "lists_range", vec![INT_TYPE], range)?;
     env.add_overload("sets.contains", "sets_contains", vec![LIST_TYPE, LIST_TYPE], sets_contains)?;
     env.add_overload("sets.equivalent", "sets_equivalent", vec![LIST_TYPE, LIST_TYPE], sets_equivalent)?;
     env.add_overload("sets.intersects", "sets_intersects", vec![LIST_TYPE, LIST_TYPE], sets_intersects)?;

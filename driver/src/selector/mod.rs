@@ -57,7 +57,7 @@ pub enum CompileError {
     )]
     Unsupported(String),
     #[error(
-        "`reverse` is not supported by this driver's CEL: Kubernetes has it on lists (lists extension v3), not on strings (Kubernetes 1.34–1.36 pin the strings extension at v2); see the README's \"CEL selectors: what is supported\""
+        "strings have no `reverse()` in Kubernetes 1.34–1.36 (they pin cel-go's strings extension at version 2); only lists have it"
     )]
     ReverseUnsupported,
     #[error("cannot build the CEL environment: {0}")]

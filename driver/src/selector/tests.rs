@@ -368,8 +368,8 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
 fn unsupported_features_are_named_as_such() {
     let env = SelectorEnv::new();
     for (expression, name) in [
-        (r#"[3, 1].sort() == [1, 3]"#, "sort"),
-        (r#"lists.range(3).size() == 3"#, "lists.range"),
+        (r#"[3, 1].sortBy(x, -x) == [3, 1]"#, "sortBy"),
+        (r#"lists.other(3).size() == 3"#, "lists.other"),
         (r#"strings.quote("a") == "a""#, "strings.quote"),
         (r#"url("https://x").getHost() == "x""#, "url"),
         (r#"math.greatest(1, 2) == 2"#, "math.greatest"),
@@ -385,9 +385,33 @@ fn unsupported_features_are_named_as_such() {
     }
     // A variable of that name is not a namespace.
     assert!(env.compile(r#"[1].all(lists, lists > 0)"#).is_ok());
-    // Strings v2 has no reverse(); lists v3 has one we lack.
-    for expression in [r#""gums".reverse() == "smug""#, r#"[1, 2].reverse() == [2, 1]"#] {
-        assert_eq!(env.compile(expression).unwrap_err(), CompileError::ReverseUnsupported, "{expression}");
+    // Strings v2 has no reverse(): refused at compile time, as Kubernetes does.
+    assert_eq!(env.compile(r#""gums".reverse() == "smug""#).unwrap_err(), CompileError::ReverseUnsupported);
+}
+
+/// cel-go's lists extension v3, as Kubernetes enables it for selectors
+/// (cel-go's `ext/lists_test.go` cases, restated).
+#[test]
+fn lists_extension_v3() {
+    for expression in [
+        r#"["b", "c", "a"].sort() == ["a", "b", "c"]"#,
+        "[3, 1, 2].sort() == [1, 2, 3] && [].sort() == []",
+        "[1, 2, 2, 3, 1].distinct() == [1, 2, 3]",
+        "[1, [2, [3, 4]]].flatten() == [1, 2, [3, 4]]",
+        "[1, [2, [3, 4]]].flatten(2) == [1, 2, 3, 4]",
+        "[1, 2, 3, 4].slice(1, 3) == [2, 3] && [1].slice(1, 1) == []",
+        "[1, 2, 3].reverse() == [3, 2, 1]",
+        "lists.range(4) == [0, 1, 2, 3] && lists.range(0) == []",
+    ] {
+        holds(expression);
+    }
+    for (expression, needle) in [
+        ("[1, 2].slice(2, 1) == []", "start index must be less than or equal to end index"),
+        ("[1, 2].slice(0, 3) == []", "list is length 2"),
+        ("[1, [2]].flatten(-1) == []", "level must be non-negative"),
+        (r#"[1, "a"].sort() == []"#, "same type"),
+    ] {
+        fails_with(expression, needle);
     }
 }
 
