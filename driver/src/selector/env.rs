@@ -144,7 +144,7 @@ const UNSUPPORTED_FUNCTIONS: [&str; 12] = [
 ];
 
 /// Namespaced functions this driver has in a namespace it otherwise lacks.
-const SUPPORTED_NAMESPACED: [&str; 1] = ["lists.range"];
+const SUPPORTED_NAMESPACED: [&str; 2] = ["lists.range", "strings.quote"];
 
 /// A runtime error as a person reads it: the `cel` crate prints some parse
 /// failures with Rust debug output (`Parsing Error: Error { input: "x",

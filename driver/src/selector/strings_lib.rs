@@ -279,6 +279,31 @@ fn matches<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     boolean(cached_regex(pattern)?.is_match(s))
 }
 
+/// `strings.quote(s)`: `s` as a double-quoted CEL string literal, escaping
+/// as cel-go's strings extension does (`\a \b \f \n \r \t \v \\ \"`).
+fn quote<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let s = str_at("strings.quote", &args, 0)?;
+    charge(bytes_units(s.len()))?;
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\u{7}' => out.push_str("\\a"),
+            '\u{8}' => out.push_str("\\b"),
+            '\u{c}' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{b}' => out.push_str("\\v"),
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    string("strings.quote", out)
+}
+
 /// Registers the string functions on `env`.
 pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     let s = || STRING_TYPE;
@@ -290,6 +315,7 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("lowerAscii", "string_lower_ascii", s(), vec![], lower_ascii)?;
     env.add_member_overload("upperAscii", "string_upper_ascii", s(), vec![], upper_ascii)?;
     env.add_member_overload("trim", "string_trim", s(), vec![], trim)?;
+    env.add_overload("strings.quote", "strings_quote", vec![s()], quote)?;
     env.add_member_overload("replace", "string_replace", s(), vec![s(), s()], replace)?;
     env.add_member_overload("replace", "string_replace_n", s(), vec![s(), s(), INT_TYPE], replace)?;
     env.add_member_overload("split", "string_split", s(), vec![s()], split)?;

@@ -370,7 +370,7 @@ fn unsupported_features_are_named_as_such() {
     for (expression, name) in [
         (r#"[3, 1].sortBy(x, -x) == [3, 1]"#, "sortBy"),
         (r#"lists.other(3).size() == 3"#, "lists.other"),
-        (r#"strings.quote("a") == "a""#, "strings.quote"),
+        (r#"strings.other("a") == "a""#, "strings.other"),
         (r#"url("https://x").getHost() == "x""#, "url"),
         (r#"math.greatest(1, 2) == 2"#, "math.greatest"),
     ] {
@@ -387,6 +387,14 @@ fn unsupported_features_are_named_as_such() {
     assert!(env.compile(r#"[1].all(lists, lists > 0)"#).is_ok());
     // Strings v2 has no reverse(): refused at compile time, as Kubernetes does.
     assert_eq!(env.compile(r#""gums".reverse() == "smug""#).unwrap_err(), CompileError::ReverseUnsupported);
+}
+
+#[test]
+fn strings_quote_escapes_as_cel_go() {
+    holds(r#"strings.quote("a") == "\"a\"""#);
+    holds(r#"strings.quote("first\nsecond") == "\"first\\nsecond\"""#);
+    holds(r#"strings.quote("bell\a \"q\" back\\slash") == "\"bell\\a \\\"q\\\" back\\\\slash\"""#);
+    holds(r#"strings.quote("héllo") == "\"héllo\"""#);
 }
 
 /// cel-go's lists extension v3, as Kubernetes enables it for selectors
