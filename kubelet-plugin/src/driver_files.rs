@@ -8,15 +8,26 @@ use gpu_dra_driver::cdi::DriverEdits;
 use gpu_dra_driver::driver_root::{self, DriverRoot};
 use gpu_dra_driver::inventory::Inventory;
 
-use crate::cli::{DriverRootArgs, NodeArgs};
+use gpu_dra_driver::inventory::nvml::NvmlSource;
 
-/// The driver root's `libnvidia-ml` (a containerized driver's library
-/// matches its kernel module), when `--driver-root` is given and has one.
-pub fn nvml_library(args: &DriverRootArgs) -> Option<std::path::PathBuf> {
-    let root = DriverRoot::new(args.driver_root.as_ref()?, None);
-    let library = driver_root::local_library(&root, "libnvidia-ml.so")?;
-    tracing::info!(library = %library.display(), "loading NVML from the driver root");
-    Some(library)
+use crate::cli::{DriverRootArgs, HostRootsArgs, NodeArgs};
+
+/// NVML discovery on the host's /proc and /sys, from the driver root's
+/// `libnvidia-ml` when `--driver-root` is given and has one (a
+/// containerized driver's library matches its kernel module).
+pub fn nvml_source(args: &DriverRootArgs, host: &HostRootsArgs) -> NvmlSource {
+    let source = NvmlSource::new().with_proc_root(&host.proc_root).with_sys_root(&host.sys_root);
+    let library = args
+        .driver_root
+        .as_ref()
+        .and_then(|root| driver_root::local_library(&DriverRoot::new(root, None), "libnvidia-ml.so"));
+    match library {
+        Some(library) => {
+            tracing::info!(library = %library.display(), "loading NVML from the driver root");
+            source.with_library(library)
+        }
+        None => source,
+    }
 }
 
 /// Discovers the driver's files for `inventory`'s driver version. A fake

@@ -6,7 +6,6 @@ use std::io::Write;
 use anyhow::{Context, Result};
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::fake::FakeSource;
-use gpu_dra_driver::inventory::nvml::NvmlSource;
 use gpu_dra_driver::inventory::{Inventory, InventorySource};
 use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -23,13 +22,7 @@ pub fn inventory_source(
 ) -> Box<dyn InventorySource> {
     match &node.fake_inventory {
         Some(path) => Box::new(FakeSource::new(path, node.node_name.clone())),
-        None => {
-            let source = NvmlSource::new().with_proc_root(&host.proc_root).with_sys_root(&host.sys_root);
-            match crate::driver_files::nvml_library(driver_root) {
-                Some(library) => Box::new(source.with_library(library)),
-                None => Box::new(source),
-            }
-        }
+        None => Box::new(crate::driver_files::nvml_source(driver_root, host)),
     }
 }
 

@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use gpu_dra_driver::inventory::Inventory;
-use gpu_dra_driver::inventory::nvml::NvmlSource;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
@@ -104,10 +103,7 @@ fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Invento
             Ok(inventory_watch::watch_fake_file(file.clone(), node, interval)?)
         }
         None => {
-            let mut source = NvmlSource::new().with_proc_root(&args.host.proc_root).with_sys_root(&args.host.sys_root);
-            if let Some(library) = crate::driver_files::nvml_library(&args.driver_root) {
-                source = source.with_library(library);
-            }
+            let source = crate::driver_files::nvml_source(&args.driver_root, &args.host);
             Ok(inventory_watch::watch_nvml(source)
                 .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
         }

@@ -51,6 +51,14 @@ fn check_with_cncf_library(dir: &Path, file: &Path, emitted_version: &str, ids: 
     results
 }
 
+/// `print-cdi` for the A100 MIG example node, with `flags`.
+fn print_cdi_a100(flags: &[&str]) -> std::process::Output {
+    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
+    let mut args = vec!["print-cdi", "--node-name", "node-a", "--fake-inventory", inventory.to_str().unwrap()];
+    args.extend(flags);
+    run(kubelet_plugin(), &args, None)
+}
+
 fn write_spec(dir: &Path, spec: &ClaimSpec) -> PathBuf {
     let path = dir.join(&spec.file_name);
     std::fs::write(&path, spec.to_json().unwrap()).unwrap();
@@ -180,15 +188,9 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
         ],
     )
     .unwrap();
-    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
     let hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook";
     let print = |devices: &[&str]| {
-        let mut args = vec![
-            "print-cdi",
-            "--node-name",
-            "node-a",
-            "--fake-inventory",
-            inventory.to_str().unwrap(),
+        let mut flags = vec![
             "--driver-root",
             root.path().to_str().unwrap(),
             "--host-driver-root",
@@ -199,9 +201,9 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
             CLAIM_UIDS[1],
         ];
         for d in devices {
-            args.extend(["--device", d]);
+            flags.extend(["--device", d]);
         }
-        stdout_ok(&run(kubelet_plugin(), &args, None))
+        stdout_ok(&print_cdi_a100(&flags))
     };
     let files: Vec<String> = [
         format!("/{LIBDIR}/libcuda.so.{version}"),
@@ -290,24 +292,14 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
 #[test]
 fn a_driver_root_without_libcuda_stops_print_cdi_with_the_fix() {
     let root = tempfile::tempdir().unwrap();
-    let inventory = integration_tests::workspace_root().join("examples/inventories/a100-mig.yaml");
-    let out = run(
-        kubelet_plugin(),
-        &[
-            "print-cdi",
-            "--node-name",
-            "node-a",
-            "--fake-inventory",
-            inventory.to_str().unwrap(),
-            "--driver-root",
-            root.path().to_str().unwrap(),
-            "--claim-uid",
-            CLAIM_UIDS[1],
-            "--device",
-            "gpu-3",
-        ],
-        None,
-    );
+    let out = print_cdi_a100(&[
+        "--driver-root",
+        root.path().to_str().unwrap(),
+        "--claim-uid",
+        CLAIM_UIDS[1],
+        "--device",
+        "gpu-3",
+    ]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(

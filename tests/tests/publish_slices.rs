@@ -85,6 +85,16 @@ fn generation(slices: &[ResourceSlice]) -> Option<i64> {
     slices.first().map(|s| s.spec.pool.generation)
 }
 
+/// The taints of device `name` in `slices` (none when it is not there).
+fn device_taints(slices: &[ResourceSlice], name: &str) -> Vec<k8s_openapi::api::resource::v1::DeviceTaint> {
+    slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == name)
+        .and_then(|d| d.taints.clone())
+        .unwrap_or_default()
+}
+
 fn write_inventory(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
 }
@@ -143,12 +153,7 @@ async fn a_fault_in_the_fake_file_bumps_the_generation_and_taints() {
     eventually("the generation is bumped", || generation(&slices(&run.server)) > Some(first)).await;
     let published = slices(&run.server);
     let taints = |name: &str| {
-        published
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .find(|d| d.name == name)
-            .and_then(|d| d.taints.clone())
-            .unwrap_or_default()
+        device_taints(&published, name)
             .into_iter()
             .map(|t| (t.key, t.value.unwrap_or_default(), t.effect))
             .collect::<Vec<_>>()
@@ -171,12 +176,7 @@ async fn application_xids_do_not_block_and_cleared_faults_untaint() {
     let run = start(|_| {}).await;
     eventually("the slices are published", || !slices(&run.server).is_empty()).await;
     let taints = |name: &str| {
-        slices(&run.server)
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten())
-            .find(|d| d.name == name)
-            .and_then(|d| d.taints.clone())
-            .unwrap_or_default()
+        device_taints(&slices(&run.server), name)
             .into_iter()
             .map(|t| format!("{}={}:{}", t.key, t.value.unwrap_or_default(), t.effect))
             .collect::<Vec<_>>()

@@ -90,14 +90,6 @@ pub(crate) struct CapacityEntry {
 
 impl Eq for CapacityEntry {}
 
-impl Hash for CapacityEntry {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        // Policies are rare and equal ones land in one bucket anyway.
-        self.value.hash(state);
-        self.request_policy.is_some().hash(state);
-    }
-}
-
 /// A capacity: name and entry.
 pub(crate) type CapacityPair = (Arc<str>, CapacityEntry);
 
@@ -139,9 +131,9 @@ impl Capacities {
 }
 
 /// What a device draws from one counter set: (counter, quantity as
-/// published, its amount when it parses). Equality and hashing look at the
-/// text only (the amount follows from it), so a draw is interned before
-/// its quantities are parsed, and parsed once.
+/// published, its amount when it parses). Interned by text (see
+/// `draws_hash` / `draws_match`): the amount follows from it, so it is
+/// parsed once, when a draw is first seen.
 #[derive(Debug)]
 pub(crate) struct CounterDraw {
     pub(crate) set: Arc<str>,
@@ -150,26 +142,6 @@ pub(crate) struct CounterDraw {
 
 /// One counter of a draw: name, quantity as published, amount if it parses.
 pub(crate) type CounterAmount = (Arc<str>, Arc<str>, Option<Amount>);
-
-impl PartialEq for CounterDraw {
-    fn eq(&self, other: &Self) -> bool {
-        self.set == other.set
-            && self.counters.len() == other.counters.len()
-            && self.counters.iter().zip(other.counters.iter()).all(|(a, b)| a.0 == b.0 && a.1 == b.1)
-    }
-}
-
-impl Eq for CounterDraw {}
-
-impl Hash for CounterDraw {
-    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        self.set.hash(state);
-        for (name, value, _) in self.counters.iter() {
-            name.hash(state);
-            value.hash(state);
-        }
-    }
-}
 
 /// Devices converted before that a new one is likely to resemble.
 #[derive(Debug, Clone, Copy, Default)]
@@ -430,27 +402,16 @@ impl Compactor {
     ) -> Attributes {
         let empty = BTreeMap::new();
         let map = map.unwrap_or(&empty);
-        for l in like.into_iter().flatten() {
-            if map.len() == l.0.len()
-                && map.iter().zip(l.0.iter()).all(|((n, a), (ln, lv))| *n == **ln && attr_is(a, lv))
-            {
-                return l.clone();
-            }
+        if let Some(same) = first_equal(like, |l| same_map(map, &l.0, attr_is)) {
+            return same;
         }
-        // Both are sorted by name (a BTreeMap's order is the strings'), so
-        // one walk pairs equal names.
         let like: &[AttrEntry] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
-        let mut j = 0;
+        let mut walk = SortedWalk::new(like);
         let mut entries = Vec::with_capacity(map.len());
         for (n, a) in map {
-            while like.get(j).is_some_and(|(ln, _)| **ln < **n) {
-                j += 1;
-            }
-            entries.push(match like.get(j) {
-                Some((ln, lv)) if **ln == **n => {
-                    (Arc::clone(ln), if attr_is(a, lv) { lv.clone() } else { self.attr(a) })
-                }
-                _ => (self.str(n), self.attr(a)),
+            entries.push(match walk.entry(n) {
+                Some((ln, lv)) => (Arc::clone(ln), if attr_is(a, lv) { lv.clone() } else { self.attr(a) }),
+                None => (self.str(n), self.attr(a)),
             });
         }
         let hash = attributes_hash(&self.hasher, &entries);
@@ -469,23 +430,18 @@ impl Compactor {
         let map = map.unwrap_or(&empty);
         let equal =
             |c: &DeviceCapacity, e: &CapacityEntry| c.value.0 == *e.value && c.request_policy == e.request_policy;
-        for l in like.into_iter().flatten() {
-            if map.len() == l.0.len() && map.iter().zip(l.0.iter()).all(|((n, c), (ln, e))| *n == **ln && equal(c, e)) {
-                return l.clone();
-            }
+        if let Some(same) = first_equal(like, |l| same_map(map, &l.0, equal)) {
+            return same;
         }
         let like: &[CapacityPair] = like[0].or(like[1]).map(|l| &l.0[..]).unwrap_or_default();
-        let mut j = 0;
+        let mut walk = SortedWalk::new(like);
         let mut entries = Vec::with_capacity(map.len());
         for (n, c) in map {
-            while like.get(j).is_some_and(|(ln, _)| **ln < **n) {
-                j += 1;
-            }
-            let (name, value) = match like.get(j) {
-                Some((ln, e)) if **ln == **n => {
+            let (name, value) = match walk.entry(n) {
+                Some((ln, e)) => {
                     (Arc::clone(ln), if c.value.0 == *e.value { Arc::clone(&e.value) } else { self.str(&c.value.0) })
                 }
-                _ => (self.str(n), self.str(&c.value.0)),
+                None => (self.str(n), self.str(&c.value.0)),
             };
             entries.push((name, CapacityEntry { value, request_policy: c.request_policy.clone() }));
         }
@@ -503,10 +459,8 @@ impl Compactor {
         k8s: &[DeviceCounterConsumption],
         like: [Option<&Arc<[CounterDraw]>>; 2],
     ) -> Arc<[CounterDraw]> {
-        for l in like.into_iter().flatten() {
-            if draws_match(k8s, l) {
-                return Arc::clone(l);
-            }
+        if let Some(same) = first_equal(like, |l| draws_match(k8s, l)) {
+            return same;
         }
         let hash = draws_hash(
             &self.hasher,
@@ -592,6 +546,37 @@ impl Compactor {
         self.capacities.prune();
         self.draws.prune();
         self.strings.prune();
+    }
+}
+
+/// The first of `like` that `equal` accepts, shared.
+fn first_equal<T: Clone>(like: [Option<&T>; 2], equal: impl Fn(&T) -> bool) -> Option<T> {
+    like.into_iter().flatten().find(|l| equal(l)).cloned()
+}
+
+/// A k8s map (name → value) equals a compact one entry for entry.
+fn same_map<K, C>(map: &BTreeMap<String, K>, compact: &[(Arc<str>, C)], equal: impl Fn(&K, &C) -> bool) -> bool {
+    map.len() == compact.len() && map.iter().zip(compact).all(|((n, k), (cn, c))| *n == **cn && equal(k, c))
+}
+
+/// Walks a compact map alongside a k8s map: both are sorted by name (a
+/// BTreeMap's order is the strings'), so one pass pairs equal names.
+struct SortedWalk<'a, C> {
+    entries: &'a [(Arc<str>, C)],
+    at: usize,
+}
+
+impl<'a, C> SortedWalk<'a, C> {
+    fn new(entries: &'a [(Arc<str>, C)]) -> Self {
+        SortedWalk { entries, at: 0 }
+    }
+
+    /// The entry named `name`, if any; names must come in ascending order.
+    fn entry(&mut self, name: &str) -> Option<&'a (Arc<str>, C)> {
+        while self.entries.get(self.at).is_some_and(|(n, _)| **n < *name) {
+            self.at += 1;
+        }
+        self.entries.get(self.at).filter(|(n, _)| **n == *name)
     }
 }
 

@@ -398,18 +398,22 @@ impl Fleet {
         // counted, so a name that stays never leaves the node list.
         let mut old_mentions: Vec<String> = old_local.iter().cloned().collect();
         old_mentions.append(&mut slot.device_node_names);
-        // Only the changed slice needs checking when the pool was valid, the
-        // slice was kept (it has numbers) and keeps its generation and names.
+        // The changed slice replaced one with the same device names in the
+        // same order: its devices keep their numbers. When it also kept its
+        // generation and the pool was valid with it kept (it has numbers),
+        // only that slice needs checking again.
+        let new_slice = changed.as_ref().and_then(|c| slices.iter().find(|s| &*s.name == c.name));
+        let same_devices = changed.as_ref().zip(new_slice).is_some_and(|(c, new)| c.same_devices(&new.devices));
         let only_changed = changed
             .as_ref()
-            .filter(|c| {
-                slot.pool.problem.is_none()
+            .zip(new_slice)
+            .filter(|(c, new)| {
+                same_devices
+                    && c.replaced.is_some_and(|r| r.generation == new.generation)
+                    && slot.pool.problem.is_none()
                     && slot.numbers.contains_key(c.name)
-                    && slices.iter().find(|s| &*s.name == c.name).is_some_and(|new| {
-                        c.replaced.is_some_and(|r| r.generation == new.generation) && c.same_devices(&new.devices)
-                    })
             })
-            .map(|c| c.name);
+            .map(|(c, _)| c.name);
         let (pool, kept, other) = pools::assemble(
             Arc::clone(&slot.pool.driver),
             Arc::clone(&slot.pool.name),
@@ -454,7 +458,7 @@ impl Fleet {
             }
             if let Some(numbers) = previous {
                 let is_changed = changed.as_ref().is_some_and(|c| c.name == &*s.name);
-                let in_place = is_changed && changed.as_ref().is_some_and(|c| c.same_devices(&s.devices));
+                let in_place = is_changed && same_devices;
                 if keep_numbers && numbers.len() == s.devices.len() && (!is_changed || in_place) {
                     for (j, &d) in numbers.iter().enumerate() {
                         if let Some(r) = self.devices.get_mut(d as usize) {

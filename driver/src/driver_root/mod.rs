@@ -117,17 +117,7 @@ pub enum DiscoveryError {
 /// Finds what a CUDA container needs under `root`, for driver `version`
 /// (firmware lives in a directory named after it).
 pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, DiscoveryError> {
-    let cache: Vec<ld_cache::CacheEntry> = match ld_cache::read(&root.root) {
-        Ok(Ok(entries)) => entries.into_iter().filter(|e| e.is_for(ld_cache::native_arch())).collect(),
-        Ok(Err(e)) => {
-            tracing::debug!(root = %root.root.display(), error = %e, "unreadable ld.so.cache; searching library directories");
-            Vec::new()
-        }
-        Err(e) => {
-            tracing::debug!(root = %root.root.display(), error = %e, "no ld.so.cache; searching library directories");
-            Vec::new()
-        }
-    };
+    let cache = native_cache(root);
     let mut files = DriverFiles::default();
     for &library in LIBRARIES {
         match find_library(root, &cache, library) {
@@ -197,11 +187,23 @@ fn firmware_dir(root: &DriverRoot, version: &str) -> Option<String> {
 /// the root: the real file its soname leads to, found as [`discover`] finds
 /// it. The plugin loads NVML from the driver root this way.
 pub fn local_library(root: &DriverRoot, library: &str) -> Option<PathBuf> {
-    let cache: Vec<ld_cache::CacheEntry> = match ld_cache::read(&root.root) {
+    find_library(root, &native_cache(root), library).map(|found| root.local(&found.real))
+}
+
+/// The root's `ld.so.cache` entries for this machine's architecture; none
+/// when it has no readable cache (the library directories are searched).
+fn native_cache(root: &DriverRoot) -> Vec<ld_cache::CacheEntry> {
+    match ld_cache::read(&root.root) {
         Ok(Ok(entries)) => entries.into_iter().filter(|e| e.is_for(ld_cache::native_arch())).collect(),
-        _ => Vec::new(),
-    };
-    find_library(root, &cache, library).map(|found| root.local(&found.real))
+        Ok(Err(e)) => {
+            tracing::debug!(root = %root.root.display(), error = %e, "unreadable ld.so.cache; searching library directories");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::debug!(root = %root.root.display(), error = %e, "no ld.so.cache; searching library directories");
+            Vec::new()
+        }
+    }
 }
 
 /// A library found: where the cache or the directory search says it is
