@@ -197,6 +197,48 @@ pub fn rewrite(expr: &mut IdedExpr) -> Result<Rewritten, TooDeep> {
     Ok(rw)
 }
 
+/// Refuses an AST deeper than [`MAX_AST_DEPTH`], without recursing, so
+/// that the recursive passes after it (the type checker, the rewrite) are
+/// safe on any expression the parser accepts.
+pub fn check_depth(expr: &IdedExpr) -> Result<(), TooDeep> {
+    let mut stack = vec![(expr, 0usize)];
+    while let Some((e, depth)) = stack.pop() {
+        if depth > MAX_AST_DEPTH {
+            return Err(TooDeep);
+        }
+        let next = depth + 1;
+        match &e.expr {
+            Expr::Call(call) => {
+                stack.extend(call.target.as_deref().map(|t| (t, next)));
+                stack.extend(call.args.iter().map(|a| (a, next)));
+            }
+            Expr::Comprehension(c) => {
+                stack.extend([&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result].map(|e| (e, next)));
+            }
+            Expr::List(l) => stack.extend(l.elements.iter().map(|e| (e, next))),
+            Expr::Map(m) => {
+                for entry in &m.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(e) => stack.extend([(&e.key, next), (&e.value, next)]),
+                        EntryExpr::StructField(f) => stack.push((&f.value, next)),
+                    }
+                }
+            }
+            Expr::Struct(s) => {
+                for entry in &s.entries {
+                    match &entry.expr {
+                        EntryExpr::MapEntry(e) => stack.extend([(&e.key, next), (&e.value, next)]),
+                        EntryExpr::StructField(f) => stack.push((&f.value, next)),
+                    }
+                }
+            }
+            Expr::Select(s) => stack.push((&s.operand, next)),
+            Expr::Ident(_) | Expr::Literal(_) | Expr::Unspecified => {}
+        }
+    }
+    Ok(())
+}
+
 /// What the rewrite found out about an expression.
 pub struct Rewritten {
     /// Stack its evaluation may need (while rewriting: the deepest level).

@@ -6,9 +6,11 @@
 //! built once per device; [`CompiledSelector::matches`] evaluates one against
 //! the other within a cost budget (see [`cost`]).
 
+mod checker;
 mod cost;
 mod device_value;
 mod env;
+mod environment;
 mod lists_lib;
 mod ops_lib;
 mod quantity_lib;
@@ -26,7 +28,9 @@ use cel::common::value::{CowVal, Val};
 use cel::context::VariableResolver;
 use cel::{Context, Env, Value};
 
+pub use checker::Type as CelType;
 pub use device_value::{AttributeValue, CelDevice};
+pub use environment::{CelEnvironment, ExpressionKind};
 pub use quantity_lib::Quantity;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
@@ -48,18 +52,19 @@ pub enum CompileError {
     TooDeep { limit: usize },
     #[error("{0}")]
     InvalidRegex(String),
-    #[error("expression must evaluate to bool, not {0}")]
+    #[error("{0}")]
+    InvalidLiteral(String),
+    /// Kubernetes' words: an attribute's value has the unknown type, which
+    /// may turn out to be a bool.
+    #[error("must evaluate to bool or the unknown type, not {0}")]
     NotBool(String),
-    #[error("undeclared reference to '{0}'; selectors can only use the variable 'device'")]
-    Undeclared(String),
+    /// Type errors, each `line:column: message` in cel-go's words.
+    #[error("type error: {}", .0.join("; "))]
+    Type(Vec<String>),
     #[error(
         "`{0}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
     )]
     Unsupported(String),
-    #[error(
-        "strings have no `reverse()` in Kubernetes 1.34–1.36 (they pin cel-go's strings extension at version 2); only lists have it"
-    )]
-    ReverseUnsupported,
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }
@@ -81,19 +86,29 @@ pub enum EvalError {
 /// in a debug build with room to spare (it is virtual memory until touched).
 const PARSER_STACK_BYTES: usize = 64 * 1024 * 1024;
 
-/// Parses, rewrites for metering and checks `expression`.
-fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, cost::Rewritten), CompileError> {
-    let mut ast = env.parser().parse(expression).map_err(|e| {
+/// Parses, type-checks and rewrites `expression` for metering.
+fn parse(
+    env: &Arc<Env>,
+    declarations: &checker::Declarations,
+    environment: &CelEnvironment,
+    expression: &str,
+) -> Result<(IdedExpr, cost::Rewritten), CompileError> {
+    let (mut ast, source) = env.parser().parse_with_source_info(expression).map_err(|e| {
         if e.errors.iter().any(|e| e.msg.contains("Recursion limit")) {
             CompileError::TooDeep { limit: cost::MAX_AST_DEPTH }
         } else {
             CompileError::Syntax(e.to_string())
         }
     })?;
+    // Deep ASTs are refused before any recursive pass over them.
+    cost::check_depth(&ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
+    checker::check(&ast, &source, declarations, environment).map_err(|failure| match failure {
+        checker::CheckFailure::Types(errors) => CompileError::Type(errors),
+        checker::CheckFailure::Unsupported(name) => CompileError::Unsupported(name),
+        checker::CheckFailure::NotBool(t) => CompileError::NotBool(t.to_string()),
+    })?;
+    env::check_literals(env, &ast)?;
     let rewritten = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
-    env::check_literal_patterns(&ast).map_err(CompileError::InvalidRegex)?;
-    env::check_result_may_be_bool(&ast)?;
-    env::check_identifiers(&ast, &mut Vec::new())?;
     Ok((ast, rewritten))
 }
 
@@ -101,6 +116,8 @@ fn parse(env: &Env, expression: &str) -> Result<(IdedExpr, cost::Rewritten), Com
 /// one per process (or per allocator) behind an `Arc` or a reference.
 pub struct SelectorEnv {
     env: Result<Arc<Env>, CompileError>,
+    environment: CelEnvironment,
+    declarations: checker::Declarations,
     cache: RwLock<HashMap<String, Result<Arc<CompiledSelector>, CompileError>>>,
 }
 
@@ -111,9 +128,22 @@ impl Default for SelectorEnv {
 }
 
 impl SelectorEnv {
+    /// The environment the scheduler of the newest modelled Kubernetes
+    /// version evaluates (see [`CelEnvironment::default`]).
     pub fn new() -> Self {
+        Self::for_environment(CelEnvironment::default())
+    }
+
+    /// Expressions checked as Kubernetes checks them in `environment`.
+    pub fn for_environment(environment: CelEnvironment) -> Self {
         let env = env::build().map(Arc::new).map_err(|e| CompileError::Environment(e.to_string()));
-        SelectorEnv { env, cache: RwLock::new(HashMap::new()) }
+        let declarations = checker::Declarations::for_environment(&environment);
+        SelectorEnv { env, environment, declarations, cache: RwLock::new(HashMap::new()) }
+    }
+
+    /// The environment expressions are checked against.
+    pub fn environment(&self) -> CelEnvironment {
+        self.environment
     }
 
     /// The compiled form of `expression`, compiling it on first use. A
@@ -147,7 +177,7 @@ impl SelectorEnv {
             std::thread::Builder::new()
                 .name("cel-parse".to_owned())
                 .stack_size(PARSER_STACK_BYTES)
-                .spawn_scoped(scope, || parse(&env, expression))
+                .spawn_scoped(scope, || parse(&env, &self.declarations, &self.environment, expression))
                 .map_err(|e| CompileError::Environment(format!("cannot start the parser thread: {e}")))?
                 .join()
                 .map_err(|_| CompileError::Environment("the parser thread panicked".to_owned()))?

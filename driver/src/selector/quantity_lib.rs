@@ -315,7 +315,9 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_type(q())?;
     env.add_overload("quantity", "string_to_quantity", vec![STRING_TYPE], quantity)?;
     env.add_overload("isQuantity", "is_quantity_string", vec![STRING_TYPE], is_quantity)?;
-    env.add_member_overload("sign", "quantity_sign", q(), vec![], sign)?;
+    // Kubernetes declares `sign` as a global function (`sign(q)`), though
+    // its doc comment shows `q.sign()`; the checker refuses the method form.
+    env.add_overload("sign", "quantity_sign", vec![q()], sign)?;
     env.add_member_overload("isInteger", "quantity_is_integer", q(), vec![], is_integer)?;
     env.add_member_overload("asInteger", "quantity_as_integer", q(), vec![], as_integer)?;
     env.add_member_overload("asApproximateFloat", "quantity_as_float", q(), vec![], as_approximate_float)?;

@@ -1,0 +1,107 @@
+//! Which Kubernetes selector environment expressions are checked against.
+//!
+//! Kubernetes builds the DRA selector environment per version
+//! (`apiserver/pkg/cel/environment`): an option enters the environment at
+//! the version that introduced it. Expressions already stored (what the
+//! scheduler evaluates) see every option the binary has; new or changed
+//! expressions (what the apiserver validates on write) see only those
+//! introduced at or before the *compatibility* version, one minor below the
+//! binary, so that a rollback cannot strand an object. For 1.34–1.36 that
+//! makes one difference in the libraries: the lists extension v3
+//! (`sort()`, `distinct()`, ...) is introduced at 1.34, so a 1.34 apiserver
+//! refuses it in a new claim while its scheduler evaluates it.
+//! The `device` variable depends on feature gates: `allowMultipleAllocations`
+//! (DRAConsumableCapacity, beta and on by default from 1.36) and `includes`
+//! (DRAListTypeAttributes, alpha in 1.36).
+
+/// Oldest and newest Kubernetes minor versions this driver models.
+pub const OLDEST_MINOR: u32 = 34;
+pub const NEWEST_MINOR: u32 = 36;
+
+/// Which of Kubernetes' two environments: stored or new expressions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExpressionKind {
+    /// Already in the cluster: what the scheduler (and our allocator)
+    /// evaluates.
+    Stored,
+    /// Being created or changed: what the apiserver admits.
+    New,
+}
+
+/// A selector environment: a Kubernetes minor version (1.`minor`), the kind
+/// of expression, and the DRA feature gates that change the `device` type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct CelEnvironment {
+    pub minor: u32,
+    pub kind: ExpressionKind,
+    /// DRAConsumableCapacity: `device.allowMultipleAllocations`.
+    pub consumable_capacity: bool,
+    /// DRAListTypeAttributes: the `includes` method (attributes stay scalar
+    /// in this driver's model, see the README).
+    pub list_type_attributes: bool,
+}
+
+impl Default for CelEnvironment {
+    /// What the scheduler of the newest modelled version evaluates with every
+    /// DRA gate that changes CEL on: a stored expression passed the
+    /// apiserver's check already, and a device can only carry what its
+    /// cluster's gates allow, so being permissive here refuses nothing the
+    /// cluster would evaluate.
+    fn default() -> Self {
+        CelEnvironment {
+            consumable_capacity: true,
+            list_type_attributes: true,
+            ..CelEnvironment::stored_expressions(NEWEST_MINOR)
+        }
+    }
+}
+
+impl CelEnvironment {
+    /// Stored expressions of Kubernetes 1.`minor` with its default gates;
+    /// `minor` is clamped to the modelled range.
+    pub fn stored_expressions(minor: u32) -> Self {
+        let minor = minor.clamp(OLDEST_MINOR, NEWEST_MINOR);
+        CelEnvironment {
+            minor,
+            kind: ExpressionKind::Stored,
+            consumable_capacity: minor >= 36,
+            list_type_attributes: false,
+        }
+    }
+
+    /// New expressions of Kubernetes 1.`minor` with its default gates.
+    pub fn new_expressions(minor: u32) -> Self {
+        CelEnvironment { kind: ExpressionKind::New, ..CelEnvironment::stored_expressions(minor) }
+    }
+
+    /// The version whose options this environment has: the binary's for
+    /// stored expressions, the compatibility version (one below) for new.
+    fn options_version(&self) -> u32 {
+        match self.kind {
+            ExpressionKind::Stored => self.minor,
+            ExpressionKind::New => self.minor - 1,
+        }
+    }
+
+    /// cel-go's lists extension v3, introduced at 1.34.
+    pub fn has_lists_v3(&self) -> bool {
+        self.options_version() >= 34
+    }
+
+    /// Whether `device` is declared at all: with DRAConsumableCapacity on,
+    /// its declaration is introduced at 1.34, which a 1.34 apiserver's
+    /// new-expression environment does not have yet.
+    pub fn declares_device(&self) -> bool {
+        !self.consumable_capacity || self.options_version() >= 34
+    }
+
+    /// `device.allowMultipleAllocations`.
+    pub fn has_allow_multiple_allocations(&self) -> bool {
+        self.consumable_capacity
+    }
+
+    /// DRA's `includes` method, introduced at 1.36 behind its gate.
+    pub fn has_includes(&self) -> bool {
+        self.list_type_attributes && self.options_version() >= 36
+    }
+}
