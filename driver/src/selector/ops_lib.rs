@@ -32,8 +32,10 @@ pub const METERED_OPERATORS: [(&str, &str); 8] = [
     (operators::INDEX, "@m_index"),
 ];
 
-/// Units to walk `value` in full, counted up to `cap`: what comparing it or
-/// hashing it may cost.
+/// Units to walk `value` in full, counted up to `cap`: what comparing,
+/// hashing or copying it may cost beyond the call itself. A scalar is free
+/// (the call pays for it); a container costs one plus at least one per
+/// element, so that a list of empty strings is not free to copy.
 pub fn deep_units(value: &dyn Val, cap: u64) -> u64 {
     if let Some(s) = value.downcast_ref::<CelString>() {
         return bytes_units(s.inner().len());
@@ -44,7 +46,7 @@ pub fn deep_units(value: &dyn Val, cap: u64) -> u64 {
     if let Some(list) = value.downcast_ref::<CelList>() {
         let mut units = 1u64;
         for element in list.inner() {
-            units = units.saturating_add(deep_units(element.as_ref(), cap));
+            units = units.saturating_add(deep_units(element.as_ref(), cap).max(1));
             if units > cap {
                 break;
             }
@@ -61,7 +63,7 @@ pub fn deep_units(value: &dyn Val, cap: u64) -> u64 {
         }
         return units;
     }
-    1
+    0
 }
 
 fn two<'b, 'v>(op: &str, args: Args<'b, 'v>) -> Result<(CowVal<'b, 'v>, CowVal<'b, 'v>), ExecutionError> {
@@ -128,7 +130,7 @@ fn contains<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (needle, haystack) = two("in", args)?;
     // A list is scanned element by element; a map is one hashed lookup.
     let scan = match haystack.downcast_ref::<CelList>() {
-        Some(list) => list.inner().len() as u64 * deep_units(needle.as_ref(), BUDGET),
+        Some(list) => list.inner().len() as u64 * deep_units(needle.as_ref(), BUDGET).max(1),
         None => deep_units(needle.as_ref(), BUDGET),
     };
     charge(1 + scan)?;

@@ -78,7 +78,7 @@ fn char_at<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
 fn index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let s = str_at("indexOf", &args, 0)?;
     let needle = str_at("indexOf", &args, 1)?;
-    charge(bytes_units(s.len()) * bytes_units(needle.len()).min(64))?;
+    charge(bytes_units(s.len()) * bytes_units(needle.len()).clamp(1, 64))?;
     let start = match args.get(2) {
         Some(_) => char_index("indexOf", s, int_at("indexOf", &args, 2)?)?,
         None => 0,
@@ -95,7 +95,7 @@ fn index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
 fn last_index_of<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let s = str_at("lastIndexOf", &args, 0)?;
     let needle = str_at("lastIndexOf", &args, 1)?;
-    charge(bytes_units(s.len()) * bytes_units(needle.len()).min(64))?;
+    charge(bytes_units(s.len()) * bytes_units(needle.len()).clamp(1, 64))?;
     let len = s.chars().count();
     let last_start = match args.get(2) {
         Some(_) => char_index("lastIndexOf", s, int_at("lastIndexOf", &args, 2)?)?,
