@@ -52,7 +52,7 @@ use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
 
 /// Units one evaluation may spend.
-pub const BUDGET: u64 = 1_000_000;
+pub const BUDGET: u64 = super::MAX_COST;
 /// Bytes of string scanned or built per unit.
 pub const BYTES_PER_UNIT: u64 = 16;
 /// The longest string a function or `+` may build.

@@ -28,6 +28,7 @@ use cel::common::value::{CowVal, Val};
 use cel::context::VariableResolver;
 use cel::{Context, Env, Value};
 
+pub use checker::CostEstimate;
 pub use checker::Type as CelType;
 pub use device_value::{AttributeValue, CelDevice};
 pub use environment::{CelEnvironment, ExpressionKind};
@@ -35,6 +36,11 @@ pub use quantity_lib::Quantity;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
 pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
+
+/// `CELSelectorExpressionMaxCost`: the apiserver refuses a new selector
+/// whose estimated cost exceeds it, and the scheduler stops an evaluation
+/// that spends more.
+pub const MAX_COST: u64 = 1_000_000;
 
 /// Most compiled expressions kept; the cache starts over beyond that, so a
 /// stream of distinct expressions cannot grow memory without bound.
@@ -65,6 +71,12 @@ pub enum CompileError {
         "`{0}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
     )]
     Unsupported(String),
+    /// The apiserver's words for a selector whose estimated worst case
+    /// exceeds [`MAX_COST`]; only new expressions are refused so.
+    #[error(
+        "too complex, exceeds cost limit: the worst case is estimated at {estimated} cost units, more than the limit of {limit}; bound the loops (fewer or shorter lists) or drop nested ones"
+    )]
+    TooComplex { estimated: u64, limit: u64 },
     #[error("cannot build the CEL environment: {0}")]
     Environment(String),
 }
@@ -92,7 +104,7 @@ fn parse(
     declarations: &checker::Declarations,
     environment: &CelEnvironment,
     expression: &str,
-) -> Result<(IdedExpr, cost::Rewritten), CompileError> {
+) -> Result<(IdedExpr, cost::Rewritten, CostEstimate), CompileError> {
     let (mut ast, source) = env.parser().parse_with_source_info(expression).map_err(|e| {
         if e.errors.iter().any(|e| e.msg.contains("Recursion limit")) {
             CompileError::TooDeep { limit: cost::MAX_AST_DEPTH }
@@ -102,14 +114,20 @@ fn parse(
     })?;
     // Deep ASTs are refused before any recursive pass over them.
     cost::check_depth(&ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
-    checker::check(&ast, &source, declarations, environment).map_err(|failure| match failure {
+    let failed = |failure| match failure {
         checker::CheckFailure::Types(errors) => CompileError::Type(errors),
         checker::CheckFailure::Unsupported(name) => CompileError::Unsupported(name),
         checker::CheckFailure::NotBool(t) => CompileError::NotBool(t.to_string()),
-    })?;
+    };
+    let checked = checker::check(&ast, &source, declarations, environment).map_err(failed)?;
+    checker::require_bool(&checked, environment).map_err(failed)?;
     env::check_literals(env, &ast)?;
+    let estimated = checker::estimate(&ast, &checked);
+    if environment.kind == ExpressionKind::New && estimated.max > MAX_COST {
+        return Err(CompileError::TooComplex { estimated: estimated.max, limit: MAX_COST });
+    }
     let rewritten = cost::rewrite(&mut ast).map_err(|_| CompileError::TooDeep { limit: cost::MAX_AST_DEPTH })?;
-    Ok((ast, rewritten))
+    Ok((ast, rewritten, estimated))
 }
 
 /// Compiles selector expressions and caches them by text. Thread-safe: share
@@ -173,7 +191,7 @@ impl SelectorEnv {
         // `1+1+...+1`, which its own recursion limit does not count: parse on
         // a thread with a stack large enough for any 10 Ki expression, and
         // refuse ASTs deeper than evaluation can safely recurse.
-        let (ast, rewritten) = std::thread::scope(|scope| {
+        let (ast, rewritten, estimated_cost) = std::thread::scope(|scope| {
             std::thread::Builder::new()
                 .name("cel-parse".to_owned())
                 .stack_size(PARSER_STACK_BYTES)
@@ -188,6 +206,7 @@ impl SelectorEnv {
             env,
             stack: rewritten.stack,
             constants: rewritten.constants,
+            estimated_cost,
         })
     }
 }
@@ -201,6 +220,8 @@ pub struct CompiledSelector {
     stack: usize,
     /// Values of constant calls, named `@c<index>` in the AST.
     constants: Vec<Box<dyn Val>>,
+    /// Kubernetes' compile-time estimate, in cel-go's units.
+    estimated_cost: CostEstimate,
 }
 
 /// The variables of one evaluation: `device`, and the selector's constants.
@@ -234,6 +255,12 @@ impl CompiledSelector {
     /// The expression as written.
     pub fn expression(&self) -> &str {
         &self.expression
+    }
+
+    /// The cost Kubernetes estimates for this expression at compile time,
+    /// in cel-go's units; a new selector above [`MAX_COST`] is refused.
+    pub fn estimated_cost(&self) -> CostEstimate {
+        self.estimated_cost
     }
 
     /// Whether `device` satisfies the selector. A runtime error, a non-bool

@@ -537,20 +537,37 @@ fn the_environment_follows_the_kubernetes_version() {
     assert!(err.to_string().contains("expression of type 'any' cannot be range of a comprehension"), "{err}");
 }
 
+fn nested_all(levels: usize) -> String {
+    let mut expression = "int('1'.find('[0-9]*')) < 100".to_owned();
+    for level in 0..levels {
+        expression = format!("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(x{level}, {expression})");
+    }
+    expression
+}
+
+/// The apiserver refuses a new selector whose estimated cost exceeds the
+/// limit; the scheduler evaluates a stored one, metered.
+#[test]
+fn new_selectors_estimated_above_the_limit_are_refused() {
+    let new = SelectorEnv::for_environment(CelEnvironment::new_expressions(36));
+    let err = new.compile(&nested_all(7)).unwrap_err();
+    assert!(matches!(err, CompileError::TooComplex { limit: MAX_COST, .. }), "{err}");
+    assert!(err.to_string().starts_with("too complex, exceeds cost limit"), "{err}");
+    let five = new.compile(&nested_all(5)).unwrap();
+    assert!(five.estimated_cost().max <= MAX_COST);
+    let stored = SelectorEnv::new().compile(&nested_all(7)).unwrap();
+    assert!(stored.estimated_cost().max > MAX_COST);
+    // A loop over a list whose length nothing bounds is refused as new.
+    let unbounded = r#"lists.range(device.attributes["gpu.nvidia.com"].index).all(i, i >= 0)"#;
+    assert!(matches!(new.compile(unbounded), Err(CompileError::TooComplex { .. })));
+}
+
 /// Nested loops are charged per iteration started, in units of cel-go's
 /// order: five nested ten-element `all()` cost cel-go 855,551 units, within
 /// Kubernetes' limit, and hold; seven (85,555,551 units, the "expensive"
 /// case of `cel/compile_test.go`) exceed it, here too.
 #[test]
 fn nested_loops_within_kubernetes_limit_evaluate() {
-    let nest = |levels: usize| {
-        let list = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10]";
-        let mut expression = "int('1'.find('[0-9]*')) < 100".to_owned();
-        for level in 0..levels {
-            expression = format!("{list}.all(x{level}, {expression})");
-        }
-        expression
-    };
-    holds(&nest(5));
-    fails_with(&nest(7), "cost budget");
+    holds(&nested_all(5));
+    fails_with(&nested_all(7), "cost budget");
 }

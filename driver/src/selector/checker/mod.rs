@@ -4,6 +4,7 @@
 //! types involved. It runs once per expression, on the parsed AST, before
 //! the rewrite for metering.
 
+mod cost;
 mod decls;
 mod types;
 
@@ -11,6 +12,7 @@ use std::collections::HashMap;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, SourceInfo};
 
+pub use cost::{CostEstimate, estimate};
 pub use decls::{Declarations, Overload};
 use types::Mapping;
 pub use types::{ObjectType, Type};
@@ -30,12 +32,21 @@ pub enum CheckFailure {
 
 /// The types of a checked expression.
 #[derive(Debug, Clone)]
-#[allow(dead_code, reason = "the cost estimator, next, reads them")]
 pub struct Checked {
     /// The type of the whole expression.
     pub result: Type,
     /// The type of every node, by id, with unbound variables as `dyn`.
     pub types: HashMap<u64, Type>,
+    /// Every call, by id: the function (namespaced functions by their full
+    /// name) and the overloads that accept its arguments.
+    pub calls: HashMap<u64, ResolvedCall>,
+}
+
+/// The overloads a call may take at run time, as the checker resolved them.
+#[derive(Debug, Clone)]
+pub struct ResolvedCall {
+    pub function: String,
+    pub overloads: Vec<Overload>,
 }
 
 /// Macros of Kubernetes' environment that the `cel` crate's parser does
@@ -70,6 +81,7 @@ pub fn check(
         scopes: Vec::new(),
         errors: Vec::new(),
         unsupported: None,
+        calls: HashMap::new(),
     };
     checker.check(expr);
     if !checker.errors.is_empty() {
@@ -85,15 +97,19 @@ pub fn check(
         return Err(CheckFailure::Types(errors));
     }
     let result = types.get(&expr.id).cloned().unwrap_or(Type::Dyn);
-    let acceptable = match result {
+    let calls = std::mem::take(&mut checker.calls);
+    Ok(Checked { result, types, calls })
+}
+
+/// DRA's rule for the result: a bool, or the unknown type of an attribute
+/// (`dyn` too with DRAListTypeAttributes).
+pub fn require_bool(checked: &Checked, env: &CelEnvironment) -> Result<(), CheckFailure> {
+    let acceptable = match checked.result {
         Type::Bool | Type::Any => true,
         Type::Dyn => env.list_type_attributes,
         _ => false,
     };
-    if !acceptable {
-        return Err(CheckFailure::NotBool(result));
-    }
-    Ok(Checked { result, types })
+    if acceptable { Ok(()) } else { Err(CheckFailure::NotBool(checked.result.clone())) }
 }
 
 struct Checker<'a> {
@@ -107,6 +123,7 @@ struct Checker<'a> {
     errors: Vec<String>,
     /// The first function Kubernetes has and this driver does not.
     unsupported: Option<String>,
+    calls: HashMap<u64, ResolvedCall>,
 }
 
 /// `line:column` of node `id` (1-based, as cel-go prints them).
@@ -333,6 +350,7 @@ impl Checker<'_> {
             return Type::Error;
         };
         let operand = self.check(operand);
+        self.calls.insert(id, ResolvedCall { function: "_?._".to_owned(), overloads: Vec::new() });
         match self.select_field(id, &operand, name.inner()) {
             Type::Optional(t) => Type::Optional(t),
             t => Type::Optional(Box::new(t)),
@@ -355,9 +373,11 @@ impl Checker<'_> {
             for (t, e) in args.iter().zip(arg_exprs) {
                 self.expect(e.id, &Type::Bool, t);
             }
+            self.calls.insert(id, ResolvedCall { function: name.to_owned(), overloads: overloads.to_vec() });
             return Type::Bool;
         }
         let arg_types: Vec<Type> = target.into_iter().chain(args).collect();
+        let mut matched = Vec::new();
         let mut result: Option<Type> = None;
         let (mut supported, mut unsupported) = (false, false);
         for overload in overloads.iter().filter(|o| o.member == member) {
@@ -373,6 +393,7 @@ impl Checker<'_> {
             } else {
                 supported = true;
             }
+            matched.push(overload.clone());
             let r = self.mapping.substitute(&overload_result, false);
             result = Some(match result {
                 None => r,
@@ -380,6 +401,7 @@ impl Checker<'_> {
                 Some(previous) => previous,
             });
         }
+        self.calls.insert(id, ResolvedCall { function: name.to_owned(), overloads: matched });
         match result {
             Some(t) => {
                 if unsupported && !supported {
