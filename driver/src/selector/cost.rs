@@ -218,7 +218,7 @@ const STACK_PER_LEVEL: usize = if cfg!(debug_assertions) { 64 * 1024 } else { 16
 /// the stack its evaluation may need; fails when the AST is deeper than
 /// [`MAX_AST_DEPTH`].
 pub fn rewrite(expr: &mut IdedExpr) -> Result<Rewritten, TooDeep> {
-    let mut rw = Rewritten { stack: 0, constants: Vec::new() };
+    let mut rw = Rewritten { stack: 0, constants: Vec::new(), next_id: FIRST_REWRITE_ID };
     rewrite_at(expr, 0, None, &mut rw)?;
     rw.stack = (rw.stack + 4) * STACK_PER_LEVEL;
     Ok(rw)
@@ -275,7 +275,12 @@ pub struct Rewritten {
     /// evaluation's variable resolver hands out. Parsing `"40Gi"` on every
     /// evaluation would otherwise be most of a typical selector's cost.
     pub constants: Vec<Box<dyn Val>>,
+    /// The id of the last node the rewrite created.
+    pub next_id: u64,
 }
+
+/// Ids of nodes the rewrite creates start here, far above the parser's.
+const FIRST_REWRITE_ID: u64 = 1 << 40;
 
 /// The name of constant `index`, and back.
 pub fn constant_name(index: usize) -> String {
@@ -329,6 +334,7 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
             }
         }
         Expr::Comprehension(c) => {
+            super::two_var::lower(c, depth, &mut rw.next_id);
             rewrite_at(&mut c.iter_range, depth + 1, accu, rw)?;
             rewrite_at(&mut c.accu_init, depth + 1, accu, rw)?;
             charge_copy(&mut c.accu_init);

@@ -18,6 +18,7 @@ mod semver_lib;
 mod strings_lib;
 #[cfg(test)]
 mod tests;
+mod two_var;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

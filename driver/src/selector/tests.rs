@@ -369,7 +369,6 @@ fn unsupported_features_are_named_as_such() {
     let env = SelectorEnv::new();
     for (expression, name) in [
         (r#"[3, 1].sortBy(x, -x) == [3, 1]"#, "sortBy"),
-        (r#"{"a": 1}.all(k, v, v > 0)"#, "all(key, value, predicate)"),
         (r#"url("https://x").getHost() == "x""#, "url"),
         (r#"[1].first().hasValue()"#, "first"),
     ] {
@@ -570,4 +569,33 @@ fn new_selectors_estimated_above_the_limit_are_refused() {
 fn nested_loops_within_kubernetes_limit_evaluate() {
     holds(&nested_all(5));
     fails_with(&nested_all(7), "cost budget");
+}
+
+/// cel-go's two-variable comprehensions (Kubernetes 1.32+), on lists
+/// (index, element) and maps (key, value); cel-go's
+/// `ext/comprehensions_test.go` cases, restated.
+#[test]
+fn two_variable_comprehensions() {
+    for expression in [
+        "[1, 2, 3].all(i, v, i < v) && ![1, 2].all(i, v, v > 1)",
+        "{'a': 1, 'b': 2}.all(k, v, v > 0) && {'a': 1}.all(k, v, k == 'a' && v == 1)",
+        "[0, 5].exists(i, v, i == 1 && v == 5) && !{'a': 1}.exists(k, v, v == 2)",
+        "[1, 2, 3].existsOne(i, v, v == 2) && [1, 2].exists_one(i, v, i == 0)",
+        "[1, 2, 3].transformList(i, v, i * v) == [0, 2, 6]",
+        "[1, 2, 3].transformList(i, v, v > 1, v * 10) == [20, 30]",
+        "{'a': 1, 'b': 2}.transformMap(k, v, v + 1) == {'a': 2, 'b': 3}",
+        "{'a': 1, 'b': 2}.transformMap(k, v, v < 2, k + 'x') == {'a': 'ax'}",
+        "{'a': 1}.transformMapEntry(k, v, {v: k}) == {1: 'a'}",
+        "[[1, 2], [3]].all(i, l, l.all(j, x, x > i))",
+        // Shadowing: the inner loop rebinds `v`.
+        "{'a': [1, 2]}.all(k, v, v.all(i, v, v > 0))",
+        r#"device.attributes["gpu.nvidia.com"].exists(k, v, k == "index" && v == 3)"#,
+    ] {
+        holds(expression);
+    }
+    fails_with("{'a': 1, 'b': 1}.transformMapEntry(k, v, {'same': v}) == {}", "already exists");
+    let env = SelectorEnv::new();
+    let err = env.compile("{'a': 1}.all(k, v, v.startsWith('x'))").unwrap_err().to_string();
+    assert!(err.contains("'startsWith' applied to 'int.(string)'"), "{err}");
+    assert!(env.compile("[1].all(i, i, true)").unwrap_err().to_string().contains("duplicate variable name"));
 }

@@ -949,6 +949,16 @@ mod tests {
             (r#"semver("1234.56789012345.67890123456789")"#.into(), range(4, 4)),
             (r#"semver("1.2.3").major()"#.into(), range(2, 2)),
             (r#"semver("1.0.0").compareTo(semver("1.2.3"))"#.into(), range(3, 3)),
+            ("{'a': 1, 'b': 2}.all(k, v, v > 0)".into(), range(37, 41)),
+            ("{'a': 1, 'b': 2}.exists(k, v, v > 0)".into(), range(39, 43)),
+            ("{'a': 1, 'b': 2}.existsOne(k, v, v > 0)".into(), range(38, 40)),
+            ("{'a': 1, 'b': 2}.transformMap(k, v, v + 1)".into(), range(71, 71)),
+            ("{'a': 1, 'b': 2}.transformMap(k, v, v < 5, v + 1)".into(), range(67, 75)),
+            ("{'a': 1, 'b': 2}.transformMapEntry(k, v, {k: v + 1})".into(), range(131, 131)),
+            ("{'a': 1, 'b': 2}.transformMapEntry(k, v, v < 5, {k: v + 1})".into(), range(67, 135)),
+            ("[1, 2].all(i, v, v > 0)".into(), range(17, 21)),
+            ("[1, 2].exists(i, v, v > 0)".into(), range(19, 23)),
+            ("[1, 2].existsOne(i, v, v > 0)".into(), range(18, 20)),
         ];
         for (expression, expected) in cases {
             assert_eq!(estimated(&expression, &TestSizes), expected, "{expression}");

@@ -205,6 +205,13 @@ m getQuery(kubernetes.URL) -> map(string, list(string)) !
 g isURL(string) -> bool !
 ";
 
+/// Two-variable comprehensions (Kubernetes 1.32+): the map-building
+/// function their `transformMap` / `transformMapEntry` expansions call.
+const TWO_VARIABLE_COMPREHENSIONS: &str = "
+g cel.@mapInsert(map(A, B), A, B) -> map(A, B)
+g cel.@mapInsert(map(A, B), map(A, B)) -> map(A, B)
+";
+
 /// Optional types (Kubernetes 1.28+, cel-go's latest optional library);
 /// `_?._` is checked as a field selection.
 const OPTIONAL: &str = "
@@ -333,7 +340,18 @@ impl Declarations {
     /// the kind of expression it checks.
     pub fn for_environment(env: &CelEnvironment) -> Declarations {
         let mut decls = Declarations::default();
-        for table in [STANDARD, STRINGS_V2, SETS, KUBERNETES_BASE, OPTIONAL, QUANTITY, IP_CIDR, FORMAT, SEMVER_V1] {
+        for table in [
+            STANDARD,
+            STRINGS_V2,
+            SETS,
+            KUBERNETES_BASE,
+            TWO_VARIABLE_COMPREHENSIONS,
+            OPTIONAL,
+            QUANTITY,
+            IP_CIDR,
+            FORMAT,
+            SEMVER_V1,
+        ] {
             decls.add_table(table);
         }
         for op in ORDERING_OPERATORS {

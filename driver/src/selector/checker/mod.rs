@@ -51,19 +51,7 @@ pub struct ResolvedCall {
 
 /// Macros of Kubernetes' environment that the `cel` crate's parser does
 /// not expand, by name and argument count: they reach the checker as calls.
-const UNEXPANDED_MACROS: [(&str, usize, &str); 11] = [
-    ("all", 3, "all(key, value, predicate)"),
-    ("exists", 3, "exists(key, value, predicate)"),
-    ("existsOne", 3, "existsOne(key, value, predicate)"),
-    ("exists_one", 3, "exists_one(key, value, predicate)"),
-    ("transformList", 3, "transformList"),
-    ("transformList", 4, "transformList"),
-    ("transformMap", 3, "transformMap"),
-    ("transformMap", 4, "transformMap"),
-    ("transformMapEntry", 3, "transformMapEntry"),
-    ("transformMapEntry", 4, "transformMapEntry"),
-    ("sortBy", 2, "sortBy"),
-];
+const UNEXPANDED_MACROS: [(&str, usize, &str); 1] = [("sortBy", 2, "sortBy")];
 
 /// Checks `expr` against `decls` in `env`.
 pub fn check(
