@@ -8,7 +8,12 @@
 
 use std::cmp::Ordering;
 
-use cel::common::types::{CelDouble, CelInt, CelList, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE};
+use cel::common::ast::{CallExpr, ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
+use cel::common::types::{
+    CelDouble, CelInt, CelList, CelOptional, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE,
+};
+use cel::parser::{Macro, MacroExprHelper};
+use cel::ParseError;
 use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
@@ -260,6 +265,69 @@ fn sort<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     new_list("sort", elements)
 }
 
+/// `@sortByAssociatedKeys(keys)`, which the `sortBy` macro calls: the list
+/// ordered by the key computed for each element (stable, as cel-go's).
+fn sort_by_keys<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("sortBy", &args, 0)?;
+    let keys = list_at("sortBy", &args, 1)?;
+    if list.len() != keys.len() {
+        return Err(error("sortBy", "the key list has a different length"));
+    }
+    let n = list.len() as u64;
+    charge(1 + n.saturating_mul(64 - n.leading_zeros() as u64))?;
+    if let Some(first) = keys.first() {
+        let ty = first.get_type();
+        if let Some(other) = keys.iter().find(|e| e.get_type() != ty) {
+            return Err(error(
+                "sortBy",
+                format!("list elements must have the same type: {} and {}", ty.name(), other.get_type().name()),
+            ));
+        }
+    }
+    let mut order: Vec<usize> = (0..list.len()).collect();
+    let mut failure = None;
+    order.sort_by(|&a, &b| match cmp("sortBy", keys[a].as_ref(), keys[b].as_ref()) {
+        Ok(o) => o,
+        Err(e) => {
+            failure.get_or_insert(e);
+            Ordering::Equal
+        }
+    });
+    if let Some(e) = failure {
+        return Err(e);
+    }
+    new_list("sortBy", order.into_iter().map(|i| list[i].clone_as_boxed()).collect())
+}
+
+/// `first()` / `last()`: the end element as an optional (cel-go's optional
+/// library, version 2).
+fn first<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("first", &args, 0)?;
+    Ok(CowVal::owned(list.first().map_or_else(CelOptional::none, |e| CelOptional::of(e.clone_as_boxed()))))
+}
+
+fn last<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("last", &args, 0)?;
+    Ok(CowVal::owned(list.last().map_or_else(CelOptional::none, |e| CelOptional::of(e.clone_as_boxed()))))
+}
+
+/// `optional.unwrap(list)` / `list.unwrapOpt()`: the values of the
+/// optionals that have one.
+fn unwrap<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    let list = list_at("optional.unwrap", &args, 0)?;
+    charge(list.len() as u64)?;
+    let mut out = Vec::new();
+    for element in list {
+        let optional = element
+            .downcast_ref::<CelOptional>()
+            .ok_or_else(|| error("optional.unwrap", "list elements must be optionals"))?;
+        if let Some(value) = optional.inner() {
+            out.push(value.clone_as_boxed());
+        }
+    }
+    new_list("optional.unwrap", out)
+}
+
 /// `distinct()`: the first occurrence of each value, in order.
 fn distinct<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let list = list_at("distinct", &args, 0)?;
@@ -372,6 +440,12 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("slice", "list_slice", LIST_TYPE, vec![INT_TYPE, INT_TYPE], slice)?;
     env.add_member_overload("reverse", "list_reverse", LIST_TYPE, vec![], reverse)?;
     env.add_overload("lists.range", "lists_range", vec![INT_TYPE], range)?;
+    env.add_member_overload("@sortByAssociatedKeys", "list_sort_by_keys", LIST_TYPE, vec![LIST_TYPE], sort_by_keys)?;
+    env.add_macro(Macro::receiver("sortBy", 2, expand_sort_by))?;
+    env.add_member_overload("first", "list_first", LIST_TYPE, vec![], first)?;
+    env.add_member_overload("last", "list_last", LIST_TYPE, vec![], last)?;
+    env.add_overload("optional.unwrap", "optional_unwrap", vec![LIST_TYPE], unwrap)?;
+    env.add_member_overload("unwrapOpt", "optional_unwrap_opt", LIST_TYPE, vec![], unwrap)?;
     env.add_overload("sets.contains", "sets_contains", vec![LIST_TYPE, LIST_TYPE], sets_contains)?;
     env.add_overload("sets.equivalent", "sets_equivalent", vec![LIST_TYPE, LIST_TYPE], sets_equivalent)?;
     env.add_overload("sets.intersects", "sets_intersects", vec![LIST_TYPE, LIST_TYPE], sets_intersects)?;
@@ -379,4 +453,72 @@ pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
     env.add_member_overload("findAll", "string_find_all", STRING_TYPE, vec![STRING_TYPE], find_all)?;
     env.add_member_overload("findAll", "string_find_all_n", STRING_TYPE, vec![STRING_TYPE, INT_TYPE], find_all)?;
     Ok(())
+}
+
+/// The variable the `sortBy` expansion binds its input to.
+const SORT_BY_INPUT: &str = "@__sortBy_input__";
+
+/// cel-go's `sortBy` macro: `l.sortBy(x, key)` is
+/// `cel.bind(@in, l, @in.@sortByAssociatedKeys(@in.map(x, key)))`.
+fn expand_sort_by(
+    helper: &mut MacroExprHelper<'_>,
+    target: &mut Option<IdedExpr>,
+    args: &mut Vec<IdedExpr>,
+) -> Result<Option<IdedExpr>, ParseError> {
+    let Some(target) = target.take() else { return Ok(None) };
+    if !matches!(target.expr, Expr::List(_) | Expr::Select(_) | Expr::Ident(_) | Expr::Comprehension(_) | Expr::Call(_)) {
+        return Err(helper.new_error(
+            target.id,
+            "sortBy can only be applied to a list, identifier, comprehension, call or select expression",
+        ));
+    }
+    let (Some(key), Some(var)) = (args.pop(), args.pop()) else {
+        return Err(helper.new_error(target.id, "sortBy() takes a variable and a key expression"));
+    };
+    let Expr::Ident(var) = var.expr else {
+        return Err(helper.new_error(var.id, "sortBy() variable name must be a simple identifier"));
+    };
+    // `@in.map(var, [key])` built as the map macro builds it.
+    let input = |helper: &mut MacroExprHelper<'_>| helper.next_expr(Expr::Ident(SORT_BY_INPUT.to_owned()));
+    let accu = |helper: &mut MacroExprHelper<'_>| helper.next_expr(Expr::Ident("@result".to_owned()));
+    let element = helper.next_expr(Expr::List(ListExpr::new(vec![key])));
+    let previous = accu(helper);
+    let step = helper.next_expr(Expr::Call(CallExpr {
+        func_name: "_+_".to_owned(),
+        target: None,
+        args: vec![previous, element],
+    }));
+    let empty = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
+    let always = helper.next_expr(Expr::Literal(LiteralValue::Boolean(true.into())));
+    let range = input(helper);
+    let result = accu(helper);
+    let keys = helper.next_expr(Expr::Comprehension(Box::new(ComprehensionExpr {
+        iter_range: range,
+        iter_var: var,
+        iter_var2: None,
+        accu_var: "@result".to_owned(),
+        accu_init: empty,
+        loop_cond: always,
+        loop_step: step,
+        result,
+    })));
+    let receiver = input(helper);
+    let sorted = helper.next_expr(Expr::Call(CallExpr {
+        func_name: "@sortByAssociatedKeys".to_owned(),
+        target: Some(Box::new(receiver)),
+        args: vec![keys],
+    }));
+    let empty = helper.next_expr(Expr::List(ListExpr::new(Vec::new())));
+    let never = helper.next_expr(Expr::Literal(LiteralValue::Boolean(false.into())));
+    let value = input(helper);
+    Ok(Some(helper.next_expr(Expr::Comprehension(Box::new(ComprehensionExpr {
+        iter_range: empty,
+        iter_var: "#unused".to_owned(),
+        iter_var2: None,
+        accu_var: SORT_BY_INPUT.to_owned(),
+        accu_init: target,
+        loop_cond: never,
+        loop_step: value,
+        result: sorted,
+    })))))
 }

@@ -622,6 +622,14 @@ fn extension_estimate(
             Some(allocating(depth as f64, list.size()))
         }
         ("distinct", Some(list), []) => Some(allocating(2.0, list.size().multiply(list.size()))),
+        ("@sortByAssociatedKeys", Some(_), [keys]) => {
+            let key = overload.and_then(|o| match o.params.get(1) {
+                Some(Type::List(e)) => Some((**e).clone()),
+                _ => None,
+            });
+            let factor = if matches!(key, Some(Type::String | Type::Bytes)) { 2.1 } else { 2.0 };
+            Some(allocating(factor, keys.size().multiply(keys.size())))
+        }
         ("sort", Some(list), []) => {
             let element = overload.and_then(|o| match o.params.first() {
                 Some(Type::List(e)) => Some((**e).clone()),

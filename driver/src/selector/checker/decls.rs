@@ -172,13 +172,14 @@ g sets.equivalent(list(A), list(A)) -> bool
 g sets.intersects(list(A), list(A)) -> bool
 ";
 
-/// cel-go's lists extension at version 3 (Kubernetes 1.34+). Its `sortBy`
-/// macro is not supported (see the README).
+/// cel-go's lists extension at version 3 (Kubernetes 1.34+); `sortBy` is a
+/// macro calling `@sortByAssociatedKeys`.
 const LISTS_V3: &str = "
 m slice(list(A), int, int) -> list(A)
 m flatten(list(list(A))) -> list(A)
 m flatten(list(dyn), int) -> list(dyn)
 m sort(list({C})) -> list({C})
+m @sortByAssociatedKeys(list(A), list({C})) -> list(A)
 g lists.range(int) -> list(int)
 m reverse(list(A)) -> list(A)
 m distinct(list(A)) -> list(A)
@@ -228,10 +229,10 @@ g _[?_](map(A, B), A) -> optional(B)
 g _[?_](optional(map(A, B)), A) -> optional(B)
 g _[_](optional(list(A)), int) -> optional(A)
 g _[_](optional(map(A, B)), A) -> optional(B)
-m first(list(A)) -> optional(A) !
-m last(list(A)) -> optional(A) !
-g optional.unwrap(list(optional(A))) -> list(A) !
-m unwrapOpt(list(optional(A))) -> list(A) !
+m first(list(A)) -> optional(A)
+m last(list(A)) -> optional(A)
+g optional.unwrap(list(optional(A))) -> list(A)
+m unwrapOpt(list(optional(A))) -> list(A)
 ";
 
 /// Kubernetes' quantity library (1.28+).

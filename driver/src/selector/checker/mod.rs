@@ -49,10 +49,6 @@ pub struct ResolvedCall {
     pub overloads: Vec<Overload>,
 }
 
-/// Macros of Kubernetes' environment that the `cel` crate's parser does
-/// not expand, by name and argument count: they reach the checker as calls.
-const UNEXPANDED_MACROS: [(&str, usize, &str); 1] = [("sortBy", 2, "sortBy")];
-
 /// Checks `expr` against `decls` in `env`.
 pub fn check(
     expr: &IdedExpr,
@@ -288,13 +284,6 @@ impl Checker<'_> {
     fn check_call(&mut self, e: &IdedExpr) -> Type {
         let Expr::Call(call) = &e.expr else { return Type::Error };
         let name = call.func_name.as_str();
-        if let Some((_, _, shown)) =
-            UNEXPANDED_MACROS.iter().find(|(n, count, _)| *n == name && *count == call.args.len())
-            && call.target.is_some()
-        {
-            self.unsupported.get_or_insert_with(|| (*shown).to_owned());
-            return Type::Error;
-        }
         if name == "_?._" {
             return self.check_optional_select(e.id, &call.args);
         }
