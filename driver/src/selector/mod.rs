@@ -12,6 +12,7 @@ mod device_value;
 mod env;
 mod environment;
 mod lists_lib;
+mod ip_lib;
 mod ops_lib;
 mod quantity_lib;
 mod semver_lib;
@@ -19,6 +20,7 @@ mod strings_lib;
 #[cfg(test)]
 mod tests;
 mod two_var;
+mod url_lib;
 
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};

@@ -368,7 +368,7 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
 fn unsupported_features_are_named_as_such() {
     let env = SelectorEnv::new();
     for (expression, name) in [
-        (r#"url("https://x").getHost() == "x""#, "url"),
+        (r#"format.dns1123Label().validate("x").hasValue()"#, "format.dns1123Label"),
     ] {
         let err = env.compile(expression).unwrap_err().to_string();
         assert_eq!(
@@ -600,4 +600,69 @@ fn two_variable_comprehensions() {
     let err = env.compile("{'a': 1}.all(k, v, v.startsWith('x'))").unwrap_err().to_string();
     assert!(err.contains("'startsWith' applied to 'int.(string)'"), "{err}");
     assert!(env.compile("[1].all(i, i, true)").unwrap_err().to_string().contains("duplicate variable name"));
+}
+
+/// The apiserver's IP and CIDR library tests (`library/ip_test.go`,
+/// `library/cidr_test.go`), restated.
+#[test]
+fn ip_and_cidr_library() {
+    for expression in [
+        r#"isIP("192.168.0.1") && !isIP("192.168.0.1.0") && ip.isCanonical("127.0.0.1")"#,
+        r#"ip("192.168.0.1").family() == 4 && ip("2001:db8::68").family() == 6"#,
+        r#"ip("0.0.0.0").isUnspecified() && !ip("127.0.0.1").isUnspecified() && ip("::").isUnspecified()"#,
+        r#"ip("127.0.0.1").isLoopback() && !ip("1.2.3.4").isLoopback() && ip("::1").isLoopback()"#,
+        r#"ip("224.0.0.1").isLinkLocalMulticast() && !ip("224.0.1.1").isLinkLocalMulticast() && ip("ff02::1").isLinkLocalMulticast() && !ip("fd00::1").isLinkLocalMulticast()"#,
+        r#"ip("169.254.169.254").isLinkLocalUnicast() && !ip("192.168.0.1").isLinkLocalUnicast() && ip("fe80::1").isLinkLocalUnicast() && !ip("fd80::1").isLinkLocalUnicast()"#,
+        r#"ip("192.168.0.1").isGlobalUnicast() && !ip("255.255.255.255").isGlobalUnicast() && ip("2001:db8::abcd").isGlobalUnicast() && !ip("ff00::1").isGlobalUnicast()"#,
+        r#"ip.isCanonical("2001:db8::68") && !ip.isCanonical("2001:DB8::68")"#,
+        r#"string(ip("192.168.0.1")) == "192.168.0.1" && type(ip("192.168.0.1")) == net.IP"#,
+        r#"ip("192.168.0.1") == ip("192.168.0.1") && ip("192.168.0.1") != ip("192.168.0.2")"#,
+        r#"cidr("192.168.0.0/24").containsIP(ip("192.168.0.1")) && !cidr("192.168.0.0/24").containsIP(ip("192.168.1.1"))"#,
+        r#"cidr("192.168.0.0/24").containsIP("192.168.0.1") && !cidr("192.168.0.0/24").containsIP("192.168.1.1")"#,
+        r#"cidr("192.168.0.0/24").containsCIDR(cidr("192.168.0.0/25")) && cidr("192.168.0.0/24").containsCIDR(cidr("192.168.0.1/32"))"#,
+        r#"!cidr("192.168.0.0/24").containsCIDR(cidr("192.168.0.0/23")) && !cidr("192.168.0.0/24").containsCIDR(cidr("192.169.0.1/32"))"#,
+        r#"cidr("192.168.0.0/24").containsCIDR("192.168.0.0/25") && !cidr("192.168.0.0/24").containsCIDR("192.168.0.0/23")"#,
+        r#"cidr("192.168.0.0/24").ip() == ip("192.168.0.0") && cidr("192.168.0.1/24").masked() == cidr("192.168.0.0/24")"#,
+        r#"cidr("192.168.0.0/24").prefixLength() == 24 && cidr("2001:db8::/32").prefixLength() == 32"#,
+        r#"cidr("2001:db8::/32").containsIP(ip("2001:db8::1")) && !cidr("2001:db8::/32").containsIP("2001:dc8::1")"#,
+        r#"cidr("2001:db8::/32").containsCIDR("2001:db8::/33") && !cidr("2001:db8::/32").containsCIDR(cidr("2001:db8::/31"))"#,
+        r#"cidr("2001:db8:1::/32").masked() == cidr("2001:db8::/32") && cidr("2001:db8::/32").ip() == ip("2001:db8::")"#,
+        r#"string(cidr("192.168.0.0/24")) == "192.168.0.0/24" && type(cidr("192.168.0.0/24")) == net.CIDR"#,
+        r#"isCIDR("10.0.0.0/8") && !isCIDR("10.0.0.0/33") && !isCIDR("::ffff:1.2.3.4/128")"#,
+    ] {
+        holds(expression);
+    }
+    for (expression, message) in [
+        (r#"ip("192.168.0.1.0").family() == 4"#, r#"IP Address "192.168.0.1.0" parse error during conversion from string: ParseAddr("192.168.0.1.0"): IPv4 address too long"#),
+        (r#"ip("2001:db8:::68").family() == 6"#, r#"IP Address "2001:db8:::68" parse error during conversion from string: ParseAddr("2001:db8:::68"): each colon-separated field must have at least one digit (at ":68")"#),
+        (r#"ip.isCanonical("127.0.0.1.0")"#, "IPv4 address too long"),
+        (r#"ip("::ffff:1.2.3.4").family() == 6"#, r#"IPv4-mapped IPv6 address "::ffff:1.2.3.4" is not allowed"#),
+        (r#"ip("fe80::1%eth0").family() == 6"#, r#"IP address "fe80::1%eth0" with zone value is not allowed"#),
+        (r#"ip("01.2.3.4").family() == 4"#, "IPv4 field has octet with leading zero"),
+        (r#"cidr("192.168.0.0/").prefixLength() == 0"#, r#"network address parse error during conversion from string: network address parse error during conversion from string: netip.ParsePrefix("192.168.0.0/"): bad bits after slash: """#),
+        (r#"cidr("2001:db8::/").prefixLength() == 0"#, r#"netip.ParsePrefix("2001:db8::/"): bad bits after slash: """#),
+    ] {
+        fails_with(expression, message);
+    }
+    let err = SelectorEnv::new().compile(r#"isIP(cidr("192.168.0.0/24"))"#).unwrap_err().to_string();
+    assert!(err.contains("found no matching overload for 'isIP' applied to '(net.CIDR)'"), "{err}");
+}
+
+/// The URL library (`library/urls.go`), with Go's `net/url` rules.
+#[test]
+fn url_library() {
+    for expression in [
+        r#"url("https://kubernetes.io/docs/").getScheme() == "https" && url("https://kubernetes.io:80/").getHost() == "kubernetes.io:80""#,
+        r#"url("https://[::1]:80/").getHostname() == "::1" && url("https://[::1]:80/").getPort() == "80""#,
+        r#"url("https://kubernetes.io/").getPort() == "" && url("/absolute-path").getHost() == """#,
+        r#"url("https://kubernetes.io/a%20b").getEscapedPath() == "/a%20b" && url("https://kubernetes.io/a b").getEscapedPath() == "/a%20b""#,
+        r#"url("https://example.com/?k=a&k=b&x=1").getQuery() == {"k": ["a", "b"], "x": ["1"]}"#,
+        r#"url("https://example.com/path#frag").getEscapedPath() == "/path""#,
+        r#"isURL("https://kubernetes.io/") && isURL("/absolute") && !isURL("relative") && !isURL("")"#,
+        r#"url("https://a/") == url("https://a/") && url("https://a/") != url("https://b/")"#,
+        r#"type(url("https://a/")) == kubernetes.URL"#,
+    ] {
+        holds(expression);
+    }
+    fails_with(r#"url("../relative").getHost() == """#, "URL parse error during conversion from string");
 }

@@ -196,14 +196,14 @@ m lastIndexOf(list(A), A) -> int
 m find(string, string) -> string
 m findAll(string, string) -> list(string)
 m findAll(string, string, int) -> list(string)
-g url(string) -> kubernetes.URL !
-m getScheme(kubernetes.URL) -> string !
-m getHost(kubernetes.URL) -> string !
-m getHostname(kubernetes.URL) -> string !
-m getPort(kubernetes.URL) -> string !
-m getEscapedPath(kubernetes.URL) -> string !
-m getQuery(kubernetes.URL) -> map(string, list(string)) !
-g isURL(string) -> bool !
+g url(string) -> kubernetes.URL
+m getScheme(kubernetes.URL) -> string
+m getHost(kubernetes.URL) -> string
+m getHostname(kubernetes.URL) -> string
+m getPort(kubernetes.URL) -> string
+m getEscapedPath(kubernetes.URL) -> string
+m getQuery(kubernetes.URL) -> map(string, list(string))
+g isURL(string) -> bool
 ";
 
 /// Two-variable comprehensions (Kubernetes 1.32+): the map-building
@@ -254,26 +254,26 @@ m sub(kubernetes.Quantity, int) -> kubernetes.Quantity
 
 /// Kubernetes' IP and CIDR libraries (1.30+).
 const IP_CIDR: &str = "
-g ip(string) -> net.IP !
-m family(net.IP) -> int !
-g ip.isCanonical(string) -> bool !
-m isUnspecified(net.IP) -> bool !
-m isLoopback(net.IP) -> bool !
-m isLinkLocalMulticast(net.IP) -> bool !
-m isLinkLocalUnicast(net.IP) -> bool !
-m isGlobalUnicast(net.IP) -> bool !
-g isIP(string) -> bool !
-g string(net.IP) -> string !
-g cidr(string) -> net.CIDR !
-m containsIP(net.CIDR, string) -> bool !
-m containsIP(net.CIDR, net.IP) -> bool !
-m containsCIDR(net.CIDR, string) -> bool !
-m containsCIDR(net.CIDR, net.CIDR) -> bool !
-m ip(net.CIDR) -> net.IP !
-m prefixLength(net.CIDR) -> int !
-m masked(net.CIDR) -> net.CIDR !
-g isCIDR(string) -> bool !
-g string(net.CIDR) -> string !
+g ip(string) -> net.IP
+m family(net.IP) -> int
+g ip.isCanonical(string) -> bool
+m isUnspecified(net.IP) -> bool
+m isLoopback(net.IP) -> bool
+m isLinkLocalMulticast(net.IP) -> bool
+m isLinkLocalUnicast(net.IP) -> bool
+m isGlobalUnicast(net.IP) -> bool
+g isIP(string) -> bool
+g string(net.IP) -> string
+g cidr(string) -> net.CIDR
+m containsIP(net.CIDR, string) -> bool
+m containsIP(net.CIDR, net.IP) -> bool
+m containsCIDR(net.CIDR, string) -> bool
+m containsCIDR(net.CIDR, net.CIDR) -> bool
+m ip(net.CIDR) -> net.IP
+m prefixLength(net.CIDR) -> int
+m masked(net.CIDR) -> net.CIDR
+g isCIDR(string) -> bool
+g string(net.CIDR) -> string
 ";
 
 /// Kubernetes' format library (1.31+).

@@ -136,6 +136,10 @@ impl Checker<'_> {
         let t = match &e.expr {
             Expr::Literal(lit) => literal_type(lit),
             Expr::Ident(name) => self.check_ident(e.id, name),
+            Expr::Select(select) if !select.test && qualified_name(e).as_deref().and_then(object_type).is_some() => {
+                let name = qualified_name(e).unwrap_or_default();
+                Type::Type(object_type(&name).map(|o| Box::new(Type::Object(o))))
+            }
             Expr::Select(select) => {
                 let operand = self.check(&select.operand);
                 let field = self.select_field(e.id, &operand, &select.field);
@@ -436,6 +440,13 @@ fn literal_type(lit: &LiteralValue) -> Type {
         LiteralValue::Bytes(_) => Type::Bytes,
         LiteralValue::Null => Type::Null,
     }
+}
+
+/// The object type a qualified type name names (`net.IP` is a type value).
+fn object_type(name: &str) -> Option<ObjectType> {
+    [ObjectType::Quantity, ObjectType::Semver, ObjectType::Url, ObjectType::Ip, ObjectType::Cidr, ObjectType::NamedFormat]
+        .into_iter()
+        .find(|o| o.name() == name)
 }
 
 /// `a.b.c` as a name, if `expr` is only identifiers and field selections.
