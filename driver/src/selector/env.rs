@@ -10,7 +10,9 @@ use cel::common::types::{DYN_TYPE, INT_TYPE};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{Context, DeclarationError, Env, ParseError, Value};
 
-use super::{CompileError, cost, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib, two_var, url_lib, ip_lib};
+use super::{
+    CompileError, cost, format_lib, ip_lib, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib, two_var, url_lib,
+};
 
 /// Builds the selector environment.
 pub fn build() -> Result<Env, DeclarationError> {
@@ -24,6 +26,7 @@ pub fn build() -> Result<Env, DeclarationError> {
     two_var::register(&mut env)?;
     url_lib::register(&mut env)?;
     ip_lib::register(&mut env)?;
+    format_lib::register(&mut env)?;
     env.add_overload("@range", "metered_range", vec![DYN_TYPE, INT_TYPE], cost::range)?;
     env.add_overload("@add", "metered_add", vec![DYN_TYPE, DYN_TYPE], cost::add)?;
     env.add_overload("@copy", "metered_copy", vec![DYN_TYPE], cost::copy)?;

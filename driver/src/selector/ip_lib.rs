@@ -184,8 +184,8 @@ fn parse_ipv6(input: &str) -> Result<(IpAddr, bool), ParseFailure<'_>> {
 impl Ip {
     /// `parseIPAddr`.
     pub fn parse(raw: &str) -> Result<Ip, String> {
-        let (addr, zone) =
-            parse_addr(raw).map_err(|e| format!("IP Address {raw:?} parse error during conversion from string: {e}"))?;
+        let (addr, zone) = parse_addr(raw)
+            .map_err(|e| format!("IP Address {raw:?} parse error during conversion from string: {e}"))?;
         if zone {
             return Err(format!("IP address {raw:?} with zone value is not allowed"));
         }

@@ -8,13 +8,13 @@
 
 use std::cmp::Ordering;
 
+use cel::ParseError;
 use cel::common::ast::{CallExpr, ComprehensionExpr, Expr, IdedExpr, ListExpr, LiteralValue};
 use cel::common::types::{
     CelDouble, CelInt, CelList, CelOptional, CelString, CelUInt, DYN_TYPE, INT_TYPE, LIST_TYPE, STRING_TYPE,
 };
-use cel::parser::{Macro, MacroExprHelper};
-use cel::ParseError;
 use cel::common::value::{CowVal, Val};
+use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ExecutionError};
 
 use super::cost::{bytes_units, charge, check_list_len};
@@ -466,7 +466,8 @@ fn expand_sort_by(
     args: &mut Vec<IdedExpr>,
 ) -> Result<Option<IdedExpr>, ParseError> {
     let Some(target) = target.take() else { return Ok(None) };
-    if !matches!(target.expr, Expr::List(_) | Expr::Select(_) | Expr::Ident(_) | Expr::Comprehension(_) | Expr::Call(_)) {
+    if !matches!(target.expr, Expr::List(_) | Expr::Select(_) | Expr::Ident(_) | Expr::Comprehension(_) | Expr::Call(_))
+    {
         return Err(helper.new_error(
             target.id,
             "sortBy can only be applied to a list, identifier, comprehension, call or select expression",

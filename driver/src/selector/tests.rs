@@ -367,9 +367,7 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
 #[test]
 fn unsupported_features_are_named_as_such() {
     let env = SelectorEnv::new();
-    for (expression, name) in [
-        (r#"format.dns1123Label().validate("x").hasValue()"#, "format.dns1123Label"),
-    ] {
+    for (expression, name) in [(r#""%s".format(["x"]) == "x""#, "format")] {
         let err = env.compile(expression).unwrap_err().to_string();
         assert_eq!(
             err,
@@ -633,13 +631,22 @@ fn ip_and_cidr_library() {
         holds(expression);
     }
     for (expression, message) in [
-        (r#"ip("192.168.0.1.0").family() == 4"#, r#"IP Address "192.168.0.1.0" parse error during conversion from string: ParseAddr("192.168.0.1.0"): IPv4 address too long"#),
-        (r#"ip("2001:db8:::68").family() == 6"#, r#"IP Address "2001:db8:::68" parse error during conversion from string: ParseAddr("2001:db8:::68"): each colon-separated field must have at least one digit (at ":68")"#),
+        (
+            r#"ip("192.168.0.1.0").family() == 4"#,
+            r#"IP Address "192.168.0.1.0" parse error during conversion from string: ParseAddr("192.168.0.1.0"): IPv4 address too long"#,
+        ),
+        (
+            r#"ip("2001:db8:::68").family() == 6"#,
+            r#"IP Address "2001:db8:::68" parse error during conversion from string: ParseAddr("2001:db8:::68"): each colon-separated field must have at least one digit (at ":68")"#,
+        ),
         (r#"ip.isCanonical("127.0.0.1.0")"#, "IPv4 address too long"),
         (r#"ip("::ffff:1.2.3.4").family() == 6"#, r#"IPv4-mapped IPv6 address "::ffff:1.2.3.4" is not allowed"#),
         (r#"ip("fe80::1%eth0").family() == 6"#, r#"IP address "fe80::1%eth0" with zone value is not allowed"#),
         (r#"ip("01.2.3.4").family() == 4"#, "IPv4 field has octet with leading zero"),
-        (r#"cidr("192.168.0.0/").prefixLength() == 0"#, r#"network address parse error during conversion from string: network address parse error during conversion from string: netip.ParsePrefix("192.168.0.0/"): bad bits after slash: """#),
+        (
+            r#"cidr("192.168.0.0/").prefixLength() == 0"#,
+            r#"network address parse error during conversion from string: network address parse error during conversion from string: netip.ParsePrefix("192.168.0.0/"): bad bits after slash: """#,
+        ),
         (r#"cidr("2001:db8::/").prefixLength() == 0"#, r#"netip.ParsePrefix("2001:db8::/"): bad bits after slash: """#),
     ] {
         fails_with(expression, message);
@@ -665,4 +672,26 @@ fn url_library() {
         holds(expression);
     }
     fails_with(r#"url("../relative").getHost() == """#, "URL parse error during conversion from string");
+}
+
+/// Kubernetes' format library (`library/format_test.go`), restated.
+#[test]
+fn format_library() {
+    for expression in [
+        r#"!format.dns1123Label().validate("my-name").hasValue() && format.dns1123Label().validate("My-Name").hasValue()"#,
+        r#"format.named("dns1123Subdomain").value().validate("example.com") == optional.none()"#,
+        r#"format.dns1123Label().validate("a.b").value() == ["must not contain dots"]"#,
+        r#"!format.named("unknownFormat").hasValue() && format.named("uuid").hasValue()"#,
+        r#"!format.dns1123LabelPrefix().validate("my-name-").hasValue() && format.dns1123Label().validate("my-name-").hasValue()"#,
+        r#"!format.qualifiedName().validate("example.com/MyName").hasValue() && format.qualifiedName().validate("a/b/c").hasValue()"#,
+        r#"!format.labelValue().validate("").hasValue() && !format.dns1035Label().validate("abc-123").hasValue()"#,
+        r#"!format.uri().validate("https://kubernetes.io/").hasValue() && format.uri().validate("relative").hasValue()"#,
+        r#"!format.uuid().validate("123e4567-e89b-12d3-a456-426614174000").hasValue()"#,
+        r#"format.byte().validate("not base64").value() == ["invalid base64"] && !format.byte().validate("aGVsbG8=").hasValue()"#,
+        r#"!format.date().validate("2024-02-29").hasValue() && format.date().validate("2023-02-29").value() == ["invalid date"]"#,
+        r#"!format.datetime().validate("2024-01-01T10:00:00Z").hasValue() && format.datetime().validate("2024-01-01").hasValue()"#,
+        r#"format.dns1123Label() == format.named("dns1123Label").value() && type(format.uuid()) == kubernetes.NamedFormat"#,
+    ] {
+        holds(expression);
+    }
 }

@@ -54,6 +54,11 @@ impl Url {
         Ok(url)
     }
 
+    /// Whether Go's `url.ParseRequestURI` accepts `text`, with its error.
+    pub fn parse_request_uri(text: &str) -> Result<(), String> {
+        parse(text, true).map(|_| ()).map_err(|e| format!("parse {text:?}: {e}"))
+    }
+
     /// `URL.Hostname()`: the host without port or IPv6 brackets.
     fn hostname(&self) -> &str {
         split_host_port(&self.host).0
@@ -346,9 +351,9 @@ fn url_arg<'a>(function: &str, args: &'a [CowVal<'_, '_>]) -> Result<&'a Url, Ex
 
 fn url_fn<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let text = string_arg("url", &args)?;
-    Url::parse(text)
-        .map(|u| CowVal::Owned(Box::new(u) as Box<dyn Val>))
-        .map_err(|e| ExecutionError::function_error("url", format!("URL parse error during conversion from string: {e}")))
+    Url::parse(text).map(|u| CowVal::Owned(Box::new(u) as Box<dyn Val>)).map_err(|e| {
+        ExecutionError::function_error("url", format!("URL parse error during conversion from string: {e}"))
+    })
 }
 
 fn is_url<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -414,14 +419,19 @@ mod tests {
     #[test]
     fn parses_as_go_does() {
         let u = Url::parse("https://user:pw@kubernetes.io:80/docs/a%20b?a=1&a=2&b=x+y#frag").unwrap();
-        assert_eq!((u.scheme.as_str(), u.host.as_str(), u.hostname(), u.port()), ("https", "kubernetes.io:80", "kubernetes.io", "80"));
+        assert_eq!(
+            (u.scheme.as_str(), u.host.as_str(), u.hostname(), u.port()),
+            ("https", "kubernetes.io:80", "kubernetes.io", "80")
+        );
         assert_eq!(u.escaped_path(), "/docs/a%20b");
         assert_eq!(u.query(), vec![("a".into(), vec!["1".into(), "2".into()]), ("b".into(), vec!["x y".into()])]);
         let v6 = Url::parse("https://[::1]:8080/").unwrap();
         assert_eq!((v6.host.as_str(), v6.hostname(), v6.port()), ("[::1]:8080", "::1", "8080"));
         assert_eq!(Url::parse("/absolute/path").unwrap().escaped_path(), "/absolute/path");
         assert_eq!(Url::parse("mailto:someone@example.com").unwrap().opaque, "someone@example.com");
-        for bad in ["", "relative/path", "https://a b.com/", "http://[::1/", "http://host:port/", ":missing", "https://x/%zz"] {
+        for bad in
+            ["", "relative/path", "https://a b.com/", "http://[::1/", "http://host:port/", ":missing", "https://x/%zz"]
+        {
             assert!(Url::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(Url::parse("https://x/a b").unwrap().escaped_path(), "/a%20b");

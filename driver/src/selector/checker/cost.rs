@@ -735,6 +735,10 @@ fn kubernetes_estimate(
             }
             CallEstimate::cost(cost)
         }
+        // cel-go's `MaxNameFormatRegexSize` (128) regex steps per byte tenth.
+        "validate" if !args.is_empty() => {
+            CallEstimate::cost(traversal(args[0].size()).factor(128.0 * REGEX_LENGTH_FACTOR))
+        }
         "quantity" | "isQuantity" | "semver" | "isSemver" if !args.is_empty() => {
             CallEstimate::cost(traversal(args[0].size()))
         }
@@ -744,6 +748,17 @@ fn kubernetes_estimate(
         "_==_" if args.len() == 2 && args[0].ty == args[1].ty => match &args[0].ty {
             Type::Object(ObjectType::Quantity | ObjectType::Semver | ObjectType::Ip | ObjectType::Cidr) => {
                 CallEstimate::cost(one)
+            }
+            // cel-go's `MaxFormatSize` (64) bytes compared.
+            Type::Object(ObjectType::NamedFormat) => {
+                CallEstimate::cost(CostEstimate { min: 1, max: 64 }.factor(STRING_TRAVERSAL_FACTOR))
+            }
+            Type::Object(ObjectType::Url) => {
+                let size = match (args[0].size, args[1].size) {
+                    (Some(a), Some(b)) => a.union(b),
+                    _ => CostEstimate::fixed(1),
+                };
+                CallEstimate::cost(CostEstimate { min: 1, max: size.max }.factor(STRING_TRAVERSAL_FACTOR))
             }
             _ => return None,
         },
@@ -957,6 +972,8 @@ mod tests {
             (r#"semver("1234.56789012345.67890123456789")"#.into(), range(4, 4)),
             (r#"semver("1.2.3").major()"#.into(), range(2, 2)),
             (r#"semver("1.0.0").compareTo(semver("1.2.3"))"#.into(), range(3, 3)),
+            (r#"format.named("dns1123Label").value().validate("my-name")"#.into(), range(34, 34)),
+            (r#"format.named("dns1123Label").value() == format.named("dns1123Label").value()"#.into(), range(5, 11)),
             ("{'a': 1, 'b': 2}.all(k, v, v > 0)".into(), range(37, 41)),
             ("{'a': 1, 'b': 2}.exists(k, v, v > 0)".into(), range(39, 43)),
             ("{'a': 1, 'b': 2}.existsOne(k, v, v > 0)".into(), range(38, 40)),

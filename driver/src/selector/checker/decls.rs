@@ -278,21 +278,21 @@ g string(net.CIDR) -> string
 
 /// Kubernetes' format library (1.31+).
 const FORMAT: &str = "
-g format.dns1123Label() -> kubernetes.NamedFormat !
-g format.dns1123Subdomain() -> kubernetes.NamedFormat !
-g format.dns1035Label() -> kubernetes.NamedFormat !
-g format.qualifiedName() -> kubernetes.NamedFormat !
-g format.dns1123LabelPrefix() -> kubernetes.NamedFormat !
-g format.dns1123SubdomainPrefix() -> kubernetes.NamedFormat !
-g format.dns1035LabelPrefix() -> kubernetes.NamedFormat !
-g format.labelValue() -> kubernetes.NamedFormat !
-g format.uri() -> kubernetes.NamedFormat !
-g format.uuid() -> kubernetes.NamedFormat !
-g format.byte() -> kubernetes.NamedFormat !
-g format.date() -> kubernetes.NamedFormat !
-g format.datetime() -> kubernetes.NamedFormat !
-m validate(kubernetes.NamedFormat, string) -> optional(list(string)) !
-g format.named(string) -> optional(kubernetes.NamedFormat) !
+g format.dns1123Label() -> kubernetes.NamedFormat
+g format.dns1123Subdomain() -> kubernetes.NamedFormat
+g format.dns1035Label() -> kubernetes.NamedFormat
+g format.qualifiedName() -> kubernetes.NamedFormat
+g format.dns1123LabelPrefix() -> kubernetes.NamedFormat
+g format.dns1123SubdomainPrefix() -> kubernetes.NamedFormat
+g format.dns1035LabelPrefix() -> kubernetes.NamedFormat
+g format.labelValue() -> kubernetes.NamedFormat
+g format.uri() -> kubernetes.NamedFormat
+g format.uuid() -> kubernetes.NamedFormat
+g format.byte() -> kubernetes.NamedFormat
+g format.date() -> kubernetes.NamedFormat
+g format.datetime() -> kubernetes.NamedFormat
+m validate(kubernetes.NamedFormat, string) -> optional(list(string))
+g format.named(string) -> optional(kubernetes.NamedFormat)
 ";
 
 /// Kubernetes' semver library at version 1 (1.33+).

@@ -444,9 +444,16 @@ fn literal_type(lit: &LiteralValue) -> Type {
 
 /// The object type a qualified type name names (`net.IP` is a type value).
 fn object_type(name: &str) -> Option<ObjectType> {
-    [ObjectType::Quantity, ObjectType::Semver, ObjectType::Url, ObjectType::Ip, ObjectType::Cidr, ObjectType::NamedFormat]
-        .into_iter()
-        .find(|o| o.name() == name)
+    [
+        ObjectType::Quantity,
+        ObjectType::Semver,
+        ObjectType::Url,
+        ObjectType::Ip,
+        ObjectType::Cidr,
+        ObjectType::NamedFormat,
+    ]
+    .into_iter()
+    .find(|o| o.name() == name)
 }
 
 /// `a.b.c` as a name, if `expr` is only identifiers and field selections.
