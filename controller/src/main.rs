@@ -50,7 +50,38 @@ enum Command {
         /// allocation, output) on standard error.
         #[arg(long = "timings")]
         timings: bool,
+        /// Check CEL selectors as this Kubernetes version does (1.34, 1.35
+        /// or 1.36), with its default feature gates.
+        #[arg(long = "kubernetes-version", value_name = "1.MINOR", default_value = "1.36", value_parser = parse_minor)]
+        kubernetes_version: u32,
+        /// Check selectors as the apiserver checks a claim being created
+        /// (`new`: only what the version before it had, and the cost
+        /// limit on the estimate) rather than as the scheduler evaluates a
+        /// stored one (`stored`, the default).
+        #[arg(long = "selectors-as", value_enum, default_value_t = SelectorsAs::Stored)]
+        selectors_as: SelectorsAs,
     },
+}
+
+/// Which of Kubernetes' two CEL environments `simulate` checks in.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum SelectorsAs {
+    Stored,
+    New,
+}
+
+/// `1.34` → 34; only the versions the driver models.
+fn parse_minor(text: &str) -> Result<u32, String> {
+    let minor = text
+        .strip_prefix("1.")
+        .and_then(|m| m.parse::<u32>().ok())
+        .ok_or_else(|| format!("{text:?} is not a Kubernetes version such as 1.35"))?;
+    let (oldest, newest) = (gpu_dra_driver::selector::OLDEST_MINOR, gpu_dra_driver::selector::NEWEST_MINOR);
+    if (oldest..=newest).contains(&minor) {
+        Ok(minor)
+    } else {
+        Err(format!("Kubernetes 1.{minor} is not modelled; use 1.{oldest} to 1.{newest}"))
+    }
 }
 
 /// jemalloc: the allocator's fleet model churns small allocations, where
@@ -64,9 +95,15 @@ fn main() -> ExitCode {
         Command::ValidateSlices { files } => {
             validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
-        Command::Simulate { files, output, fleet, timings } => {
+        Command::Simulate { files, output, fleet, timings, kubernetes_version, selectors_as } => {
             let mut buffer = Vec::new();
-            let options = simulate::Options { fleet: fleet.as_deref(), format: *output, timings: *timings };
+            let cel = match selectors_as {
+                SelectorsAs::Stored => {
+                    gpu_dra_driver::selector::CelEnvironment::stored_expressions(*kubernetes_version)
+                }
+                SelectorsAs::New => gpu_dra_driver::selector::CelEnvironment::new_expressions(*kubernetes_version),
+            };
+            let options = simulate::Options { fleet: fleet.as_deref(), format: *output, timings: *timings, cel };
             simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
                 // Nothing on stdout unless the whole run succeeded.
                 std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;

@@ -34,8 +34,11 @@ pub fn allocate(
     slices: &[ResourceSlice],
     classes: &[DeviceClass],
     nodes: &[Node],
+    cel: gpu_dra_driver::selector::CelEnvironment,
 ) -> Result<Vec<Outcome>> {
-    let mut allocator = Allocator::new(slices, classes, nodes).with_share_ids(Box::new(SequentialShareIds::new()));
+    let mut allocator = Allocator::new(slices, classes, nodes)
+        .with_cel_environment(cel)
+        .with_share_ids(Box::new(SequentialShareIds::new()));
     let known: Vec<NodeLabels> = allocator
         .nodes()
         .iter()

@@ -41,6 +41,8 @@ pub struct Options<'a> {
     pub format: Format,
     /// Print each phase's duration on `note`.
     pub timings: bool,
+    /// Which Kubernetes' CEL environment selectors are checked in.
+    pub cel: gpu_dra_driver::selector::CelEnvironment,
 }
 
 /// Runs the simulation. Returns an error (exit 1) for input that cannot be
@@ -77,7 +79,7 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     let classes: Vec<_> = std::mem::take(&mut inputs.classes).into_iter().map(|c| c.object).collect();
     let nodes: Vec<_> = std::mem::take(&mut inputs.nodes).into_iter().map(|n| n.object).collect();
     phases.mark("workload");
-    let outcomes = engine::allocate(&workload, &inputs.slices, &classes, &nodes)?;
+    let outcomes = engine::allocate(&workload, &inputs.slices, &classes, &nodes, options.cel)?;
     phases.mark("allocate");
     match options.format {
         Format::Table => output::table(out, &workload.claims, &outcomes),

@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use super::*;
+use gpu_dra_driver::selector::CelEnvironment;
 
 const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.nvidia.com}\n\
 spec: {selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]}\n";
@@ -24,6 +25,10 @@ fn claim(name: &str, count: u32) -> String {
 }
 
 fn simulate(docs: &[String], gpus: u32, format: Format) -> (Result<()>, String, String) {
+    simulate_in(docs, gpus, format, CelEnvironment::default())
+}
+
+fn simulate_in(docs: &[String], gpus: u32, format: Format, cel: CelEnvironment) -> (Result<()>, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.yaml");
     std::fs::write(&input, format!("{CLASS}---\n{}", docs.join("---\n"))).unwrap();
@@ -31,7 +36,7 @@ fn simulate(docs: &[String], gpus: u32, format: Format) -> (Result<()>, String, 
     std::fs::write(&fleet_file, fleet(gpus)).unwrap();
     let (mut out, mut note) = (Vec::new(), Vec::new());
     let files: Vec<PathBuf> = vec![input];
-    let options = Options { fleet: Some(&fleet_file), format, timings: false };
+    let options = Options { fleet: Some(&fleet_file), format, timings: false, cel };
     let result = run(&files, &options, &mut out, &mut note);
     (result, String::from_utf8(out).unwrap(), String::from_utf8(note).unwrap())
 }
@@ -166,4 +171,86 @@ fn other_kinds_are_noted_and_fleet_nodes_must_be_unique() {
     let err = result.unwrap_err().to_string();
     assert!(err.contains("node a-node is also defined in"), "{err}");
     assert!(out.is_empty());
+}
+
+/// A claim for one GPU whose request carries `expression` as its selector.
+fn claim_with_selector(name: &str, expression: &str) -> String {
+    let quoted = serde_json::to_string(expression).unwrap();
+    claim(name, 1).replace("count: 1}", &format!("count: 1, selectors: [{{cel: {{expression: {quoted}}}}}]}}"))
+}
+
+/// Kubernetes' own CEL cases (dynamic-resource-allocation's
+/// `cel/compile_test.go`, the apiserver's library tests), restated, run
+/// through `simulate`: what matches allocates, what Kubernetes refuses is
+/// the claim's error, in Kubernetes' words.
+#[test]
+fn kubernetes_cel_cases_through_simulate() {
+    let nested = |levels: usize| {
+        let mut e = "int('1'.find('[0-9]*')) < 100".to_owned();
+        for l in 0..levels {
+            e = format!("[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(x{l}, {e})");
+        }
+        e
+    };
+    let allocates = [
+        r#"device.attributes["gpu.nvidia.com"].productName.startsWith("NVIDIA H100")"#.to_owned(),
+        r#"device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))"#.to_owned(),
+        r#"device.attributes["gpu.nvidia.com"].driverVersion.isGreaterThan(semver("1.0.0"))"#.to_owned(),
+        r#"cel.bind(gpu, device.attributes["gpu.nvidia.com"], gpu.architecture == "Hopper" && has(gpu.uuid))"#
+            .to_owned(),
+        r#"device.attributes["gpu.nvidia.com"].exists(k, v, k == "uuid" && v.startsWith("GPU-"))"#.to_owned(),
+        r#"["b", "c", "a"].sort() == ["a", "b", "c"] && sets.contains([1, 2], [2])"#.to_owned(),
+        r#"cidr("10.0.0.0/8").containsIP("10.1.2.3") && url("https://example.com/x").getHost() == "example.com""#
+            .to_owned(),
+        r#"!format.dns1123Label().validate(device.driver.replace(".", "-")).hasValue()"#.to_owned(),
+        nested(5),
+    ];
+    let refused = [
+        ("true || device.driver > 1", "found no matching overload for '_>_' applied to '(string, int)'"),
+        ("1 == 1.0", "found no matching overload for '_==_' applied to '(int, double)'"),
+        ("[1, 2.0].size() == 2", "expected type 'int' but found 'double'"),
+        ("sets.contains([1], [1.0])", "'sets.contains' applied to '(list(int), list(double))'"),
+        ("1", "must evaluate to bool or the unknown type, not int"),
+        (r#""gums".reverse() == "smug""#, "'reverse' applied to 'string.()'"),
+    ];
+    let mut docs: Vec<String> =
+        allocates.iter().enumerate().map(|(i, e)| claim_with_selector(&format!("ok-{i}"), e)).collect();
+    docs.extend(refused.iter().enumerate().map(|(i, (e, _))| claim_with_selector(&format!("bad-{i}"), e)));
+    let (result, out, _) = simulate_in(&docs, 8, Format::Json, CelEnvironment::stored_expressions(36));
+    result.unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let results = doc["results"].as_array().unwrap();
+    for (i, expression) in allocates.iter().enumerate() {
+        assert_eq!(results[i]["allocated"].as_bool(), Some(true), "{expression}: {}", results[i]);
+    }
+    for (i, (expression, message)) in refused.iter().enumerate() {
+        let r = &results[allocates.len() + i];
+        assert_eq!(r["error"].as_bool(), Some(true), "{expression}: {r}");
+        assert!(r["reason"].as_str().unwrap().contains(message), "{expression}: {r}");
+    }
+
+    // The version and the kind of expression: a 1.34 apiserver refuses the
+    // lists extension in a new claim and the cost estimate above the limit;
+    // a 1.35 one admits the former; the scheduler meters the latter.
+    let sort = claim_with_selector("sorts", "[3, 1].sort() == [1, 3]");
+    let seven = claim_with_selector("seven", &nested(7));
+    let run = |cel: CelEnvironment| {
+        let (result, out, _) = simulate_in(&[sort.clone(), seven.clone()], 1, Format::Json, cel);
+        result.unwrap();
+        let doc: serde_json::Value = serde_json::from_str(&out).unwrap();
+        doc["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["reason"].as_str().unwrap_or("").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let new_134 = run(CelEnvironment::new_expressions(34));
+    assert!(new_134[0].contains("undeclared reference to 'sort'"), "{new_134:?}");
+    assert!(new_134[1].contains("too complex, exceeds cost limit"), "{new_134:?}");
+    let new_135 = run(CelEnvironment::new_expressions(35));
+    assert!(!new_135[0].contains("undeclared"), "{new_135:?}");
+    let stored = run(CelEnvironment::stored_expressions(34));
+    assert!(stored[0].is_empty() || stored[0] == "-", "{stored:?}");
+    assert!(stored[1].contains("cost budget"), "{stored:?}");
 }

@@ -228,6 +228,15 @@ impl Allocator {
         self.fleet.prune_if_needed();
     }
 
+    /// Evaluates selectors as Kubernetes does in `environment` (by default
+    /// the newest modelled version's stored expressions): an older version
+    /// lacks some functions, and new expressions are held to the
+    /// apiserver's cost limit. Call before the first claim.
+    pub fn with_cel_environment(mut self, environment: crate::selector::CelEnvironment) -> Self {
+        self.selectors = selectors::SelectorCache::for_environment(environment);
+        self
+    }
+
     /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.
     /// with [`SequentialShareIds`] for reproducible output.
     pub fn with_share_ids(mut self, source: Box<dyn ShareIdSource>) -> Self {

@@ -88,6 +88,10 @@ impl SelectorCache {
         Self { env: sel::SelectorEnv::new(), ..Default::default() }
     }
 
+    pub(crate) fn for_environment(environment: sel::CelEnvironment) -> Self {
+        Self { env: sel::SelectorEnv::for_environment(environment), ..Default::default() }
+    }
+
     /// Drops the cached candidate lists of these node positions (`None`:
     /// all), after their views changed or positions moved.
     pub(crate) fn forget_nodes(&mut self, positions: Option<&[usize]>) {

@@ -35,7 +35,7 @@ use cel::{Context, Env, Value};
 pub use checker::CostEstimate;
 pub use checker::Type as CelType;
 pub use device_value::{AttributeValue, CelDevice};
-pub use environment::{CelEnvironment, ExpressionKind};
+pub use environment::{CelEnvironment, ExpressionKind, NEWEST_MINOR, OLDEST_MINOR};
 pub use quantity_lib::Quantity;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
