@@ -51,8 +51,11 @@ use super::ops_lib::{METERED_OPERATORS, deep_units};
 use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
 
-/// Units one evaluation may spend.
+/// Units one evaluation may spend, unless its estimate is within the limit.
 pub const BUDGET: u64 = super::MAX_COST;
+/// The budget of an expression estimated within the limit, in multiples of
+/// it: more than the ratio of our units to cel-go's for any operation.
+pub const BOUNDED_FACTOR: u64 = 16;
 /// Bytes of string scanned or built per unit.
 pub const BYTES_PER_UNIT: u64 = 16;
 /// The longest string a function or `+` may build.

@@ -211,6 +211,7 @@ impl SelectorEnv {
             stack: rewritten.stack,
             constants: rewritten.constants,
             estimated_cost,
+            budget: meter_budget(estimated_cost),
         })
     }
 }
@@ -226,6 +227,21 @@ pub struct CompiledSelector {
     constants: Vec<Box<dyn Val>>,
     /// Kubernetes' compile-time estimate, in cel-go's units.
     estimated_cost: CostEstimate,
+    /// Units of our meter an evaluation may spend (see [`meter_budget`]).
+    budget: u64,
+}
+
+/// The meter's budget for an expression with this estimate. An expression
+/// estimated within [`MAX_COST`] cannot exceed it at run time in Kubernetes
+/// (the estimate bounds the actual cost), so it must not here either: our
+/// units exceed cel-go's by at most a small factor (a list element compared
+/// costs one of ours, a tenth of cel-go's), and such an expression gets
+/// [`cost::BOUNDED_FACTOR`] times the limit, which keeps the work bounded
+/// without ever stopping it. Above the estimate, which only a stored
+/// expression can be (the apiserver refuses new ones), the meter applies
+/// the limit itself, approximating cel-go's count from above.
+fn meter_budget(estimated: CostEstimate) -> u64 {
+    if estimated.max <= MAX_COST { MAX_COST.saturating_mul(cost::BOUNDED_FACTOR) } else { MAX_COST }
 }
 
 /// The variables of one evaluation: `device`, and the selector's constants.
@@ -278,13 +294,13 @@ impl CompiledSelector {
     }
 
     fn evaluate(&self, device: &CelDevice) -> Result<bool, EvalError> {
-        cost::start(cost::BUDGET);
+        cost::start(self.budget);
         let variables = Variables { device, constants: &self.constants };
         let mut context = Context::with_env(Arc::clone(&self.env));
         context.set_variable_resolver(&variables);
         let result = Value::resolve_val(&self.ast, &context);
         if cost::exceeded() {
-            return Err(EvalError::CostExceeded { limit: cost::BUDGET });
+            return Err(EvalError::CostExceeded { limit: MAX_COST });
         }
         let value = result.map_err(|e| EvalError::Runtime(env::runtime_message(&e.to_string())))?;
         value
