@@ -308,3 +308,91 @@ async fn a_filtered_watch_sees_objects_leave_and_enter_the_selection() {
     api.patch("n1", &PatchParams::default(), &label("yes")).await.unwrap();
     assert_eq!(next().await, "ADDED n1");
 }
+
+/// Finalizers and graceful deletion, as the registry's `Store.Delete` and
+/// `Store.Update` handle them: DELETE of an object with finalizers sets
+/// `deletionTimestamp` and keeps it; no finalizer may be added then; the
+/// update that removes the last one deletes it (one DELETED event).
+#[tokio::test]
+async fn finalizers_hold_a_deleted_object_until_removed() {
+    let server = ApiServer::start().await.unwrap();
+    let api: Api<ResourceClaim> = Api::namespaced(client(&server).await, "default");
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "metadata": {"name": "c", "finalizers": ["gpu.nvidia.com/allocation"]},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &claim).await.unwrap();
+    let mut events = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    let _added = events.next().await;
+
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    let held = api.get("c").await.unwrap();
+    let deleted_at = held.metadata.deletion_timestamp.clone();
+    assert!(deleted_at.is_some(), "DELETE with finalizers sets deletionTimestamp");
+    api.delete("c", &DeleteParams::default()).await.unwrap();
+    assert_eq!(api.get("c").await.unwrap().metadata.deletion_timestamp, deleted_at, "set once");
+
+    let mut more = held.clone();
+    more.metadata.finalizers.get_or_insert_default().push("other/finalizer".into());
+    let (code, _) = api_code(api.replace("c", &PostParams::default(), &more).await.unwrap_err());
+    assert_eq!(code, 422, "no new finalizers while deleting");
+
+    let mut none = api.get("c").await.unwrap();
+    none.metadata.finalizers = Some(vec![]);
+    api.replace("c", &PostParams::default(), &none).await.unwrap();
+    assert_eq!(api_code(api.get("c").await.unwrap_err()).0, 404);
+    let mut kinds = Vec::new();
+    while let Some(Ok(event)) = tokio::time::timeout(Duration::from_millis(300), events.next()).await.ok().flatten() {
+        kinds.push(match event {
+            WatchEvent::Added(_) => "ADDED",
+            WatchEvent::Modified(_) => "MODIFIED",
+            WatchEvent::Deleted(_) => "DELETED",
+            _ => "OTHER",
+        });
+    }
+    assert_eq!(kinds, ["MODIFIED", "DELETED"]);
+}
+
+/// Pods and `events.k8s.io/v1` Events are served with their field labels.
+#[tokio::test]
+async fn pods_and_events_with_field_selectors() {
+    use k8s_openapi::api::core::v1::Pod;
+    use k8s_openapi::api::events::v1::Event;
+    let server = ApiServer::start().await.unwrap();
+    let client = client(&server).await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "default");
+    for name in ["a", "b"] {
+        let pod: Pod = serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"containers": [{"name": "c", "image": "x"}]},
+            "status": {"phase": "Running"},
+        }))
+        .unwrap();
+        // A new pod is Pending whatever its status says; only /status moves it.
+        let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+        assert_eq!(created.status.and_then(|s| s.phase).as_deref(), Some("Pending"));
+    }
+    let status = json!({"status": {"phase": "Running"}});
+    pods.patch_status("b", &PatchParams::default(), &Patch::Merge(&status)).await.unwrap();
+    let pending = pods.list(&ListParams::default().fields("status.phase=Pending")).await.unwrap();
+    assert_eq!(pending.items.iter().map(|p| p.metadata.name.clone().unwrap()).collect::<Vec<_>>(), ["a"]);
+
+    let events: Api<Event> = Api::namespaced(client, "default");
+    let event: Event = serde_json::from_value(json!({
+        "metadata": {"name": "c.1"},
+        "eventTime": "2026-01-01T00:00:00.000000Z",
+        "reportingController": "gpu.nvidia.com/controller",
+        "reportingInstance": "r",
+        "action": "Allocate",
+        "reason": "Unsatisfiable",
+        "type": "Warning",
+        "note": "no H100 free",
+        "regarding": {"kind": "ResourceClaim", "name": "c", "namespace": "default"},
+    }))
+    .unwrap();
+    events.create(&PostParams::default(), &event).await.unwrap();
+    let found = events.list(&ListParams::default().fields("regarding.name=c,reason=Unsatisfiable")).await.unwrap();
+    assert_eq!(found.items.len(), 1);
+    assert!(events.list(&ListParams::default().fields("regarding.name=d")).await.unwrap().items.is_empty());
+}

@@ -94,6 +94,44 @@ pub static KINDS: &[Kind] = &[
         unconditional_update: true,
         fields: &["spec.unschedulable"],
     },
+    // Pods: `pkg/registry/core/pod/strategy.go` (status subresource, no
+    // create on update); field labels from `pkg/apis/core/v1/conversion.go`
+    // (`spec.nodeName`, `status.phase` among others).
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+        status_subresource: true,
+        generation: false,
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &["spec.nodeName", "status.phase", "spec.schedulerName"],
+    },
+    // Events (`events.k8s.io/v1`): `pkg/registry/core/event/strategy.go`
+    // (no status, unconditional updates); field labels from
+    // `pkg/apis/events/v1/conversion.go` (the `regarding` reference, reason, type).
+    Kind {
+        group: "events.k8s.io",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        status_subresource: false,
+        generation: false,
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &[
+            "regarding.kind",
+            "regarding.name",
+            "regarding.namespace",
+            "regarding.uid",
+            "reason",
+            "type",
+            "reportingController",
+        ],
+    },
     Kind {
         group: "coordination.k8s.io",
         version: "v1",

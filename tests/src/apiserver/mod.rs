@@ -1,19 +1,21 @@
 //! An in-process API server stand-in that the real kube client talks to.
 //!
 //! It serves ResourceSlices, ResourceClaims (with `/status`), DeviceClasses,
-//! Nodes and Leases over plain HTTP on `127.0.0.1`, with the semantics the
+//! Nodes, Pods (with `/status`), `events.k8s.io/v1` Events and Leases over
+//! plain HTTP on `127.0.0.1`, with the semantics the
 //! driver relies on: one global, increasing resourceVersion; uid,
 //! creationTimestamp and generation set by the server; 409 AlreadyExists and
 //! 409 Conflict on a stale resourceVersion; 404 with a `Status` body; lists
 //! with label and field selectors; watches with bookmarks and 410 for an
 //! expired resourceVersion; DeleteCollection; the status subresource; JSON
-//! merge patch and server-side apply. Each rule cites the real server in the
+//! merge patch and server-side apply; finalizers and graceful deletion
+//! (`deletionTimestamp`, removal with the last finalizer). Each rule cites the real server in the
 //! module that implements it. Tests inject faults through [`Faults`] and
 //! read or change objects directly through the typed helpers here (as the
 //! kubelet or a scheduler would).
 //!
-//! Not implemented: authentication, discovery documents, finalizers and
-//! graceful deletion, pagination (limit is ignored, which the real server
+//! Not implemented: authentication, discovery documents, grace periods
+//! (deletion is immediate once no finalizer holds an object), pagination (limit is ignored, which the real server
 //! may do too), strategic merge patch and JSON patch (415), protobuf.
 
 pub mod apply;

@@ -228,6 +228,10 @@ impl Store {
             && let Some(map) = object.as_object_mut()
         {
             map.remove("status");
+            // pod strategy PrepareForCreate: a new pod is Pending.
+            if kind.kind == "Pod" {
+                map.insert("status".into(), json!({"phase": "Pending"}));
+            }
         }
         self.create_inner(kind, namespace, object, Managers::new(), manager)
     }
@@ -361,7 +365,18 @@ impl Store {
                 None => map.remove("status"),
             };
         }
-        for field in ["name", "namespace", "uid", "creationTimestamp", "generation", "generateName"] {
+        // BeforeUpdate: server-set metadata, deletion state included, is
+        // the stored object's whatever the client sends.
+        for field in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "generation",
+            "generateName",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
             let value = old.get("metadata").and_then(|m| m.get(field)).cloned().unwrap_or(Value::Null);
             set_meta(&mut new, field, value);
         }
@@ -375,11 +390,32 @@ impl Store {
         if new == old {
             return Ok(old);
         }
+        // ValidateObjectMetaUpdate: an object being deleted may lose
+        // finalizers but gain none.
+        if old.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null()) {
+            let before = finalizers(&old);
+            if let Some(added) = finalizers(&new).into_iter().find(|f| !before.contains(f)) {
+                return Err(ApiError::invalid(
+                    kind,
+                    write.name,
+                    &format!(
+                        "metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers [\"{added}\"]"
+                    ),
+                ));
+            }
+        }
         validate::check(kind, write.name, &new, Some(&old))?;
         apply::record_update(&mut managers, write.manager, &old, &new);
         let rv = inner.rv + 1;
         inner.rv = rv;
         set_meta(&mut new, "resourceVersion", json!(rv.to_string()));
+        // registry Store.Update / deleteForEmptyFinalizers: the update that
+        // removes the last finalizer of an object being deleted deletes it.
+        if new.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null()) && finalizers(&new).is_empty() {
+            inner.rv = rv - 1;
+            inner.objects.insert(key.clone(), Entry { object: new.clone(), managers });
+            return Ok(self.remove(&mut inner, kind, key));
+        }
         inner.objects.insert(key, Entry { object: new.clone(), managers });
         self.emit(&mut inner, kind, EventType::Modified, write.namespace, new.clone(), Some(old));
         Ok(new)
@@ -424,9 +460,12 @@ impl Store {
         })
     }
 
-    /// DELETE of one object (immediate: the stand-in has no finalizers or
-    /// graceful deletion). A precondition resourceVersion or uid must match
-    /// (409 Conflict otherwise, like `Preconditions` in DeleteOptions).
+    /// DELETE of one object. A precondition resourceVersion or uid must
+    /// match (409 Conflict otherwise, like `Preconditions` in
+    /// DeleteOptions). An object with finalizers is not removed: as the
+    /// registry's `Store.Delete` (`updateForGracefulDeletionAndFinalizers`)
+    /// does, it gets `deletionTimestamp` (once; a second DELETE changes
+    /// nothing) and stays until an update removes its last finalizer.
     pub fn delete(
         &self,
         kind: &'static Kind,
@@ -443,6 +482,22 @@ impl Store {
         }
         if precondition_uid.is_some_and(|uid| Some(uid) != meta_str(&entry.object, "uid")) {
             return Err(ApiError::conflict(kind, name, "Precondition failed: UID in precondition does not match"));
+        }
+        if !finalizers(&entry.object).is_empty() {
+            if entry.object.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null()) {
+                return Ok(entry.object.clone());
+            }
+            let old = entry.object.clone();
+            let managers = entry.managers.clone();
+            let mut object = old.clone();
+            set_meta(&mut object, "deletionTimestamp", json!(now()));
+            set_meta(&mut object, "deletionGracePeriodSeconds", json!(0));
+            let rv = inner.rv + 1;
+            inner.rv = rv;
+            set_meta(&mut object, "resourceVersion", json!(rv.to_string()));
+            inner.objects.insert(key, Entry { object: object.clone(), managers });
+            self.emit(&mut inner, kind, EventType::Modified, namespace, object.clone(), Some(old));
+            return Ok(object);
         }
         Ok(self.remove(&mut inner, kind, key))
     }
@@ -561,6 +616,15 @@ fn trim(inner: &mut Inner) {
             inner.oldest_rv = e.rv;
         }
     }
+}
+
+/// `metadata.finalizers`.
+fn finalizers(object: &Value) -> Vec<String> {
+    object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_owned)).collect())
+        .unwrap_or_default()
 }
 
 fn set_type(kind: &Kind, object: &mut Value) {
