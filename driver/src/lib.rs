@@ -1,7 +1,9 @@
 //! The GPU DRA driver's pure core: the node's GPU inventory, the
 //! ResourceSlices that publish it, and the CDI specs that hand devices to
 //! containers. No async runtime and no network here; the binaries are the
-//! edges.
+//! edges. The one exception is behind the `service` feature: the plumbing
+//! both binaries' services share (the Kubernetes client, the health and
+//! metrics port), so that it is written once.
 
 pub mod allocator;
 pub mod cdi;
@@ -13,5 +15,7 @@ pub mod nesting;
 pub mod opaque_config;
 pub mod quantity;
 pub mod selector;
+#[cfg(feature = "service")]
+pub mod service;
 pub mod slices;
 pub mod version;

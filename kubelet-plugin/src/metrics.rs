@@ -222,6 +222,12 @@ impl Metrics {
     }
 }
 
+impl gpu_dra_driver::service::http::MetricsText for Metrics {
+    fn encode(&self) -> Result<String, fmt::Error> {
+        Metrics::encode(self)
+    }
+}
+
 impl PublishObserver for Metrics {
     fn published(&self, devices: usize, generation: i64) {
         self.set_published(devices, generation);

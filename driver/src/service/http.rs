@@ -1,4 +1,4 @@
-//! The plugin's HTTP port: `/metrics` (Prometheus text), `/healthz` (the
+//! A service's HTTP port: `/metrics` (Prometheus text), `/healthz` (the
 //! process serves HTTP) and `/readyz` (every readiness check passes; the
 //! body names the ones that do not).
 
@@ -11,7 +11,10 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
-use crate::metrics::Metrics;
+/// A service's metrics, as OpenMetrics text.
+pub trait MetricsText: Send + Sync {
+    fn encode(&self) -> Result<String, std::fmt::Error>;
+}
 
 /// One named readiness condition, e.g. "registered".
 pub struct ReadyCheck {
@@ -27,7 +30,7 @@ impl ReadyCheck {
 
 /// What the HTTP handlers read.
 pub struct HttpState {
-    pub metrics: Arc<Metrics>,
+    pub metrics: Arc<dyn MetricsText>,
     pub ready: Vec<ReadyCheck>,
 }
 
@@ -82,6 +85,14 @@ mod tests {
 
     use super::*;
 
+    struct Stub;
+
+    impl MetricsText for Stub {
+        fn encode(&self) -> Result<String, std::fmt::Error> {
+            Ok("# TYPE gpu_dra_published_devices gauge\n".to_owned())
+        }
+    }
+
     async fn get(router: &Router, path: &str) -> (StatusCode, String) {
         let response = router.clone().oneshot(Request::get(path).body(Body::empty()).unwrap()).await.unwrap();
         let status = response.status();
@@ -94,7 +105,7 @@ mod tests {
         let registered = Arc::new(AtomicBool::new(false));
         let flag = registered.clone();
         let state = Arc::new(HttpState {
-            metrics: Arc::new(Metrics::new()),
+            metrics: Arc::new(Stub),
             ready: vec![
                 ReadyCheck::new("registered", move || flag.load(Ordering::Relaxed)),
                 ReadyCheck::new("serving", || true),
