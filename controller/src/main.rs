@@ -2,6 +2,7 @@
 //! Argument parsing and wiring only; the logic lives in `gpu-dra-driver`.
 
 mod manifests;
+mod service;
 mod simulate;
 mod validate;
 
@@ -20,6 +21,11 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the controller service: watch the cluster, explain claims that
+    /// cannot be allocated (events on the claim and its pods), allocate the
+    /// claims annotated `gpu.nvidia.com/allocate: "true"`, with leader
+    /// election among replicas. Stops on SIGTERM or SIGINT.
+    Run(Box<service::RunArgs>),
     /// Check ResourceSlices against the apiserver's validation rules (for
     /// servers 1.34 to 1.36) without a cluster. Reads YAML or JSON files,
     /// multi-document streams and `List`s; objects of other kinds are
@@ -84,6 +90,17 @@ fn parse_minor(text: &str) -> Result<u32, String> {
     }
 }
 
+/// Logs to standard error; `RUST_LOG` filters (default `info`).
+fn init_logging(format: service::args::LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match format {
+        service::args::LogFormat::Json => builder.json().init(),
+        service::args::LogFormat::Text => builder.init(),
+    }
+}
+
 /// jemalloc: the allocator's fleet model churns small allocations, where
 /// glibc malloc costs it 40% of its speed (`cargo bench -p gpu-dra-driver`).
 #[global_allocator]
@@ -92,6 +109,13 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match &cli.command {
+        Command::Run(args) => {
+            init_logging(args.log_format);
+            match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime.block_on(service::run((**args).clone())).map(|()| true),
+                Err(error) => Err(anyhow::anyhow!("cannot start the async runtime: {error}")),
+            }
+        }
         Command::ValidateSlices { files } => {
             validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
@@ -119,5 +143,18 @@ fn main() -> ExitCode {
             eprintln!("error: {line}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+        let cli = <super::Cli as clap::Parser>::try_parse_from(["gpu-dra-controller", "run", "--metrics-addr", "off"])
+            .unwrap();
+        assert!(matches!(cli.command, super::Command::Run(_)));
     }
 }

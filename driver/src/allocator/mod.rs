@@ -259,6 +259,16 @@ impl Allocator {
         self.state.record(&self.fleet, &state::owner_of(claim), allocation)
     }
 
+    /// The claims (`namespace/name`) that already hold a device of this
+    /// claim's allocation: recording it too would be a double allocation
+    /// (two allocators picked the same device in the same instant).
+    pub fn conflicting_holders(&self, claim: &ResourceClaim) -> Vec<String> {
+        match claim.status.as_ref().and_then(|s| s.allocation.as_ref()) {
+            Some(allocation) => self.state.other_holders(&self.fleet, &state::owner_of(claim), allocation),
+            None => Vec::new(),
+        }
+    }
+
     /// Allocates `claims` together (a pod's claims) on `node`, without
     /// committing: one result per claim, in order. Claims that already have
     /// an allocation must not be passed (record them instead).

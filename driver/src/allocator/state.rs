@@ -73,6 +73,26 @@ impl AllocatedState {
         Ok(())
     }
 
+    /// Other owners that hold a device of `result` exclusively: a double
+    /// allocation if `result` is recorded too.
+    pub(crate) fn other_holders(&self, fleet: &Fleet, owner: &str, result: &AllocationResult) -> Vec<String> {
+        let mut others: Vec<String> = Vec::new();
+        for (r, consumed) in holdings(result, owner).flatten() {
+            let Some(d) = fleet.lookup(&r.driver, &r.pool, &r.device) else { continue };
+            let holders: Vec<&str> = match consumed {
+                // A share conflicts only with a dedicated holder.
+                Some(_) => self.exclusive.get(&d).map(String::as_str).into_iter().collect(),
+                None => self.owners(d),
+            };
+            for holder in holders {
+                if holder != owner && !others.iter().any(|o| o == holder) {
+                    others.push(holder.to_owned());
+                }
+            }
+        }
+        others
+    }
+
     /// Gives back what `owner` holds through `result`: devices, capacity
     /// and, when a device is no longer in use at all, its counters.
     pub(crate) fn release(&mut self, fleet: &Fleet, owner: &str, result: &AllocationResult) -> Result<(), InputError> {

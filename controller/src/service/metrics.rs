@@ -1,0 +1,85 @@
+//! The controller's Prometheus metrics.
+//!
+//! | metric | type | labels |
+//! |---|---|---|
+//! | `gpu_dra_controller_claims_explained_total` | counter | `reason` |
+//! | `gpu_dra_controller_claims_allocated_total` | counter | |
+//! | `gpu_dra_controller_claims_deallocated_total` | counter | |
+//! | `gpu_dra_controller_errors_total` | counter | `kind` |
+//! | `gpu_dra_controller_reconcile_duration_seconds` | histogram | |
+//! | `gpu_dra_controller_fleet_devices` | gauge | |
+//! | `gpu_dra_controller_claims` | gauge | |
+//! | `gpu_dra_controller_leader` | gauge | 1 while this replica leads |
+
+use std::fmt;
+use std::sync::atomic::AtomicI64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub explained: Family<ReasonLabel, Counter>,
+    pub allocated: Counter,
+    pub deallocated: Counter,
+    pub errors: Family<KindLabel, Counter>,
+    pub reconcile: Histogram,
+    pub fleet_devices: Gauge<i64, AtomicI64>,
+    pub claims: Gauge<i64, AtomicI64>,
+    pub leader: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("gpu_dra_controller");
+        let explained = Family::<ReasonLabel, Counter>::default();
+        registry.register("claims_explained", "Explanations written as events, by reason", explained.clone());
+        let allocated = Counter::default();
+        registry.register("claims_allocated", "Delegated claims allocated", allocated.clone());
+        let deallocated = Counter::default();
+        registry.register("claims_deallocated", "Delegated claims deallocated", deallocated.clone());
+        let errors = Family::<KindLabel, Counter>::default();
+        registry.register("errors", "Errors by kind", errors.clone());
+        let reconcile = Histogram::new(exponential_buckets(0.0005, 4.0, 10));
+        registry.register_with_unit("reconcile_duration", "One reconcile pass", Unit::Seconds, reconcile.clone());
+        let fleet_devices = Gauge::default();
+        registry.register("fleet_devices", "Devices in the fleet model", fleet_devices.clone());
+        let claims = Gauge::default();
+        registry.register("claims", "ResourceClaims known", claims.clone());
+        let leader = Gauge::default();
+        registry.register("leader", "1 while this replica leads", leader.clone());
+        Metrics { registry, explained, allocated, deallocated, errors, reconcile, fleet_devices, claims, leader }
+    }
+
+    pub fn error(&self, kind: &str) {
+        self.errors.get_or_create(&KindLabel { kind: kind.to_owned() }).inc();
+    }
+}
+
+impl gpu_dra_driver::service::http::MetricsText for Metrics {
+    fn encode(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}

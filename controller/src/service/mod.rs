@@ -1,0 +1,117 @@
+//! `gpu-dra-controller run`: the cluster-side service. It watches the
+//! cluster into a [`cluster::ClusterState`] and, while it leads, explains
+//! claims that cannot be allocated (events) and allocates the claims
+//! delegated to it.
+//!
+//! One task owns the state: watch events arrive on a channel and are
+//! applied in order; a periodic pass acts on the state. Writes are awaited
+//! one at a time, so the state never sees two of its own decisions race.
+
+pub mod args;
+mod cluster;
+mod events;
+mod lease;
+mod metrics;
+mod reconcile;
+mod watch;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use anyhow::Context as _;
+use gpu_dra_driver::selector::{CelEnvironment, NEWEST_MINOR};
+use gpu_dra_driver::service::http::{HttpState, ReadyCheck};
+use gpu_dra_driver::service::kube_client;
+use kube::Api;
+use tokio::sync::{mpsc, watch as signal};
+
+pub use args::RunArgs;
+
+/// Runs until SIGTERM or SIGINT.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let (client, source) =
+        kube_client::client(args.kubeconfig.as_deref()).await.context("connecting to the API server")?;
+    let minor = match client.apiserver_version().await {
+        Ok(info) => info.minor.trim_end_matches('+').parse().unwrap_or(NEWEST_MINOR),
+        Err(error) => {
+            tracing::warn!(%error, "cannot read the server version; evaluating selectors as Kubernetes 1.{NEWEST_MINOR}");
+            NEWEST_MINOR
+        }
+    };
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    tracing::info!(%source, server_minor = minor, %identity, "starting");
+    let metrics = Arc::new(metrics::Metrics::new());
+
+    let (leading_tx, leading) = signal::channel(!args.leader_elect);
+    if args.leader_elect {
+        let leases = Api::namespaced(client.clone(), &args.namespace);
+        if args.leader_elect_renew_deadline >= args.leader_elect_lease_duration {
+            anyhow::bail!(
+                "--leader-elect-renew-deadline must be shorter than --leader-elect-lease-duration, or two replicas could lead at once"
+            );
+        }
+        let config = lease::LeaseConfig {
+            duration: args.leader_elect_lease_duration,
+            renew_deadline: args.leader_elect_renew_deadline,
+            retry_period: args.leader_elect_retry_period,
+            ..lease::LeaseConfig::new(&args.namespace, &identity)
+        };
+        tokio::spawn(lease::run(leases, config, leading_tx));
+    } else {
+        drop(leading_tx);
+    }
+
+    let synced = Arc::new(AtomicBool::new(false));
+    if let args::Listen::At(addr) = args.metrics_addr {
+        let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        let flag = synced.clone();
+        let state = Arc::new(HttpState {
+            metrics: metrics.clone(),
+            ready: vec![ReadyCheck::new("synced", move || flag.load(Ordering::Relaxed))],
+        });
+        tokio::spawn(async move {
+            if let Err(error) = gpu_dra_driver::service::http::serve(listener, state, std::future::pending()).await {
+                tracing::error!(%error, "the metrics port stopped");
+            }
+        });
+        tracing::info!(%addr, "serving /metrics, /healthz, /readyz");
+    }
+
+    let (changes_tx, changes) = mpsc::channel(4096);
+    watch::spawn_all(&client, changes_tx);
+    let state = cluster::ClusterState::new(&args.driver_name, CelEnvironment::stored_expressions(minor));
+    let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced);
+    tokio::select! {
+        result = owner.run(changes, leading) => result,
+        _ = shutdown() => {
+            tracing::info!("stopping");
+            Ok(())
+        }
+    }
+}
+
+fn default_identity() -> String {
+    let base = std::env::var("POD_NAME")
+        .ok()
+        .filter(|n| !n.is_empty())
+        .or_else(|| std::fs::read_to_string("/proc/sys/kernel/hostname").ok().map(|h| h.trim().to_owned()))
+        .unwrap_or_else(|| "gpu-dra-controller".to_owned());
+    let suffix = uuid::Uuid::new_v4().simple().to_string();
+    format!("{base}-{}", &suffix[..8])
+}
+
+async fn shutdown() {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// How often the owner acts when nothing changes (explanations of claims
+/// whose wait just passed `--explain-after`, reservation grace periods).
+const TICK: Duration = Duration::from_millis(500);

@@ -1,0 +1,522 @@
+//! The owner of the cluster state: applies watch events, and while leading
+//! explains and allocates.
+//!
+//! Delegated allocation races with the kube-scheduler: both may pick the
+//! same free device in the same instant, and each writes its own claim's
+//! status (the API server checks each claim's resourceVersion, not the
+//! devices). The controller sees the other allocation when its watch event
+//! arrives: if the device is also in one of its own delegated claims that no
+//! pod has reserved yet, it deallocates its own claim (which is then
+//! allocated again, elsewhere) and records a `DoubleAllocation` warning
+//! event; if its claim is already reserved by a pod, it cannot take it
+//! back, and the warning event names both claims for an operator.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
+use kube::api::PostParams;
+use kube::{Api, Client};
+use tokio::sync::{mpsc, watch as signal};
+
+use super::cluster::{
+    ALLOCATE_ANNOTATION, ClaimKey, ClusterState, DoubleAllocation, FINALIZER, PodClaims, Verdict, claim_key, key_of,
+};
+use super::events::{EventWriter, Regarding};
+use super::metrics::Metrics;
+use super::watch::{Change, Event};
+use super::{RunArgs, TICK};
+
+/// Kinds whose initial list is complete.
+const KINDS: usize = 5;
+
+pub struct Owner {
+    client: Client,
+    state: ClusterState,
+    events: EventWriter,
+    metrics: Arc<Metrics>,
+    synced: Arc<AtomicBool>,
+    explain_after: Duration,
+    deallocate_after: Duration,
+    /// Names seen since each kind's last `Init`, to drop the vanished.
+    relisting: HashMap<&'static str, HashSet<String>>,
+    /// Names of the objects of each kind (slices, classes, nodes, pods).
+    names: HashMap<&'static str, HashSet<String>>,
+    listed: HashSet<&'static str>,
+    /// When a delegated claim was first seen allocated and unreserved.
+    unreserved_since: HashMap<ClaimKey, Instant>,
+    /// Double allocations seen, handled at the next pass.
+    doubles: Vec<DoubleAllocation>,
+    /// Something changed since the last full pass.
+    dirty: bool,
+    last_pass: Option<Instant>,
+}
+
+fn is_delegated(claim: &ResourceClaim) -> bool {
+    claim.metadata.annotations.as_ref().and_then(|a| a.get(ALLOCATE_ANNOTATION)).is_some_and(|v| v == "true")
+}
+
+fn has_finalizer(claim: &ResourceClaim) -> bool {
+    claim.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER)
+}
+
+fn allocation(claim: &ResourceClaim) -> Option<&AllocationResult> {
+    claim.status.as_ref().and_then(|s| s.allocation.as_ref())
+}
+
+fn reserved(claim: &ResourceClaim) -> bool {
+    claim.status.as_ref().and_then(|s| s.reserved_for.as_ref()).is_some_and(|r| !r.is_empty())
+}
+
+fn claim_regarding(claim: &ResourceClaim) -> Regarding {
+    Regarding {
+        api_version: "resource.k8s.io/v1",
+        kind: "ResourceClaim",
+        namespace: claim.metadata.namespace.clone().unwrap_or_default(),
+        name: claim.metadata.name.clone().unwrap_or_default(),
+        uid: claim.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+fn pod_regarding(key: &str, uid: &str) -> Regarding {
+    let (namespace, name) = key.split_once('/').unwrap_or(("", key));
+    Regarding {
+        api_version: "v1",
+        kind: "Pod",
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+    }
+}
+
+/// Whether an API error is a 409 (someone else wrote first).
+fn conflict(error: &kube::Error) -> bool {
+    matches!(error, kube::Error::Api(status) if status.code == 409)
+}
+
+impl Owner {
+    pub fn new(
+        client: Client,
+        state: ClusterState,
+        args: &RunArgs,
+        identity: &str,
+        metrics: Arc<Metrics>,
+        synced: Arc<AtomicBool>,
+    ) -> Self {
+        Owner {
+            events: EventWriter::new(client.clone(), identity, args.event_qps),
+            client,
+            state,
+            metrics,
+            synced,
+            explain_after: args.explain_after,
+            deallocate_after: args.deallocate_after,
+            relisting: HashMap::new(),
+            names: HashMap::new(),
+            listed: HashSet::new(),
+            unreserved_since: HashMap::new(),
+            doubles: Vec::new(),
+            dirty: true,
+            last_pass: None,
+        }
+    }
+
+    /// Applies changes as they come and acts every tick while leading.
+    pub async fn run(
+        &mut self,
+        mut changes: mpsc::Receiver<Change>,
+        leading: signal::Receiver<bool>,
+    ) -> anyhow::Result<()> {
+        let mut tick = tokio::time::interval(TICK);
+        loop {
+            tokio::select! {
+                change = changes.recv() => {
+                    let Some(change) = change else { anyhow::bail!("the watches stopped") };
+                    self.apply(change).await;
+                    // Drain what is queued before acting on it.
+                    while let Ok(change) = changes.try_recv() {
+                        self.apply(change).await;
+                    }
+                }
+                _ = tick.tick() => {
+                    let leader = *leading.borrow();
+                    self.metrics.leader.set(i64::from(leader));
+                    if leader && self.listed.len() == KINDS {
+                        self.pass().await;
+                    }
+                }
+            }
+        }
+    }
+
+    fn track(&mut self, kind: &'static str, name: String, present: bool) {
+        if let Some(seen) = self.relisting.get_mut(kind) {
+            seen.insert(name.clone());
+        }
+        let names = self.names.entry(kind).or_default();
+        if present {
+            names.insert(name);
+        } else {
+            names.remove(&name);
+        }
+    }
+
+    /// The names of `kind` that a finished relist did not see.
+    fn vanished(&mut self, kind: &'static str) -> Vec<String> {
+        self.listed.insert(kind);
+        if self.listed.len() == KINDS {
+            self.synced.store(true, Ordering::Relaxed);
+        }
+        let seen = self.relisting.remove(kind).unwrap_or_default();
+        let names = self.names.entry(kind).or_default();
+        let gone: Vec<String> = names.iter().filter(|n| !seen.contains(*n)).cloned().collect();
+        for name in &gone {
+            names.remove(name);
+        }
+        gone
+    }
+
+    async fn apply(&mut self, change: Change) {
+        self.dirty = true;
+        match change {
+            Change::Slice(event) => match event {
+                Event::Apply(slice) => {
+                    self.track("slice", slice.metadata.name.clone().unwrap_or_default(), true);
+                    self.state.apply_slice(&slice);
+                }
+                Event::Delete(slice) => {
+                    let name = slice.metadata.name.clone().unwrap_or_default();
+                    self.track("slice", name.clone(), false);
+                    self.state.remove_slice(&name);
+                }
+                Event::Init => {
+                    self.relisting.insert("slice", HashSet::new());
+                }
+                Event::InitDone => {
+                    for name in self.vanished("slice") {
+                        self.state.remove_slice(&name);
+                    }
+                }
+            },
+            Change::Class(event) => match event {
+                Event::Apply(class) => {
+                    self.track("class", class.metadata.name.clone().unwrap_or_default(), true);
+                    self.state.apply_class(&class);
+                }
+                Event::Delete(class) => {
+                    let name = class.metadata.name.clone().unwrap_or_default();
+                    self.track("class", name.clone(), false);
+                    self.state.remove_class(&name);
+                }
+                Event::Init => {
+                    self.relisting.insert("class", HashSet::new());
+                }
+                Event::InitDone => {
+                    for name in self.vanished("class") {
+                        self.state.remove_class(&name);
+                    }
+                }
+            },
+            Change::Node(event) => match event {
+                Event::Apply(node) => {
+                    self.track("node", node.metadata.name.clone().unwrap_or_default(), true);
+                    self.state.apply_node(&node);
+                }
+                Event::Delete(node) => {
+                    let name = node.metadata.name.clone().unwrap_or_default();
+                    self.track("node", name.clone(), false);
+                    self.state.remove_node(&name);
+                }
+                Event::Init => {
+                    self.relisting.insert("node", HashSet::new());
+                }
+                Event::InitDone => {
+                    for name in self.vanished("node") {
+                        self.state.remove_node(&name);
+                    }
+                }
+            },
+            Change::Claim(event) => match event {
+                Event::Apply(claim) => {
+                    let key = claim_key(&claim);
+                    self.track("claim", key.clone(), true);
+                    self.doubles.extend(self.state.apply_claim(*claim));
+                }
+                Event::Delete(claim) => {
+                    let key = claim_key(&claim);
+                    self.track("claim", key.clone(), false);
+                    self.state.remove_claim(&key);
+                    let _ = self.events.clear(&claim_regarding(&claim)).await;
+                }
+                Event::Init => {
+                    self.relisting.insert("claim", HashSet::new());
+                }
+                Event::InitDone => {
+                    for key in self.vanished("claim") {
+                        self.state.remove_claim(&key);
+                    }
+                }
+            },
+            Change::Pod(event) => match event {
+                Event::Apply(pod) => {
+                    let key = key_of(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+                    self.track("pod", key.clone(), true);
+                    self.state.apply_pod(key, PodClaims::of(&pod));
+                }
+                Event::Delete(pod) => {
+                    let key = key_of(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
+                    self.track("pod", key.clone(), false);
+                    self.state.remove_pod(&key);
+                    let uid = pod.metadata.uid.clone().unwrap_or_default();
+                    let _ = self.events.clear(&pod_regarding(&key, &uid)).await;
+                }
+                Event::Init => {
+                    self.relisting.insert("pod", HashSet::new());
+                }
+                Event::InitDone => {
+                    for key in self.vanished("pod") {
+                        self.state.remove_pod(&key);
+                    }
+                }
+            },
+        }
+    }
+
+    /// One pass over the claims: deallocate, allocate, explain.
+    async fn pass(&mut self) {
+        let due = self.last_pass.is_none_or(|t| t.elapsed() >= Duration::from_secs(5));
+        if !self.dirty && !due && self.doubles.is_empty() {
+            return;
+        }
+        self.dirty = false;
+        self.last_pass = Some(Instant::now());
+        let started = Instant::now();
+        for double in std::mem::take(&mut self.doubles) {
+            self.double_allocation(double).await;
+        }
+        let mut keys = self.state.claim_keys();
+        keys.sort();
+        for key in &keys {
+            self.reconcile_claim(key).await;
+        }
+        // Events of claims and pods that no longer exist or need none.
+        for regarding in self.events.regarding() {
+            let key = format!("{}/{}", regarding.namespace, regarding.name);
+            let gone = match regarding.kind {
+                "ResourceClaim" => self.state.claim(&key).is_none_or(|c| allocation(c).is_some()),
+                _ => !self.names.get("pod").is_some_and(|p| p.contains(&key)),
+            };
+            if gone {
+                let _ = self.events.clear(&regarding).await;
+            }
+        }
+        self.metrics.reconcile.observe(started.elapsed().as_secs_f64());
+        self.metrics.fleet_devices.set(self.state.fleet_devices() as i64);
+        self.metrics.claims.set(keys.len() as i64);
+    }
+
+    async fn reconcile_claim(&mut self, key: &str) {
+        let Some(claim) = self.state.claim(key).cloned() else { return };
+        let deleting = claim.metadata.deletion_timestamp.is_some();
+        if allocation(&claim).is_some() {
+            let _ = self.clear_explanations(&claim, key).await;
+            if !has_finalizer(&claim) {
+                return;
+            }
+            let idle = !reserved(&claim) && {
+                let since = *self.unreserved_since.entry(key.to_owned()).or_insert_with(Instant::now);
+                since.elapsed() >= self.deallocate_after
+            };
+            if reserved(&claim) {
+                self.unreserved_since.remove(key);
+            }
+            if deleting || idle {
+                self.deallocate(&claim).await;
+            }
+            return;
+        }
+        self.unreserved_since.remove(key);
+        if deleting {
+            if has_finalizer(&claim) {
+                self.remove_finalizer(&claim).await;
+            }
+            return;
+        }
+        let delegated = is_delegated(&claim);
+        let ours = delegated || self.state.uses_our_classes(&claim);
+        if !ours {
+            return;
+        }
+        let waited = claim
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
+            .and_then(|d| Duration::try_from(d).ok())
+            .unwrap_or_default();
+        let explain = waited >= self.explain_after || self.state.has_pending_pod(key);
+        if !delegated && !explain {
+            return;
+        }
+        match self.state.try_allocate(key) {
+            Some(Ok(result)) if delegated => self.write_allocation(&claim, result).await,
+            Some(Ok(_)) => {
+                let _ = self.clear_explanations(&claim, key).await;
+            }
+            Some(Err(verdict)) if explain => self.explain(&claim, key, &verdict).await,
+            _ => {}
+        }
+    }
+
+    async fn explain(&mut self, claim: &ResourceClaim, key: &str, verdict: &Verdict) {
+        match self.events.ensure(&claim_regarding(claim), verdict).await {
+            Ok(true) => {
+                self.metrics
+                    .explained
+                    .get_or_create(&super::metrics::ReasonLabel { reason: verdict.reason.to_owned() })
+                    .inc();
+            }
+            Ok(false) => {}
+            Err(error) => {
+                tracing::warn!(claim = key, %error, "writing the explanation event failed");
+                self.metrics.error("event");
+            }
+        }
+        let name = claim.metadata.name.as_deref().unwrap_or_default();
+        for (pod, uid) in self.state.pending_pods_of(key) {
+            let note = Verdict { reason: verdict.reason, note: format!("claim {name}: {}", verdict.note) };
+            if let Err(error) = self.events.ensure(&pod_regarding(&pod, &uid), &note).await {
+                tracing::warn!(%pod, %error, "writing the pod's explanation event failed");
+                self.metrics.error("event");
+            }
+        }
+    }
+
+    async fn clear_explanations(&mut self, claim: &ResourceClaim, key: &str) -> Result<(), kube::Error> {
+        self.events.clear(&claim_regarding(claim)).await?;
+        for (pod, uid) in self.state.pending_pods_of(key) {
+            self.events.clear(&pod_regarding(&pod, &uid)).await?;
+        }
+        Ok(())
+    }
+
+    fn api_for(&self, claim: &ResourceClaim) -> Api<ResourceClaim> {
+        Api::namespaced(self.client.clone(), claim.metadata.namespace.as_deref().unwrap_or_default())
+    }
+
+    /// Re-reads a claim after a conflict, so the next pass works on the
+    /// current object.
+    async fn reread(&mut self, claim: &ResourceClaim) {
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        match self.api_for(claim).get_opt(&name).await {
+            Ok(Some(current)) => self.doubles.extend(self.state.apply_claim(current)),
+            Ok(None) => self.state.remove_claim(&claim_key(claim)),
+            Err(error) => tracing::warn!(%error, claim = %claim_key(claim), "re-reading the claim failed"),
+        }
+        self.dirty = true;
+    }
+
+    /// Adds the finalizer, then writes `status.allocation`, each with the
+    /// resourceVersion just read; a 409 at either step re-reads the claim
+    /// and leaves the rest to the next pass. An allocation already there is
+    /// never touched: the status write carries the version that had none.
+    async fn write_allocation(&mut self, claim: &ResourceClaim, result: AllocationResult) {
+        let api = self.api_for(claim);
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut current = claim.clone();
+        if !has_finalizer(&current) {
+            current.metadata.finalizers.get_or_insert_default().push(FINALIZER.to_owned());
+            current = match api.replace(&name, &PostParams::default(), &current).await {
+                Ok(updated) => updated,
+                Err(error) => return self.write_failed(claim, "finalizer", &error).await,
+            };
+        }
+        current.status.get_or_insert_default().allocation = Some(result);
+        match api.replace_status(&name, &PostParams::default(), &current).await {
+            Ok(written) => {
+                self.metrics.allocated.inc();
+                tracing::info!(claim = %claim_key(&written), "allocated");
+                self.doubles.extend(self.state.record_written(written));
+            }
+            Err(error) => {
+                // The finalizer is in place; the claim is stored as it is now.
+                self.state.apply_claim(current);
+                self.write_failed(claim, "allocation", &error).await
+            }
+        }
+    }
+
+    async fn write_failed(&mut self, claim: &ResourceClaim, what: &str, error: &kube::Error) {
+        if conflict(error) {
+            self.metrics.error("conflict");
+            tracing::debug!(claim = %claim_key(claim), what, "conflict; re-reading");
+        } else {
+            self.metrics.error("write");
+            tracing::warn!(claim = %claim_key(claim), what, %error, "writing the claim failed");
+        }
+        self.reread(claim).await;
+    }
+
+    /// Clears `status.allocation`, then removes the finalizer.
+    async fn deallocate(&mut self, claim: &ResourceClaim) {
+        let api = self.api_for(claim);
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut cleared = claim.clone();
+        if let Some(status) = cleared.status.as_mut() {
+            status.allocation = None;
+        }
+        match api.replace_status(&name, &PostParams::default(), &cleared).await {
+            Ok(written) => {
+                self.metrics.deallocated.inc();
+                tracing::info!(claim = %claim_key(&written), "deallocated");
+                self.unreserved_since.remove(&claim_key(&written));
+                self.state.apply_claim(written.clone());
+                self.remove_finalizer(&written).await;
+            }
+            Err(error) => self.write_failed(claim, "deallocation", &error).await,
+        }
+    }
+
+    async fn remove_finalizer(&mut self, claim: &ResourceClaim) {
+        let api = self.api_for(claim);
+        let name = claim.metadata.name.clone().unwrap_or_default();
+        let mut updated = claim.clone();
+        if let Some(finalizers) = updated.metadata.finalizers.as_mut() {
+            finalizers.retain(|f| f != FINALIZER);
+        }
+        match api.replace(&name, &PostParams::default(), &updated).await {
+            Ok(written) => {
+                self.state.apply_claim(written);
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => self.state.remove_claim(&claim_key(claim)),
+            Err(error) => self.write_failed(claim, "finalizer removal", &error).await,
+        }
+    }
+
+    /// Two allocations hold one device (see the module docs).
+    async fn double_allocation(&mut self, double: DoubleAllocation) {
+        self.metrics.error("double_allocation");
+        tracing::error!(claim = %double.claim, others = ?double.others, "a device is allocated to two claims");
+        let mut involved = vec![double.claim.clone()];
+        involved.extend(double.others.iter().cloned());
+        for key in involved {
+            let Some(claim) = self.state.claim(&key).cloned() else { continue };
+            if has_finalizer(&claim) && !reserved(&claim) && allocation(&claim).is_some() {
+                self.deallocate(&claim).await;
+                return;
+            }
+        }
+        if let Some(claim) = self.state.claim(&double.claim).cloned() {
+            let verdict = Verdict {
+                reason: "DoubleAllocation",
+                note: format!(
+                    "a device of this claim is also allocated to {}; both are in use, so neither can be moved: delete one of the pods",
+                    double.others.join(", ")
+                ),
+            };
+            let _ = self.events.ensure(&claim_regarding(&claim), &verdict).await;
+        }
+    }
+}

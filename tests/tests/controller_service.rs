@@ -1,0 +1,265 @@
+//! `gpu-dra-controller run` against the API stand-in: explanation events,
+//! delegated allocation with conflicts, leader election and failover.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use integration_tests::apiserver::{ApiServer, Matcher};
+use integration_tests::controller_process::ControllerProcess;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::json;
+
+fn class() -> DeviceClass {
+    serde_json::from_value(json!({
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+    }))
+    .unwrap()
+}
+
+fn node(name: &str) -> Node {
+    serde_json::from_value(json!({"metadata": {"name": name}})).unwrap()
+}
+
+fn slice(node: &str, gpus: usize) -> ResourceSlice {
+    let devices: Vec<_> = (0..gpus).map(|i| json!({"name": format!("gpu-{i}")})).collect();
+    serde_json::from_value(json!({
+        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
+                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
+    }))
+    .unwrap()
+}
+
+fn claim(name: &str, count: u32, delegated: bool) -> ResourceClaim {
+    let annotations = if delegated { json!({"gpu.nvidia.com/allocate": "true"}) } else { json!({}) };
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}},
+    }))
+    .unwrap()
+}
+
+struct Cluster {
+    server: ApiServer,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(nodes: usize, gpus: usize) -> Cluster {
+        let server = ApiServer::start().await.unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        server.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
+        server.create(&class()).unwrap();
+        for n in 0..nodes {
+            let name = format!("node-{n:03}");
+            server.create(&node(&name)).unwrap();
+            server.create(&slice(&name, gpus)).unwrap();
+        }
+        Cluster { server, dir }
+    }
+
+    fn controller(&self, identity: &str, args: &[&str]) -> ControllerProcess {
+        ControllerProcess::spawn(&self.dir.path().join("kubeconfig"), identity, args).unwrap()
+    }
+
+    fn claims(&self) -> Vec<ResourceClaim> {
+        self.server.list::<ResourceClaim>(Some("default"), "").unwrap()
+    }
+
+    fn events(&self) -> Vec<Event> {
+        self.server.list::<Event>(Some("default"), "").unwrap()
+    }
+
+    fn events_about(&self, name: &str) -> Vec<Event> {
+        self.events()
+            .into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .collect()
+    }
+}
+
+/// Polls `check` until it holds or `timeout` passes.
+async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> bool, log: impl Fn() -> String) {
+    let start = Instant::now();
+    while !check() {
+        if start.elapsed() > timeout {
+            panic!("timed out waiting for {what}; controller log:\n{}", log());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn allocated_devices(claim: &ResourceClaim) -> Vec<String> {
+    let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+    results
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| format!("{}/{}/{}", r.driver, r.pool, r.device))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn pending_claims_and_their_pods_get_the_explanation_until_allocated() {
+    let cluster = Cluster::start(1, 2).await;
+    cluster.server.create(&claim("big", 3, false)).unwrap();
+    cluster.server.create(&claim("fits", 1, false)).unwrap();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "trainer", "namespace": "default"},
+        "spec": {"containers": [{"name": "c", "image": "x"}], "resourceClaims": [{"name": "gpus", "resourceClaimName": "big"}]},
+    }))
+    .unwrap();
+    cluster.server.create(&pod).unwrap();
+    let controller = cluster.controller("a", &["--explain-after", "0s"]);
+    eventually(
+        "the claim's and the pod's events",
+        Duration::from_secs(60),
+        || cluster.events_about("big").len() == 1 && cluster.events_about("trainer").len() == 1,
+        || controller.log(),
+    )
+    .await;
+    let event = &cluster.events_about("big")[0];
+    assert_eq!(event.reason.as_deref(), Some("Unsatisfiable"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert_eq!(event.reporting_controller.as_deref(), Some("gpu.nvidia.com/controller"));
+    let note = event.note.clone().unwrap();
+    assert!(note.contains("default/big") && note.contains("3"), "{note}");
+    let pod_note = cluster.events_about("trainer")[0].note.clone().unwrap();
+    assert!(pod_note.starts_with("claim big: "), "{pod_note}");
+    // A claim that fits waits for the scheduler: nothing to explain.
+    assert!(cluster.events_about("fits").is_empty());
+
+    // The scheduler allocates it (on a node added meanwhile): the events go.
+    cluster.server.create(&node("node-big")).unwrap();
+    cluster.server.create(&slice("node-big", 4)).unwrap();
+    let results: Vec<_> = (0..3)
+        .map(
+            |i| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-big", "device": format!("gpu-{i}")}),
+        )
+        .collect();
+    let status = json!({"status": {"allocation": {"devices": {"results": results}}}});
+    cluster.server.merge_patch::<ResourceClaim>(Some("default"), "big", true, &status).unwrap();
+    eventually(
+        "the events to be deleted",
+        Duration::from_secs(30),
+        || cluster.events_about("big").is_empty() && cluster.events_about("trainer").is_empty(),
+        || controller.log(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn delegated_claims_are_allocated_through_conflicts_and_deallocated_on_delete() {
+    let cluster = Cluster::start(1, 2).await;
+    // The first two status writes lose a race (409): the controller re-reads and retries.
+    cluster.server.faults().fail_next(Matcher::new("PUT", "/status"), 2, 409);
+    for name in ["d1", "d2", "d3"] {
+        cluster.server.create(&claim(name, 1, true)).unwrap();
+    }
+    let controller = cluster.controller("a", &["--explain-after", "0s"]);
+    let allocated = |c: &ResourceClaim| c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some();
+    eventually(
+        "two allocations and one explanation",
+        Duration::from_secs(60),
+        || cluster.claims().iter().filter(|c| allocated(c)).count() == 2 && !cluster.events().is_empty(),
+        || controller.log(),
+    )
+    .await;
+    let claims = cluster.claims();
+    let mut devices: Vec<String> = claims.iter().flat_map(allocated_devices).collect();
+    devices.sort();
+    assert_eq!(devices, ["gpu.nvidia.com/node-000/gpu-0", "gpu.nvidia.com/node-000/gpu-1"]);
+    for c in claims.iter().filter(|c| allocated(c)) {
+        assert_eq!(c.metadata.finalizers.as_deref(), Some(&["gpu.nvidia.com/delegated-allocation".to_owned()][..]));
+    }
+    let waiting: Vec<_> = claims.iter().filter(|c| !allocated(c)).map(|c| c.metadata.name.clone().unwrap()).collect();
+    assert_eq!(cluster.events_about(&waiting[0]).len(), 1);
+    let conflicts = cluster.server.faults().count(&Matcher::new("PUT", "/status"), 409);
+    assert_eq!(conflicts, 2, "the injected conflicts were hit");
+
+    // Deleting an allocated claim: the controller deallocates it and removes
+    // its finalizer (so it goes), and the waiting claim gets its device.
+    let first = claims.iter().find(|c| allocated(c)).unwrap().metadata.name.clone().unwrap();
+    cluster.server.delete::<ResourceClaim>(Some("default"), &first).unwrap();
+    eventually(
+        "the deleted claim to go and the waiting one to be allocated",
+        Duration::from_secs(60),
+        || {
+            let now = cluster.claims();
+            now.len() == 2 && now.iter().all(allocated)
+        },
+        || controller.log(),
+    )
+    .await;
+    eventually(
+        "the explanation to go",
+        Duration::from_secs(30),
+        || cluster.events_about(&waiting[0]).is_empty(),
+        || controller.log(),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_replicas_share_the_work_through_a_lease_and_survive_a_killed_leader() {
+    let cluster = Cluster::start(64, 8).await;
+    for i in 0..2000 {
+        cluster.server.create(&claim(&format!("c{i:04}"), 1, true)).unwrap();
+    }
+    let args = ["--explain-after", "0s", "--event-qps", "5000"];
+    let mut replicas: HashMap<String, ControllerProcess> =
+        ["a", "b"].iter().map(|id| (id.to_string(), cluster.controller(id, &args))).collect();
+    let log = |replicas: &HashMap<String, ControllerProcess>| {
+        replicas.iter().map(|(id, r)| format!("--- {id}\n{}", r.log())).collect::<String>()
+    };
+    let allocated = |cluster: &Cluster| {
+        cluster.claims().iter().filter(|c| c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some()).count()
+    };
+    eventually("the first allocations", Duration::from_secs(120), || allocated(&cluster) >= 50, || log(&replicas))
+        .await;
+    // Kill the leader mid-run: the other takes the lease over and finishes.
+    let lease: Lease = cluster.server.get(Some("gpu-dra-driver"), "gpu-dra-controller").unwrap();
+    let holder = lease.spec.and_then(|s| s.holder_identity).unwrap();
+    let leader_id = holder.clone();
+    replicas.get_mut(&leader_id).expect("the holder is one of the replicas").kill();
+    let done = |cluster: &Cluster| {
+        let claims = cluster.claims();
+        let events = cluster.events();
+        let explained: std::collections::HashSet<&str> =
+            events.iter().filter_map(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref())).collect();
+        let allocated =
+            claims.iter().filter(|c| c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_some()).count();
+        let waiting_explained = claims
+            .iter()
+            .filter(|c| c.status.as_ref().and_then(|s| s.allocation.as_ref()).is_none())
+            .all(|c| explained.contains(c.metadata.name.as_deref().unwrap_or_default()));
+        allocated == 512 && waiting_explained
+    };
+    eventually(
+        "512 claims allocated and the other 1,488 explained",
+        Duration::from_secs(240),
+        || done(&cluster),
+        || log(&replicas),
+    )
+    .await;
+    let lease: Lease = cluster.server.get(Some("gpu-dra-driver"), "gpu-dra-controller").unwrap();
+    let spec = lease.spec.unwrap();
+    assert_ne!(spec.holder_identity.as_deref(), Some(holder.as_str()), "the lease changed hands");
+    assert!(spec.lease_transitions.unwrap_or(0) >= 1);
+    // No device is in two allocations, and nothing was lost.
+    let mut seen: HashMap<String, String> = HashMap::new();
+    let claims = cluster.claims();
+    assert_eq!(claims.len(), 2000);
+    for c in &claims {
+        for device in allocated_devices(c) {
+            if let Some(other) = seen.insert(device.clone(), c.metadata.name.clone().unwrap()) {
+                panic!("{device} is allocated to {other} and {}", c.metadata.name.as_deref().unwrap());
+            }
+        }
+    }
+    assert_eq!(seen.len(), 512);
+}
