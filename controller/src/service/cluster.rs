@@ -266,6 +266,25 @@ impl ClusterState {
         self.apply_claim(claim)
     }
 
+    /// Warnings for a claim being created: a request that no device in the
+    /// cluster matches today (the explainer's words), or a selector that
+    /// fails on the devices. Empty when it could be allocated, or when it
+    /// only waits for devices in use.
+    pub fn fleet_warnings(&mut self, claim: &ResourceClaim) -> Vec<String> {
+        match self.allocator.allocate_first_fit(None, &[claim]) {
+            Ok(_) => Vec::new(),
+            Err(AllocateError::Unsatisfiable(explanation)) => {
+                let unmatched: Vec<&str> =
+                    explanation.requests.iter().filter(|r| r.matching() == 0).map(|r| r.request.as_str()).collect();
+                if unmatched.is_empty() {
+                    return Vec::new();
+                }
+                vec![format!("no device in the cluster matches request {} today: {explanation}", unmatched.join(", "))]
+            }
+            Err(error @ AllocateError::Fatal(_)) => vec![Verdict::of(&error).note],
+        }
+    }
+
     pub fn fleet_devices(&self) -> usize {
         self.allocator.stats().devices
     }

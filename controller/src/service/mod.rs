@@ -14,6 +14,7 @@ mod lease;
 mod metrics;
 mod reconcile;
 mod watch;
+mod webhook;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,7 +81,28 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 
     let (changes_tx, changes) = mpsc::channel(4096);
     watch::spawn_all(&client, changes_tx);
-    let state = cluster::ClusterState::new(&args.driver_name, CelEnvironment::stored_expressions(minor));
+    let state = Arc::new(std::sync::Mutex::new(cluster::ClusterState::new(
+        &args.driver_name,
+        CelEnvironment::stored_expressions(minor),
+    )));
+    if args.webhook_port != 0 {
+        let (Some(cert), Some(key)) = (args.tls_cert_file.clone(), args.tls_key_file.clone()) else {
+            anyhow::bail!(
+                "--webhook-port needs --tls-cert-file and --tls-key-file (the certificate the apiserver trusts)"
+            );
+        };
+        let config = webhook::WebhookConfig { addr: ([0, 0, 0, 0], args.webhook_port).into(), cert, key };
+        kube_client::install_crypto_provider();
+        let fleet = webhook::SharedFleet(state.clone());
+        let driver = args.driver_name.clone();
+        let webhook_metrics = metrics.clone();
+        tokio::spawn(async move {
+            if let Err(error) = webhook::serve(config, &driver, minor, fleet, webhook_metrics).await {
+                tracing::error!(error = %format!("{error:#}"), "the webhook stopped");
+                std::process::exit(1);
+            }
+        });
+    }
     let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced);
     tokio::select! {
         result = owner.run(changes, leading) => result,

@@ -12,8 +12,8 @@
 //! back, and the warning event names both claims for an operator.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
@@ -34,7 +34,9 @@ const KINDS: usize = 5;
 
 pub struct Owner {
     client: Client,
-    state: ClusterState,
+    /// Shared with the webhook, which reads it to warn about selectors;
+    /// locked per call, never across an `.await`.
+    state: Arc<Mutex<ClusterState>>,
     events: EventWriter,
     metrics: Arc<Metrics>,
     synced: Arc<AtomicBool>,
@@ -97,9 +99,15 @@ fn conflict(error: &kube::Error) -> bool {
 }
 
 impl Owner {
+    fn state(&self) -> MutexGuard<'_, ClusterState> {
+        // A panic while holding the lock leaves the state as it was before
+        // the call; carry on with it rather than stop the controller.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     pub fn new(
         client: Client,
-        state: ClusterState,
+        state: Arc<Mutex<ClusterState>>,
         args: &RunArgs,
         identity: &str,
         metrics: Arc<Metrics>,
@@ -184,57 +192,57 @@ impl Owner {
             Change::Slice(event) => match event {
                 Event::Apply(slice) => {
                     self.track("slice", slice.metadata.name.clone().unwrap_or_default(), true);
-                    self.state.apply_slice(&slice);
+                    self.state().apply_slice(&slice);
                 }
                 Event::Delete(slice) => {
                     let name = slice.metadata.name.clone().unwrap_or_default();
                     self.track("slice", name.clone(), false);
-                    self.state.remove_slice(&name);
+                    self.state().remove_slice(&name);
                 }
                 Event::Init => {
                     self.relisting.insert("slice", HashSet::new());
                 }
                 Event::InitDone => {
                     for name in self.vanished("slice") {
-                        self.state.remove_slice(&name);
+                        self.state().remove_slice(&name);
                     }
                 }
             },
             Change::Class(event) => match event {
                 Event::Apply(class) => {
                     self.track("class", class.metadata.name.clone().unwrap_or_default(), true);
-                    self.state.apply_class(&class);
+                    self.state().apply_class(&class);
                 }
                 Event::Delete(class) => {
                     let name = class.metadata.name.clone().unwrap_or_default();
                     self.track("class", name.clone(), false);
-                    self.state.remove_class(&name);
+                    self.state().remove_class(&name);
                 }
                 Event::Init => {
                     self.relisting.insert("class", HashSet::new());
                 }
                 Event::InitDone => {
                     for name in self.vanished("class") {
-                        self.state.remove_class(&name);
+                        self.state().remove_class(&name);
                     }
                 }
             },
             Change::Node(event) => match event {
                 Event::Apply(node) => {
                     self.track("node", node.metadata.name.clone().unwrap_or_default(), true);
-                    self.state.apply_node(&node);
+                    self.state().apply_node(&node);
                 }
                 Event::Delete(node) => {
                     let name = node.metadata.name.clone().unwrap_or_default();
                     self.track("node", name.clone(), false);
-                    self.state.remove_node(&name);
+                    self.state().remove_node(&name);
                 }
                 Event::Init => {
                     self.relisting.insert("node", HashSet::new());
                 }
                 Event::InitDone => {
                     for name in self.vanished("node") {
-                        self.state.remove_node(&name);
+                        self.state().remove_node(&name);
                     }
                 }
             },
@@ -242,12 +250,13 @@ impl Owner {
                 Event::Apply(claim) => {
                     let key = claim_key(&claim);
                     self.track("claim", key.clone(), true);
-                    self.doubles.extend(self.state.apply_claim(*claim));
+                    let double = self.state().apply_claim(*claim);
+                    self.doubles.extend(double);
                 }
                 Event::Delete(claim) => {
                     let key = claim_key(&claim);
                     self.track("claim", key.clone(), false);
-                    self.state.remove_claim(&key);
+                    self.state().remove_claim(&key);
                     let _ = self.events.clear(&claim_regarding(&claim)).await;
                 }
                 Event::Init => {
@@ -255,7 +264,7 @@ impl Owner {
                 }
                 Event::InitDone => {
                     for key in self.vanished("claim") {
-                        self.state.remove_claim(&key);
+                        self.state().remove_claim(&key);
                     }
                 }
             },
@@ -263,12 +272,12 @@ impl Owner {
                 Event::Apply(pod) => {
                     let key = key_of(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
                     self.track("pod", key.clone(), true);
-                    self.state.apply_pod(key, PodClaims::of(&pod));
+                    self.state().apply_pod(key, PodClaims::of(&pod));
                 }
                 Event::Delete(pod) => {
                     let key = key_of(pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref());
                     self.track("pod", key.clone(), false);
-                    self.state.remove_pod(&key);
+                    self.state().remove_pod(&key);
                     let uid = pod.metadata.uid.clone().unwrap_or_default();
                     let _ = self.events.clear(&pod_regarding(&key, &uid)).await;
                 }
@@ -277,7 +286,7 @@ impl Owner {
                 }
                 Event::InitDone => {
                     for key in self.vanished("pod") {
-                        self.state.remove_pod(&key);
+                        self.state().remove_pod(&key);
                     }
                 }
             },
@@ -296,7 +305,7 @@ impl Owner {
         for double in std::mem::take(&mut self.doubles) {
             self.double_allocation(double).await;
         }
-        let mut keys = self.state.claim_keys();
+        let mut keys = self.state().claim_keys();
         keys.sort();
         for key in &keys {
             self.reconcile_claim(key).await;
@@ -305,7 +314,7 @@ impl Owner {
         for regarding in self.events.regarding() {
             let key = format!("{}/{}", regarding.namespace, regarding.name);
             let gone = match regarding.kind {
-                "ResourceClaim" => self.state.claim(&key).is_none_or(|c| allocation(c).is_some()),
+                "ResourceClaim" => self.state().claim(&key).is_none_or(|c| allocation(c).is_some()),
                 _ => !self.names.get("pod").is_some_and(|p| p.contains(&key)),
             };
             if gone {
@@ -313,12 +322,12 @@ impl Owner {
             }
         }
         self.metrics.reconcile.observe(started.elapsed().as_secs_f64());
-        self.metrics.fleet_devices.set(self.state.fleet_devices() as i64);
+        self.metrics.fleet_devices.set(self.state().fleet_devices() as i64);
         self.metrics.claims.set(keys.len() as i64);
     }
 
     async fn reconcile_claim(&mut self, key: &str) {
-        let Some(claim) = self.state.claim(key).cloned() else { return };
+        let Some(claim) = self.state().claim(key).cloned() else { return };
         let deleting = claim.metadata.deletion_timestamp.is_some();
         if allocation(&claim).is_some() {
             let _ = self.clear_explanations(&claim, key).await;
@@ -345,7 +354,7 @@ impl Owner {
             return;
         }
         let delegated = is_delegated(&claim);
-        let ours = delegated || self.state.uses_our_classes(&claim);
+        let ours = delegated || self.state().uses_our_classes(&claim);
         if !ours {
             return;
         }
@@ -356,11 +365,12 @@ impl Owner {
             .map(|t| k8s_openapi::jiff::Timestamp::now().duration_since(t.0))
             .and_then(|d| Duration::try_from(d).ok())
             .unwrap_or_default();
-        let explain = waited >= self.explain_after || self.state.has_pending_pod(key);
+        let explain = waited >= self.explain_after || self.state().has_pending_pod(key);
         if !delegated && !explain {
             return;
         }
-        match self.state.try_allocate(key) {
+        let outcome = self.state().try_allocate(key);
+        match outcome {
             Some(Ok(result)) if delegated => self.write_allocation(&claim, result).await,
             Some(Ok(_)) => {
                 let _ = self.clear_explanations(&claim, key).await;
@@ -385,7 +395,8 @@ impl Owner {
             }
         }
         let name = claim.metadata.name.as_deref().unwrap_or_default();
-        for (pod, uid) in self.state.pending_pods_of(key) {
+        let pods = self.state().pending_pods_of(key);
+        for (pod, uid) in pods {
             let note = Verdict { reason: verdict.reason, note: format!("claim {name}: {}", verdict.note) };
             if let Err(error) = self.events.ensure(&pod_regarding(&pod, &uid), &note).await {
                 tracing::warn!(%pod, %error, "writing the pod's explanation event failed");
@@ -396,7 +407,8 @@ impl Owner {
 
     async fn clear_explanations(&mut self, claim: &ResourceClaim, key: &str) -> Result<(), kube::Error> {
         self.events.clear(&claim_regarding(claim)).await?;
-        for (pod, uid) in self.state.pending_pods_of(key) {
+        let pods = self.state().pending_pods_of(key);
+        for (pod, uid) in pods {
             self.events.clear(&pod_regarding(&pod, &uid)).await?;
         }
         Ok(())
@@ -411,8 +423,11 @@ impl Owner {
     async fn reread(&mut self, claim: &ResourceClaim) {
         let name = claim.metadata.name.clone().unwrap_or_default();
         match self.api_for(claim).get_opt(&name).await {
-            Ok(Some(current)) => self.doubles.extend(self.state.apply_claim(current)),
-            Ok(None) => self.state.remove_claim(&claim_key(claim)),
+            Ok(Some(current)) => {
+                let double = self.state().apply_claim(current);
+                self.doubles.extend(double);
+            }
+            Ok(None) => self.state().remove_claim(&claim_key(claim)),
             Err(error) => tracing::warn!(%error, claim = %claim_key(claim), "re-reading the claim failed"),
         }
         self.dirty = true;
@@ -438,11 +453,12 @@ impl Owner {
             Ok(written) => {
                 self.metrics.allocated.inc();
                 tracing::info!(claim = %claim_key(&written), "allocated");
-                self.doubles.extend(self.state.record_written(written));
+                let double = self.state().record_written(written);
+                self.doubles.extend(double);
             }
             Err(error) => {
                 // The finalizer is in place; the claim is stored as it is now.
-                self.state.apply_claim(current);
+                self.state().apply_claim(current);
                 self.write_failed(claim, "allocation", &error).await
             }
         }
@@ -472,7 +488,7 @@ impl Owner {
                 self.metrics.deallocated.inc();
                 tracing::info!(claim = %claim_key(&written), "deallocated");
                 self.unreserved_since.remove(&claim_key(&written));
-                self.state.apply_claim(written.clone());
+                self.state().apply_claim(written.clone());
                 self.remove_finalizer(&written).await;
             }
             Err(error) => self.write_failed(claim, "deallocation", &error).await,
@@ -488,9 +504,9 @@ impl Owner {
         }
         match api.replace(&name, &PostParams::default(), &updated).await {
             Ok(written) => {
-                self.state.apply_claim(written);
+                self.state().apply_claim(written);
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => self.state.remove_claim(&claim_key(claim)),
+            Err(kube::Error::Api(status)) if status.code == 404 => self.state().remove_claim(&claim_key(claim)),
             Err(error) => self.write_failed(claim, "finalizer removal", &error).await,
         }
     }
@@ -502,13 +518,14 @@ impl Owner {
         let mut involved = vec![double.claim.clone()];
         involved.extend(double.others.iter().cloned());
         for key in involved {
-            let Some(claim) = self.state.claim(&key).cloned() else { continue };
+            let Some(claim) = self.state().claim(&key).cloned() else { continue };
             if has_finalizer(&claim) && !reserved(&claim) && allocation(&claim).is_some() {
                 self.deallocate(&claim).await;
                 return;
             }
         }
-        if let Some(claim) = self.state.claim(&double.claim).cloned() {
+        let claim = self.state().claim(&double.claim).cloned();
+        if let Some(claim) = claim {
             let verdict = Verdict {
                 reason: "DoubleAllocation",
                 note: format!(

@@ -1,0 +1,230 @@
+//! One `admission.k8s.io/v1` AdmissionReview of a ResourceClaim or
+//! ResourceClaimTemplate, answered without I/O.
+//!
+//! Rejected: opaque configuration for our driver that does not decode
+//! strictly (the message names the JSON path, as NVIDIA's plugin would fail
+//! it at prepare time, too late). Admitted with warnings: selectors the
+//! apiserver's own CEL checks would refuse, and requests that no device in
+//! the cluster matches today (with the explainer's reasons). A warning is
+//! never a rejection: the fleet changes, and the apiserver owns CEL
+//! validation.
+
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
+use serde_json::{Value, json};
+
+use gpu_dra_driver::opaque_config;
+use gpu_dra_driver::selector::{CelEnvironment, SelectorEnv};
+
+/// What a review may look at beyond the request.
+pub trait Fleet {
+    /// Warnings about where the claim could go in the cluster today.
+    fn warnings(&self, claim: &ResourceClaim) -> Vec<String>;
+}
+
+/// Kubernetes caps an admission warning at 256 characters.
+const WARNING_MAX_CHARS: usize = 256;
+
+/// The AdmissionReview to send back for `body`, and whether it allowed.
+pub fn review(body: &[u8], driver: &str, cel: &SelectorEnv, fleet: &dyn Fleet) -> (Value, bool) {
+    let request: Value = match serde_json::from_slice(body) {
+        Ok(v) => v,
+        Err(error) => {
+            return (error_review("", &format!("the request body is not an AdmissionReview: {error}")), false);
+        }
+    };
+    let uid = request.pointer("/request/uid").and_then(Value::as_str).unwrap_or_default().to_owned();
+    if request.get("apiVersion").and_then(Value::as_str) != Some("admission.k8s.io/v1")
+        || request.get("kind").and_then(Value::as_str) != Some("AdmissionReview")
+    {
+        return (error_review(&uid, "expected apiVersion admission.k8s.io/v1, kind AdmissionReview"), false);
+    }
+    let kind = request.pointer("/request/kind/kind").and_then(Value::as_str).unwrap_or_default();
+    let operation = request.pointer("/request/operation").and_then(Value::as_str).unwrap_or_default();
+    let Some(object) = request.pointer("/request/object") else {
+        // DELETE carries no object: nothing to check.
+        return (allowed(&uid, Vec::new()), true);
+    };
+    if operation == "DELETE" {
+        return (allowed(&uid, Vec::new()), true);
+    }
+    let (spec_path, spec) = match kind {
+        "ResourceClaim" => ("spec", object.get("spec")),
+        "ResourceClaimTemplate" => ("spec.spec", object.pointer("/spec/spec")),
+        other => {
+            return (
+                error_review(
+                    &uid,
+                    &format!("this webhook reviews ResourceClaims and ResourceClaimTemplates, not {other}"),
+                ),
+                false,
+            );
+        }
+    };
+    let spec: ResourceClaimSpec = match spec.cloned().map(serde_json::from_value).transpose() {
+        Ok(spec) => spec.unwrap_or_default(),
+        Err(error) => return (denied(&uid, 400, &format!("{spec_path}: {error}")), false),
+    };
+    if let Err(error) = check_configs(&spec, spec_path, driver) {
+        return (denied(&uid, 422, &error.to_string()), false);
+    }
+    let mut warnings = selector_warnings(&spec, spec_path, cel);
+    if warnings.is_empty() {
+        let claim = ResourceClaim {
+            metadata: serde_json::from_value(object.get("metadata").cloned().unwrap_or(json!({}))).unwrap_or_default(),
+            spec: Some(spec),
+            status: None,
+        };
+        warnings.extend(fleet.warnings(&claim));
+    }
+    let warnings = warnings.into_iter().map(|w| truncate(&w)).collect();
+    (allowed(&uid, warnings), true)
+}
+
+/// Every opaque config entry for our driver must decode strictly.
+fn check_configs(spec: &ResourceClaimSpec, spec_path: &str, driver: &str) -> Result<(), opaque_config::ConfigError> {
+    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
+    for (i, config) in configs.into_iter().flatten().enumerate() {
+        let Some(opaque) = config.opaque.as_ref() else { continue };
+        if opaque.driver != driver {
+            continue;
+        }
+        let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
+        opaque_config::decode(&opaque.parameters.0, &path)?;
+    }
+    Ok(())
+}
+
+/// CEL problems, as the apiserver checks a new claim's selectors.
+fn selector_warnings(spec: &ResourceClaimSpec, spec_path: &str, cel: &SelectorEnv) -> Vec<String> {
+    let mut warnings = Vec::new();
+    let requests = spec.devices.as_ref().and_then(|d| d.requests.as_ref());
+    for (i, request) in requests.into_iter().flatten().enumerate() {
+        let at = format!("{spec_path}.devices.requests[{i}]");
+        let exact = request.exactly.as_ref().map(|e| (format!("{at}.exactly"), e.selectors.as_deref()));
+        let subrequests = request
+            .first_available
+            .iter()
+            .flatten()
+            .enumerate()
+            .map(|(j, s)| (format!("{at}.firstAvailable[{j}]"), s.selectors.as_deref()));
+        for (path, selectors) in exact.into_iter().chain(subrequests) {
+            for (k, selector) in selectors.into_iter().flatten().enumerate() {
+                let Some(expression) = selector.cel.as_ref().map(|c| c.expression.as_str()) else { continue };
+                if let Err(error) = cel.compile(expression) {
+                    warnings.push(format!("{path}.selectors[{k}].cel.expression: {error}"));
+                }
+            }
+        }
+    }
+    warnings
+}
+
+fn truncate(text: &str) -> String {
+    if text.chars().count() <= WARNING_MAX_CHARS {
+        return text.to_owned();
+    }
+    let cut: String = text.chars().take(WARNING_MAX_CHARS - 3).collect();
+    format!("{cut}...")
+}
+
+fn envelope(response: Value) -> Value {
+    json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response})
+}
+
+fn allowed(uid: &str, warnings: Vec<String>) -> Value {
+    let mut response = json!({"uid": uid, "allowed": true});
+    if !warnings.is_empty() {
+        response["warnings"] = json!(warnings);
+    }
+    envelope(response)
+}
+
+fn denied(uid: &str, code: u16, message: &str) -> Value {
+    envelope(json!({"uid": uid, "allowed": false, "status": {"code": code, "message": message}}))
+}
+
+/// An answer to a request that is not a well-formed review. `uid` is
+/// echoed when known.
+pub fn error_review(uid: &str, message: &str) -> Value {
+    denied(uid, 400, message)
+}
+
+/// The environment a webhook checks selectors in: the apiserver's for new
+/// expressions of its version.
+pub fn selector_env(server_minor: u32) -> SelectorEnv {
+    SelectorEnv::for_environment(CelEnvironment::new_expressions(server_minor))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct NoFleet(Vec<String>);
+
+    impl Fleet for NoFleet {
+        fn warnings(&self, _: &ResourceClaim) -> Vec<String> {
+            self.0.clone()
+        }
+    }
+
+    fn review_of(object: Value, kind: &str) -> (Value, bool) {
+        let body = json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {"uid": "705ab4f5-6393-11e8-b7cc-42010a800002", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
+                        "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+                        "operation": "CREATE", "object": object},
+        });
+        review(body.to_string().as_bytes(), "gpu.nvidia.com", &selector_env(36), &NoFleet(vec!["no H100 today".into()]))
+    }
+
+    fn claim_with(config: Value, selector: &str) -> Value {
+        json!({"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "selectors": [{"cel": {"expression": selector}}]}}],
+            "config": [config]}}})
+    }
+
+    #[test]
+    fn bad_opaque_config_is_denied_with_its_json_path() {
+        let config = json!({"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+            "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "bogus": 1}}}});
+        let (response, ok) = review_of(claim_with(config, "true"), "ResourceClaim");
+        assert!(!ok);
+        assert_eq!(response["response"]["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+        assert_eq!(response["response"]["allowed"], false);
+        let message = response["response"]["status"]["message"].as_str().unwrap();
+        assert!(message.starts_with("spec.devices.config[0].opaque.parameters.sharing"), "{message}");
+        // Another driver's config is not ours to judge.
+        let theirs = json!({"opaque": {"driver": "other.example.com", "parameters": {"anything": true}}});
+        assert!(review_of(claim_with(theirs, "true"), "ResourceClaim").1);
+    }
+
+    #[test]
+    fn selector_problems_are_warnings_never_denials() {
+        let config = json!({"opaque": {"driver": "other.example.com", "parameters": {}}});
+        let (response, ok) = review_of(claim_with(config.clone(), "device.driver > 1"), "ResourceClaim");
+        assert!(ok);
+        let warnings = response["response"]["warnings"].as_array().unwrap();
+        let first = warnings[0].as_str().unwrap();
+        assert!(first.starts_with("spec.devices.requests[0].exactly.selectors[0].cel.expression: "), "{first}");
+        assert!(first.chars().count() <= WARNING_MAX_CHARS);
+        // A clean selector gets the fleet's warnings.
+        let (response, ok) = review_of(claim_with(config, "true"), "ResourceClaim");
+        assert!(ok);
+        assert_eq!(response["response"]["warnings"], json!(["no H100 today"]));
+    }
+
+    #[test]
+    fn templates_are_reviewed_at_spec_spec_and_garbage_is_an_error() {
+        let template = json!({"metadata": {"name": "t", "namespace": "ns"}, "spec": {"spec": {"devices": {"config": [
+            {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": "v0", "kind": "GpuConfig"}}}]}}}});
+        let (response, ok) = review_of(template, "ResourceClaimTemplate");
+        assert!(!ok);
+        assert!(response["response"]["status"]["message"].as_str().unwrap().starts_with("spec.spec.devices.config[0]"));
+        let (response, ok) = review(b"{not json", "gpu.nvidia.com", &selector_env(36), &NoFleet(vec![]));
+        assert!(!ok && response["response"]["status"]["code"] == 400);
+        let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let (_, ok) = review(deep.as_bytes(), "gpu.nvidia.com", &selector_env(36), &NoFleet(vec![]));
+        assert!(!ok, "serde_json's recursion limit bounds the depth");
+    }
+}
