@@ -38,6 +38,10 @@ impl ControllerProcess {
         Ok(Self { child: cmd.spawn()?, log })
     }
 
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// SIGKILL, as a crash.
     pub fn kill(&mut self) {
         let _ = self.child.kill();

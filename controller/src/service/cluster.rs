@@ -102,6 +102,11 @@ pub struct ClusterState {
     /// What the allocator holds for each claim, to release it exactly.
     recorded: HashMap<ClaimKey, AllocationResult>,
     pods: HashMap<ClaimKey, PodClaims>,
+    /// Bumped by every change that can change an allocation's outcome.
+    version: u64,
+    /// Why claims of a given spec do not fit, at `version`: claims made
+    /// from one template share a spec, and are explained once.
+    verdicts: (u64, HashMap<String, (ClaimKey, AllocateError)>),
 }
 
 impl ClusterState {
@@ -113,26 +118,37 @@ impl ClusterState {
             claims: HashMap::new(),
             recorded: HashMap::new(),
             pods: HashMap::new(),
+            version: 0,
+            verdicts: (0, HashMap::new()),
         }
     }
 
+    fn changed(&mut self) {
+        self.version += 1;
+    }
+
     pub fn apply_slice(&mut self, slice: &ResourceSlice) {
+        self.changed();
         self.allocator.apply_slice(slice);
     }
 
     pub fn remove_slice(&mut self, name: &str) {
+        self.changed();
         self.allocator.remove_slice(name);
     }
 
     pub fn apply_node(&mut self, node: &Node) {
+        self.changed();
         self.allocator.set_node(node);
     }
 
     pub fn remove_node(&mut self, name: &str) {
+        self.changed();
         self.allocator.remove_node(name);
     }
 
     pub fn apply_class(&mut self, class: &DeviceClass) {
+        self.changed();
         let name = class.metadata.name.clone().unwrap_or_default();
         // A class is ours when one of its selectors names our driver
         // (`device.driver == "gpu.nvidia.com"`), as the chart's do.
@@ -156,6 +172,7 @@ impl ClusterState {
     }
 
     pub fn remove_class(&mut self, name: &str) {
+        self.changed();
         self.our_classes.remove(name);
         self.allocator.remove_class(name);
     }
@@ -174,6 +191,7 @@ impl ClusterState {
         let new = claim.status.as_ref().and_then(|s| s.allocation.clone());
         let mut double = None;
         if self.recorded.get(&key) != new.as_ref() {
+            self.changed();
             if let Some(old) = self.recorded.remove(&key) {
                 let base = self.claims.get(&key).unwrap_or(&claim);
                 let _ = self.allocator.release(&with_allocation(base, old));
@@ -195,6 +213,7 @@ impl ClusterState {
     pub fn remove_claim(&mut self, key: &str) {
         let claim = self.claims.remove(key);
         if let (Some(claim), Some(old)) = (claim, self.recorded.remove(key)) {
+            self.changed();
             let _ = self.allocator.release(&with_allocation(&claim, old));
         }
     }
@@ -247,15 +266,27 @@ impl ClusterState {
     }
 
     /// Where the claim would go now, without taking it: the allocation, or
-    /// why there is none.
+    /// why there is none. Claims of one spec that do not fit are explained
+    /// once per change of the cluster.
     pub fn try_allocate(&mut self, key: &str) -> Option<Result<AllocationResult, Verdict>> {
         let claim = self.claims.get(key)?;
+        let shape = claim.spec.as_ref().and_then(|s| serde_json::to_string(s).ok()).unwrap_or_default();
+        if self.verdicts.0 != self.version {
+            self.verdicts = (self.version, HashMap::new());
+        }
+        if let Some((explained, error)) = self.verdicts.1.get(&shape) {
+            return Some(Err(Verdict::of(&renamed(error, explained, key))));
+        }
         Some(match self.allocator.allocate_first_fit(None, &[claim]) {
             Ok(mut placement) => placement.allocations.pop().ok_or_else(|| Verdict {
                 reason: "Unsatisfiable",
                 note: "the allocator returned no result".to_owned(),
             }),
-            Err(error) => Err(Verdict::of(&error)),
+            Err(error) => {
+                let verdict = Verdict::of(&error);
+                self.verdicts.1.insert(shape, (key.to_owned(), error));
+                Err(verdict)
+            }
         })
     }
 
@@ -287,6 +318,38 @@ impl ClusterState {
 
     pub fn fleet_devices(&self) -> usize {
         self.allocator.stats().devices
+    }
+}
+
+/// `error`, found for claim `from`, as it reads for claim `to`.
+fn renamed(error: &AllocateError, from: &str, to: &str) -> AllocateError {
+    match error {
+        AllocateError::Unsatisfiable(explanation) => {
+            let mut explanation = explanation.clone();
+            explanation.claim = to.to_owned();
+            AllocateError::Unsatisfiable(explanation)
+        }
+        AllocateError::Fatal(fatal) => {
+            let mut fatal = fatal.clone();
+            rename_fatal(&mut fatal, from, to);
+            AllocateError::Fatal(fatal)
+        }
+    }
+}
+
+fn rename_fatal(fatal: &mut FatalError, from: &str, to: &str) {
+    let claim = match fatal {
+        FatalError::CelCompile { claim, .. }
+        | FatalError::CelRuntime { claim, .. }
+        | FatalError::ClassNotFound { claim, .. }
+        | FatalError::InvalidClaim { claim, .. }
+        | FatalError::PoolNotReady { claim, .. }
+        | FatalError::ConstraintWithAll { claim, .. }
+        | FatalError::TooManyResults { claim, .. } => claim,
+        FatalError::InvalidSlice { .. } | FatalError::Input(_) => return,
+    };
+    if claim == from {
+        *claim = to.to_owned();
     }
 }
 
@@ -368,6 +431,20 @@ mod tests {
         state.record_written(with_allocation(&claim("a", 1), allocation.clone()));
         let double = state.apply_claim(with_allocation(&claim("s", 1), allocation));
         assert_eq!(double, Some(DoubleAllocation { claim: "ns/s".into(), others: vec!["ns/a".into()] }));
+    }
+
+    #[test]
+    fn claims_of_one_spec_share_the_search_but_not_the_name() {
+        let mut state = state();
+        state.apply_claim(claim("x", 3));
+        state.apply_claim(claim("y", 3));
+        let x = state.try_allocate("ns/x").unwrap().unwrap_err();
+        let y = state.try_allocate("ns/y").unwrap().unwrap_err();
+        assert!(x.note.contains("ns/x") && !x.note.contains("ns/y"), "{}", x.note);
+        assert_eq!(y.note, x.note.replace("ns/x", "ns/y"));
+        // A change to the fleet invalidates what was found.
+        state.apply_slice(&slice("n2", 4));
+        assert!(state.try_allocate("ns/y").unwrap().is_ok());
     }
 
     #[test]

@@ -321,7 +321,11 @@ impl Owner {
                 let _ = self.events.clear(&regarding).await;
             }
         }
-        self.metrics.reconcile.observe(started.elapsed().as_secs_f64());
+        let took = started.elapsed();
+        self.metrics.reconcile.observe(took.as_secs_f64());
+        if took > Duration::from_secs(1) {
+            tracing::info!(claims = keys.len(), seconds = took.as_secs_f64(), "slow pass");
+        }
         self.metrics.fleet_devices.set(self.state().fleet_devices() as i64);
         self.metrics.claims.set(keys.len() as i64);
     }
