@@ -133,6 +133,26 @@ async fn pending_claims_and_their_pods_get_the_explanation_until_allocated() {
     // A claim that fits waits for the scheduler: nothing to explain.
     assert!(cluster.events_about("fits").is_empty());
 
+    // The answer changes (a second node, still too small): the event is
+    // replaced by one with the new answer (an Event's note is immutable).
+    cluster.server.create(&node("node-small")).unwrap();
+    cluster.server.create(&slice("node-small", 2)).unwrap();
+    eventually(
+        "the explanation to follow the fleet",
+        Duration::from_secs(30),
+        || {
+            let events = cluster.events_about("big");
+            events.len() == 1 && events[0].note.as_deref() != Some(note.as_str())
+        },
+        || controller.log(),
+    )
+    .await;
+    assert!(
+        cluster.events_about("big")[0].note.as_deref().unwrap().contains("2 nodes"),
+        "{:?}",
+        cluster.events_about("big")[0].note
+    );
+
     // The scheduler allocates it (on a node added meanwhile): the events go.
     cluster.server.create(&node("node-big")).unwrap();
     cluster.server.create(&slice("node-big", 4)).unwrap();

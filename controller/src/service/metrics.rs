@@ -10,6 +10,7 @@
 //! | `gpu_dra_controller_fleet_devices` | gauge | |
 //! | `gpu_dra_controller_claims` | gauge | |
 //! | `gpu_dra_controller_leader` | gauge | 1 while this replica leads |
+//! | `gpu_dra_controller_resident_memory_bytes` | gauge | the process's RSS (fleet model and claims) |
 
 use std::fmt;
 use std::sync::atomic::AtomicI64;
@@ -41,6 +42,7 @@ pub struct Metrics {
     pub fleet_devices: Gauge<i64, AtomicI64>,
     pub claims: Gauge<i64, AtomicI64>,
     pub leader: Gauge<i64, AtomicI64>,
+    pub resident_bytes: Gauge<i64, AtomicI64>,
 }
 
 impl Default for Metrics {
@@ -68,7 +70,37 @@ impl Metrics {
         registry.register("claims", "ResourceClaims known", claims.clone());
         let leader = Gauge::default();
         registry.register("leader", "1 while this replica leads", leader.clone());
-        Metrics { registry, explained, allocated, deallocated, errors, reconcile, fleet_devices, claims, leader }
+        let resident_bytes = Gauge::default();
+        registry.register_with_unit(
+            "resident_memory",
+            "Resident memory of the process, mostly the fleet model and claims",
+            Unit::Bytes,
+            resident_bytes.clone(),
+        );
+        Metrics {
+            registry,
+            explained,
+            allocated,
+            deallocated,
+            errors,
+            reconcile,
+            fleet_devices,
+            claims,
+            leader,
+            resident_bytes,
+        }
+    }
+
+    /// Reads the process's resident memory (`/proc/self/statm`).
+    pub fn sample_memory(&self) {
+        let resident_pages = std::fs::read_to_string("/proc/self/statm")
+            .ok()
+            .and_then(|s| s.split_whitespace().nth(1).and_then(|p| p.parse::<i64>().ok()));
+        if let Some(pages) = resident_pages {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+            self.resident_bytes.set(pages.saturating_mul(page.max(1)));
+        }
     }
 
     pub fn error(&self, kind: &str) {

@@ -328,6 +328,7 @@ impl Owner {
         }
         self.metrics.fleet_devices.set(self.state().fleet_devices() as i64);
         self.metrics.claims.set(keys.len() as i64);
+        self.metrics.sample_memory();
     }
 
     async fn reconcile_claim(&mut self, key: &str) {

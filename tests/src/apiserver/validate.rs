@@ -68,6 +68,30 @@ pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Re
         "Lease" => {
             decode::<Lease>(kind, name, object)?;
         }
+        // ValidateEventUpdate (events.k8s.io/v1): what happened and who
+        // reported it cannot change; only series and counts move.
+        "Event" => {
+            if let Some(old) = old {
+                for field in [
+                    "regarding",
+                    "reason",
+                    "note",
+                    "eventTime",
+                    "action",
+                    "reportingController",
+                    "reportingInstance",
+                    "type",
+                ] {
+                    if old.get(field) != object.get(field) {
+                        return Err(ApiError::invalid(
+                            kind,
+                            name,
+                            &format!("{field}: Invalid value: field is immutable"),
+                        ));
+                    }
+                }
+            }
+        }
         _ => {}
     }
     Ok(())
