@@ -283,3 +283,48 @@ async fn two_replicas_share_the_work_through_a_lease_and_survive_a_killed_leader
     }
     assert_eq!(seen.len(), 512);
 }
+
+/// A delegated claim whose consumers are gone is deallocated after the
+/// grace period (and, still delegated, allocated again on the next pass);
+/// one nobody used yet keeps its devices.
+#[tokio::test(flavor = "multi_thread")]
+async fn delegated_claims_are_deallocated_when_their_consumers_are_gone() {
+    let cluster = Cluster::start(1, 2).await;
+    cluster.server.create(&claim("used", 1, true)).unwrap();
+    cluster.server.create(&claim("unused", 1, true)).unwrap();
+    let controller = cluster.controller("a", &["--explain-after", "0s", "--deallocate-after", "1s"]);
+    let allocated = |name: &str| {
+        cluster
+            .server
+            .get::<ResourceClaim>(Some("default"), name)
+            .ok()
+            .and_then(|c| c.status)
+            .and_then(|s| s.allocation)
+            .is_some()
+    };
+    eventually(
+        "both allocated",
+        Duration::from_secs(60),
+        || allocated("used") && allocated("unused"),
+        || controller.log(),
+    )
+    .await;
+    let reserve = json!({"status": {"reservedFor": [{"resource": "pods", "name": "p", "uid": "11111111-2222-3333-4444-555555555555"}]}});
+    cluster.server.merge_patch::<ResourceClaim>(Some("default"), "used", true, &reserve).unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let status_writes = |name: &str| {
+        let path = format!("/resourceclaims/{name}/status");
+        cluster.server.faults().requests().iter().filter(|r| r.method == "PUT" && r.path.ends_with(&path)).count()
+    };
+    assert_eq!((status_writes("used"), status_writes("unused")), (1, 1), "nothing deallocated while in use or unused");
+    let release = json!({"status": {"reservedFor": null}});
+    cluster.server.merge_patch::<ResourceClaim>(Some("default"), "used", true, &release).unwrap();
+    eventually(
+        "the idle claim deallocated and allocated again",
+        Duration::from_secs(30),
+        || status_writes("used") >= 3,
+        || controller.log(),
+    )
+    .await;
+    assert_eq!(status_writes("unused"), 1);
+}

@@ -7,8 +7,10 @@
 //! win (the second gets 409). A leader that cannot renew within the renew
 //! deadline stops leading before anyone else may take over.
 //!
-//! No maintained crate fits: `kube-leader-election` compares timestamps
-//! across machines and has no renew deadline; this is small and tested.
+//! Written here rather than taken from a crate: we found no maintained one
+//! that follows client-go's rules (expiry timed on the candidate's own
+//! clock, a renew deadline shorter than the lease), and these rules are
+//! what makes two leaders impossible. It is small and tested.
 
 use std::time::{Duration, Instant};
 

@@ -47,8 +47,9 @@ pub struct Owner {
     /// Names of the objects of each kind (slices, classes, nodes, pods).
     names: HashMap<&'static str, HashSet<String>>,
     listed: HashSet<&'static str>,
-    /// When a delegated claim was first seen allocated and unreserved.
-    unreserved_since: HashMap<ClaimKey, Instant>,
+    /// Delegated claims a consumer has reserved since their allocation,
+    /// and when the last consumer left (`None` while one holds it).
+    unreserved_since: HashMap<ClaimKey, Option<Instant>>,
     /// Double allocations seen, handled at the next pass.
     doubles: Vec<DoubleAllocation>,
     /// Something changed since the last full pass.
@@ -339,13 +340,22 @@ impl Owner {
             if !has_finalizer(&claim) {
                 return;
             }
-            let idle = !reserved(&claim) && {
-                let since = *self.unreserved_since.entry(key.to_owned()).or_insert_with(Instant::now);
-                since.elapsed() >= self.deallocate_after
-            };
+            // Deallocated once its consumers have been gone for the grace
+            // period, as the claim controller deallocates the scheduler's
+            // claims; a claim nobody has used yet keeps its devices (it
+            // would only be allocated again on the next pass).
             if reserved(&claim) {
-                self.unreserved_since.remove(key);
+                self.unreserved_since.insert(key.to_owned(), None);
+            } else if let Some(left) = self.unreserved_since.get_mut(key) {
+                left.get_or_insert_with(Instant::now);
             }
+            let idle = !reserved(&claim)
+                && self
+                    .unreserved_since
+                    .get(key)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|t| t.elapsed() >= self.deallocate_after);
             if deleting || idle {
                 self.deallocate(&claim).await;
             }
