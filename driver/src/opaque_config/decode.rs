@@ -6,6 +6,8 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::{ConfigError, DeviceKind};
+use crate::feature_gates::{FeatureGates, Gate};
+use crate::selector::Quantity;
 
 /// The API group/version of NVIDIA's opaque device configuration.
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";
@@ -111,8 +113,9 @@ impl DeviceConfig {
     }
 }
 
-/// Decodes `parameters` (found at `path`) strictly and validates it.
-pub fn decode(parameters: &Value, path: &str) -> Result<DeviceConfig, ConfigError> {
+/// Decodes `parameters` (found at `path`) strictly and validates it with
+/// the gates on.
+pub fn decode(parameters: &Value, path: &str, gates: &FeatureGates) -> Result<DeviceConfig, ConfigError> {
     let field = |name: &str| format!("{path}.{name}");
     let Some(object) = parameters.as_object() else {
         return Err(ConfigError::new(path, "must be an object with apiVersion and kind"));
@@ -144,7 +147,7 @@ pub fn decode(parameters: &Value, path: &str) -> Result<DeviceConfig, ConfigErro
             ));
         }
     };
-    validate(&config, path)?;
+    validate(&config, path, gates)?;
     Ok(config)
 }
 
@@ -158,43 +161,109 @@ fn strict<T: serde::de::DeserializeOwned>(parameters: &Value, path: &str) -> Res
     })
 }
 
+/// The time-slice intervals of `timeSlicingConfig.interval`, and the
+/// value `nvidia-smi compute-policy --set-timeslice` takes for each.
+pub const INTERVALS: [(&str, u8); 4] = [("Default", 0), ("Short", 1), ("Medium", 2), ("Long", 3)];
+
+/// The smallest pinned-memory limit NVIDIA accepts.
+const MIN_PINNED_BYTES: i128 = 1024 * 1024;
+
 /// NVIDIA's `Validate`: a sharing strategy needs its feature gate
-/// (`TimeSlicingSettings`, `MPSSupport`), which are off there by default.
-/// This driver does not implement GPU sharing, so the gates are off here
-/// for good and any strategy is refused, before its settings are looked at,
-/// exactly as NVIDIA's driver does with the gates off.
-fn validate(config: &DeviceConfig, path: &str) -> Result<(), ConfigError> {
-    let strategy = match config {
-        DeviceConfig::Gpu(c) => c.sharing.as_ref().map(|s| s.strategy.as_str()),
-        DeviceConfig::Mig(c) => c.sharing.as_ref().map(|s| s.strategy.as_str()),
+/// (`TimeSlicingSettings`, `MPSSupport`; off by default, as there); the
+/// settings must belong to the strategy and be in range.
+fn validate(config: &DeviceConfig, path: &str, gates: &FeatureGates) -> Result<(), ConfigError> {
+    let (strategy, time_slicing, mps) = match config {
+        DeviceConfig::Gpu(c) => match &c.sharing {
+            Some(s) => (s.strategy.as_str(), s.time_slicing_config.as_ref(), s.mps_config.as_ref()),
+            None => return Ok(()),
+        },
+        DeviceConfig::Mig(c) => match &c.sharing {
+            Some(s) => (s.strategy.as_str(), None, s.mps_config.as_ref()),
+            None => return Ok(()),
+        },
     };
-    let Some(strategy) = strategy else { return Ok(()) };
+    let at = |field: &str| format!("{path}.sharing.{field}");
     let gate = match strategy {
-        "TimeSlicing" => "TimeSlicingSettings",
-        "MPS" => "MPSSupport",
+        "TimeSlicing" => Gate::TimeSlicingSettings,
+        "MPS" => Gate::MpsSupport,
         "Fabric" => {
             return Err(ConfigError::new(
-                format!("{path}.sharing.strategy"),
+                at("strategy"),
                 "fabric GPU sharing strategy is not enabled: remove `sharing`",
             ));
         }
         other => {
             return Err(ConfigError::new(
-                format!("{path}.sharing.strategy"),
+                at("strategy"),
                 format!(
                     "unknown GPU sharing strategy: {other} (TimeSlicing or MPS); remove `sharing` for exclusive devices"
                 ),
             ));
         }
     };
-    Err(ConfigError::new(
-        format!("{path}.sharing.strategy"),
-        format!(
-            "{strategy:?} is selected as the GPU sharing strategy, but the {gate:?} feature gate is not enabled: \
-             this driver gives each claim whole devices; remove `sharing`, or share a device through \
-             consumable capacity instead"
-        ),
-    ))
+    if !gates.enabled(gate) {
+        return Err(ConfigError::new(
+            at("strategy"),
+            format!(
+                "{strategy:?} is selected as the GPU sharing strategy, but the {:?} feature gate is not enabled: \
+                 remove `sharing` for whole, unshared devices",
+                gate.name()
+            ),
+        ));
+    }
+    match gate {
+        Gate::TimeSlicingSettings => {
+            if mps.is_some() {
+                return Err(ConfigError::new(at("mpsConfig"), "cannot use MpsConfig with the 'TimeSlicing' strategy"));
+            }
+            if let Some(interval) = time_slicing.and_then(|t| t.interval.as_deref())
+                && !INTERVALS.iter().any(|(name, _)| *name == interval)
+            {
+                return Err(ConfigError::new(
+                    at("timeSlicingConfig.interval"),
+                    format!("unknown time-slice interval {interval:?}: use Default, Short, Medium or Long"),
+                ));
+            }
+        }
+        _ => {
+            if time_slicing.is_some() {
+                return Err(ConfigError::new(
+                    at("timeSlicingConfig"),
+                    "cannot use TimeSlicingConfig with the 'MPS' strategy",
+                ));
+            }
+            if let Some(mps) = mps {
+                validate_mps(mps, &at("mpsConfig"))?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn validate_mps(mps: &MpsConfig, path: &str) -> Result<(), ConfigError> {
+    if let Some(p) = mps.default_active_thread_percentage
+        && !(0..=100).contains(&p)
+    {
+        return Err(ConfigError::new(
+            format!("{path}.defaultActiveThreadPercentage"),
+            format!("active thread percentage must be between 0 and 100, not {p}"),
+        ));
+    }
+    let limit = |field: String, text: &str| -> Result<(), ConfigError> {
+        let bytes =
+            Quantity::parse(text).map_err(|e| ConfigError::new(&field, format!("{e}; write a size such as 10Gi")))?;
+        if bytes.nanos() / 1_000_000_000 < MIN_PINNED_BYTES {
+            return Err(ConfigError::new(field, format!("{text} is less than the minimum of 1Mi")));
+        }
+        Ok(())
+    };
+    if let Some(text) = &mps.default_pinned_device_memory_limit {
+        limit(format!("{path}.defaultPinnedDeviceMemoryLimit"), text)?;
+    }
+    for (device, text) in mps.default_per_device_pinned_memory_limit.iter().flatten() {
+        limit(format!("{path}.defaultPerDevicePinnedMemoryLimit.{device}"), text)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -205,14 +274,50 @@ mod tests {
     const AT: &str = "status.allocation.devices.config[0].opaque.parameters";
 
     fn message(value: Value) -> String {
-        decode(&value, AT).unwrap_err().to_string()
+        decode(&value, AT, &FeatureGates::default()).unwrap_err().to_string()
+    }
+
+    fn gated(value: Value, gates: &str) -> Result<DeviceConfig, ConfigError> {
+        decode(&value, AT, &gates.parse().unwrap())
+    }
+
+    /// NVIDIA's `Validate` with the gates on: each strategy's own settings,
+    /// in range, named by their path.
+    #[test]
+    fn with_the_gates_on_sharing_settings_are_checked() {
+        let on = "TimeSlicingSettings=true,MPSSupport=true";
+        let ts = |sharing: Value| json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": sharing});
+        assert!(gated(ts(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}})), on).is_ok());
+        let err = gated(ts(json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}})), on)
+            .unwrap_err();
+        assert_eq!(err.field, format!("{AT}.sharing.timeSlicingConfig.interval"));
+        let err = gated(ts(json!({"strategy": "TimeSlicing", "mpsConfig": {}})), on).unwrap_err();
+        assert_eq!(err.message, "cannot use MpsConfig with the 'TimeSlicing' strategy");
+        let mps = |config: Value| ts(json!({"strategy": "MPS", "mpsConfig": config}));
+        assert!(
+            gated(mps(json!({"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"})), on)
+                .is_ok()
+        );
+        let err = gated(mps(json!({"defaultActiveThreadPercentage": 101})), on).unwrap_err();
+        assert_eq!(err.field, format!("{AT}.sharing.mpsConfig.defaultActiveThreadPercentage"));
+        let err = gated(mps(json!({"defaultPinnedDeviceMemoryLimit": "512Ki"})), on).unwrap_err();
+        assert!(err.message.contains("minimum of 1Mi"), "{err}");
+        let err = gated(mps(json!({"defaultPerDevicePinnedMemoryLimit": {"0": "lots"}})), on).unwrap_err();
+        assert_eq!(err.field, format!("{AT}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.0"));
+        // One gate does not open the other.
+        let err = gated(mps(json!({})), "TimeSlicingSettings=true").unwrap_err();
+        assert!(err.message.contains(r#"the "MPSSupport" feature gate is not enabled"#), "{err}");
+        let mig = json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}});
+        assert!(gated(mig, on).is_ok());
     }
 
     #[test]
     fn both_kinds_decode_without_sharing() {
-        let gpu = decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}), AT).unwrap();
+        let gpu =
+            decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig"}), AT, &FeatureGates::default()).unwrap();
         assert_eq!(gpu, DeviceConfig::default_for(DeviceKind::Gpu));
-        let mig = decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig"}), AT).unwrap();
+        let mig = decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig"}), AT, &FeatureGates::default())
+            .unwrap();
         assert_eq!(mig.applies_to(), DeviceKind::Mig);
     }
 

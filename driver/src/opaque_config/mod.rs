@@ -11,6 +11,7 @@ pub use decode::{API_VERSION, DeviceConfig, GpuConfig, MigDeviceConfig, decode};
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 
+use crate::feature_gates::FeatureGates;
 use crate::names::{DeviceName, DriverName};
 
 /// Which config kind a device takes.
@@ -73,11 +74,12 @@ pub struct ResolvedConfig {
 
 const CONFIG_PATH: &str = "status.allocation.devices.config";
 
-/// The effective config of each of `results`, in order.
+/// The effective config of each of `results`, in order, with `gates` on.
 pub fn resolve(
     driver: &DriverName,
     configs: &[DeviceAllocationConfiguration],
     results: &[ResultToConfigure<'_>],
+    gates: &FeatureGates,
 ) -> Result<Vec<ResolvedConfig>, ConfigError> {
     let mut ours: Vec<(ConfigSource, Option<&[String]>, DeviceConfig)> = Vec::new();
     for (index, entry) in configs.iter().enumerate() {
@@ -92,7 +94,7 @@ pub fn resolve(
                 ));
             }
         };
-        let config = decode(&opaque.parameters.0, &format!("{CONFIG_PATH}[{index}].opaque.parameters"))?;
+        let config = decode(&opaque.parameters.0, &format!("{CONFIG_PATH}[{index}].opaque.parameters"), gates)?;
         ours.push((source, entry.requests.as_deref(), config));
     }
     // Class entries take effect before claim entries, whatever their order.
@@ -160,7 +162,11 @@ mod tests {
     }
 
     fn sources(configs: &[DeviceAllocationConfiguration], results: &[ResultToConfigure<'_>]) -> Vec<ConfigSource> {
-        resolve(&DriverName::nvidia_default(), configs, results).unwrap().into_iter().map(|r| r.source).collect()
+        resolve(&DriverName::nvidia_default(), configs, results, &FeatureGates::default())
+            .unwrap()
+            .into_iter()
+            .map(|r| r.source)
+            .collect()
     }
 
     #[test]
@@ -198,7 +204,7 @@ mod tests {
         let (_, mig) = names();
         let result = [ResultToConfigure { request: "small", device: &mig, kind: DeviceKind::Mig }];
         let configs = vec![entry("FromClass", &[], "gpu.nvidia.com", "GpuConfig")];
-        let err = resolve(&DriverName::nvidia_default(), &configs, &result).unwrap_err();
+        let err = resolve(&DriverName::nvidia_default(), &configs, &result, &FeatureGates::default()).unwrap_err();
         assert_eq!(err.field, "status.allocation.devices.config[0].opaque.parameters.kind");
         assert!(err.message.starts_with("cannot apply GpuConfig to device gpu-1-mig-1g10gb-19-0 of type mig"), "{err}");
     }
@@ -211,11 +217,11 @@ mod tests {
         if let Some(o) = bad.opaque.as_mut() {
             o.parameters.0["extra"] = json!(1);
         }
-        let err = resolve(&DriverName::nvidia_default(), &[bad], &result).unwrap_err();
+        let err = resolve(&DriverName::nvidia_default(), &[bad], &result, &FeatureGates::default()).unwrap_err();
         assert!(err.to_string().starts_with("status.allocation.devices.config[0].opaque.parameters.extra"), "{err}");
         let mut odd = entry("FromClaim", &[], "gpu.nvidia.com", "GpuConfig");
         odd.source = "FromNowhere".into();
-        let err = resolve(&DriverName::nvidia_default(), &[odd], &result).unwrap_err();
+        let err = resolve(&DriverName::nvidia_default(), &[odd], &result, &FeatureGates::default()).unwrap_err();
         assert_eq!(err.field, "status.allocation.devices.config[0].source");
     }
 }

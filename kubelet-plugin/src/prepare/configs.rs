@@ -2,6 +2,7 @@
 //! written: a config this driver cannot honour fails the claim with the
 //! field's path, instead of being ignored.
 
+use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::names::DriverName;
 use gpu_dra_driver::opaque_config::{self, ConfigError, DeviceKind, ResolvedConfig, ResultToConfigure};
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -31,7 +32,9 @@ pub fn resolve(
             kind: if d.is_mig { DeviceKind::Mig } else { DeviceKind::Gpu },
         })
         .collect();
-    opaque_config::resolve(driver, configs, &results)
+    // Sharing is not applied at prepare yet, so no gate is turned on here:
+    // a sharing strategy is refused as with NVIDIA's gates off.
+    opaque_config::resolve(driver, configs, &results, &FeatureGates::default())
 }
 
 #[cfg(test)]

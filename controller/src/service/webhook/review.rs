@@ -12,6 +12,7 @@
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 use serde_json::{Value, json};
 
+use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::opaque_config;
 use gpu_dra_driver::selector::{CelEnvironment, SelectorEnv};
 
@@ -89,7 +90,9 @@ fn check_configs(spec: &ResourceClaimSpec, spec_path: &str, driver: &str) -> Res
             continue;
         }
         let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
-        opaque_config::decode(&opaque.parameters.0, &path)?;
+        // The node agent does not apply sharing yet: judge configs as it
+        // does, with no gate on.
+        opaque_config::decode(&opaque.parameters.0, &path, &FeatureGates::default())?;
     }
     Ok(())
 }

@@ -1,0 +1,119 @@
+//! The driver's feature gates, named and defaulted as NVIDIA's are (all
+//! off), set with `--feature-gates A=true,B=false` / `FEATURE_GATES` on
+//! every component, so that the node agent and the controller's webhook
+//! judge a claim's config alike.
+//!
+//! | gate | default | what it turns on |
+//! |---|---|---|
+//! | `TimeSlicingSettings` | off | the `TimeSlicing` sharing strategy and its intervals |
+//! | `MPSSupport` | off | the `MPS` sharing strategy (a control daemon per claim) |
+//! | `ConsumableCapacity` | off | GPUs published for several claims at once, shared by memory, each share's limit enforced through MPS |
+
+use std::fmt;
+use std::str::FromStr;
+
+/// One gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Gate {
+    TimeSlicingSettings,
+    MpsSupport,
+    ConsumableCapacity,
+}
+
+impl Gate {
+    pub const ALL: [Gate; 3] = [Gate::TimeSlicingSettings, Gate::MpsSupport, Gate::ConsumableCapacity];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Gate::TimeSlicingSettings => "TimeSlicingSettings",
+            Gate::MpsSupport => "MPSSupport",
+            Gate::ConsumableCapacity => "ConsumableCapacity",
+        }
+    }
+}
+
+/// Which gates are on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct FeatureGates {
+    time_slicing: bool,
+    mps: bool,
+    consumable_capacity: bool,
+}
+
+/// A `--feature-gates` value that cannot be used, with the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FeatureGateError {
+    #[error("unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport and ConsumableCapacity")]
+    Unknown(String),
+    #[error("feature gate {gate}: {value:?} is not true or false")]
+    BadValue { gate: String, value: String },
+    #[error("{0:?} is not NAME=true|false; write gates as A=true,B=false")]
+    Malformed(String),
+}
+
+impl FeatureGates {
+    pub fn enabled(&self, gate: Gate) -> bool {
+        match gate {
+            Gate::TimeSlicingSettings => self.time_slicing,
+            Gate::MpsSupport => self.mps,
+            Gate::ConsumableCapacity => self.consumable_capacity,
+        }
+    }
+
+    pub fn with(mut self, gate: Gate, on: bool) -> Self {
+        match gate {
+            Gate::TimeSlicingSettings => self.time_slicing = on,
+            Gate::MpsSupport => self.mps = on,
+            Gate::ConsumableCapacity => self.consumable_capacity = on,
+        }
+        self
+    }
+}
+
+impl FromStr for FeatureGates {
+    type Err = FeatureGateError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let mut gates = FeatureGates::default();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = item.split_once('=').ok_or_else(|| FeatureGateError::Malformed(item.to_owned()))?;
+            let (name, value) = (name.trim(), value.trim());
+            let gate = Gate::ALL
+                .into_iter()
+                .find(|g| g.name() == name)
+                .ok_or_else(|| FeatureGateError::Unknown(name.to_owned()))?;
+            let on = match value.to_ascii_lowercase().as_str() {
+                "true" => true,
+                "false" => false,
+                _ => return Err(FeatureGateError::BadValue { gate: name.to_owned(), value: value.to_owned() }),
+            };
+            gates = gates.with(gate, on);
+        }
+        Ok(gates)
+    }
+}
+
+impl fmt::Display for FeatureGates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = Gate::ALL.iter().map(|g| format!("{}={}", g.name(), self.enabled(*g))).collect();
+        f.write_str(&parts.join(","))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gates_parse_as_kubernetes_components_take_them() {
+        let gates: FeatureGates = "TimeSlicingSettings=true, MPSSupport=false".parse().unwrap();
+        assert!(gates.enabled(Gate::TimeSlicingSettings) && !gates.enabled(Gate::MpsSupport));
+        assert!(!gates.enabled(Gate::ConsumableCapacity), "off unless asked");
+        assert_eq!("".parse::<FeatureGates>().unwrap(), FeatureGates::default());
+        assert!(matches!("Sharing=true".parse::<FeatureGates>(), Err(FeatureGateError::Unknown(_))));
+        assert!(matches!("MPSSupport=yes".parse::<FeatureGates>(), Err(FeatureGateError::BadValue { .. })));
+        assert!(matches!("MPSSupport".parse::<FeatureGates>(), Err(FeatureGateError::Malformed(_))));
+        let shown = gates.to_string();
+        assert_eq!(shown.parse::<FeatureGates>().unwrap(), gates);
+    }
+}
