@@ -60,6 +60,18 @@ impl FeatureGates {
         }
     }
 
+    /// Refuses gates this driver does not implement yet (`MPSSupport`,
+    /// `ConsumableCapacity`), so that turning one on fails at start rather
+    /// than admitting claims nothing would honour.
+    pub fn check_implemented(self) -> Result<Self, String> {
+        for gate in [Gate::MpsSupport, Gate::ConsumableCapacity] {
+            if self.enabled(gate) {
+                return Err(format!("{} is not implemented by this driver yet; leave it off", gate.name()));
+            }
+        }
+        Ok(self)
+    }
+
     pub fn with(mut self, gate: Gate, on: bool) -> Self {
         match gate {
             Gate::TimeSlicingSettings => self.time_slicing = on,

@@ -121,6 +121,11 @@ pub struct RunArgs {
     /// container runtime reads CDI specs from).
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi", value_name = "DIR")]
     pub cdi_dir: PathBuf,
+    /// Feature gates, `A=true,B=false`: TimeSlicingSettings (claims may
+    /// time-slice whole GPUs), MPSSupport and ConsumableCapacity (not
+    /// applied yet); all off by default, as NVIDIA's.
+    #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
+    pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
     /// Where the checkpoint of prepared claims lives [default:
     /// <plugins-dir>/<driver-name>].
     #[arg(long, env = "STATE_DIR", value_name = "DIR")]
@@ -234,6 +239,10 @@ pub struct PrintCdiArgs {
 pub enum OutputFormat {
     Yaml,
     Json,
+}
+
+fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_implemented()
 }
 
 #[cfg(test)]

@@ -30,6 +30,21 @@ pub fn nvml_source(args: &DriverRootArgs, host: &HostRootsArgs) -> NvmlSource {
     }
 }
 
+/// `nvidia-smi` of the driver root, to set GPUs' time-slices; none on a
+/// fake inventory without an explicit --driver-root.
+pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare::sharing::NvidiaSmi> {
+    let root = match (&args.driver_root, &node.fake_inventory) {
+        (Some(root), _) => root.clone(),
+        (None, Some(_)) => return None,
+        (None, None) => "/".into(),
+    };
+    let smi = driver_root::local_binary(&DriverRoot::new(root, None), "nvidia-smi");
+    if smi.is_none() {
+        tracing::warn!("no nvidia-smi in the driver root: claims asking for time-slicing will fail");
+    }
+    smi.map(crate::prepare::sharing::NvidiaSmi::new)
+}
+
 /// Discovers the driver's files for `inventory`'s driver version. A fake
 /// inventory without an explicit --driver-root has no driver: no edits.
 pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventory) -> Result<DriverEdits> {

@@ -146,6 +146,9 @@ fn open_preparer(
             (None, Some(_)) => None,
             (None, None) => Some("/".into()),
         },
+        gates: args.feature_gates,
+        gpu_control: crate::driver_files::gpu_control(&args.driver_root, &args.node)
+            .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// Event writes per second (burst: five times as many).
     #[arg(long, env = "EVENT_QPS", default_value_t = 20.0)]
     pub event_qps: f64,
+    /// Feature gates, `A=true,B=false`, as set on the node agents: the
+    /// webhook judges claims' sharing configs with them.
+    #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
+    pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
     /// HTTPS port of the validating webhook; 0 disables it.
     #[arg(long, env = "WEBHOOK_PORT", default_value_t = 0)]
     pub webhook_port: u16,
@@ -96,6 +100,10 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         rest = &rest[unit_len..];
     }
     Ok(total)
+}
+
+fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_implemented()
 }
 
 /// An address to listen on, or `off`.

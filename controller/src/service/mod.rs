@@ -96,8 +96,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         let fleet = webhook::SharedFleet(state.clone());
         let driver = args.driver_name.clone();
         let webhook_metrics = metrics.clone();
+        let gates = args.feature_gates;
         tokio::spawn(async move {
-            if let Err(error) = webhook::serve(config, &driver, minor, fleet, webhook_metrics).await {
+            if let Err(error) = webhook::serve(config, &driver, gates, minor, fleet, webhook_metrics).await {
                 tracing::error!(error = %format!("{error:#}"), "the webhook stopped");
                 std::process::exit(1);
             }

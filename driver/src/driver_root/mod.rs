@@ -145,7 +145,7 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
         tracing::debug!(version, "no GSP firmware directory for the driver version; skipped");
     }
     for binary in BINARIES {
-        let found = BINARY_DIRS.iter().map(|d| format!("/{d}/{binary}")).find(|p| root.local(p).is_file());
+        let found = binary_path(root, binary);
         match found {
             Some(path) => files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path }),
             None => tracing::debug!(binary, "driver binary not found; skipped"),
@@ -186,6 +186,16 @@ fn firmware_dir(root: &DriverRoot, version: &str) -> Option<String> {
 /// Where this process reaches `library` (e.g. `libnvidia-ml.so`) under
 /// the root: the real file its soname leads to, found as [`discover`] finds
 /// it. The plugin loads NVML from the driver root this way.
+/// Where `binary` is in the root, as a path inside it (`/usr/bin/nvidia-smi`).
+fn binary_path(root: &DriverRoot, binary: &str) -> Option<String> {
+    BINARY_DIRS.iter().map(|d| format!("/{d}/{binary}")).find(|p| root.local(p).is_file())
+}
+
+/// `binary` of the root as this process reaches it, to run it.
+pub fn local_binary(root: &DriverRoot, binary: &str) -> Option<PathBuf> {
+    binary_path(root, binary).map(|p| root.local(&p))
+}
+
 pub fn local_library(root: &DriverRoot, library: &str) -> Option<PathBuf> {
     find_library(root, &native_cache(root), library).map(|found| root.local(&found.real))
 }

@@ -7,7 +7,7 @@
 
 mod decode;
 
-pub use decode::{API_VERSION, DeviceConfig, GpuConfig, MigDeviceConfig, decode};
+pub use decode::{API_VERSION, DeviceConfig, GpuConfig, INTERVALS, MigDeviceConfig, decode};
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 

@@ -42,6 +42,19 @@ pub struct CheckpointDevice {
     /// Admin access does not make the device busy for other claims.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub admin_access: bool,
+    /// The time-slice this claim set on the GPU (absent: none), so that the
+    /// last claim to let go resets it, whatever crashed in between.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slice: Option<TimeSlice>,
+}
+
+/// A GPU's time-slice interval as set through `nvidia-smi compute-policy`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSlice {
+    pub gpu_uuid: String,
+    /// `--set-timeslice` value: 0 Default, 1 Short, 2 Medium, 3 Long.
+    pub interval: u8,
 }
 
 impl CheckpointDevice {
@@ -240,6 +253,7 @@ pub(crate) mod test_support {
                     cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={uid}-{d}")],
                     share_id: None,
                     admin_access: false,
+                    time_slice: None,
                 })
                 .collect(),
         }

@@ -9,13 +9,12 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::plan::PlannedDevice;
 
-/// Each planned device's effective config. Every config this driver
-/// accepts today leaves the device exclusive and unshared, so none changes
-/// the CDI spec; the resolution is what refuses the others.
+/// Each planned device's effective config, with `gates` on.
 pub fn resolve(
     driver: &DriverName,
     claim: &ResourceClaim,
     planned: &[PlannedDevice],
+    gates: &FeatureGates,
 ) -> Result<Vec<ResolvedConfig>, ConfigError> {
     let configs = claim
         .status
@@ -32,9 +31,7 @@ pub fn resolve(
             kind: if d.is_mig { DeviceKind::Mig } else { DeviceKind::Gpu },
         })
         .collect();
-    // Sharing is not applied at prepare yet, so no gate is turned on here:
-    // a sharing strategy is refused as with NVIDIA's gates off.
-    opaque_config::resolve(driver, configs, &results, &FeatureGates::default())
+    opaque_config::resolve(driver, configs, &results, gates)
 }
 
 #[cfg(test)]
@@ -72,9 +69,10 @@ mod tests {
             }),
         }]);
         let driver = DriverName::nvidia_default();
-        let resolved = resolve(&driver, &claim, &[planned("gpu-0", false)]).unwrap();
+        let resolved = resolve(&driver, &claim, &[planned("gpu-0", false)], &FeatureGates::default()).unwrap();
         assert_eq!(resolved[0].source, ConfigSource::Claim(0));
-        let err = resolve(&driver, &claim, &[planned("gpu-1-mig-1g10gb-19-0", true)]).unwrap_err();
+        let err =
+            resolve(&driver, &claim, &[planned("gpu-1-mig-1g10gb-19-0", true)], &FeatureGates::default()).unwrap_err();
         assert!(err.message.contains("cannot apply GpuConfig"), "{err}");
     }
 }

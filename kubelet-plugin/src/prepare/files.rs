@@ -60,6 +60,31 @@ impl Files {
         }
     }
 
+    /// Records `PrepareStarted`, before a prepare changes anything outside
+    /// its files (a GPU's time-slice): start-up then knows to undo it.
+    pub fn record_started(&self, uid: &ClaimUid, record: &ClaimRecord) -> Result<(), String> {
+        let mut record = record.clone();
+        record.state = PrepareState::PrepareStarted;
+        self.checkpoint.write(uid, &record).map_err(|e| e.to_string())
+    }
+
+    /// Writes the spec, then records `PrepareCompleted`. On failure the
+    /// `PrepareStarted` record stays for the caller's roll-back.
+    pub fn complete(
+        &self,
+        uid: &ClaimUid,
+        mut record: ClaimRecord,
+        spec: &[u8],
+    ) -> Result<ClaimRecord, (ErrorKind, String)> {
+        let spec_file = record.cdi_spec_file.clone().unwrap_or_default();
+        durable::write(&self.cdi_dir, &spec_file, spec, CDI_FILE_MODE).map_err(|e| {
+            (ErrorKind::Cdi, format!("writing CDI spec {}: {e}", self.cdi_dir.join(&spec_file).display()))
+        })?;
+        record.state = PrepareState::PrepareCompleted;
+        self.checkpoint.write(uid, &record).map_err(|e| (ErrorKind::Checkpoint, e.to_string()))?;
+        Ok(record)
+    }
+
     /// Removes the claim's spec, then its record. If the spec cannot be
     /// removed the record stays, so the next attempt or start-up retries.
     pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), String> {

@@ -22,6 +22,7 @@ mod files;
 pub mod locks;
 pub mod plan;
 pub mod reconcile;
+pub mod sharing;
 pub mod types;
 
 use std::collections::HashMap;
@@ -29,11 +30,12 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use gpu_dra_driver::cdi;
+use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
 use tokio::sync::watch;
 
-use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
+use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice};
 use crate::durable;
 use crate::metrics::{ErrorKind, Metrics};
 use files::Files;
@@ -62,6 +64,11 @@ pub struct PreparerConfig {
     /// Where the host's `/` is, to create device nodes a fresh node lacks;
     /// `None`: leave `/dev` alone (fake inventories).
     pub dev_root: Option<PathBuf>,
+    /// Which sharing strategies claims may ask for.
+    pub gates: FeatureGates,
+    /// Sets GPUs' time-slices (`nvidia-smi` from the driver root); `None`
+    /// when there is no driver root, and time-slicing is refused.
+    pub gpu_control: Option<Arc<dyn sharing::GpuControl>>,
 }
 
 /// Why the preparer could not start.
@@ -190,12 +197,27 @@ impl<S: ClaimSource> Preparer<S> {
                 return Err(kind(ErrorKind::Prepare)(error));
             }
         };
-        configs::resolve(&self.config.driver, &resource_claim, &planned).map_err(kind(ErrorKind::Config))?;
+        let resolved = configs::resolve(&self.config.driver, &resource_claim, &planned, &self.config.gates)
+            .map_err(kind(ErrorKind::Config))?;
+        let slices = sharing::time_slices(&planned, &resolved, &inventory).map_err(kind(ErrorKind::Config))?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
         let _device_locks = self.locks.lock(planned.iter().map(|d| device_key(d.device.as_str())).collect()).await;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
+        let time_sliced = slices.iter().any(Option::is_some);
+        if time_sliced {
+            if self.config.gpu_control.is_none() {
+                return Err(Failure {
+                    kind: ErrorKind::Config,
+                    message: "time-slicing needs nvidia-smi from the NVIDIA driver: run the plugin with --driver-root"
+                        .to_owned(),
+                });
+            }
+            let records = self.records();
+            sharing::check_agreement(&uid, &claim.namespace, &claim.name, &slices, records.values())
+                .map_err(kind(ErrorKind::Config))?;
+        }
         if let Some(stale) = self.record(&uid) {
             // A previous attempt failed half-way and its roll-back failed too.
             self.roll_back(&claim.uid, stale).await.map_err(kind(ErrorKind::Cdi))?;
@@ -210,7 +232,13 @@ impl<S: ClaimSource> Preparer<S> {
             let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
             crate::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
         }
-        let record = self.started_record(&claim, &planned, &spec);
+        let mut record = self.started_record(&claim, &planned, &spec);
+        for (device, slice) in record.devices.iter_mut().zip(slices) {
+            device.time_slice = slice;
+        }
+        if time_sliced {
+            return self.prepare_time_sliced(&claim, record, bytes).await;
+        }
         let files = self.files.clone();
         let uid_for_files = claim.uid.clone();
         let written = blocking(move || files.write_prepared(&uid_for_files, record, &bytes))
@@ -228,6 +256,63 @@ impl<S: ClaimSource> Preparer<S> {
                     self.records().insert(uid, *stale);
                 }
                 Err(Failure { kind: failure.kind, message: failure.message })
+            }
+        }
+    }
+
+    /// The prepare of a claim that time-slices GPUs: record the intent,
+    /// set the GPUs, then write the spec and complete; any failure after
+    /// the record rolls back, resetting what no other claim needs.
+    async fn prepare_time_sliced(
+        &self,
+        claim: &ValidClaim,
+        record: ClaimRecord,
+        spec: Vec<u8>,
+    ) -> Result<Vec<PreparedDevice>, Failure> {
+        let uid = claim.uid.to_string();
+        let files = self.files.clone();
+        let (owned_uid, started) = (claim.uid.clone(), record.clone());
+        blocking(move || files.record_started(&owned_uid, &started))
+            .await
+            .and_then(|r| r)
+            .map_err(kind(ErrorKind::Checkpoint))?;
+        self.records().insert(uid.clone(), record.clone());
+        let control = self.config.gpu_control.clone();
+        let to_set: Vec<TimeSlice> = record.devices.iter().filter_map(|d| d.time_slice.clone()).collect();
+        let applied = blocking(move || -> Result<(), String> {
+            let Some(control) = control else { return Ok(()) };
+            for slice in &to_set {
+                control.set_time_slice(&slice.gpu_uuid, slice.interval)?;
+            }
+            Ok(())
+        })
+        .await
+        .and_then(|r| r);
+        let completed = match applied {
+            Ok(()) => {
+                let files = self.files.clone();
+                let owned_uid = claim.uid.clone();
+                blocking(move || files.complete(&owned_uid, record, &spec))
+                    .await
+                    .map_err(|e| (ErrorKind::Checkpoint, e))
+                    .and_then(|r| r)
+            }
+            Err(error) => Err((ErrorKind::Prepare, format!("setting the GPU time-slice: {error}"))),
+        };
+        match completed {
+            Ok(record) => {
+                let devices = record.prepared_devices();
+                self.records().insert(uid, record);
+                tracing::info!(claim = %claim, devices = devices.len(), "prepared (time-sliced)");
+                Ok(devices)
+            }
+            Err((kind, message)) => {
+                if let Some(stale) = self.record(&uid)
+                    && let Err(undo) = self.roll_back(&claim.uid, stale).await
+                {
+                    tracing::error!(claim = %claim, error = %undo, "rolling back a failed prepare failed; start-up retries");
+                }
+                Err(Failure { kind, message })
             }
         }
     }
@@ -309,14 +394,23 @@ impl<S: ClaimSource> Preparer<S> {
                     cdi_device_ids: spec.device_id(&d.device).map(str::to_string).into_iter().collect(),
                     share_id: d.share_id.clone(),
                     admin_access: d.admin_access,
+                    time_slice: None,
                 })
                 .collect(),
         }
     }
 
-    /// Removes the claim's spec file, then its record (see
-    /// [`Files::remove_claim`]), then forgets it.
+    /// Resets the time-slices only this claim needed, removes the claim's
+    /// spec file, then its record (see [`Files::remove_claim`]), then
+    /// forgets it. The reset comes first: if it fails the record stays, and
+    /// the next attempt or start-up retries.
     async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
+        let reset = sharing::to_reset(&record, self.records().values().cloned().collect::<Vec<_>>().iter());
+        if !reset.is_empty()
+            && let Some(control) = self.config.gpu_control.clone()
+        {
+            blocking(move || reset.iter().try_for_each(|gpu| control.reset_time_slice(gpu))).await??;
+        }
         let name = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&self.config.driver, uid));
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;

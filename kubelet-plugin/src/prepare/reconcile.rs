@@ -63,6 +63,7 @@ pub(super) fn reconcile(
         report.damaged.push(checkpoint.set_aside(damaged)?);
     }
     let mut records = Records::new();
+    let mut interrupted: Vec<ClaimRecord> = Vec::new();
     for record in loaded.records {
         let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
         let spec_file = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&config.driver, &uid));
@@ -70,9 +71,11 @@ pub(super) fn reconcile(
             remove_cdi(&config.cdi_dir, &spec_file)?;
             checkpoint.remove(&uid)?;
             if record.boot_id != config.boot_id {
+                // A reboot reset the GPUs too.
                 report.other_boot.push(record.uid);
             } else {
-                report.rolled_back.push(record.uid);
+                report.rolled_back.push(record.uid.clone());
+                interrupted.push(record);
             }
             continue;
         }
@@ -84,7 +87,30 @@ pub(super) fn reconcile(
         records.insert(record.uid.clone(), record);
     }
     report.temp_files += sweep_cdi_dir(config, &owners, &mut report.orphans)?;
+    settle_time_slices(config, &interrupted, &records);
     Ok((records, report))
+}
+
+/// GPU time-slices after a restart: an interrupted prepare may have set
+/// one that no kept claim needs (reset it); a kept claim's is set again,
+/// as an interrupted unprepare may have reset it already. Failures are
+/// logged: a claim's prepare or unprepare sets them again.
+fn settle_time_slices(config: &PreparerConfig, interrupted: &[ClaimRecord], kept: &Records) {
+    let Some(control) = &config.gpu_control else { return };
+    for record in interrupted {
+        for gpu in super::sharing::to_reset(record, kept.values()) {
+            if let Err(error) = control.reset_time_slice(&gpu) {
+                tracing::error!(%gpu, %error, "resetting the time-slice an interrupted prepare set failed");
+            }
+        }
+    }
+    for record in kept.values() {
+        for slice in record.devices.iter().filter_map(|d| d.time_slice.as_ref()) {
+            if let Err(error) = control.set_time_slice(&slice.gpu_uuid, slice.interval) {
+                tracing::error!(gpu = %slice.gpu_uuid, %error, "setting a prepared claim's time-slice again failed");
+            }
+        }
+    }
 }
 
 /// Rewrites a completed claim's missing spec from the inventory; the

@@ -38,6 +38,15 @@ pub fn node() -> NodeName {
     NodeName::new("node-a").unwrap()
 }
 
+/// An opaque config entry from the claim, for every request.
+pub fn claim_config(parameters: serde_json::Value) -> DeviceAllocationConfiguration {
+    serde_json::from_value(serde_json::json!({
+        "source": "FromClaim",
+        "opaque": {"driver": "gpu.nvidia.com", "parameters": parameters},
+    }))
+    .unwrap()
+}
+
 /// A ResourceClaim allocated on `node-a` with one result per device.
 pub fn allocated(uid: &str, name: &str, devices: &[&str]) -> ResourceClaim {
     let results = devices
@@ -117,12 +126,21 @@ pub struct Harness {
     pub dir: tempfile::TempDir,
     pub source: MapSource,
     pub inventory: watch::Sender<Arc<Inventory>>,
+    /// Gates and GPU control for the preparers it opens.
+    pub gates: gpu_dra_driver::feature_gates::FeatureGates,
+    pub gpu: Option<Arc<crate::prepare::sharing::test_support::Recorder>>,
 }
 
 impl Harness {
     pub fn new() -> Self {
         let (inventory, _) = watch::channel(Arc::new(two_gpu_inventory()));
-        Self { dir: tempfile::tempdir().unwrap(), source: MapSource::default(), inventory }
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            source: MapSource::default(),
+            inventory,
+            gates: Default::default(),
+            gpu: None,
+        }
     }
 
     pub fn config(&self, boot_id: &str) -> PreparerConfig {
@@ -133,6 +151,8 @@ impl Harness {
             checkpoint_dir: self.dir.path().join("state/checkpoint"),
             boot_id: boot_id.into(),
             driver_edits: Default::default(),
+            gates: self.gates,
+            gpu_control: self.gpu.clone().map(|r| r as Arc<dyn crate::prepare::sharing::GpuControl>),
             dev_root: None,
         }
     }

@@ -1,6 +1,6 @@
 use std::time::Duration;
 
-use super::test_support::{Harness, allocated, claim_ref};
+use super::test_support::{Harness, allocated, claim_config, claim_ref};
 use crate::checkpoint::{CheckpointDir, ClaimRecord, PrepareState, envelope};
 use gpu_dra_driver::names::ClaimUid;
 
@@ -216,4 +216,95 @@ async fn failures_are_counted_by_kind() {
     let text = metrics.encode().unwrap();
     assert!(text.contains(r#"gpu_dra_errors_total{kind="invalid_request"} 1"#), "{text}");
     assert!(text.contains(r#"gpu_dra_errors_total{kind="claim_lookup"} 1"#), "{text}");
+}
+
+fn time_sliced(
+    uid: &str,
+    name: &str,
+    interval: &str,
+    share: Option<&str>,
+) -> k8s_openapi::api::resource::v1::ResourceClaim {
+    let mut claim = allocated(uid, name, &["gpu-0"]);
+    let devices = claim.status.as_mut().unwrap().allocation.as_mut().unwrap().devices.as_mut().unwrap();
+    devices.results.as_mut().unwrap()[0].share_id = share.map(str::to_owned);
+    devices.config = Some(vec![claim_config(serde_json::json!({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+        "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": interval}},
+    }))]);
+    claim
+}
+
+fn gpu_harness() -> (Harness, std::sync::Arc<super::sharing::test_support::Recorder>) {
+    let mut h = Harness::new();
+    h.gates = "TimeSlicingSettings=true".parse().unwrap();
+    let recorder = std::sync::Arc::new(super::sharing::test_support::Recorder::default());
+    h.gpu = Some(recorder.clone());
+    (h, recorder)
+}
+
+fn calls(recorder: &super::sharing::test_support::Recorder) -> Vec<String> {
+    std::mem::take(&mut *recorder.calls.lock().unwrap())
+}
+
+#[tokio::test]
+async fn time_slicing_is_set_at_prepare_and_reset_by_the_last_claim() {
+    let (h, gpu) = gpu_harness();
+    let uuid = h.inventory.borrow().gpus[0].uuid.clone();
+    h.source.put(time_sliced(A, "a", "Short", Some("s-1")));
+    h.source.put(time_sliced(B, "b", "Short", Some("s-2")));
+    let (p, _) = h.open();
+    assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
+    assert_eq!(calls(&gpu), [format!("set {uuid} 1")]);
+    let loaded = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap().load().unwrap();
+    assert_eq!(loaded.records[0].devices[0].time_slice.as_ref().map(|t| t.interval), Some(1));
+    // A second claim on the same GPU with the same interval shares it.
+    assert!(p.prepare(vec![claim_ref(B, "b")]).await[B].is_ok());
+    assert_eq!(calls(&gpu), [format!("set {uuid} 1")]);
+    // The first to let go leaves the setting; the last resets it.
+    p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert!(calls(&gpu).is_empty());
+    p.unprepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap();
+    assert_eq!(calls(&gpu), [format!("set {uuid} 0")]);
+}
+
+#[tokio::test]
+async fn one_gpu_cannot_take_two_intervals_and_gates_stay_closed_by_default() {
+    let (h, gpu) = gpu_harness();
+    h.source.put(time_sliced(A, "a", "Long", Some("s-1")));
+    h.source.put(time_sliced(B, "b", "Short", Some("s-2")));
+    let (p, _) = h.open();
+    assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
+    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    assert!(err.contains("Long for ResourceClaim default/a and Short for ResourceClaim default/b"), "{err}");
+    assert_eq!(calls(&gpu).len(), 1, "the refused claim changed nothing");
+
+    let closed = Harness::new();
+    closed.source.put(time_sliced(A, "a", "Long", None));
+    let (p, _) = closed.open();
+    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    assert!(err.contains(r#"the "TimeSlicingSettings" feature gate is not enabled"#), "{err}");
+}
+
+#[tokio::test]
+async fn an_interrupted_time_sliced_prepare_is_undone_at_start_and_kept_ones_set_again() {
+    let (h, gpu) = gpu_harness();
+    let uuid = h.inventory.borrow().gpus[0].uuid.clone();
+    h.source.put(time_sliced(A, "a", "Medium", Some("s-1")));
+    let (p, _) = h.open();
+    assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
+    drop(p);
+    calls(&gpu);
+    // A restart keeps the completed claim and sets its time-slice again.
+    let (_p, report) = h.open();
+    assert_eq!(report.kept, 1);
+    assert_eq!(calls(&gpu), [format!("set {uuid} 2")]);
+    // A crash between the started record and the spec: the record is
+    // rolled back at start and the GPU reset.
+    let dir = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap();
+    let mut record = dir.load().unwrap().records.remove(0);
+    record.state = PrepareState::PrepareStarted;
+    dir.write(&ClaimUid::new(A).unwrap(), &record).unwrap();
+    let (_p, report) = h.open();
+    assert_eq!(report.rolled_back, [A.to_owned()]);
+    assert_eq!(calls(&gpu), [format!("set {uuid} 0")]);
 }

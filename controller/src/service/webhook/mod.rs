@@ -49,6 +49,7 @@ impl Fleet for SharedFleet {
 
 struct Reviewer {
     driver: String,
+    gates: gpu_dra_driver::feature_gates::FeatureGates,
     cel: gpu_dra_driver::selector::SelectorEnv,
     fleet: SharedFleet,
     metrics: Arc<Metrics>,
@@ -65,6 +66,7 @@ pub struct WebhookConfig {
 pub async fn serve(
     config: WebhookConfig,
     driver: &str,
+    gates: gpu_dra_driver::feature_gates::FeatureGates,
     server_minor: u32,
     fleet: SharedFleet,
     metrics: Arc<Metrics>,
@@ -75,7 +77,8 @@ pub async fn serve(
     let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls_config));
     let listener =
         TcpListener::bind(config.addr).await.with_context(|| format!("binding the webhook port {}", config.addr))?;
-    let reviewer = Arc::new(Reviewer { driver: driver.to_owned(), cel: selector_env(server_minor), fleet, metrics });
+    let reviewer =
+        Arc::new(Reviewer { driver: driver.to_owned(), gates, cel: selector_env(server_minor), fleet, metrics });
     let app = Router::new().route("/validate", post(validate)).with_state(reviewer);
     tracing::info!(addr = %config.addr, "serving the validating webhook at /validate");
     loop {
@@ -120,7 +123,8 @@ async fn validate(State(reviewer): State<Arc<Reviewer>>, request: Request<Body>)
         }
     };
     let worker = reviewer.clone();
-    let job = tokio::task::spawn_blocking(move || review(&body, &worker.driver, &worker.cel, &worker.fleet));
+    let job =
+        tokio::task::spawn_blocking(move || review(&body, &worker.driver, &worker.gates, &worker.cel, &worker.fleet));
     match tokio::time::timeout(REVIEW_TIMEOUT, job).await {
         Ok(Ok((response, allowed))) => {
             if !allowed {

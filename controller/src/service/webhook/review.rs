@@ -26,7 +26,7 @@ pub trait Fleet {
 const WARNING_MAX_CHARS: usize = 256;
 
 /// The AdmissionReview to send back for `body`, and whether it allowed.
-pub fn review(body: &[u8], driver: &str, cel: &SelectorEnv, fleet: &dyn Fleet) -> (Value, bool) {
+pub fn review(body: &[u8], driver: &str, gates: &FeatureGates, cel: &SelectorEnv, fleet: &dyn Fleet) -> (Value, bool) {
     let request: Value = match serde_json::from_slice(body) {
         Ok(v) => v,
         Err(error) => {
@@ -65,7 +65,7 @@ pub fn review(body: &[u8], driver: &str, cel: &SelectorEnv, fleet: &dyn Fleet) -
         Ok(spec) => spec.unwrap_or_default(),
         Err(error) => return (denied(&uid, 400, &format!("{spec_path}: {error}")), false),
     };
-    if let Err(error) = check_configs(&spec, spec_path, driver) {
+    if let Err(error) = check_configs(&spec, spec_path, driver, gates) {
         return (denied(&uid, 422, &error.to_string()), false);
     }
     let mut warnings = selector_warnings(&spec, spec_path, cel);
@@ -82,7 +82,12 @@ pub fn review(body: &[u8], driver: &str, cel: &SelectorEnv, fleet: &dyn Fleet) -
 }
 
 /// Every opaque config entry for our driver must decode strictly.
-fn check_configs(spec: &ResourceClaimSpec, spec_path: &str, driver: &str) -> Result<(), opaque_config::ConfigError> {
+fn check_configs(
+    spec: &ResourceClaimSpec,
+    spec_path: &str,
+    driver: &str,
+    gates: &FeatureGates,
+) -> Result<(), opaque_config::ConfigError> {
     let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
     for (i, config) in configs.into_iter().flatten().enumerate() {
         let Some(opaque) = config.opaque.as_ref() else { continue };
@@ -90,9 +95,7 @@ fn check_configs(spec: &ResourceClaimSpec, spec_path: &str, driver: &str) -> Res
             continue;
         }
         let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
-        // The node agent does not apply sharing yet: judge configs as it
-        // does, with no gate on.
-        opaque_config::decode(&opaque.parameters.0, &path, &FeatureGates::default())?;
+        opaque_config::decode(&opaque.parameters.0, &path, gates)?;
     }
     Ok(())
 }
@@ -178,7 +181,14 @@ mod tests {
                         "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
                         "operation": "CREATE", "object": object},
         });
-        review(body.to_string().as_bytes(), "gpu.nvidia.com", &selector_env(36), &NoFleet(vec!["no H100 today".into()]))
+        let gates = FeatureGates::default();
+        review(
+            body.to_string().as_bytes(),
+            "gpu.nvidia.com",
+            &gates,
+            &selector_env(36),
+            &NoFleet(vec!["no H100 today".into()]),
+        )
     }
 
     fn claim_with(config: Value, selector: &str) -> Value {
@@ -224,10 +234,12 @@ mod tests {
         let (response, ok) = review_of(template, "ResourceClaimTemplate");
         assert!(!ok);
         assert!(response["response"]["status"]["message"].as_str().unwrap().starts_with("spec.spec.devices.config[0]"));
-        let (response, ok) = review(b"{not json", "gpu.nvidia.com", &selector_env(36), &NoFleet(vec![]));
+        let (response, ok) =
+            review(b"{not json", "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
         assert!(!ok && response["response"]["status"]["code"] == 400);
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        let (_, ok) = review(deep.as_bytes(), "gpu.nvidia.com", &selector_env(36), &NoFleet(vec![]));
+        let (_, ok) =
+            review(deep.as_bytes(), "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
         assert!(!ok, "serde_json's recursion limit bounds the depth");
     }
 }
