@@ -70,6 +70,20 @@ pub static KINDS: &[Kind] = &[
         unconditional_update: true,
         fields: &[],
     },
+    // ResourceClaimTemplates: `pkg/registry/resource/resourceclaimtemplate`
+    // (no status; the spec is immutable, ValidateResourceClaimTemplateUpdate).
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "resourceclaimtemplates",
+        kind: "ResourceClaimTemplate",
+        namespaced: true,
+        status_subresource: false,
+        generation: true,
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &[],
+    },
     Kind {
         group: "resource.k8s.io",
         version: "v1",

@@ -59,6 +59,10 @@ pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Re
                 return Err(ApiError::invalid(kind, name, "spec: Invalid value: field is immutable"));
             }
         }
+        // ValidateResourceClaimTemplateUpdate: the spec is immutable.
+        "ResourceClaimTemplate" if old.is_some_and(|old| old.get("spec") != object.get("spec")) => {
+            return Err(ApiError::invalid(kind, name, "spec: Invalid value: field is immutable"));
+        }
         "DeviceClass" => {
             decode::<DeviceClass>(kind, name, object)?;
         }

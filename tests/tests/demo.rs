@@ -1,0 +1,32 @@
+//! The README's first command, `cargo run -p integration-tests --example
+//! demo`, run as a user would: it must finish, allocate through the
+//! controller, explain the claim that cannot fit, prepare on both nodes and
+//! clean up.
+
+use std::process::Command;
+
+#[test]
+fn the_whole_system_demo_runs_end_to_end() {
+    let run = escargot::CargoBuild::new()
+        .manifest_path(integration_tests::workspace_root().join("Cargo.toml"))
+        .package("integration-tests")
+        .example("demo")
+        .current_target()
+        .run()
+        .expect("building the demo");
+    let output = Command::new(run.path()).output().expect("running the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for expected in [
+        "notebook-gpu         pod notebook   -> dgx-h100-a: ",
+        "trainer-gpus         pod trainer    -> dgx-h100-a: ",
+        "tiny-llm-mig         pod tiny-llm   -> hgx-a100-mig: gpu-0-mig-1g",
+        "big-model-gpus       pod big-model  -> not allocated: claim default/big-model-gpus cannot be allocated",
+        "-> CDI k8s.gpu.nvidia.com/claim=",
+        "libraries: libcuda.so.580.82.07",
+        "every claim deallocated and gone",
+        "removed every file",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}
