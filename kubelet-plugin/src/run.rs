@@ -52,7 +52,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
 
     let (client, source) =
-        kube_client::client(args.kubeconfig.as_deref()).await.context("connecting to the API server")?;
+        kube_client::client(args.kubeconfig.as_deref(), concat!("gpu-kubelet-plugin/", env!("CARGO_PKG_VERSION")))
+            .await
+            .context("connecting to the API server")?;
     tracing::info!(config = %source, "API client ready");
     let publish_status = Arc::new(PublishStatus::with_observer(metrics.clone()));
     let publisher_task = tokio::spawn(publisher::run(

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use gpu_dra_driver::driver_root::fake_tree;
 use integration_tests::apiserver::ApiServer;
+use integration_tests::apiserver::audit::calls_by;
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
@@ -57,7 +58,9 @@ fn main() -> anyhow::Result<()> {
     let mut controller = ControllerProcess::spawn(
         &kubeconfig,
         "demo",
-        &["--explain-after", "0s", "--leader-elect", "false", "--event-qps", "100"],
+        // Leader election on, as the chart installs it: the lone replica
+        // takes the free Lease on its first try.
+        &["--explain-after", "0s", "--event-qps", "100"],
     )
     .context("starting gpu-dra-controller")?;
     println!("   gpu-dra-controller started (delegated allocation, explanations)");
@@ -77,7 +80,33 @@ fn main() -> anyhow::Result<()> {
         "\n== stopped the controller and both plugins; removed every file ({:.1} s)",
         started.elapsed().as_secs_f64()
     );
+    if let Some(path) = std::env::var_os(API_CALLS_FILE) {
+        write_api_calls(&server, Path::new(&path))?;
+    }
     result
+}
+
+/// With this variable set to a file, the demo writes there the API calls
+/// each binary made (as RBAC sees them), one JSON object per line: the
+/// chart's RBAC test compares them with the rendered rules.
+const API_CALLS_FILE: &str = "DEMO_API_CALLS_FILE";
+
+fn write_api_calls(server: &ApiServer, path: &Path) -> anyhow::Result<()> {
+    let records = server.faults().requests();
+    let mut lines = String::new();
+    for agent in ["gpu-kubelet-plugin/", "gpu-dra-controller/"] {
+        for call in calls_by(&records, agent) {
+            let line = json!({
+                "agent": agent.trim_end_matches('/'),
+                "verb": call.verb,
+                "group": call.group,
+                "resource": call.resource,
+                "namespace": call.namespace,
+            });
+            lines.push_str(&format!("{line}\n"));
+        }
+    }
+    std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }
 
 /// A fake driver install for the node, and its plugin, registered.

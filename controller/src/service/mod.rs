@@ -32,7 +32,9 @@ pub use args::RunArgs;
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let (client, source) =
-        kube_client::client(args.kubeconfig.as_deref()).await.context("connecting to the API server")?;
+        kube_client::client(args.kubeconfig.as_deref(), concat!("gpu-dra-controller/", env!("CARGO_PKG_VERSION")))
+            .await
+            .context("connecting to the API server")?;
     let minor = match client.apiserver_version().await {
         Ok(info) => info.minor.trim_end_matches('+').parse().unwrap_or(NEWEST_MINOR),
         Err(error) => {

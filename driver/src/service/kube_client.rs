@@ -65,20 +65,30 @@ pub fn install_crypto_provider() {
     }
 }
 
-/// Builds the client the plugin uses (see the module docs for the order).
-pub async fn client(kubeconfig: Option<&Path>) -> Result<(kube::Client, ConfigSource), KubeClientError> {
+/// Builds a binary's client (see the module docs for the order).
+/// `user_agent` (`gpu-kubelet-plugin/0.1.0`) names the binary in the API
+/// server's audit log and is the field manager of its non-apply writes.
+pub async fn client(
+    kubeconfig: Option<&Path>,
+    user_agent: &str,
+) -> Result<(kube::Client, ConfigSource), KubeClientError> {
     let source = config_source(kubeconfig, std::env::var("KUBECONFIG").ok());
-    let client = client_for(&source).await?;
+    let client = client_for(&source, Some(user_agent)).await?;
     Ok((client, source))
 }
 
 /// Builds a client from one kubeconfig file (tests and tools).
 pub async fn client_from_file(path: &Path) -> Result<kube::Client, KubeClientError> {
-    client_for(&ConfigSource::Flag(path.to_path_buf())).await
+    client_for(&ConfigSource::Flag(path.to_path_buf()), None).await
 }
 
-async fn client_for(source: &ConfigSource) -> Result<kube::Client, KubeClientError> {
-    let config = config_for(source).await?;
+async fn client_for(source: &ConfigSource, user_agent: Option<&str>) -> Result<kube::Client, KubeClientError> {
+    let mut config = config_for(source).await?;
+    // A value that is not a valid header is dropped, never fatal: it only
+    // labels requests.
+    if let Some(value) = user_agent.and_then(|ua| axum::http::HeaderValue::from_str(ua).ok()) {
+        config.headers.push((axum::http::header::USER_AGENT, value));
+    }
     install_crypto_provider();
     kube::Client::try_from(config).map_err(|error| KubeClientError::Client { source_desc: source.clone(), error })
 }

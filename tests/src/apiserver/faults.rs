@@ -49,6 +49,8 @@ pub struct RequestRecord {
     pub path: String,
     pub query: String,
     pub watch: bool,
+    /// The client's `User-Agent` (the binary that made the request).
+    pub user_agent: String,
     /// The status code the server answered with (200 for watches).
     pub status: u16,
 }
@@ -133,7 +135,14 @@ impl Faults {
 
     /// Decides the fate of a request (consuming one injected failure).
     pub(super) fn verdict(&self, method: &str, path: &str, watch: bool) -> Verdict {
-        let probe = RequestRecord { method: method.into(), path: path.into(), query: String::new(), watch, status: 0 };
+        let probe = RequestRecord {
+            method: method.into(),
+            path: path.into(),
+            query: String::new(),
+            watch,
+            user_agent: String::new(),
+            status: 0,
+        };
         let mut state = self.state();
         let delay = state.delays.iter().filter(|(m, _)| m.matches(&probe)).map(|(_, d)| *d).max();
         let fail = state.failures.iter_mut().find(|f| f.remaining > 0 && f.matcher.matches(&probe)).map(|f| {

@@ -66,6 +66,7 @@ pub async fn handle(
         path,
         query: uri.query().unwrap_or_default().to_string(),
         watch,
+        user_agent: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or_default().to_string(),
         status: response.status().as_u16(),
     });
     response

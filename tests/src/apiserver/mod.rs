@@ -19,6 +19,7 @@
 //! may do too), strategic merge patch and JSON patch (415), protobuf.
 
 pub mod apply;
+pub mod audit;
 pub mod errors;
 pub mod faults;
 mod handlers;
