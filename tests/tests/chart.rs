@@ -71,8 +71,12 @@ enum Outcome {
 
 /// Renders every case in one Python process (loading Helm's library once).
 fn render_all(cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render_chart(&workspace_root().join("charts/gpu-dra-driver"), cases)
+}
+
+fn render_chart(chart: &std::path::Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
     let request = json!({
-        "chart": workspace_root().join("charts/gpu-dra-driver"),
+        "chart": chart,
         "namespace": NAMESPACE,
         "release": RELEASE,
         "kube_version": "1.34.0",
@@ -708,4 +712,66 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
             .collect();
         assert!(unused.is_empty(), "{account} is granted what {agent} never does: {unused:#?}");
     }
+}
+
+/// The refusal to install next to NVIDIA's device plugin or DRA driver.
+/// Offline, Helm's `lookup` sees no cluster, so a copy of the chart reads
+/// the DaemonSets it would have found from a value instead; the rest of
+/// the template is the shipped one.
+#[test]
+fn the_chart_refuses_to_install_next_to_nvidias_drivers_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("gpu-dra-driver");
+    let source = workspace_root().join("charts/gpu-dra-driver");
+    for entry in walk(&source) {
+        let target = chart.join(entry.strip_prefix(&source).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &target).unwrap();
+    }
+    // The schema refuses unknown values such as the stand-in for lookup.
+    std::fs::remove_file(chart.join("values.schema.json")).unwrap();
+    let check = chart.join("templates/coexistence-check.yaml");
+    let text = std::fs::read_to_string(&check).unwrap();
+    let lookup = r#"(lookup "apps/v1" "DaemonSet" "" "")"#;
+    assert!(text.contains(lookup), "the check no longer looks DaemonSets up: {text}");
+    std::fs::write(&check, text.replace(lookup, "(dict \"items\" .Values.clusterDaemonSets)")).unwrap();
+
+    let daemonset = |namespace: &str, name: &str, labels: Value| json!({"metadata": {"namespace": namespace, "name": name, "labels": labels}});
+    let operator =
+        daemonset("gpu-operator", "nvidia-device-plugin-daemonset", json!({"app": "nvidia-device-plugin-daemonset"}));
+    let dra = daemonset(
+        "nvidia-dra",
+        "nvidia-dra-driver-gpu-kubelet-plugin",
+        json!({"app.kubernetes.io/name": "nvidia-dra-driver-gpu"}),
+    );
+    let unrelated = daemonset("kube-system", "kube-proxy", json!({"k8s-app": "kube-proxy"}));
+    let outcomes = render_chart(
+        &chart,
+        &[
+            ("operator", json!({"clusterDaemonSets": [unrelated.clone(), operator.clone()]})),
+            ("nvidia-dra", json!({"clusterDaemonSets": [dra.clone()]})),
+            ("unrelated", json!({"clusterDaemonSets": [unrelated.clone()]})),
+            ("allowed", json!({"clusterDaemonSets": [operator, dra], "allowCoexistence": true})),
+        ],
+    );
+    for (case, found) in [
+        ("operator", "gpu-operator/nvidia-device-plugin-daemonset"),
+        ("nvidia-dra", "nvidia-dra/nvidia-dra-driver-gpu-kubelet-plugin"),
+    ] {
+        let Outcome::Refused(error) = &outcomes[case] else { panic!("{case}: installed next to {found}") };
+        assert!(error.contains(found), "{case}: {error}");
+        assert!(error.contains("hand out the same GPUs") && error.contains("allowCoexistence=true"), "{case}: {error}");
+    }
+    for case in ["unrelated", "allowed"] {
+        assert!(matches!(outcomes[case], Outcome::Rendered { .. }), "{case}: {:?}", outcomes[case]);
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
 }
