@@ -20,10 +20,14 @@
 //!
 //! Only GPUs without MIG are shared this way. A MIG-enabled GPU is published
 //! as its MIG devices alone (static MIG, no shared counters), so a GPU is
-//! either partitioned by MIG or shared by memory, never both; MIG devices
-//! stay dedicated: each already is a hardware-isolated share, and a
-//! consumable share inside one would need MPS inside MIG, which prepare does
-//! not set up.
+//! either partitioned by MIG or shared by memory, never both. (Were MIG
+//! ever published as partitions through shared counters, a shareable whole
+//! GPU could stay beside them: the allocator draws a multi-allocatable
+//! device's counters once, at its first share, so shares and partitions
+//! would exclude each other as they must.)
+//! MIG devices stay dedicated: each already is a hardware-isolated share,
+//! and claims that want to share one can still ask for MPS in a
+//! `MigDeviceConfig`.
 //!
 //! The shares are enforced at prepare (the MPS limits from a result's
 //! `consumedCapacity`), which is why `ConsumableCapacity` needs `MPSSupport`.
