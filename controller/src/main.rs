@@ -49,7 +49,9 @@ enum Command {
         #[arg(short = 'o', long = "output", value_enum, default_value_t = simulate::Format::Table)]
         output: simulate::Format,
         /// Nodes with labels and fake inventories whose slices are published
-        /// with the plugin's slice builder (see examples/fleets/).
+        /// with the plugin's slice builder and, per fleet or node, its
+        /// `featureGates` (e.g. ConsumableCapacity=true for GPUs shared by
+        /// memory; see examples/fleets/).
         #[arg(long = "fleet", value_name = "FILE")]
         fleet: Option<PathBuf>,
         /// Print how long each phase took (reading, fleet, workload,

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | `TimeSlicingSettings` | off | the `TimeSlicing` sharing strategy and its intervals |
 //! | `MPSSupport` | off | the `MPS` sharing strategy (a control daemon per claim) |
-//! | `ConsumableCapacity` | off | GPUs published for several claims at once, shared by memory, each share's limit enforced through MPS |
+//! | `ConsumableCapacity` | off | whole GPUs published for several claims at once, shared by memory (and optionally compute), each share's limit enforced through MPS: needs `MPSSupport` |
 
 use std::fmt;
 use std::str::FromStr;
@@ -60,14 +60,32 @@ impl FeatureGates {
         }
     }
 
-    /// Refuses gates this driver does not implement yet (`MPSSupport`,
-    /// `ConsumableCapacity`), so that turning one on fails at start rather
-    /// than admitting claims nothing would honour.
+    /// Refuses gates this driver does not implement yet (`MPSSupport`),
+    /// and combinations that would not do what they say
+    /// ([`FeatureGates::check_dependencies`]), so that turning one on fails
+    /// at start rather than admitting claims nothing would honour.
     pub fn check_implemented(self) -> Result<Self, String> {
-        for gate in [Gate::MpsSupport, Gate::ConsumableCapacity] {
+        self.check_dependencies()?;
+        for gate in [Gate::MpsSupport] {
             if self.enabled(gate) {
                 return Err(format!("{} is not implemented by this driver yet; leave it off", gate.name()));
             }
+        }
+        Ok(self)
+    }
+
+    /// `ConsumableCapacity` needs `MPSSupport`: a share of a GPU is only
+    /// held to its memory (and compute) by MPS client limits set at
+    /// prepare. Publishing shares that nothing enforces would let one
+    /// claim take the memory another was promised, so the combination is
+    /// refused rather than documented as a caveat.
+    pub fn check_dependencies(self) -> Result<Self, String> {
+        if self.consumable_capacity && !self.mps {
+            return Err(format!(
+                "{} needs {}: shares are enforced through MPS; turn both on, or neither",
+                Gate::ConsumableCapacity.name(),
+                Gate::MpsSupport.name()
+            ));
         }
         Ok(self)
     }
@@ -127,5 +145,19 @@ mod tests {
         assert!(matches!("MPSSupport".parse::<FeatureGates>(), Err(FeatureGateError::Malformed(_))));
         let shown = gates.to_string();
         assert_eq!(shown.parse::<FeatureGates>().unwrap(), gates);
+    }
+
+    #[test]
+    fn consumable_capacity_is_refused_without_mps() {
+        let alone: FeatureGates = "ConsumableCapacity=true".parse().unwrap();
+        let err = alone.check_implemented().unwrap_err();
+        assert_eq!(
+            err,
+            "ConsumableCapacity needs MPSSupport: shares are enforced through MPS; turn both on, or neither"
+        );
+        let both: FeatureGates = "ConsumableCapacity=true,MPSSupport=true".parse().unwrap();
+        assert!(both.check_dependencies().is_ok());
+        let time_slicing: FeatureGates = "TimeSlicingSettings=true".parse().unwrap();
+        assert!(time_slicing.check_implemented().is_ok());
     }
 }

@@ -122,8 +122,9 @@ pub struct RunArgs {
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi", value_name = "DIR")]
     pub cdi_dir: PathBuf,
     /// Feature gates, `A=true,B=false`: TimeSlicingSettings (claims may
-    /// time-slice whole GPUs), MPSSupport and ConsumableCapacity (not
-    /// applied yet); all off by default, as NVIDIA's.
+    /// time-slice whole GPUs), MPSSupport (not applied yet) and
+    /// ConsumableCapacity (whole GPUs published shareable by memory; needs
+    /// MPSSupport, which enforces the shares); all off by default, as NVIDIA's.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
     /// Where the checkpoint of prepared claims lives [default:
@@ -210,6 +211,11 @@ pub struct PrintSlicesArgs {
     /// Pool generation to stamp on the slices.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..))]
     pub generation: i64,
+    /// Feature gates as `run` takes them, to see what a gate changes in the
+    /// slices (ConsumableCapacity: shareable GPUs). Only what is published
+    /// is shown, so gates `run` would refuse are accepted here.
+    #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_known_gates)]
+    pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
 }
 
 #[derive(Debug, Args)]
@@ -239,6 +245,10 @@ pub struct PrintCdiArgs {
 pub enum OutputFormat {
     Yaml,
     Json,
+}
+
+fn parse_known_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
@@ -284,6 +294,21 @@ mod tests {
         assert_eq!(args.state_dir(), Path::new("/var/lib/kubelet/plugins/gpu.nvidia.com"));
         assert_eq!(args.metrics_addr, MetricsAddr::Listen("0.0.0.0:8080".parse().unwrap()));
         assert!(args.check_paths().is_ok());
+    }
+
+    #[test]
+    fn gates_are_checked_by_run_and_only_parsed_by_print_slices() {
+        let parse = |command: &str, gates: &str| {
+            Cli::try_parse_from(["gpu-kubelet-plugin", command, "--node-name", "n", "--feature-gates", gates])
+        };
+        let err = parse("run", "ConsumableCapacity=true").unwrap_err();
+        assert!(err.to_string().contains("ConsumableCapacity needs MPSSupport"), "{err}");
+        let Command::PrintSlices(args) = parse("print-slices", "ConsumableCapacity=true").unwrap().command else {
+            panic!("not print-slices")
+        };
+        assert!(args.feature_gates.enabled(gpu_dra_driver::feature_gates::Gate::ConsumableCapacity));
+        let err = parse("print-slices", "Fractions=true").unwrap_err();
+        assert!(err.to_string().contains("unknown feature gate"), "{err}");
     }
 
     #[test]

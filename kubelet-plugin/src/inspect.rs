@@ -33,7 +33,8 @@ fn discover(node: &NodeArgs, driver_root: &DriverRootArgs, host: &HostRootsArgs)
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
     let inventory = discover(&args.node, &args.driver_root, &args.host)?;
     let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
-        .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied());
+        .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied())
+        .with_gates(args.feature_gates);
     let slices = builder.build(&inventory, args.generation)?;
     match args.output {
         OutputFormat::Yaml => {

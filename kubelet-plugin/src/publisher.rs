@@ -20,6 +20,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
+use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, SliceError};
@@ -46,6 +47,8 @@ pub struct PublisherConfig {
     pub max_backoff: Duration,
     /// XIDs that leave a GPU allocatable besides NVIDIA's application ones.
     pub additional_ignored_xids: Vec<u32>,
+    /// What the slices show of the gates (`ConsumableCapacity`: shareable GPUs).
+    pub gates: FeatureGates,
 }
 
 impl PublisherConfig {
@@ -57,6 +60,7 @@ impl PublisherConfig {
             min_backoff: Duration::from_millis(200),
             max_backoff: Duration::from_secs(30),
             additional_ignored_xids: Vec::new(),
+            gates: FeatureGates::default(),
         }
     }
 
@@ -135,6 +139,24 @@ pub enum PublishError {
     Write { action: &'static str, slice: String, error: kube::Error },
     #[error("ResourceSlice {0} kept changing under us ({CONFLICT_RETRIES} conflicts in a row)")]
     Conflicts(String),
+    #[error(
+        "the apiserver dropped the shared GPUs' allowMultipleAllocations from ResourceSlice {0}: \
+         its DRAConsumableCapacity feature gate is off (default before Kubernetes 1.36); \
+         fix: enable it on the apiserver and scheduler, or turn this driver's ConsumableCapacity off"
+    )]
+    ConsumableCapacityOff(String),
+}
+
+/// Whether the server kept a slice but not its devices'
+/// `allowMultipleAllocations`, as an apiserver without
+/// `DRAConsumableCapacity` does (it drops fields of gates that are off).
+/// Left unnoticed, every sync would see a difference and write again, and
+/// the shares would silently be whole-GPU allocations.
+fn dropped_multiple_allocations(desired: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let shared = |s: &ResourceSlice| {
+        s.spec.devices.iter().flatten().filter(|d| d.allow_multiple_allocations == Some(true)).count()
+    };
+    shared(written) < shared(desired)
 }
 
 /// Publishes until every inventory sender is gone. The entry point the
@@ -170,7 +192,8 @@ struct Publisher {
 impl Publisher {
     fn new(client: kube::Client, config: PublisherConfig, status: Arc<PublishStatus>) -> Self {
         let builder = SliceBuilder::new(config.driver.clone(), config.node.clone())
-            .ignoring_xids(config.additional_ignored_xids.iter().copied());
+            .ignoring_xids(config.additional_ignored_xids.iter().copied())
+            .with_gates(config.gates);
         Self {
             api: Api::all(client.clone()),
             nodes: Api::all(client.clone()),
@@ -361,12 +384,15 @@ impl Publisher {
                 Some(cur) => {
                     let mut next = desired.clone();
                     next.metadata.resource_version = cur.metadata.resource_version.clone();
-                    self.api.replace(name, &PostParams::default(), &next).await.map(drop).map_err(|e| ("updating", e))
+                    self.api.replace(name, &PostParams::default(), &next).await.map_err(|e| ("updating", e))
                 }
-                None => self.api.create(&PostParams::default(), desired).await.map(drop).map_err(|e| ("creating", e)),
+                None => self.api.create(&PostParams::default(), desired).await.map_err(|e| ("creating", e)),
             };
             match result {
-                Ok(()) => return Ok(()),
+                Ok(written) if dropped_multiple_allocations(desired, &written) => {
+                    return Err(PublishError::ConsumableCapacityOff(name.to_string()));
+                }
+                Ok(_) => return Ok(()),
                 // 409: AlreadyExists on create or Conflict on a stale
                 // resourceVersion. Re-read and try again.
                 Err((_, kube::Error::Api(s))) if s.code == 409 => {
@@ -400,5 +426,26 @@ mod tests {
         assert_eq!(server_rules("").minor, 34);
         assert_eq!(server_rules("20").minor, 34, "older servers get the strictest rules");
         assert!(!server_rules("34").taint_effect_none() && server_rules("35").taint_effect_none());
+    }
+
+    #[test]
+    fn a_server_dropping_multiple_allocations_is_noticed() {
+        use k8s_openapi::api::resource::v1::Device;
+        let slice = |shared: Option<bool>| ResourceSlice {
+            spec: ResourceSliceSpec {
+                devices: Some(vec![Device {
+                    name: "gpu-0".into(),
+                    allow_multiple_allocations: shared,
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(dropped_multiple_allocations(&slice(Some(true)), &slice(None)));
+        assert!(!dropped_multiple_allocations(&slice(Some(true)), &slice(Some(true))));
+        assert!(!dropped_multiple_allocations(&slice(None), &slice(None)));
+        let text = PublishError::ConsumableCapacityOff("s".into()).to_string();
+        assert!(text.contains("DRAConsumableCapacity feature gate is off"), "{text}");
     }
 }

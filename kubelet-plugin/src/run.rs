@@ -61,6 +61,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         client.clone(),
         PublisherConfig {
             additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
+            gates: args.feature_gates,
             ..PublisherConfig::new(node.clone(), driver.clone())
         },
         inventory.clone(),

@@ -226,3 +226,48 @@ fn nvml_is_loaded_from_the_driver_root() {
     let library = root.path().join(format!("{LIBDIR}/libnvidia-ml.so.580.82.07"));
     assert!(err.contains(&*library.to_string_lossy()) && err.contains("nvmlInit_v2"), "{err}");
 }
+
+/// `--feature-gates` (or `FEATURE_GATES`) shows what a gate changes:
+/// with ConsumableCapacity every whole GPU of every example is published
+/// shareable, with valid request policies; MIG devices are unchanged.
+#[test]
+fn consumable_capacity_shows_shareable_gpus_in_every_example() {
+    for inventory in example_inventories() {
+        let path = inventory.to_str().unwrap();
+        let gated = |gates: &str| {
+            let args = ["print-slices", "--node-name", "node-a", "--fake-inventory", path, "-o", "json"];
+            let mut all = args.to_vec();
+            all.extend(["--feature-gates", gates]);
+            slices_from_json(&stdout_ok(&run(kubelet_plugin(), &all, None)))
+        };
+        let plain = gated("");
+        let shared = gated("ConsumableCapacity=true");
+        check_pool(&shared, "node-a");
+        let yaml = print_slices_with_env(&inventory, "ConsumableCapacity=true");
+        validate_in_other_process(&yaml);
+        for (before, after) in devices(&plain).into_iter().zip(devices(&shared)) {
+            let whole_gpu = attr(before, "type").and_then(|a| a.string.as_deref()) == Some("gpu");
+            if !whole_gpu {
+                assert_eq!(before, after, "{}: {} unchanged", inventory.display(), before.name);
+                continue;
+            }
+            assert_eq!(after.allow_multiple_allocations, Some(true), "{}: {}", inventory.display(), after.name);
+            let caps = after.capacity.as_ref().unwrap();
+            let memory = caps["memory"].request_policy.as_ref().unwrap();
+            assert_eq!(memory.valid_range.as_ref().unwrap().step.as_ref().unwrap().0, "1Gi");
+            assert_eq!(caps["smPercent"].value.0, "100");
+        }
+    }
+}
+
+/// `print-slices -o yaml` with the gates from `FEATURE_GATES`.
+fn print_slices_with_env(inventory: &Path, gates: &str) -> String {
+    let out = std::process::Command::new(kubelet_plugin())
+        .args(["print-slices", "--node-name", "node-a", "--fake-inventory", inventory.to_str().unwrap()])
+        .env("FEATURE_GATES", gates)
+        .output()
+        .unwrap();
+    let yaml = stdout_ok(&out);
+    assert!(yaml.contains("allowMultipleAllocations: true"), "{yaml}");
+    yaml
+}

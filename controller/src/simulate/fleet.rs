@@ -10,12 +10,20 @@
 //!   - name: a100-1
 //!     inventory:                 # or the inventory inline
 //!       gpus: [{model: A100-SXM4-80GB, count: 4}]
+//!     featureGates: ConsumableCapacity=true   # this node's plugin's gates
+//! featureGates: ""               # every other node's (wrapped form only)
 //! ```
+//!
+//! `featureGates` is the plugin's `--feature-gates`, for what the slices
+//! show of it (`ConsumableCapacity`: GPUs shareable by memory). Only
+//! publishing is simulated, so gates the plugin would refuse to start with
+//! alone (ConsumableCapacity without MPSSupport) are taken here.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
+use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
@@ -38,6 +46,8 @@ enum FleetFile {
 #[serde(deny_unknown_fields)]
 struct Wrapped {
     nodes: Vec<FleetNode>,
+    #[serde(default, rename = "featureGates")]
+    feature_gates: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,6 +57,8 @@ struct FleetNode {
     #[serde(default)]
     labels: BTreeMap<String, String>,
     inventory: InventoryRef,
+    #[serde(default, rename = "featureGates")]
+    feature_gates: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -80,10 +92,11 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
             e.to_string().replace('\n', " ")
         )
     })?;
-    let nodes = match file {
-        FleetFile::Wrapped(w) => w.nodes,
-        FleetFile::List(l) => l,
+    let (nodes, fleet_gates) = match file {
+        FleetFile::Wrapped(w) => (w.nodes, w.feature_gates),
+        FleetFile::List(l) => (l, None),
     };
+    let fleet_gates = gates(fleet_gates.as_deref(), &format!("{origin}: featureGates"))?;
     let mut fleet = Fleet::default();
     let mut names = std::collections::HashSet::new();
     // Inventory files by path, read and parsed once however many nodes use them.
@@ -95,7 +108,11 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
             bail!("{at}: node {} is listed twice; fix: give each node a distinct name", n.name);
         }
         let inventory = inventory(&n.inventory, &node, dir, &at, &mut files)?;
-        let builder = SliceBuilder::new(DriverName::nvidia_default(), node);
+        let node_gates = match &n.feature_gates {
+            Some(text) => gates(Some(text), &format!("{at}: featureGates"))?,
+            None => fleet_gates,
+        };
+        let builder = SliceBuilder::new(DriverName::nvidia_default(), node).with_gates(node_gates);
         let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
         fleet.slices.extend(slices);
         let mut labels = n.labels.clone();
@@ -107,6 +124,13 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
         });
     }
     Ok(fleet)
+}
+
+/// Gates written as `--feature-gates` takes them; none when absent.
+fn gates(text: Option<&str>, at: &str) -> Result<FeatureGates> {
+    text.unwrap_or_default().parse().map_err(|e| {
+        anyhow!("{at}: {e}; fix: write gates as the plugin's --feature-gates, e.g. ConsumableCapacity=true")
+    })
 }
 
 fn inventory(
@@ -161,6 +185,32 @@ mod tests {
         let devices: Vec<usize> = fleet.slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect();
         assert_eq!(devices, [2, 1]);
         assert_eq!(fleet.slices[1].spec.node_name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn feature_gates_apply_to_the_fleet_or_one_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = parse(
+            "featureGates: ConsumableCapacity=true\nnodes:\n\
+             - {name: shared, inventory: {gpus: [{model: H100-80GB, count: 1}]}}\n\
+             - {name: dedicated, featureGates: '', inventory: {gpus: [{model: H100-80GB, count: 1}]}}\n",
+            "fleet.yaml",
+            dir.path(),
+        )
+        .unwrap();
+        let shared: Vec<Option<bool>> =
+            fleet.slices.iter().map(|s| s.spec.devices.as_ref().unwrap()[0].allow_multiple_allocations).collect();
+        assert_eq!(shared, [Some(true), None]);
+        let err = parse("featureGates: Halves=true\nnodes: []\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: featureGates: unknown feature gate \"Halves\""), "{err}");
+        let err = parse(
+            "- {name: x, featureGates: MPSSupport, inventory: {gpus: [{model: H100-80GB}]}}\n",
+            "f.yaml",
+            dir.path(),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.starts_with("f.yaml: nodes[0] (x): featureGates: \"MPSSupport\" is not NAME=true|false"), "{err}");
     }
 
     #[test]

@@ -66,11 +66,22 @@ fn devices(o: &Outcome) -> String {
     }
     let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
     for r in results {
-        let device = if o.node.as_deref() == Some(r.pool.as_str()) {
+        let mut device = if o.node.as_deref() == Some(r.pool.as_str()) {
             r.device.clone()
         } else {
             format!("{}/{}", r.pool, r.device)
         };
+        // A share of a device: what it takes (zero amounts left out).
+        let taken: Vec<String> = r
+            .consumed_capacity
+            .iter()
+            .flatten()
+            .filter(|(_, q)| q.0 != "0")
+            .map(|(name, q)| format!("{name}={}", q.0))
+            .collect();
+        if !taken.is_empty() {
+            device.push_str(&format!("[{}]", taken.join(",")));
+        }
         match groups.last_mut() {
             Some((request, list)) if *request == r.request.as_str() => list.push(device),
             _ => groups.push((r.request.as_str(), vec![device])),

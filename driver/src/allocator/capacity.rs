@@ -32,11 +32,33 @@ pub(crate) enum Misfit {
     /// The request names a capacity the device does not have.
     Missing(String),
     /// The (rounded) amount is not allowed by the capacity's request policy.
-    Policy(String),
-    /// Not enough left.
-    Exhausted(String),
+    Policy { name: String, wanted: Amount },
+    /// Not enough left: `wanted` (rounded up by the policy) is more than
+    /// what `used` leaves of `value`.
+    Exhausted { name: String, wanted: Amount, used: Amount, value: Amount },
     /// A quantity that does not parse.
     Invalid(String),
+}
+
+impl Misfit {
+    /// For people: which capacity, and the amounts when it is used up
+    /// (`memory: 30Gi requested, 20Gi of 80Gi left`), so an explanation
+    /// says what a share would need rather than only that it does not fit.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            Misfit::Missing(name) => format!("no capacity {name}"),
+            Misfit::Policy { name, wanted } => {
+                format!("{name}: {} is not allowed by its request policy", wanted.to_binary_si().0)
+            }
+            Misfit::Exhausted { name, wanted, used, value } => format!(
+                "{name}: {} requested, {} of {} left",
+                wanted.to_binary_si().0,
+                value.saturating_sub(*used).to_binary_si().0,
+                value.to_binary_si().0
+            ),
+            Misfit::Invalid(text) => text.clone(),
+        }
+    }
 }
 
 /// What one allocation takes from each capacity: exact amount and the
@@ -63,12 +85,12 @@ pub(crate) fn take(
         let requested = requests.and_then(|r| r.get(name));
         let (amount, quantity) = consumed(requested, cap).map_err(Misfit::Invalid)?;
         if violates(amount, cap.request_policy.as_ref()).map_err(Misfit::Invalid)? {
-            return Err(Misfit::Policy(name.to_string()));
+            return Err(Misfit::Policy { name: name.to_string(), wanted: amount });
         }
         let value = Amount::parse_str(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
         let already = used.and_then(|u| u.get(name)).copied().unwrap_or_default();
         if already.saturating_add(amount) > value {
-            return Err(Misfit::Exhausted(name.to_string()));
+            return Err(Misfit::Exhausted { name: name.to_string(), wanted: amount, used: already, value });
         }
         out.insert(name.to_string(), (amount, quantity));
     }
@@ -203,7 +225,8 @@ mod tests {
         assert_eq!(taken(&take(Some(&reqs("10Gi")), &rec(d.clone()), None).unwrap()), "10Gi");
         assert_eq!(taken(&take(None, &rec(d.clone()), None).unwrap()), "40Gi");
         let used = Consumed::from([("memory".to_string(), Amount::parse(&q("35Gi")).unwrap())]);
-        assert_eq!(take(Some(&reqs("10Gi")), &rec(d.clone()), Some(&used)), Err(Misfit::Exhausted("memory".into())));
+        let exhausted = take(Some(&reqs("10Gi")), &rec(d.clone()), Some(&used)).unwrap_err();
+        assert_eq!(exhausted.describe(), "memory: 10Gi requested, 5Gi of 40Gi left");
         assert_eq!(
             take(Some(&BTreeMap::from([("cores".into(), q("1"))])), &rec(d.clone()), None),
             Err(Misfit::Missing("cores".into()))
@@ -220,7 +243,8 @@ mod tests {
         assert_eq!(taken(&take(None, &rec(d.clone()), None).unwrap()), "4Gi");
         assert_eq!(taken(&take(Some(&reqs("1Gi")), &rec(d.clone()), None).unwrap()), "4Gi", "below min");
         assert_eq!(taken(&take(Some(&reqs("5Gi")), &rec(d.clone()), None).unwrap()), "8Gi", "rounded to a step");
-        assert_eq!(take(Some(&reqs("33Gi")), &rec(d.clone()), None), Err(Misfit::Policy("memory".into())));
+        let too_big = take(Some(&reqs("33Gi")), &rec(d.clone()), None).unwrap_err();
+        assert_eq!(too_big.describe(), "memory: 36Gi is not allowed by its request policy");
     }
 
     #[test]
@@ -231,6 +255,6 @@ mod tests {
             valid_values: Some(vec![q("10Gi"), q("20Gi")]),
         });
         assert_eq!(taken(&take(Some(&reqs("11Gi")), &rec(d.clone()), None).unwrap()), "20Gi");
-        assert_eq!(take(Some(&reqs("21Gi")), &rec(d.clone()), None), Err(Misfit::Policy("memory".into())));
+        assert!(matches!(take(Some(&reqs("21Gi")), &rec(d.clone()), None), Err(Misfit::Policy { .. })));
     }
 }

@@ -11,8 +11,8 @@ use super::compact::DeviceRecord;
 use super::constraints::{self, Kind};
 use super::counters::{self, CounterUse};
 use super::explain::{
-    ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue, RequestReport,
-    TaintedDevice, ValueCount, Wanted,
+    CapacityShortfall, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue,
+    RequestReport, TaintedDevice, ValueCount, Wanted,
 };
 use super::index::Fleet;
 use super::request::{Alternative, ClaimPlan, Mode};
@@ -21,6 +21,10 @@ use super::selectors::{SelectorCache, Verdict};
 use super::state::AllocatedState;
 use super::taints;
 use super::why::{self, SelectorBreakdown};
+
+/// How many devices short of capacity an explanation names (the count says
+/// how many there are).
+const MAX_SHORTFALLS: usize = 3;
 
 /// How many devices an alternative wants, for scoring nodes.
 fn wanted(alt: &Alternative<'_>) -> Wanted {
@@ -182,6 +186,7 @@ fn count(
         other_owners: OtherOwners::default(),
         tainted: vec![],
         capacity_exhausted: 0,
+        capacity_shortfalls: vec![],
         counters_exhausted: 0,
         available: 0,
         selector_breakdown: None,
@@ -258,8 +263,17 @@ fn count(
                 }
                 continue;
             }
-            if (shareable || alt.capacity.is_some()) && capacity::take(alt.capacity, dev, state.consumed(d)).is_err() {
-                report.capacity_exhausted += usize::from(first_time);
+            if (shareable || alt.capacity.is_some())
+                && let Err(misfit) = capacity::take(alt.capacity, dev, state.consumed(d))
+            {
+                if first_time {
+                    report.capacity_exhausted += 1;
+                    if report.capacity_shortfalls.len() < MAX_SHORTFALLS {
+                        report
+                            .capacity_shortfalls
+                            .push(CapacityShortfall { device: fleet.describe(d), reason: misfit.describe() });
+                    }
+                }
                 continue;
             }
             // A shareable device already in use consumes its counters already.

@@ -43,6 +43,16 @@ pub struct TaintedDevice {
     pub taint: String,
 }
 
+/// A matching shareable device that cannot take the request's capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CapacityShortfall {
+    /// `<driver>/<pool>/<device>`.
+    pub device: String,
+    /// Which capacity, and the amounts (`memory: 30Gi requested, 20Gi of
+    /// 80Gi left`).
+    pub reason: String,
+}
+
 /// How many owners an explanation lists by name.
 pub const MAX_OWNERS: usize = 10;
 
@@ -73,6 +83,8 @@ pub struct RequestReport {
     pub tainted: Vec<TaintedDevice>,
     /// Matching shareable devices without enough capacity left for the request.
     pub capacity_exhausted: usize,
+    /// The first few of them, with the capacity that is short.
+    pub capacity_shortfalls: Vec<CapacityShortfall>,
     /// Matching devices whose shared counters are used up by other devices.
     pub counters_exhausted: usize,
     /// Matching devices that are usable right now.
@@ -233,6 +245,15 @@ impl fmt::Display for RequestReport {
         }
         if self.capacity_exhausted > 0 {
             write!(f, "; {} without enough capacity left", plural(self.capacity_exhausted, "device", "devices"))?;
+            let list: Vec<String> =
+                self.capacity_shortfalls.iter().map(|s| format!("{} ({})", s.device, s.reason)).collect();
+            if !list.is_empty() {
+                write!(f, ": {}", list.join(", "))?;
+            }
+            let more = self.capacity_exhausted.saturating_sub(list.len());
+            if more > 0 && !list.is_empty() {
+                write!(f, " and {more} more")?;
+            }
         }
         if self.counters_exhausted > 0 {
             write!(
@@ -323,6 +344,7 @@ mod tests {
             other_owners: other,
             tainted: vec![],
             capacity_exhausted: 0,
+            capacity_shortfalls: vec![],
             counters_exhausted: 0,
             available: 0,
             selector_breakdown: None,

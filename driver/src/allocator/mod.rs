@@ -41,7 +41,7 @@
 //! same request too, and a node's search gives up after a step budget
 //! (upstream: a 10 s filter timeout).
 
-mod amount;
+pub(crate) mod amount;
 mod capacity;
 mod compact;
 mod constraints;
@@ -67,8 +67,8 @@ mod test_support;
 
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
-    ClauseCount, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue,
-    PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount, Wanted,
+    CapacityShortfall, ClauseCount, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount,
+    PoolIssue, PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount, Wanted,
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 

@@ -366,3 +366,80 @@ fn fleet_from_the_slice_builder() {
         "{e}"
     );
 }
+
+/// The slices a node with one H100 and one MIG-partitioned H100 publishes
+/// with `ConsumableCapacity` on.
+fn fractional_node() -> Vec<ResourceSlice> {
+    use crate::feature_gates::{FeatureGates, Gate};
+    use crate::inventory::MigMode;
+    use crate::inventory::test_support::{gpu as inv_gpu, inventory, mig};
+    use crate::names::{DriverName, NodeName};
+    use crate::slices::SliceBuilder;
+    let mut partitioned = inv_gpu(1);
+    partitioned.mig = MigMode::Enabled(vec![mig("3g.40gb", 9, 0, 4)]);
+    let gates = FeatureGates::default().with(Gate::ConsumableCapacity, true).with(Gate::MpsSupport, true);
+    let b = SliceBuilder::new(DriverName::nvidia_default(), NodeName::new("n1").unwrap()).with_gates(gates);
+    b.build(&inventory(vec![inv_gpu(0), partitioned]), 1).unwrap()
+}
+
+fn share_claim(name: &str, requests: &[(&str, &str)]) -> ResourceClaim {
+    let mut e = exact("gpu", 1);
+    e.capacity =
+        Some(CapacityRequirements { requests: Some(requests.iter().map(|(k, v)| (k.to_string(), q(v))).collect()) });
+    claim(name, vec![with_selectors(request_with("r", e), &[GPU])])
+}
+
+fn consumed(p: &Placement) -> (String, Vec<(String, String)>) {
+    let res = &p.allocations[0].devices.as_ref().unwrap().results.as_ref().unwrap()[0];
+    let caps = res.consumed_capacity.as_ref().unwrap().iter().map(|(k, v)| (k.clone(), v.0.clone())).collect();
+    (res.device.clone(), caps)
+}
+
+fn caps(memory: &str, sm: &str) -> Vec<(String, String)> {
+    vec![("memory".into(), memory.into()), ("smPercent".into(), sm.into())]
+}
+
+#[test]
+fn memory_shares_of_a_published_h100_fill_it_and_the_next_is_refused() {
+    let slices = fractional_node();
+    let devices = slices[0].spec.devices.as_ref().unwrap();
+    let mig = devices.iter().find(|d| d.name.contains("-mig-")).unwrap();
+    assert_eq!(mig.allow_multiple_allocations, None, "MIG devices stay dedicated");
+    let mut a = allocator(&slices, &[gpu_class()]);
+    for name in ["a", "b", "c"] {
+        let p = a.place(&[&share_claim(name, &[("memory", "20Gi")])]).unwrap();
+        assert_eq!(consumed(&p), ("gpu-0".into(), caps("20Gi", "0")), "{name}: no compute share unless asked");
+    }
+    let e = unsatisfiable(a.place(&[&share_claim("d", &[("memory", "30Gi")])]));
+    let text = e.to_string();
+    assert!(
+        text.contains(
+            "1 device without enough capacity left: gpu.nvidia.com/n1/gpu-0 (memory: 30Gi requested, 20Gi of 80Gi left)"
+        ),
+        "{text}"
+    );
+    // What is left still fits a smaller share.
+    let p = a.place(&[&share_claim("e", &[("memory", "20Gi")])]).unwrap();
+    assert_eq!(consumed(&p).0, "gpu-0");
+}
+
+#[test]
+fn shares_round_up_to_the_step_and_plain_claims_take_the_whole_gpu() {
+    let mut a = allocator(&fractional_node(), &[gpu_class()]);
+    let p = a.place(&[&share_claim("odd", &[("memory", "1500Mi"), ("smPercent", "30")])]).unwrap();
+    assert_eq!(consumed(&p), ("gpu-0".into(), caps("2Gi", "30")));
+    let p = a.place(&[&share_claim("compute", &[("memory", "1Gi"), ("smPercent", "70")])]).unwrap();
+    assert_eq!(consumed(&p).1, caps("1Gi", "70"));
+    // Without a memory request a share takes the default, all of it.
+    let e = unsatisfiable(a.place(&[&share_claim("no-memory", &[])]));
+    assert!(e.to_string().contains("memory: 80Gi requested, 77Gi of 80Gi left"), "{e}");
+    let e = unsatisfiable(a.place(&[&share_claim("more", &[("memory", "1Gi"), ("smPercent", "1")])]));
+    assert!(e.to_string().contains("smPercent: 1 requested, 0 of 100 left"), "{e}");
+
+    // A claim written for a dedicated GPU consumes the default: all of it.
+    let mut b = allocator(&fractional_node(), &[gpu_class()]);
+    let p = b.place(&[&claim("plain", vec![with_selectors(request("r", "gpu", 1), &[GPU])])]).unwrap();
+    assert_eq!(consumed(&p), ("gpu-0".into(), caps("80Gi", "0")));
+    let e = unsatisfiable(b.place(&[&share_claim("share", &[("memory", "1Gi")])]));
+    assert!(e.to_string().contains("memory: 1Gi requested, 0 of 80Gi left"), "{e}");
+}

@@ -33,6 +33,9 @@ pub mod name {
     pub const NUMA_NODE: &str = "resource.kubernetes.io/numaNode";
 
     pub const MEMORY: &str = "memory";
+    /// A share's limit on the GPU's streaming multiprocessors, in percent
+    /// (published with `ConsumableCapacity` only; see `slices::shares`).
+    pub const SM_PERCENT: &str = "smPercent";
     pub const MULTIPROCESSORS: &str = "multiprocessors";
     pub const COPY_ENGINES: &str = "copyEngines";
     pub const DECODERS: &str = "decoders";

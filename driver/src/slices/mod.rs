@@ -6,12 +6,15 @@
 //! consumers know when they have seen the whole pool.
 
 pub mod attributes;
+mod request_policy;
+pub mod shares;
 pub mod validation;
 
 use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use crate::inventory::Inventory;
+use crate::feature_gates::{FeatureGates, Gate};
+use crate::inventory::{Inventory, PublishedDevice};
 use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
 use crate::names::{DriverName, InvalidName, NodeName};
 pub use attributes::TaintPolicy;
@@ -24,6 +27,8 @@ pub struct SliceBuilder {
     node: NodeName,
     taints: TaintPolicy,
     rules: ServerRules,
+    /// Whole GPUs are published shareable by memory ([`shares`]).
+    shares: bool,
 }
 
 /// Why slices could not be built.
@@ -43,7 +48,14 @@ impl SliceBuilder {
     /// A builder for the strictest server (1.34), with NVIDIA's
     /// application XIDs ignored.
     pub fn new(driver: DriverName, node: NodeName) -> Self {
-        Self { driver, node, taints: TaintPolicy::default(), rules: ServerRules::STRICTEST }
+        Self { driver, node, taints: TaintPolicy::default(), rules: ServerRules::STRICTEST, shares: false }
+    }
+
+    /// Slices as the plugin publishes them with `gates`: with
+    /// `ConsumableCapacity`, whole GPUs are shareable ([`shares`]).
+    pub fn with_gates(mut self, gates: FeatureGates) -> Self {
+        self.shares = gates.enabled(Gate::ConsumableCapacity);
+        self
     }
 
     /// Slices for a server with `rules` (1.35+ takes taint effect `None`).
@@ -74,8 +86,14 @@ impl SliceBuilder {
         let devices = inventory
             .published_devices()
             .iter()
-            .map(|d| attributes::to_api_device(&self.driver, inventory, d, &self.taints))
-            .collect::<Result<Vec<Device>, _>>()?;
+            .map(|d| {
+                let mut device = attributes::to_api_device(&self.driver, inventory, d, &self.taints)?;
+                if let (true, PublishedDevice::Gpu(gpu)) = (self.shares, d) {
+                    shares::make_shareable(&mut device, gpu);
+                }
+                Ok(device)
+            })
+            .collect::<Result<Vec<Device>, InvalidName>>()?;
         let per_slice = devices_per_slice(&devices);
         let mut chunks: Vec<Vec<Device>> = Vec::new();
         let mut devices = devices.into_iter().peekable();
@@ -200,6 +218,38 @@ mod tests {
         let err = builder().build(&inventory(vec![gpu(0)]), -1).unwrap_err().to_string();
         assert!(err.contains("node-a-gpu.nvidia.com-0"), "{err}");
         assert!(err.contains("spec.pool.generation: Invalid value: -1"), "{err}");
+    }
+
+    #[test]
+    fn consumable_capacity_makes_whole_gpus_shareable_and_leaves_mig_alone() {
+        use crate::inventory::MigMode;
+        use crate::inventory::test_support::mig;
+        let mut partitioned = gpu(1);
+        partitioned.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 5, 1)]);
+        let inv = inventory(vec![gpu(0), partitioned]);
+        let devices = |gates: &str| {
+            let gates: FeatureGates = gates.parse().unwrap();
+            let slices = builder().with_gates(gates).build(&inv, 1).unwrap();
+            slices[0].spec.devices.clone().unwrap()
+        };
+        let off = devices("");
+        assert_eq!(off[0].allow_multiple_allocations, None);
+        assert_eq!(
+            serde_json::to_value(&off[0].capacity).unwrap(),
+            serde_json::json!({"memory": {"value": "80Gi"}}),
+            "without the gate a GPU is dedicated, as before"
+        );
+        let on = devices("ConsumableCapacity=true,MPSSupport=true");
+        assert_eq!(on[0].allow_multiple_allocations, Some(true));
+        assert_eq!(
+            serde_json::to_value(&on[0].capacity).unwrap(),
+            serde_json::json!({
+                "memory": {"value": "80Gi", "requestPolicy": {"default": "80Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}},
+                "smPercent": {"value": "100", "requestPolicy": {"default": "0", "validRange": {"min": "0", "step": "1"}}}
+            })
+        );
+        assert_eq!(on[1], off[1], "a MIG device is published the same either way");
+        assert_eq!(on[0].attributes, off[0].attributes);
     }
 
     #[test]

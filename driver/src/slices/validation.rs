@@ -235,8 +235,16 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
     for (key, value) in capacity.into_iter().flatten() {
         let field = format!("{at}.capacity[{key}]");
         errs.check(&field, fmtchk::check_qualified_name(key));
-        if value.request_policy.is_some() && !multi {
-            errs.add(format!("{field}.requestPolicy"), "Forbidden: allowMultipleAllocations must be true");
+        match &value.request_policy {
+            Some(_) if !multi => {
+                errs.add(format!("{field}.requestPolicy"), "Forbidden: allowMultipleAllocations must be true")
+            }
+            Some(policy) => errs.errors.extend(super::request_policy::validate(
+                &value.value,
+                policy,
+                &format!("{field}.requestPolicy"),
+            )),
+            None => {}
         }
     }
     if let Some(taints) = &device.taints {
@@ -473,6 +481,39 @@ mod tests {
         let errs = validate_slice(&slice(vec![d]));
         assert_eq!(errs.len(), 1);
         assert!(errs[0].rule.contains("must not exceed 32"), "{}", errs[0]);
+    }
+
+    #[test]
+    fn request_policies_need_multiple_allocations_and_must_be_valid() {
+        use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange};
+        let policy = |min: &str| CapacityRequestPolicy {
+            default: Some(Quantity("80Gi".into())),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity(min.into()),
+                max: None,
+                step: Some(Quantity("1Gi".into())),
+            }),
+            valid_values: None,
+        };
+        let mut d = device("gpu-0");
+        d.capacity.as_mut().unwrap().get_mut("memory").unwrap().request_policy = Some(policy("1Gi"));
+        let errs = validate_slice(&slice(vec![d.clone()]));
+        assert_eq!(errs.len(), 1);
+        assert_eq!(
+            errs[0].to_string(),
+            "spec.devices[0].capacity[memory].requestPolicy: Forbidden: allowMultipleAllocations must be true"
+        );
+        d.allow_multiple_allocations = Some(true);
+        assert!(validate_slice(&slice(vec![d.clone()])).is_empty());
+        d.capacity.as_mut().unwrap().get_mut("memory").unwrap().request_policy = Some(policy("100Gi"));
+        assert_eq!(
+            fields(&slice(vec![d])),
+            [
+                "spec.devices[0].capacity[memory].requestPolicy.validRange.min",
+                "spec.devices[0].capacity[memory].requestPolicy.validRange.min",
+                "spec.devices[0].capacity[memory].requestPolicy.validRange.step",
+            ]
+        );
     }
 
     #[test]
