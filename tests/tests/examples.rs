@@ -1,4 +1,4 @@
-//! Every file in `examples/` is exercised: the claims, the demo's workload
+//! Every file in `examples/` is exercised: the claims, the shares, the demo's workload
 //! and each fleet through `simulate` here (each fleet's inventories are
 //! files of `examples/inventories/`, which `print_slices.rs` checks one by
 //! one, and the demo runs the workload for real in `demo.rs`). Directories
@@ -29,7 +29,7 @@ fn every_example_claim_and_workload_simulates_on_every_example_fleet() {
     assert!(!fleets.is_empty());
     // The demo's workload is a separate cluster's (its pod names overlap
     // the claims'), so it is simulated on its own.
-    for workload in ["examples/claims", "examples/demo"] {
+    for workload in ["examples/claims", "examples/demo", "examples/sharing"] {
         for fleet in &fleets {
             let out = simulate(fleet, &[root.join("deviceclasses"), root.join(workload)]);
             let results = out["results"].as_array().unwrap();
