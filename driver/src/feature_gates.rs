@@ -60,11 +60,11 @@ impl FeatureGates {
         }
     }
 
-    /// Refuses gates this driver does not implement yet (`MPSSupport`,
-    /// `ConsumableCapacity`), so that turning one on fails at start rather
+    /// Refuses gates this driver does not implement yet
+    /// (`ConsumableCapacity`), so that turning one on fails at start rather
     /// than admitting claims nothing would honour.
     pub fn check_implemented(self) -> Result<Self, String> {
-        for gate in [Gate::MpsSupport, Gate::ConsumableCapacity] {
+        for gate in [Gate::ConsumableCapacity] {
             if self.enabled(gate) {
                 return Err(format!("{} is not implemented by this driver yet; leave it off", gate.name()));
             }

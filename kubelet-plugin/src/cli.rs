@@ -122,8 +122,9 @@ pub struct RunArgs {
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi", value_name = "DIR")]
     pub cdi_dir: PathBuf,
     /// Feature gates, `A=true,B=false`: TimeSlicingSettings (claims may
-    /// time-slice whole GPUs), MPSSupport and ConsumableCapacity (not
-    /// applied yet); all off by default, as NVIDIA's.
+    /// time-slice whole GPUs), MPSSupport (an MPS control daemon per
+    /// claim) and ConsumableCapacity (not applied yet); all off by default,
+    /// as NVIDIA's.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
     /// Where the checkpoint of prepared claims lives [default:

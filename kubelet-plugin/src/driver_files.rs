@@ -45,6 +45,25 @@ pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prep
     smi.map(crate::prepare::sharing::NvidiaSmi::new)
 }
 
+/// `nvidia-cuda-mps-control` of the driver root, run with the root's
+/// library directory on `LD_LIBRARY_PATH`; none on a fake inventory
+/// without an explicit --driver-root, or when the root has no MPS.
+pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare::mps::host::LocalMps> {
+    let root = match (&args.driver_root, &node.fake_inventory) {
+        (Some(root), _) => root.clone(),
+        (None, Some(_)) => return None,
+        (None, None) => "/".into(),
+    };
+    let root = DriverRoot::new(root, None);
+    let Some(control) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
+        tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
+        return None;
+    };
+    let library_dir =
+        driver_root::local_library(&root, "libcuda.so.1").and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
+    Some(crate::prepare::mps::host::LocalMps::new(control, library_dir))
+}
+
 /// Discovers the driver's files for `inventory`'s driver version. A fake
 /// inventory without an explicit --driver-root has no driver: no edits.
 pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventory) -> Result<DriverEdits> {

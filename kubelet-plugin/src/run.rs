@@ -149,6 +149,14 @@ fn open_preparer(
         gates: args.feature_gates,
         gpu_control: crate::driver_files::gpu_control(&args.driver_root, &args.node)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
+        mps_dir: args.state_dir().join("mps"),
+        mps_host: if args.feature_gates.enabled(gpu_dra_driver::feature_gates::Gate::MpsSupport) {
+            crate::driver_files::mps_host(&args.driver_root, &args.node)
+                .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
+        } else {
+            None
+        },
+        mps_timeouts: mps_timeouts(),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
@@ -162,6 +170,16 @@ fn open_preparer(
         "checkpoint reconciled"
     );
     Ok(preparer)
+}
+
+/// The default MPS timeouts, or `GPU_DRA_MPS_READY_TIMEOUT_MS` for tests
+/// that make a daemon never answer.
+fn mps_timeouts() -> crate::prepare::mps::lifecycle::Timeouts {
+    let mut timeouts = crate::prepare::mps::lifecycle::Timeouts::default();
+    if let Some(ms) = std::env::var("GPU_DRA_MPS_READY_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
+        timeouts.ready = Duration::from_millis(ms);
+    }
+    timeouts
 }
 
 type HttpTask = Option<tokio::task::JoinHandle<()>>;
