@@ -59,8 +59,8 @@ pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare
         tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
         return None;
     };
-    let library_dir =
-        driver_root::local_library(&root, "libcuda.so.1").and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
+    let library_dir = driver_root::local_library(&root, "libcuda.so.1")
+        .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
     Some(crate::prepare::mps::host::LocalMps::new(control, library_dir))
 }
 

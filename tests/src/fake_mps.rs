@@ -113,12 +113,7 @@ pub fn mps_calls(root: &Path) -> Vec<String> {
 pub fn mounts_under(dir: &Path) -> Vec<PathBuf> {
     let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let table = std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
-    table
-        .lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(PathBuf::from)
-        .filter(|p| p.starts_with(&dir))
-        .collect()
+    table.lines().filter_map(|l| l.split(' ').nth(4)).map(PathBuf::from).filter(|p| p.starts_with(&dir)).collect()
 }
 
 /// Whether `pid` runs (and is not a zombie).

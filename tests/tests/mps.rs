@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpu_kubelet_plugin::checkpoint::MpsDaemon;
 use integration_tests::claim_fixtures::{Allocated, opaque_config};
-use integration_tests::fake_mps::{self, Cleanup, mps_calls, mounts_under, running_daemons, smi_calls};
+use integration_tests::fake_mps::{self, Cleanup, mounts_under, mps_calls, running_daemons, smi_calls};
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
@@ -158,7 +158,8 @@ fn mps_with_the_gate_off_is_a_per_claim_error_naming_the_field() {
         "{error}"
     );
     // A share of a GPU cannot be enforced without MPS: refused, not ignored.
-    let share = node.claim("share", &[Allocated::new("gpu", NODE, "gpu-1").share("s-1", &[("memory", "10Gi")])], vec![]);
+    let share =
+        node.claim("share", &[Allocated::new("gpu", NODE, "gpu-1").share("s-1", &[("memory", "10Gi")])], vec![]);
     let error = node.prepare(std::slice::from_ref(&share)).values().next().unwrap().clone().unwrap_err();
     assert!(error.contains("MPSSupport feature gate is off"), "{error}");
     assert!(mps_calls(&root).is_empty() && smi_calls(&root).is_empty());
@@ -169,10 +170,12 @@ fn two_shares_of_one_gpu_each_get_their_own_daemon_and_limit() {
     let (_driver, node, root, _cleanup) = node("MPSSupport=true");
     let small = node.claim(
         "small",
-        &[Allocated::new("gpu", NODE, "gpu-0").share("s-1", &[("memory", "10Gi"), ("gpu.nvidia.com/sm-percent", "25")])],
+        &[Allocated::new("gpu", NODE, "gpu-0")
+            .share("s-1", &[("memory", "10Gi"), ("gpu.nvidia.com/sm-percent", "25")])],
         vec![],
     );
-    let large = node.claim("large", &[Allocated::new("gpu", NODE, "gpu-0").share("s-2", &[("memory", "30Gi")])], vec![]);
+    let large =
+        node.claim("large", &[Allocated::new("gpu", NODE, "gpu-0").share("s-2", &[("memory", "30Gi")])], vec![]);
     prepare_ok(&node, &small);
     prepare_ok(&node, &large);
     let (a, b) = (daemon_of(&node, &small.uid), daemon_of(&node, &large.uid));
@@ -193,7 +196,10 @@ fn two_shares_of_one_gpu_each_get_their_own_daemon_and_limit() {
     );
     assert_eq!(
         of(&b),
-        ["get_default_active_thread_percentage".to_owned(), format!("set_default_device_pinned_mem_limit {uuid} 30720M")]
+        [
+            "get_default_active_thread_percentage".to_owned(),
+            format!("set_default_device_pinned_mem_limit {uuid} 30720M")
+        ]
     );
     assert_eq!(running_daemons(node.dirs.root.path()).len(), 2);
     // The GPU stays EXCLUSIVE_PROCESS until the last share goes.
@@ -247,9 +253,8 @@ fn a_plugin_killed_at_any_step_of_prepare_leaves_nothing_behind() {
     ];
     for (hang, logged) in steps {
         let (smi_before, mps_before) = (smi_calls(&root).len(), mps_calls(&root).len());
-        let reached = || {
-            smi_calls(&root)[smi_before..].iter().chain(&mps_calls(&root)[mps_before..]).any(|c| c.contains(logged))
-        };
+        let reached =
+            || smi_calls(&root)[smi_before..].iter().chain(&mps_calls(&root)[mps_before..]).any(|c| c.contains(logged));
         kill_during_prepare(&mut node, &root, &claim, hang, &reached);
         let records = node.records();
         assert_eq!(records.len(), 1, "{hang}: the intent was recorded before the step");
@@ -263,8 +268,13 @@ fn a_plugin_killed_at_any_step_of_prepare_leaves_nothing_behind() {
         prepare_ok(&node, &claim);
         let pipe = daemon_of(&node, &claim.uid).pipe_dir().to_string_lossy().into_owned();
         let limits: Vec<String> = mps_calls(&root).into_iter().filter(|c| c.starts_with(&pipe)).collect();
-        assert!(limits.ends_with(&[format!("{pipe} set_default_active_thread_percentage 50"),
-            format!("{pipe} set_default_device_pinned_mem_limit {} 2048M", gpu_uuid(&node, "gpu-0"))]), "{hang}: {limits:?}");
+        assert!(
+            limits.ends_with(&[
+                format!("{pipe} set_default_active_thread_percentage 50"),
+                format!("{pipe} set_default_device_pinned_mem_limit {} 2048M", gpu_uuid(&node, "gpu-0"))
+            ]),
+            "{hang}: {limits:?}"
+        );
         node.unprepare(std::slice::from_ref(&claim));
         assert_nothing_left(&node, &root);
     }

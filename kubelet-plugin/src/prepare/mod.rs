@@ -207,15 +207,9 @@ impl<S: ClaimSource> Preparer<S> {
         let resolved = configs::resolve(&self.config.driver, &resource_claim, &planned, &self.config.gates)
             .map_err(kind(ErrorKind::Config))?;
         let slices = sharing::time_slices(&planned, &resolved, &inventory).map_err(kind(ErrorKind::Config))?;
-        let daemon = mps::plan_daemon(
-            &claim.uid,
-            &planned,
-            &resolved,
-            &inventory,
-            &self.config.gates,
-            &self.config.mps_dir,
-        )
-        .map_err(kind(ErrorKind::Config))?;
+        let daemon =
+            mps::plan_daemon(&claim.uid, &planned, &resolved, &inventory, &self.config.gates, &self.config.mps_dir)
+                .map_err(kind(ErrorKind::Config))?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }

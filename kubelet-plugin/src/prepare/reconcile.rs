@@ -112,7 +112,9 @@ fn settle_mps(
     use super::sharing::ComputeMode;
     let Some(host) = config.mps_host.as_deref() else {
         if interrupted.iter().chain(other_boot.iter()).chain(kept.values()).any(|r| r.mps.is_some()) {
-            tracing::error!("claims have MPS daemons but there is no nvidia-cuda-mps-control: they are left as they are");
+            tracing::error!(
+                "claims have MPS daemons but there is no nvidia-cuda-mps-control: they are left as they are"
+            );
         }
         return;
     };
@@ -153,14 +155,21 @@ fn settle_mps(
             .and_then(|()| lifecycle::bring_up(host, control, &mut daemon, config.mps_timeouts, &mut save));
         match restarted {
             Ok(()) => record.mps = Some(daemon),
-            Err(error) => tracing::error!(claim_uid = %record.uid, %error, "starting a prepared claim's MPS daemon again failed"),
+            Err(error) => {
+                tracing::error!(claim_uid = %record.uid, %error, "starting a prepared claim's MPS daemon again failed")
+            }
         }
     }
 }
 
 /// Tears down daemon directories under `<state-dir>/mps` that no record
 /// owns (a damaged record's are kept: its claim may be in use).
-fn sweep_mps_dir(config: &PreparerConfig, host: &dyn super::mps::host::MpsHost, kept: &Records, owners: &HashSet<String>) {
+fn sweep_mps_dir(
+    config: &PreparerConfig,
+    host: &dyn super::mps::host::MpsHost,
+    kept: &Records,
+    owners: &HashSet<String>,
+) {
     let Ok(entries) = fs::read_dir(&config.mps_dir) else { return };
     for entry in entries.flatten() {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -178,7 +187,9 @@ fn sweep_mps_dir(config: &PreparerConfig, host: &dyn super::mps::host::MpsHost, 
         };
         match super::mps::lifecycle::tear_down(host, &orphan, config.mps_timeouts) {
             Ok(()) => tracing::warn!(dir = %orphan.root.display(), "removed an MPS daemon directory no claim owns"),
-            Err(error) => tracing::error!(dir = %orphan.root.display(), %error, "removing an orphaned MPS daemon failed"),
+            Err(error) => {
+                tracing::error!(dir = %orphan.root.display(), %error, "removing an orphaned MPS daemon failed")
+            }
         }
     }
 }

@@ -107,7 +107,11 @@ impl MpsHost for LocalMps {
         // when written.
         let data = c"size=50%,mode=1777";
         mount("shm", &shm, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, data).map_err(|e| {
-            let hint = if e == rustix::io::Errno::PERM { " (mounting needs CAP_SYS_ADMIN: run the plugin privileged)" } else { "" };
+            let hint = if e == rustix::io::Errno::PERM {
+                " (mounting needs CAP_SYS_ADMIN: run the plugin privileged)"
+            } else {
+                ""
+            };
             format!("mounting a tmpfs on {} for the MPS daemon's /dev/shm: {e}{hint}", shm.display())
         })
     }
@@ -208,7 +212,11 @@ impl MpsHost for LocalMps {
 
     fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
         if is_mounted(&daemon.shm_dir())? {
-            return Err(format!("{} is still mounted; not removing {}", daemon.shm_dir().display(), daemon.root.display()));
+            return Err(format!(
+                "{} is still mounted; not removing {}",
+                daemon.shm_dir().display(),
+                daemon.root.display()
+            ));
         }
         match fs::remove_dir_all(&daemon.root) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
@@ -253,8 +261,7 @@ pub fn is_mounted(path: &Path) -> Result<bool, String> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(format!("resolving {}: {e}", path.display())),
     };
-    let table =
-        fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    let table = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
     Ok(mount_points(&table).any(|p| Path::new(&p) == target))
 }
 

@@ -31,7 +31,9 @@ pub fn limit_commands(daemon: &MpsDaemon) -> Vec<String> {
         .active_thread_percentage
         .map(|p| format!("set_default_active_thread_percentage {p}"))
         .into_iter()
-        .chain(daemon.pinned_limits.iter().map(|l| format!("set_default_device_pinned_mem_limit {} {}M", l.uuid, l.mib)))
+        .chain(
+            daemon.pinned_limits.iter().map(|l| format!("set_default_device_pinned_mem_limit {} {}M", l.uuid, l.mib)),
+        )
         .collect()
 }
 

@@ -190,7 +190,9 @@ fn device_mps(
 
 fn config_path(source: ConfigSource) -> String {
     match source {
-        ConfigSource::Class(i) | ConfigSource::Claim(i) => format!("status.allocation.devices.config[{i}].opaque.parameters"),
+        ConfigSource::Class(i) | ConfigSource::Claim(i) => {
+            format!("status.allocation.devices.config[{i}].opaque.parameters")
+        }
         ConfigSource::Default => "(default config)".to_owned(),
     }
 }
@@ -265,7 +267,10 @@ pub fn gpus_to_reset<'a>(record: &ClaimRecord, others: impl Iterator<Item = &'a 
         .gpus
         .iter()
         .filter(|gpu| {
-            !others.clone().filter(|r| r.uid != record.uid).any(|r| r.mps.as_ref().is_some_and(|m| m.gpus.contains(gpu)))
+            !others
+                .clone()
+                .filter(|r| r.uid != record.uid)
+                .any(|r| r.mps.as_ref().is_some_and(|m| m.gpus.contains(gpu)))
         })
         .cloned()
         .collect()

@@ -24,7 +24,11 @@ fn device(name: &str, consumed: &[(&str, &str)]) -> PlannedDevice {
     }
 }
 
-fn daemon_for(planned: &[PlannedDevice], config: Option<serde_json::Value>, gates: &str) -> Result<Option<MpsDaemon>, String> {
+fn daemon_for(
+    planned: &[PlannedDevice],
+    config: Option<serde_json::Value>,
+    gates: &str,
+) -> Result<Option<MpsDaemon>, String> {
     let gates: FeatureGates = gates.parse().unwrap();
     let configs: Vec<_> = config.into_iter().map(claim_config).collect();
     let results: Vec<ResultToConfigure<'_>> = planned
@@ -72,7 +76,8 @@ fn an_mps_config_becomes_one_daemon_with_nvidias_commands() {
 #[test]
 fn a_mig_device_is_visible_by_its_own_uuid_and_its_parent_changes_mode() {
     let inventory = two_gpu_inventory();
-    let mig = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}});
+    let mig =
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}});
     let daemon = daemon_for(&[device("gpu-1-mig-1g10gb-19-0", &[])], Some(mig), "MPSSupport=true").unwrap().unwrap();
     assert!(daemon.visible[0].starts_with("MIG-"), "{:?}", daemon.visible);
     assert_eq!(daemon.gpus, [inventory.gpus[1].uuid.clone()]);
@@ -86,7 +91,10 @@ fn a_share_is_enforced_by_what_it_consumed() {
     let daemon = daemon_for(&share, None, "MPSSupport=true").unwrap().unwrap();
     assert_eq!(
         limit_commands(&daemon),
-        ["set_default_active_thread_percentage 30".to_owned(), format!("set_default_device_pinned_mem_limit {g0} 10240M")]
+        [
+            "set_default_active_thread_percentage 30".to_owned(),
+            format!("set_default_device_pinned_mem_limit {g0} 10240M")
+        ]
     );
     // Rounded down to whole MiB; a config may lower the share, not raise it.
     let share = [device("gpu-0", &[("memory", "1536001Ki")])];
