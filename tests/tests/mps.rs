@@ -234,6 +234,8 @@ fn kill_during_prepare(node: &mut RunningNode, root: &Path, claim: &Claim, hang:
         );
         assert!(prepare.join().unwrap().is_err(), "the call did not see the plugin die");
     });
+    // The waiting fake program gives up once it sees its plugin dead.
+    std::thread::sleep(Duration::from_millis(300));
     std::fs::remove_file(root.join(hang)).unwrap();
 }
 
@@ -261,8 +263,6 @@ fn a_plugin_killed_at_any_step_of_prepare_leaves_nothing_behind() {
         assert!(records[0].mps.is_some());
         restart_after_kill(&mut node, &root);
         assert!(node.records().is_empty(), "{hang}: the interrupted prepare was rolled back");
-        // Give an orphaned fake program time to notice its plugin died.
-        std::thread::sleep(Duration::from_millis(300));
         assert_nothing_left(&node, &root);
         // The kubelet's retry prepares afresh, with the limits.
         prepare_ok(&node, &claim);
@@ -312,6 +312,28 @@ fn a_prepared_claims_daemon_outlives_a_plugin_restart_or_is_started_again() {
     let pipe = again.pipe_dir().to_string_lossy().into_owned();
     assert_eq!(mps_calls(&root).last().unwrap(), &format!("{pipe} set_default_active_thread_percentage 30"));
     assert_eq!(mounts_under(node.dirs.root.path()).len(), 1, "one tmpfs, not two");
+    // Killed while unpreparing (`quit` sent): the claim is still prepared
+    // at restart, its daemon kept; the kubelet's retry tears it down.
+    std::fs::write(root.join("mps.hang-quit"), b"").unwrap();
+    let pid = node.process.pid();
+    std::thread::scope(|scope| {
+        let call =
+            scope.spawn(|| node.runtime.block_on(node.kubelet.unprepare(&node.plugin, std::slice::from_ref(&claim))));
+        wait_until("quit", Duration::from_secs(60), || mps_calls(&root).last().is_some_and(|c| c.ends_with(" quit")));
+        let _ = rustix::process::kill_process(
+            rustix::process::Pid::from_raw(pid as i32).unwrap(),
+            rustix::process::Signal::KILL,
+        );
+        assert!(call.join().unwrap().is_err(), "the call did not see the plugin die");
+    });
+    // The `quit` never reached the daemon: the fake client gives up when
+    // its plugin dies (a real one that got through would stop the daemon,
+    // and start-up would then start it again).
+    std::thread::sleep(Duration::from_millis(300));
+    std::fs::remove_file(root.join("mps.hang-quit")).unwrap();
+    restart_after_kill(&mut node, &root);
+    assert_eq!(daemon_of(&node, &claim.uid).process, Some(second), "kept across the interrupted unprepare");
+    assert!(fake_mps::is_alive(second.pid));
     node.unprepare(std::slice::from_ref(&claim));
     assert_nothing_left(&node, &root);
 }

@@ -213,7 +213,10 @@ impl<S: ClaimSource> Preparer<S> {
         if planned.is_empty() {
             return Ok(Vec::new());
         }
-        let _device_locks = self.locks.lock(planned.iter().map(|d| device_key(d.device.as_str())).collect()).await;
+        // An MPS daemon's GPUs are locked too: MIG devices of one GPU are
+        // different devices, but share its compute mode.
+        let keys = planned.iter().map(|d| device_key(d.device.as_str())).chain(daemon.iter().flat_map(gpu_keys));
+        let _device_locks = self.locks.lock(keys.collect()).await;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
         let time_sliced = slices.iter().any(Option::is_some);
         if time_sliced || daemon.is_some() {
@@ -363,7 +366,8 @@ impl<S: ClaimSource> Preparer<S> {
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         match self.record(&uid) {
             Some(record) => {
-                let keys = record.devices.iter().map(|d| device_key(&d.device_name)).collect();
+                let keys = record.devices.iter().map(|d| device_key(&d.device_name));
+                let keys = keys.chain(record.mps.iter().flat_map(gpu_keys)).collect();
                 let _device_locks = self.locks.lock(keys).await;
                 self.roll_back(&claim.uid, record).await.map_err(kind(ErrorKind::Cdi))?;
                 tracing::info!(claim = %claim, "unprepared");
@@ -501,6 +505,10 @@ fn claim_key(uid: &str) -> String {
 
 fn device_key(device: &str) -> String {
     format!("device:{device}")
+}
+
+fn gpu_keys(daemon: &crate::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
+    daemon.gpus.iter().map(|gpu| format!("gpu:{gpu}"))
 }
 
 /// Runs file work off the async workers (fsync blocks for milliseconds).
