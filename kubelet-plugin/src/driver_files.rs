@@ -48,7 +48,10 @@ pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prep
 /// `nvidia-cuda-mps-control` of the driver root, run with the root's
 /// library directory on `LD_LIBRARY_PATH`; none on a fake inventory
 /// without an explicit --driver-root, or when the root has no MPS.
-pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare::mps::host::LocalMps> {
+/// Found whatever the gates: claims prepared with MPS before a restart
+/// with the gates off must still be torn down. `warn`: say so when
+/// missing (a gate wants it).
+pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
     let root = match (&args.driver_root, &node.fake_inventory) {
         (Some(root), _) => root.clone(),
         (None, Some(_)) => return None,
@@ -56,7 +59,9 @@ pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare
     };
     let root = DriverRoot::new(root, None);
     let Some(control) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
-        tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
+        if warn {
+            tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
+        }
         return None;
     };
     let library_dir = driver_root::local_library(&root, "libcuda.so.1")

@@ -150,11 +150,12 @@ fn open_preparer(
         gpu_control: crate::driver_files::gpu_control(&args.driver_root, &args.node)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
         mps_dir: args.state_dir().join("mps"),
-        mps_host: if args.feature_gates.enabled(gpu_dra_driver::feature_gates::Gate::MpsSupport) {
-            crate::driver_files::mps_host(&args.driver_root, &args.node)
+        mps_host: {
+            use gpu_dra_driver::feature_gates::Gate;
+            let wanted =
+                [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
+            crate::driver_files::mps_host(&args.driver_root, &args.node, wanted)
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
-        } else {
-            None
         },
         mps_timeouts: mps_timeouts(),
     };

@@ -161,7 +161,7 @@ fn mps_with_the_gate_off_is_a_per_claim_error_naming_the_field() {
     let share =
         node.claim("share", &[Allocated::new("gpu", NODE, "gpu-1").share("s-1", &[("memory", "10Gi")])], vec![]);
     let error = node.prepare(std::slice::from_ref(&share)).values().next().unwrap().clone().unwrap_err();
-    assert!(error.contains("MPSSupport feature gate is off"), "{error}");
+    assert!(error.contains("nor the MPSSupport feature gate is on"), "{error}");
     assert!(mps_calls(&root).is_empty() && smi_calls(&root).is_empty());
 }
 

@@ -8,7 +8,9 @@
 //! when its allocation carries `consumedCapacity` (a share of a GPU): the
 //! share's `memory` becomes the device's pinned memory limit and its
 //! `gpu.nvidia.com/sm-percent` the daemon's active thread percentage, so
-//! what the scheduler counted is what the GPU enforces.
+//! what the scheduler counted is what the GPU enforces. Shares are
+//! enforced with either `ConsumableCapacity` (which publishes them) or
+//! `MPSSupport` on.
 //!
 //! This module decides (pure); [`lifecycle`] does, through [`host`].
 
@@ -138,11 +140,13 @@ fn device_mps(
     if mps_config.is_none() && memory.is_none() && sm_percent.is_none() {
         return Ok(None);
     }
-    if !gates.enabled(Gate::MpsSupport) {
+    // An MPS config with the gate off was refused when it was decoded; a
+    // share needs one of the gates that let the scheduler allocate it.
+    if !gates.enabled(Gate::MpsSupport) && !gates.enabled(Gate::ConsumableCapacity) {
         return Err(format!(
             "device {} (request {}) was allocated a share of a GPU (consumedCapacity {:?}), whose limits this driver \
-             enforces through MPS, but the MPSSupport feature gate is off: run the plugin with \
-             --feature-gates MPSSupport=true",
+             enforces through MPS, but neither the ConsumableCapacity nor the MPSSupport feature gate is on: run the \
+             plugin with --feature-gates ConsumableCapacity=true",
             device.device, device.request, device.consumed_capacity
         ));
     }

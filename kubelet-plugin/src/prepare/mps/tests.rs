@@ -108,7 +108,8 @@ fn a_share_is_enforced_by_what_it_consumed() {
 fn refusals_say_what_to_change() {
     let share = [device("gpu-0", &[("memory", "10Gi")])];
     let err = daemon_for(&share, None, "").unwrap_err();
-    assert!(err.contains("MPSSupport feature gate is off") && err.contains("gpu-0"), "{err}");
+    assert!(err.contains("nor the MPSSupport feature gate is on") && err.contains("gpu-0"), "{err}");
+    assert!(daemon_for(&share, None, "ConsumableCapacity=true").unwrap().is_some(), "a share implies MPS");
     let err = daemon_for(&[device("gpu-0", &[(SM_PERCENT, "150")])], None, "MPSSupport=true").unwrap_err();
     assert!(err.contains("sm-percent 150 is not a whole percentage"), "{err}");
     let config = mps(json!({"defaultPerDevicePinnedMemoryLimit": {"3": "1Gi"}}));
