@@ -28,6 +28,10 @@ pub enum Command {
     /// Print the CDI spec the plugin would write when preparing these devices
     /// for a claim.
     PrintCdi(PrintCdiArgs),
+    /// Run an MPS control daemon with a claim's tmpfs as its /dev/shm (the
+    /// plugin runs this itself).
+    #[command(hide = true)]
+    MpsLaunch(crate::mps_launch::MpsLaunchArgs),
 }
 
 #[derive(Debug, Args)]

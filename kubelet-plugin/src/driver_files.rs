@@ -66,7 +66,14 @@ pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<cr
     };
     let library_dir = driver_root::local_library(&root, "libcuda.so.1")
         .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
-    Some(crate::prepare::mps::host::LocalMps::new(control, library_dir))
+    let host = crate::prepare::mps::host::LocalMps::new(control, library_dir);
+    match std::env::current_exe() {
+        Ok(program) => Some(host.with_launcher(program)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot find this program to launch MPS daemons: claims asking for MPS will fail");
+            None
+        }
+    }
 }
 
 /// Discovers the driver's files for `inventory`'s driver version. A fake

@@ -81,6 +81,33 @@ fn prepare_ok(node: &RunningNode, claim: &Claim) {
     assert!(answers.values().all(Result::is_ok), "{answers:?}\n{}", node.process.log());
 }
 
+/// `(mount point, major:minor)` of each mount `pid` sees.
+fn mounts_of(pid: &str) -> Vec<(PathBuf, String)> {
+    let table = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap_or_default();
+    table
+        .lines()
+        .filter_map(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            Some((PathBuf::from(fields.get(4)?), fields.get(2)?.to_string()))
+        })
+        .collect()
+}
+
+/// The daemon's `/dev/shm` is the claim's tmpfs (MPS server and clients
+/// share memory there), and its mount namespace holds no claim's tmpfs
+/// under the state directory (it would keep that memory alive).
+fn assert_daemon_sees_its_shm(daemon: &MpsDaemon) {
+    let pid = daemon.process.expect("a recorded process").pid.to_string();
+    let shm = std::fs::canonicalize(daemon.shm_dir()).unwrap();
+    let ours = mounts_of("self").into_iter().find(|(p, _)| *p == shm).expect("the claim's tmpfs").1;
+    let theirs = mounts_of(&pid);
+    let dev_shm = theirs.iter().rev().find(|(p, _)| p == Path::new("/dev/shm")).map(|(_, id)| id.clone());
+    assert_eq!(dev_shm, Some(ours), "the daemon's /dev/shm is the claim's tmpfs");
+    let mps_dir = shm.parent().and_then(Path::parent).unwrap();
+    let held: Vec<_> = theirs.iter().filter(|(p, _)| p.starts_with(mps_dir)).collect();
+    assert!(held.is_empty(), "the daemon's namespace holds {held:?}");
+}
+
 /// Nothing of any MPS daemon is left on the node.
 fn assert_nothing_left(node: &RunningNode, root: &Path) {
     let mps_dir = node.dirs.plugin_dir(DRIVER).join("mps");
@@ -118,6 +145,7 @@ fn a_claims_daemon_is_started_with_its_limits_reachable_and_torn_down() {
     let process = daemon.process.expect("the daemon's process is recorded");
     assert!(fake_mps::is_alive(process.pid), "the daemon runs detached from the plugin");
     assert_eq!(mounts_under(node.dirs.root.path()), [std::fs::canonicalize(daemon.shm_dir()).unwrap()]);
+    assert_daemon_sees_its_shm(&daemon);
 
     let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(node.spec_path(&claim.uid)).unwrap()).unwrap();
     let edits = &spec["devices"][0]["containerEdits"];
@@ -202,6 +230,8 @@ fn two_shares_of_one_gpu_each_get_their_own_daemon_and_limit() {
         ]
     );
     assert_eq!(running_daemons(node.dirs.root.path()).len(), 2);
+    assert_daemon_sees_its_shm(&a);
+    assert_daemon_sees_its_shm(&b);
     // The GPU stays EXCLUSIVE_PROCESS until the last share goes.
     node.unprepare(std::slice::from_ref(&small));
     assert!(!smi_calls(&root).iter().any(|c| c.ends_with("-c DEFAULT")));

@@ -52,20 +52,34 @@ pub struct LocalMps {
     library_dir: Option<PathBuf>,
     /// Bound on one client call and on the launcher.
     command_timeout: Duration,
+    /// This program, to start the daemon through `mps-launch` (its own
+    /// mount namespace with the claim's tmpfs on `/dev/shm`); `None`: run
+    /// the daemon directly (it then shares the plugin's `/dev/shm`).
+    launcher: Option<PathBuf>,
 }
 
 impl LocalMps {
     pub fn new(control: PathBuf, library_dir: Option<PathBuf>) -> Self {
-        Self { control, library_dir, command_timeout: Duration::from_secs(10) }
+        Self { control, library_dir, command_timeout: Duration::from_secs(10), launcher: None }
+    }
+
+    /// Starts daemons through `<program> mps-launch`.
+    pub fn with_launcher(mut self, program: PathBuf) -> Self {
+        self.launcher = Some(program);
+        self
     }
 
     fn command(&self, daemon: &MpsDaemon) -> Command {
         let mut command = Command::new(&self.control);
+        self.with_env(&mut command, daemon);
+        command
+    }
+
+    fn with_env(&self, command: &mut Command, daemon: &MpsDaemon) {
         command.env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).env("CUDA_MPS_LOG_DIRECTORY", daemon.log_dir());
         if let Some(dir) = &self.library_dir {
             command.env("LD_LIBRARY_PATH", dir);
         }
-        command
     }
 
     fn wait(&self, child: &mut Child, what: &str) -> Result<std::process::ExitStatus, String> {
@@ -124,7 +138,22 @@ impl MpsHost for LocalMps {
             .open(&launcher_log)
             .map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
         let err = log.try_clone().map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
-        let mut command = self.command(daemon);
+        let mut command = match &self.launcher {
+            Some(program) => {
+                let mut command = Command::new(program);
+                command
+                    .arg("mps-launch")
+                    .arg("--shm")
+                    .arg(daemon.shm_dir())
+                    .arg("--mps-dir")
+                    .arg(daemon.root.parent().unwrap_or(&daemon.root))
+                    .arg("--")
+                    .arg(&self.control);
+                self.with_env(&mut command, daemon);
+                command
+            }
+            None => self.command(daemon),
+        };
         // Its own process group: a signal to the plugin's group does not
         // reach the daemon, which must outlive the plugin.
         command
