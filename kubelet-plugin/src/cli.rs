@@ -32,6 +32,22 @@ pub enum Command {
     /// plugin runs this itself).
     #[command(hide = true)]
     MpsLaunch(crate::mps_launch::MpsLaunchArgs),
+    /// Launch MPS control daemons the plugin asks for (`run
+    /// --mps-supervisor`), so that they live in this process's container
+    /// and outlive the plugin's restarts. Runs until stopped.
+    MpsSupervisor(MpsSupervisorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MpsSupervisorArgs {
+    /// The plugin's --state-dir (shared with the plugin's container, at the
+    /// same path).
+    #[arg(long, env = "STATE_DIR", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The NVIDIA driver's installation, whose nvidia-cuda-mps-control runs
+    /// [default: /].
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", value_name = "DIR", default_value = "/")]
+    pub driver_root: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -131,6 +147,11 @@ pub struct RunArgs {
     /// as NVIDIA's.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
+    /// Have MPS daemons launched by `gpu-kubelet-plugin mps-supervisor` (a
+    /// second container of the pod sharing its process namespace and
+    /// --state-dir), so that they outlive restarts of this container.
+    #[arg(long, env = "MPS_SUPERVISOR")]
+    pub mps_supervisor: bool,
     /// Where the checkpoint of prepared claims lives [default:
     /// <plugins-dir>/<driver-name>].
     #[arg(long, env = "STATE_DIR", value_name = "DIR")]

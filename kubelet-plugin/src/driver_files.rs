@@ -57,6 +57,12 @@ pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<cr
         (None, Some(_)) => return None,
         (None, None) => "/".into(),
     };
+    local_mps(root, warn)
+}
+
+/// `nvidia-cuda-mps-control` of the driver root at `root`, launched
+/// through this program's `mps-launch`.
+pub fn local_mps(root: std::path::PathBuf, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
     let root = DriverRoot::new(root, None);
     let Some(control) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
         if warn {

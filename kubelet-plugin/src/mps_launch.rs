@@ -59,3 +59,10 @@ pub fn exec(args: &MpsLaunchArgs) -> anyhow::Result<()> {
     let error = std::process::Command::new(program).args(rest).exec();
     Err(error).with_context(|| format!("running {}", Path::new(program).display()))
 }
+
+/// `mps-supervisor`: serves the plugin's launch requests until stopped.
+pub fn supervise(args: &crate::cli::MpsSupervisorArgs) -> anyhow::Result<()> {
+    let host = crate::driver_files::local_mps(args.driver_root.clone(), true)
+        .context("no nvidia-cuda-mps-control in --driver-root: nothing to supervise")?;
+    crate::prepare::mps::supervisor::run(&host, &args.state_dir.join("mps")).map_err(anyhow::Error::msg)
+}

@@ -155,6 +155,7 @@ fn open_preparer(
             let wanted =
                 [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
             crate::driver_files::mps_host(&args.driver_root, &args.node, wanted)
+                .map(|host| if args.mps_supervisor { host.supervised() } else { host })
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
         },
         mps_timeouts: mps_timeouts(),

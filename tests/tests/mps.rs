@@ -367,3 +367,61 @@ fn a_prepared_claims_daemon_outlives_a_plugin_restart_or_is_started_again() {
     node.unprepare(std::slice::from_ref(&claim));
     assert_nothing_left(&node, &root);
 }
+
+/// `gpu-kubelet-plugin mps-supervisor`, killed when dropped.
+struct Supervisor(std::process::Child);
+
+impl Drop for Supervisor {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn with_a_supervisor_the_daemon_lives_in_its_tree_and_outlives_the_plugin() {
+    let driver = tempfile::tempdir().unwrap();
+    let root = fake_mps::driver_root(driver.path());
+    let mut options = options(&root, "MPSSupport=true");
+    options.extra_args.push("--mps-supervisor".into());
+    let mut node = RunningNode::start(INVENTORY, KubeletConfig::new("", DRIVER), options.clone());
+    let _cleanup = Cleanup(node.dirs.root.path().to_path_buf());
+    let log = std::fs::File::create(node.dirs.root.path().join("supervisor.log")).unwrap();
+    let supervisor = Supervisor(
+        std::process::Command::new(integration_tests::kubelet_plugin())
+            .arg("mps-supervisor")
+            .arg("--state-dir")
+            .arg(node.dirs.plugin_dir(DRIVER))
+            .arg("--driver-root")
+            .arg(&root)
+            .env("LOG_LEVEL", "info")
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    );
+    let claim = node.claim(
+        "mps",
+        &[Allocated::new("gpu", NODE, "gpu-0")],
+        mps_config(serde_json::json!({"defaultActiveThreadPercentage": 60})),
+    );
+    prepare_ok(&node, &claim);
+    let daemon = daemon_of(&node, &claim.uid);
+    let process = daemon.process.expect("recorded");
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", process.pid)).unwrap();
+    let parent: u32 = stat.rsplit_once(')').unwrap().1.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(parent, supervisor.0.id(), "the daemon is the supervisor's (its subreaper's) child");
+    assert_daemon_sees_its_shm(&daemon);
+    let pipe = daemon.pipe_dir().to_string_lossy().into_owned();
+    assert_eq!(mps_calls(&root).last().unwrap(), &format!("{pipe} set_default_active_thread_percentage 60"));
+    // The plugin dies and comes back: the daemon was never its child.
+    node.process.kill().unwrap();
+    node.process = PluginProcess::spawn(&node.dirs, &options).unwrap();
+    node.plugin = node
+        .runtime
+        .block_on(node.kubelet.wait_and_register(WAIT))
+        .unwrap_or_else(|e| panic!("{e}\n{}", node.process.log()));
+    assert!(fake_mps::is_alive(process.pid));
+    assert_eq!(daemon_of(&node, &claim.uid).process, Some(process));
+    node.unprepare(std::slice::from_ref(&claim));
+    assert_nothing_left(&node, &root);
+}

@@ -56,11 +56,21 @@ pub struct LocalMps {
     /// mount namespace with the claim's tmpfs on `/dev/shm`); `None`: run
     /// the daemon directly (it then shares the plugin's `/dev/shm`).
     launcher: Option<PathBuf>,
+    /// Ask `mps-supervisor` to launch daemons (waiting this long for it)
+    /// instead of launching them from this process.
+    supervised: Option<Duration>,
 }
 
 impl LocalMps {
     pub fn new(control: PathBuf, library_dir: Option<PathBuf>) -> Self {
-        Self { control, library_dir, command_timeout: Duration::from_secs(10), launcher: None }
+        Self { control, library_dir, command_timeout: Duration::from_secs(10), launcher: None, supervised: None }
+    }
+
+    /// Has daemons launched by the pod's `mps-supervisor` (see
+    /// [`super::supervisor`]).
+    pub fn supervised(mut self) -> Self {
+        self.supervised = Some(self.command_timeout * 3);
+        self
     }
 
     /// Starts daemons through `<program> mps-launch`.
@@ -131,6 +141,9 @@ impl MpsHost for LocalMps {
     }
 
     fn start(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        if let Some(within) = self.supervised {
+            return super::supervisor::request_launch(daemon, within);
+        }
         let launcher_log = daemon.log_dir().join("launcher.log");
         let log = fs::OpenOptions::new()
             .create(true)

@@ -16,6 +16,7 @@
 
 pub mod host;
 pub mod lifecycle;
+pub mod supervisor;
 
 use std::path::Path;
 
