@@ -117,3 +117,38 @@ pub fn run(host: &LocalMps, mps_dir: &Path) -> Result<(), String> {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pending(dir: &Path) -> bool {
+        std::fs::read_dir(dir).into_iter().flatten().flatten().any(|e| e.path().join(REQUEST).exists())
+    }
+
+    #[test]
+    fn a_request_is_answered_with_the_launch_outcome() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = daemon_at(dir.path().join("uid"), vec!["GPU-0".into()]);
+        std::fs::create_dir_all(daemon.log_dir()).unwrap();
+        for (program, ok) in [("/bin/true", true), ("/bin/false", false)] {
+            let host = LocalMps::new(program.into(), None);
+            let answer = std::thread::scope(|scope| {
+                scope.spawn(|| {
+                    while !pending(dir.path()) {
+                        std::thread::sleep(Duration::from_millis(10));
+                    }
+                    serve_once(&host, dir.path());
+                });
+                request_launch(&daemon, Duration::from_secs(10))
+            });
+            assert_eq!(answer.is_ok(), ok, "{answer:?}");
+            if let Err(error) = answer {
+                assert!(error.contains("the MPS supervisor could not launch the daemon"), "{error}");
+            }
+        }
+        let error = request_launch(&daemon, Duration::from_millis(100)).unwrap_err();
+        assert!(error.contains("no MPS supervisor answered"), "{error}");
+        assert!(!pending(dir.path()), "an unanswered request is withdrawn");
+    }
+}
