@@ -1,5 +1,7 @@
-//! `gpu-kubelet-plugin mps-launch`: runs `nvidia-cuda-mps-control -d` in
-//! a mount namespace of its own whose `/dev/shm` is the claim's tmpfs.
+//! The MPS subcommands: `mps-launch` runs `nvidia-cuda-mps-control -d` in
+//! a mount namespace of its own whose `/dev/shm` is the claim's tmpfs;
+//! `mps-supervisor` launches daemons for the plugin from another container
+//! (see [`crate::prepare::mps::supervisor`]).
 //!
 //! The MPS server and its clients share memory through `/dev/shm`: the
 //! containers get the claim's tmpfs there (a CDI mount), so the daemon
