@@ -173,6 +173,18 @@ fn a_claims_daemon_is_started_with_its_limits_reachable_and_torn_down() {
     assert!(error.contains("did not answer within"), "{error}");
     assert!(node.records().is_empty());
     assert_nothing_left(&node, &root);
+    // Out-of-range and unknown fields are per-claim errors naming the path.
+    let at = "status.allocation.devices.config[0].opaque.parameters.sharing.mpsConfig";
+    let cases = [
+        (serde_json::json!({"defaultActiveThreadPercentage": 101}), ".defaultActiveThreadPercentage"),
+        (serde_json::json!({"defaultPinnedDeviceMemoryLimit": "512Ki"}), ".defaultPinnedDeviceMemoryLimit"),
+        (serde_json::json!({"threads": 3}), ""),
+    ];
+    for (n, (config, field)) in cases.into_iter().enumerate() {
+        let bad = node.claim(&format!("bad-{n}"), &[Allocated::new("gpu", NODE, "gpu-1")], mps_config(config));
+        let error = node.prepare(std::slice::from_ref(&bad)).values().next().unwrap().clone().unwrap_err();
+        assert!(error.starts_with(&format!("{at}{field}")), "{error}");
+    }
 }
 
 #[test]

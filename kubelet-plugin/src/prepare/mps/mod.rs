@@ -188,7 +188,9 @@ fn device_mps(
         if value % 1_000_000_000 != 0 || !(1..=100).contains(&(value / 1_000_000_000)) {
             return Err(format!("{what}: {SM_PERCENT} {text} is not a whole percentage from 1 to 100"));
         }
-        settings.thread_percentage = u8::try_from(value / 1_000_000_000).ok();
+        // As with memory: a config may lower the share, never raise it.
+        let share = u8::try_from(value / 1_000_000_000).unwrap_or(100);
+        settings.thread_percentage = Some(settings.thread_percentage.map_or(share, |p| p.min(share)));
     }
     Ok(Some(settings))
 }

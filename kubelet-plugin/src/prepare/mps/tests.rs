@@ -102,6 +102,12 @@ fn a_share_is_enforced_by_what_it_consumed() {
     assert_eq!(daemon.unwrap().unwrap().pinned_limits[0].mib, 1500);
     let daemon = daemon_for(&share, Some(mps(json!({"defaultPinnedDeviceMemoryLimit": "1Gi"}))), "MPSSupport=true");
     assert_eq!(daemon.unwrap().unwrap().pinned_limits[0].mib, 1024);
+    let share = [device("gpu-0", &[(SM_PERCENT, "30")])];
+    for (configured, applied) in [(50, 30), (20, 20)] {
+        let config = mps(json!({"defaultActiveThreadPercentage": configured}));
+        let daemon = daemon_for(&share, Some(config), "MPSSupport=true").unwrap().unwrap();
+        assert_eq!(daemon.active_thread_percentage, Some(applied));
+    }
 }
 
 #[test]
