@@ -152,6 +152,10 @@ pub struct RunArgs {
     /// --state-dir), so that they outlive restarts of this container.
     #[arg(long, env = "MPS_SUPERVISOR")]
     pub mps_supervisor: bool,
+    /// How long prepare waits for a claim's MPS control daemon to answer
+    /// before failing the claim, in milliseconds.
+    #[arg(long, env = "MPS_READY_TIMEOUT_MS", default_value_t = 20_000, value_name = "MS")]
+    pub mps_ready_timeout_ms: u64,
     /// Where the checkpoint of prepared claims lives [default:
     /// <plugins-dir>/<driver-name>].
     #[arg(long, env = "STATE_DIR", value_name = "DIR")]

@@ -158,7 +158,10 @@ fn open_preparer(
                 .map(|host| if args.mps_supervisor { host.supervised() } else { host })
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
         },
-        mps_timeouts: mps_timeouts(),
+        mps_timeouts: crate::prepare::mps::lifecycle::Timeouts {
+            ready: Duration::from_millis(args.mps_ready_timeout_ms),
+            ..Default::default()
+        },
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
@@ -172,16 +175,6 @@ fn open_preparer(
         "checkpoint reconciled"
     );
     Ok(preparer)
-}
-
-/// The default MPS timeouts, or `GPU_DRA_MPS_READY_TIMEOUT_MS` for tests
-/// that make a daemon never answer.
-fn mps_timeouts() -> crate::prepare::mps::lifecycle::Timeouts {
-    let mut timeouts = crate::prepare::mps::lifecycle::Timeouts::default();
-    if let Some(ms) = std::env::var("GPU_DRA_MPS_READY_TIMEOUT_MS").ok().and_then(|v| v.parse().ok()) {
-        timeouts.ready = Duration::from_millis(ms);
-    }
-    timeouts
 }
 
 type HttpTask = Option<tokio::task::JoinHandle<()>>;

@@ -31,8 +31,9 @@ fn options(root: &Path, gates: &str) -> PluginOptions {
             root.to_string_lossy().into_owned(),
             "--feature-gates".into(),
             gates.into(),
+            "--mps-ready-timeout-ms".into(),
+            "1500".into(),
         ],
-        env: vec![("GPU_DRA_MPS_READY_TIMEOUT_MS".into(), "1500".into())],
         ..PluginOptions::default()
     }
 }
