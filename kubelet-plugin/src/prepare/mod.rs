@@ -7,7 +7,9 @@
 //! 1. a completed record answers at once (idempotent repeat);
 //! 2. read the claim, check UID, allocation, pool, inventory, configs;
 //!    refuse a device another claim holds exclusively;
-//! 3. record `PrepareStarted` with the devices and the spec file name;
+//! 3. record `PrepareStarted` with the devices and the spec file name (and
+//!    what sharing will change: time-slices, the MPS daemon), then make
+//!    those changes;
 //! 4. write the CDI spec (atomic);
 //! 5. record `PrepareCompleted`; answer.
 //!
