@@ -32,6 +32,10 @@ pub trait MpsHost: Send + Sync + fmt::Debug {
     fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String, String>;
     /// The daemon process named by the pid file, if it runs.
     fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess>;
+    /// Every running process started for the daemon's pipe directory (the
+    /// daemon, a launcher or client a dead plugin left behind), found by
+    /// its environment rather than by the pid file.
+    fn strays(&self, daemon: &MpsDaemon) -> Vec<DaemonProcess>;
     /// Whether `process` still runs (same pid and start time, not a zombie).
     fn is_running(&self, process: &DaemonProcess) -> bool;
     /// SIGKILL, if `process` still runs.
@@ -216,13 +220,20 @@ impl MpsHost for LocalMps {
     fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess> {
         let text = fs::read_to_string(daemon.pipe_dir().join(PID_FILE)).ok()?;
         let pid: i32 = text.trim().parse().ok()?;
-        let stat = read_stat(pid)?;
         // The pid file may outlive its daemon and the pid be reused: only a
         // process started for this pipe directory is ours.
-        let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
-        let ours = format!("CUDA_MPS_PIPE_DIRECTORY={}", daemon.pipe_dir().display());
-        let is_ours = environ.split(|b| *b == 0).any(|var| var == ours.as_bytes());
-        (stat.state != 'Z' && is_ours).then_some(DaemonProcess { pid, start_time: stat.start_time })
+        started_for(pid, &daemon.pipe_dir())
+    }
+
+    fn strays(&self, daemon: &MpsDaemon) -> Vec<DaemonProcess> {
+        let me = std::process::id();
+        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+            .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+            .filter_map(|pid| started_for(pid, &daemon.pipe_dir()))
+            .collect()
     }
 
     fn is_running(&self, process: &DaemonProcess) -> bool {
@@ -267,6 +278,15 @@ impl MpsHost for LocalMps {
             _ => Ok(()),
         }
     }
+}
+
+/// `pid`, if it runs and was started with `CUDA_MPS_PIPE_DIRECTORY=pipe`.
+fn started_for(pid: i32, pipe: &Path) -> Option<DaemonProcess> {
+    let stat = read_stat(pid)?;
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let ours = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
+    let is_ours = environ.split(|b| *b == 0).any(|var| var == ours.as_bytes());
+    (stat.state != 'Z' && is_ours).then_some(DaemonProcess { pid, start_time: stat.start_time })
 }
 
 fn last_lines(text: &str) -> String {
@@ -346,6 +366,28 @@ mod tests {
     fn mount_points_are_unescaped() {
         let table = "36 35 98:0 / /mnt/with\\040space rw - tmpfs shm rw\n37 35 98:0 / /run rw - tmpfs t rw\n";
         assert_eq!(mount_points(table).collect::<Vec<_>>(), ["/mnt/with space", "/run"]);
+    }
+
+    #[test]
+    fn strays_are_found_by_their_pipe_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = MpsDaemon {
+            root: dir.path().to_path_buf(),
+            devices: vec![],
+            visible: vec![],
+            gpus: vec![],
+            active_thread_percentage: None,
+            pinned_limits: vec![],
+            process: None,
+        };
+        let host = LocalMps::new("/nonexistent".into(), None);
+        let mut stray =
+            Command::new("sleep").arg("30").env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).spawn().unwrap();
+        let found = host.strays(&daemon);
+        assert_eq!(found.iter().map(|p| p.pid).collect::<Vec<_>>(), [stray.id() as i32]);
+        host.kill(&found[0]);
+        assert!(!stray.wait().unwrap().success());
+        assert!(host.strays(&daemon).is_empty());
     }
 
     #[test]

@@ -97,6 +97,10 @@ pub fn tear_down(host: &dyn MpsHost, daemon: &MpsDaemon, timeouts: Timeouts) -> 
         }
         host.kill(&process);
     }
+    for stray in host.strays(daemon) {
+        tracing::warn!(pid = stray.pid, dir = %daemon.root.display(), "killing a leftover process of an MPS daemon");
+        host.kill(&stray);
+    }
     host.unmount_shm(daemon)?;
     host.remove_dirs(daemon)
 }
@@ -171,6 +175,9 @@ pub(crate) mod test_support {
         }
         fn find_process(&self, _: &MpsDaemon) -> Option<DaemonProcess> {
             *self.running.lock().unwrap()
+        }
+        fn strays(&self, _: &MpsDaemon) -> Vec<DaemonProcess> {
+            Vec::new()
         }
         fn is_running(&self, p: &DaemonProcess) -> bool {
             *self.running.lock().unwrap() == Some(*p)
