@@ -22,7 +22,10 @@ use integration_tests::plugin_process::{PluginOptions, PluginProcess};
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use kubelet_proto::dra_v1::Claim;
 
-const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n";
+/// Two whole H100s and a third split into one MIG device.
+const INVENTORY: &str =
+    "gpus:\n  - model: H100-80GB\n    count: 3\n    mig:\n      - gpus: [2]\n        instances: [1g.10gb]\n";
+const MIG: &str = "gpu-2-mig-1g10gb-19-0";
 
 fn options(root: &Path, gates: &str) -> PluginOptions {
     PluginOptions {
@@ -436,5 +439,29 @@ fn with_a_supervisor_the_daemon_lives_in_its_tree_and_outlives_the_plugin() {
     assert!(fake_mps::is_alive(process.pid));
     assert_eq!(daemon_of(&node, &claim.uid).process, Some(process));
     node.unprepare(std::slice::from_ref(&claim));
+    assert_nothing_left(&node, &root);
+}
+
+#[test]
+fn a_mig_device_gets_a_daemon_for_its_own_uuid_and_its_gpu_changes_mode() {
+    let (_driver, node, root, _cleanup) = node("MPSSupport=true");
+    let config = vec![opaque_config(
+        "FromClaim",
+        &[],
+        DRIVER,
+        serde_json::json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+                           "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "4Gi"}}}),
+    )];
+    let claim = node.claim("mig", &[Allocated::new("gpu", NODE, MIG)], config);
+    prepare_ok(&node, &claim);
+    let daemon = daemon_of(&node, &claim.uid);
+    let (mig, parent) = (daemon.visible[0].clone(), daemon.gpus[0].clone());
+    assert!(mig.starts_with("MIG-") && parent.starts_with("GPU-"), "{mig} {parent}");
+    let pipe = daemon.pipe_dir().to_string_lossy().into_owned();
+    assert_eq!(mps_calls(&root)[0], format!("start {mig} {pipe} {}", daemon.log_dir().display()));
+    assert_eq!(mps_calls(&root).last().unwrap(), &format!("{pipe} set_default_device_pinned_mem_limit {mig} 4096M"));
+    assert_eq!(smi_calls(&root), [format!("-i {parent} -c EXCLUSIVE_PROCESS")]);
+    node.unprepare(std::slice::from_ref(&claim));
+    assert_eq!(smi_calls(&root).last().unwrap(), &format!("-i {parent} -c DEFAULT"));
     assert_nothing_left(&node, &root);
 }
