@@ -186,3 +186,20 @@ async fn mps_and_time_slicing_do_not_mix_on_one_gpu() {
     let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
     assert!(err.contains("is MPS for ResourceClaim default/a and would be time-sliced"), "{err}");
 }
+
+#[tokio::test]
+async fn start_up_removes_daemon_directories_no_record_owns_and_those_from_before_a_reboot() {
+    let (h, _gpu, host) = harness();
+    h.source.put(with_mps(A, "a", 25));
+    let (p, _) = h.open();
+    p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    drop(p);
+    std::fs::create_dir_all(h.dir.path().join("state/mps").join(B).join("pipe")).unwrap();
+    take(&host.calls);
+    // After a reboot: no process is looked for (its pid may be another's
+    // now), only the directories go; the orphan is torn down too.
+    *host.running.lock().unwrap() = None;
+    let (_p, report) = h.open_boot("boot-2");
+    assert_eq!(report.other_boot, [A.to_owned()]);
+    assert_eq!(take(&host.calls), ["unmount", "rmdirs", "unmount", "rmdirs"]);
+}
