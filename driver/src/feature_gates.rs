@@ -60,20 +60,6 @@ impl FeatureGates {
         }
     }
 
-    /// Refuses gates this driver does not implement yet (`MPSSupport`),
-    /// and combinations that would not do what they say
-    /// ([`FeatureGates::check_dependencies`]), so that turning one on fails
-    /// at start rather than admitting claims nothing would honour.
-    pub fn check_implemented(self) -> Result<Self, String> {
-        self.check_dependencies()?;
-        for gate in [Gate::MpsSupport] {
-            if self.enabled(gate) {
-                return Err(format!("{} is not implemented by this driver yet; leave it off", gate.name()));
-            }
-        }
-        Ok(self)
-    }
-
     /// `ConsumableCapacity` needs `MPSSupport`: a share of a GPU is only
     /// held to its memory (and compute) by MPS client limits set at
     /// prepare. Publishing shares that nothing enforces would let one
@@ -150,7 +136,7 @@ mod tests {
     #[test]
     fn consumable_capacity_is_refused_without_mps() {
         let alone: FeatureGates = "ConsumableCapacity=true".parse().unwrap();
-        let err = alone.check_implemented().unwrap_err();
+        let err = alone.check_dependencies().unwrap_err();
         assert_eq!(
             err,
             "ConsumableCapacity needs MPSSupport: shares are enforced through MPS; turn both on, or neither"
@@ -158,6 +144,6 @@ mod tests {
         let both: FeatureGates = "ConsumableCapacity=true,MPSSupport=true".parse().unwrap();
         assert!(both.check_dependencies().is_ok());
         let time_slicing: FeatureGates = "TimeSlicingSettings=true".parse().unwrap();
-        assert!(time_slicing.check_implemented().is_ok());
+        assert!(time_slicing.check_dependencies().is_ok());
     }
 }

@@ -28,6 +28,26 @@ pub enum Command {
     /// Print the CDI spec the plugin would write when preparing these devices
     /// for a claim.
     PrintCdi(PrintCdiArgs),
+    /// Run an MPS control daemon with a claim's tmpfs as its /dev/shm (the
+    /// plugin runs this itself).
+    #[command(hide = true)]
+    MpsLaunch(crate::mps_launch::MpsLaunchArgs),
+    /// Launch MPS control daemons the plugin asks for (`run
+    /// --mps-supervisor`), so that they live in this process's container
+    /// and outlive the plugin's restarts. Runs until stopped.
+    MpsSupervisor(MpsSupervisorArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct MpsSupervisorArgs {
+    /// The plugin's --state-dir (shared with the plugin's container, at the
+    /// same path).
+    #[arg(long, env = "STATE_DIR", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The NVIDIA driver's installation, whose nvidia-cuda-mps-control runs
+    /// [default: /].
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", value_name = "DIR", default_value = "/")]
+    pub driver_root: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -122,11 +142,21 @@ pub struct RunArgs {
     #[arg(long, env = "CDI_DIR", default_value = "/var/run/cdi", value_name = "DIR")]
     pub cdi_dir: PathBuf,
     /// Feature gates, `A=true,B=false`: TimeSlicingSettings (claims may
-    /// time-slice whole GPUs), MPSSupport (not applied yet) and
-    /// ConsumableCapacity (whole GPUs published shareable by memory; needs
-    /// MPSSupport, which enforces the shares); all off by default, as NVIDIA's.
+    /// time-slice whole GPUs), MPSSupport (an MPS control daemon per
+    /// claim) and ConsumableCapacity (whole GPUs published shareable by
+    /// memory; needs MPSSupport, which enforces the shares); all off by
+    /// default, as NVIDIA's.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
+    /// Have MPS daemons launched by `gpu-kubelet-plugin mps-supervisor` (a
+    /// second container of the pod sharing its process namespace and
+    /// --state-dir), so that they outlive restarts of this container.
+    #[arg(long, env = "MPS_SUPERVISOR")]
+    pub mps_supervisor: bool,
+    /// How long prepare waits for a claim's MPS control daemon to answer
+    /// before failing the claim, in milliseconds.
+    #[arg(long, env = "MPS_READY_TIMEOUT_MS", default_value_t = 20_000, value_name = "MS")]
+    pub mps_ready_timeout_ms: u64,
     /// Where the checkpoint of prepared claims lives [default:
     /// <plugins-dir>/<driver-name>].
     #[arg(long, env = "STATE_DIR", value_name = "DIR")]
@@ -252,7 +282,7 @@ fn parse_known_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::Featur
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_implemented()
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_dependencies()
 }
 
 #[cfg(test)]

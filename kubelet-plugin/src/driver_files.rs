@@ -45,6 +45,43 @@ pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prep
     smi.map(crate::prepare::sharing::NvidiaSmi::new)
 }
 
+/// `nvidia-cuda-mps-control` of the driver root, run with the root's
+/// library directory on `LD_LIBRARY_PATH`; none on a fake inventory
+/// without an explicit --driver-root, or when the root has no MPS.
+/// Found whatever the gates: claims prepared with MPS before a restart
+/// with the gates off must still be torn down. `warn`: say so when
+/// missing (a gate wants it).
+pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
+    let root = match (&args.driver_root, &node.fake_inventory) {
+        (Some(root), _) => root.clone(),
+        (None, Some(_)) => return None,
+        (None, None) => "/".into(),
+    };
+    local_mps(root, warn)
+}
+
+/// `nvidia-cuda-mps-control` of the driver root at `root`, launched
+/// through this program's `mps-launch`.
+pub fn local_mps(root: std::path::PathBuf, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
+    let root = DriverRoot::new(root, None);
+    let Some(control) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
+        if warn {
+            tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
+        }
+        return None;
+    };
+    let library_dir = driver_root::local_library(&root, "libcuda.so.1")
+        .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
+    let host = crate::prepare::mps::host::LocalMps::new(control, library_dir);
+    match std::env::current_exe() {
+        Ok(program) => Some(host.with_launcher(program)),
+        Err(error) => {
+            tracing::warn!(%error, "cannot find this program to launch MPS daemons: claims asking for MPS will fail");
+            None
+        }
+    }
+}
+
 /// Discovers the driver's files for `inventory`'s driver version. A fake
 /// inventory without an explicit --driver-root has no driver: no edits.
 pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventory) -> Result<DriverEdits> {

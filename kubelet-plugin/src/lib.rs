@@ -15,6 +15,7 @@ pub mod instance_lock;
 pub mod inventory_watch;
 pub use gpu_dra_driver::service::kube_client;
 pub mod metrics;
+pub mod mps_launch;
 pub mod prepare;
 pub mod publisher;
 pub mod registration;

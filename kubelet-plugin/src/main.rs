@@ -19,6 +19,8 @@ fn main() -> ExitCode {
         Command::PrintSlices(args) => inspect::print_slices(args, &mut stdout.lock()),
         Command::PrintCdi(args) => inspect::print_cdi(args, &mut stdout.lock(), &mut stderr.lock()),
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
+        Command::MpsLaunch(args) => gpu_kubelet_plugin::mps_launch::exec(args),
+        Command::MpsSupervisor(args) => gpu_kubelet_plugin::mps_launch::supervise(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -152,6 +152,19 @@ fn open_preparer(
         gates: args.feature_gates,
         gpu_control: crate::driver_files::gpu_control(&args.driver_root, &args.node)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
+        mps_dir: args.state_dir().join("mps"),
+        mps_host: {
+            use gpu_dra_driver::feature_gates::Gate;
+            let wanted =
+                [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
+            crate::driver_files::mps_host(&args.driver_root, &args.node, wanted)
+                .map(|host| if args.mps_supervisor { host.supervised() } else { host })
+                .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
+        },
+        mps_timeouts: crate::prepare::mps::lifecycle::Timeouts {
+            ready: Duration::from_millis(args.mps_ready_timeout_ms),
+            ..Default::default()
+        },
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;

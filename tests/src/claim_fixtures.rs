@@ -18,6 +18,8 @@ pub struct Allocated {
     pub device: String,
     pub share_id: Option<String>,
     pub admin_access: bool,
+    /// `consumedCapacity` of a share: (name, quantity).
+    pub consumed_capacity: Vec<(String, String)>,
 }
 
 impl Allocated {
@@ -30,7 +32,15 @@ impl Allocated {
             device: device.into(),
             share_id: None,
             admin_access: false,
+            consumed_capacity: Vec::new(),
         }
+    }
+
+    /// A share `share_id` of the device that consumed `capacity`.
+    pub fn share(mut self, share_id: &str, capacity: &[(&str, &str)]) -> Self {
+        self.share_id = Some(share_id.into());
+        self.consumed_capacity = capacity.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        self
     }
 }
 
@@ -51,6 +61,12 @@ pub fn allocated_claim(
             device: r.device.clone(),
             share_id: r.share_id.clone(),
             admin_access: r.admin_access.then_some(true),
+            consumed_capacity: (!r.consumed_capacity.is_empty()).then(|| {
+                r.consumed_capacity
+                    .iter()
+                    .map(|(k, v)| (k.clone(), k8s_openapi::apimachinery::pkg::api::resource::Quantity(v.clone())))
+                    .collect()
+            }),
             ..Default::default()
         })
         .collect();

@@ -267,6 +267,7 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("extended-resource", json!({"deviceClasses": {"extendedResourceName": true}})),
             ("gpu-operator", json!({"nvidiaDriverRoot": "/run/nvidia/driver", "nvidiaCDIHookPath": "/usr/local/nvidia/toolkit/nvidia-cdi-hook"})),
             ("feature-gates", json!({"featureGates": {"TimeSlicingSettings": true}})),
+            ("mps", json!({"featureGates": {"MPSSupport": true, "ConsumableCapacity": true}})),
             ("service-monitor", json!({"metrics": {"serviceMonitor": {"enabled": true}}})),
             ("single-replica", json!({"controller": {"replicas": 1, "leaderElection": false}})),
             ("json-logs", json!({"logFormat": "json", "logLevel": "debug"})),
@@ -276,6 +277,7 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("bad-policy", json!({"webhook": {"failurePolicy": "fail"}})),
             ("secret-without-ca", json!({"webhook": {"tls": {"mode": "secret", "secret": {"name": "my-tls"}}}})),
             ("bad-driver-root", json!({"nvidiaDriverRoot": "run/nvidia/driver"})),
+            ("shares-without-mps", json!({"featureGates": {"ConsumableCapacity": true}})),
         ])
     })
 }
@@ -337,6 +339,9 @@ fn the_default_install() {
     let driver_root = mount(plugin, "driver-root").unwrap();
     assert_eq!((&driver_root["mountPropagation"], &driver_root["readOnly"]), (&json!("HostToContainer"), &json!(true)));
     assert_eq!(volume(daemonset, "host-dev").unwrap()["hostPath"]["path"], "/dev");
+    // MPS daemons' tmpfs under the state directory reach the host.
+    assert_eq!(mount(plugin, "plugins").unwrap()["mountPropagation"], "Bidirectional");
+    assert_eq!(daemonset["spec"]["template"]["spec"]["containers"].as_array().unwrap().len(), 1);
     let plugin_args = args(plugin);
     for arg in [
         "run",
@@ -461,6 +466,7 @@ fn each_option_changes_what_it_says() {
     assert!(!args(plugin).iter().any(|a| a.starts_with("--driver-root")));
     assert!(daemonset["spec"]["template"]["spec"]["affinity"].is_null());
     assert!(volume(daemonset, "driver-root").is_none() && volume(daemonset, "host-dev").is_none());
+    assert!(mount(plugin, "plugins").unwrap()["mountPropagation"].is_null(), "no privilege, no propagation");
     assert_eq!(plugin["securityContext"]["capabilities"]["drop"], json!(["ALL"]));
     assert!(plugin["securityContext"]["privileged"].is_null());
     let config_map = one(&objects, "ConfigMap", "fake-inventory");
@@ -491,6 +497,27 @@ fn each_option_changes_what_it_says() {
         let a = args(container(one(&objects, kind, name), c));
         assert!(a.contains(&"--feature-gates=TimeSlicingSettings=true".to_string()), "{c}: {a:?}");
     }
+
+    // MPS: the daemons run in a second container that outlives the
+    // plugin's restarts, sharing its processes and state directory.
+    let (objects, _) = rendered(all, "mps");
+    let daemonset = one(&objects, "DaemonSet", "kubelet-plugin");
+    assert_eq!(daemonset["spec"]["template"]["spec"]["shareProcessNamespace"], true);
+    assert!(args(container(daemonset, "plugin")).contains(&"--mps-supervisor".to_string()));
+    let supervisor = container(daemonset, "mps-supervisor");
+    assert_eq!(
+        args(supervisor),
+        [
+            "mps-supervisor",
+            "--state-dir=/var/lib/kubelet/plugins/gpu.nvidia.com",
+            "--driver-root=/driver-root",
+            "--log-format=text",
+            "--log-level=info"
+        ]
+    );
+    assert_eq!(mount(supervisor, "plugins").unwrap()["mountPropagation"], "Bidirectional");
+    assert_eq!(mount(supervisor, "driver-root").unwrap()["readOnly"], true);
+    assert_eq!(supervisor["resources"]["limits"]["memory"], "1Gi");
 
     let (objects, _) = rendered(all, "service-monitor");
     assert_eq!(kinds(&objects)["ServiceMonitor"], 2);
@@ -525,6 +552,7 @@ fn bad_values_are_refused_naming_the_value() {
         ("bad-policy", "/webhook/failurePolicy"),
         ("secret-without-ca", "webhook.tls.secret.caBundle"),
         ("bad-driver-root", "/nvidiaDriverRoot"),
+        ("shares-without-mps", "featureGates.ConsumableCapacity needs featureGates.MPSSupport"),
     ] {
         match &outcomes()[case] {
             Outcome::Refused(error) => assert!(error.contains(expected), "{case}: {error}"),

@@ -103,7 +103,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_implemented()
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_dependencies()
 }
 
 /// An address to listen on, or `off`.

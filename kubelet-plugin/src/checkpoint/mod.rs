@@ -57,6 +57,65 @@ pub struct TimeSlice {
     pub interval: u8,
 }
 
+/// One claim's MPS control daemon: where it lives, what it serves, the
+/// limits it enforces, and (once started) which process it is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MpsDaemon {
+    /// `<state-dir>/mps/<claimUID>`: holds `pipe/`, `log/` and `shm/` (a
+    /// tmpfs), all created by prepare and removed by unprepare.
+    pub root: PathBuf,
+    /// The claim's devices (names) whose containers talk to the daemon.
+    pub devices: Vec<String>,
+    /// `CUDA_VISIBLE_DEVICES`: the GPU or MIG UUIDs the daemon serves.
+    pub visible: Vec<String>,
+    /// Whole GPUs set to `EXCLUSIVE_PROCESS` for the daemon (a MIG
+    /// device's parent).
+    pub gpus: Vec<String>,
+    /// `set_default_active_thread_percentage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_thread_percentage: Option<u8>,
+    /// `set_default_device_pinned_mem_limit <uuid> <mib>M`, per device.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned_limits: Vec<PinnedLimit>,
+    /// The daemon process, once it answered; `None` before (start-up then
+    /// finds it through the pid file in the pipe directory).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub process: Option<DaemonProcess>,
+}
+
+/// A pinned device memory limit for one device of an MPS daemon.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PinnedLimit {
+    pub uuid: String,
+    pub mib: u64,
+}
+
+/// A process as identified across restarts of the plugin: its pid and its
+/// start time (field 22 of `/proc/<pid>/stat`), so that a recycled pid is
+/// never mistaken for the daemon.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonProcess {
+    pub pid: i32,
+    pub start_time: u64,
+}
+
+impl MpsDaemon {
+    pub fn pipe_dir(&self) -> PathBuf {
+        self.root.join("pipe")
+    }
+
+    pub fn log_dir(&self) -> PathBuf {
+        self.root.join("log")
+    }
+
+    pub fn shm_dir(&self) -> PathBuf {
+        self.root.join("shm")
+    }
+}
+
 impl CheckpointDevice {
     /// Whether no other claim may hold this device at the same time.
     pub fn is_exclusive(&self) -> bool {
@@ -90,6 +149,11 @@ pub struct ClaimRecord {
     pub cdi_spec_file: Option<String>,
     #[serde(default)]
     pub devices: Vec<CheckpointDevice>,
+    /// The claim's MPS control daemon, recorded (with everything it is
+    /// made of) before any of it is created, so start-up can undo it or
+    /// start it again whatever the crash interrupted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mps: Option<MpsDaemon>,
 }
 
 impl ClaimRecord {
@@ -256,6 +320,7 @@ pub(crate) mod test_support {
                     time_slice: None,
                 })
                 .collect(),
+            mps: None,
         }
     }
 }

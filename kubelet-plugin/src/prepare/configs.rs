@@ -51,6 +51,7 @@ mod tests {
             is_mig,
             admin_access: false,
             share_id: None,
+            consumed_capacity: Default::default(),
         }
     }
 

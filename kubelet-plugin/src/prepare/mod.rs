@@ -7,7 +7,9 @@
 //! 1. a completed record answers at once (idempotent repeat);
 //! 2. read the claim, check UID, allocation, pool, inventory, configs;
 //!    refuse a device another claim holds exclusively;
-//! 3. record `PrepareStarted` with the devices and the spec file name;
+//! 3. record `PrepareStarted` with the devices and the spec file name (and
+//!    what sharing will change: time-slices, the MPS daemon), then make
+//!    those changes;
 //! 4. write the CDI spec (atomic);
 //! 5. record `PrepareCompleted`; answer.
 //!
@@ -20,6 +22,7 @@
 pub mod configs;
 mod files;
 pub mod locks;
+pub mod mps;
 pub mod plan;
 pub mod reconcile;
 pub mod sharing;
@@ -69,6 +72,12 @@ pub struct PreparerConfig {
     /// Sets GPUs' time-slices (`nvidia-smi` from the driver root); `None`
     /// when there is no driver root, and time-slicing is refused.
     pub gpu_control: Option<Arc<dyn sharing::GpuControl>>,
+    /// Where claims' MPS daemons live: `<state-dir>/mps/<claimUID>`.
+    pub mps_dir: PathBuf,
+    /// Runs `nvidia-cuda-mps-control` from the driver root; `None` when
+    /// there is none, and MPS is refused.
+    pub mps_host: Option<Arc<dyn mps::host::MpsHost>>,
+    pub mps_timeouts: mps::lifecycle::Timeouts,
 }
 
 /// Why the preparer could not start.
@@ -200,22 +209,37 @@ impl<S: ClaimSource> Preparer<S> {
         let resolved = configs::resolve(&self.config.driver, &resource_claim, &planned, &self.config.gates)
             .map_err(kind(ErrorKind::Config))?;
         let slices = sharing::time_slices(&planned, &resolved, &inventory).map_err(kind(ErrorKind::Config))?;
+        let daemon =
+            mps::plan_daemon(&claim.uid, &planned, &resolved, &inventory, &self.config.gates, &self.config.mps_dir)
+                .map_err(kind(ErrorKind::Config))?;
         if planned.is_empty() {
             return Ok(Vec::new());
         }
-        let _device_locks = self.locks.lock(planned.iter().map(|d| device_key(d.device.as_str())).collect()).await;
+        // An MPS daemon's GPUs are locked too: MIG devices of one GPU are
+        // different devices, but share its compute mode.
+        let keys = planned.iter().map(|d| device_key(d.device.as_str())).chain(daemon.iter().flat_map(gpu_keys));
+        let _device_locks = self.locks.lock(keys.collect()).await;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
         let time_sliced = slices.iter().any(Option::is_some);
-        if time_sliced {
+        if time_sliced || daemon.is_some() {
+            let refuse = |message: &str| Failure { kind: ErrorKind::Config, message: message.to_owned() };
             if self.config.gpu_control.is_none() {
-                return Err(Failure {
-                    kind: ErrorKind::Config,
-                    message: "time-slicing needs nvidia-smi from the NVIDIA driver: run the plugin with --driver-root"
-                        .to_owned(),
-                });
+                return Err(refuse(
+                    "GPU sharing (time-slicing, MPS) needs nvidia-smi from the NVIDIA driver: run the plugin with \
+                     --driver-root",
+                ));
+            }
+            if daemon.is_some() && self.config.mps_host.is_none() {
+                return Err(refuse(
+                    "MPS needs nvidia-cuda-mps-control from the NVIDIA driver, and there is none in the driver root: \
+                     run the plugin with --driver-root pointing at a full driver installation",
+                ));
             }
             let records = self.records();
             sharing::check_agreement(&uid, &claim.namespace, &claim.name, &slices, records.values())
+                .map_err(kind(ErrorKind::Config))?;
+            let sliced: Vec<String> = slices.iter().flatten().map(|s| s.gpu_uuid.clone()).collect();
+            mps::check_compatible(&uid, &claim.namespace, &claim.name, daemon.as_ref(), &sliced, records.values())
                 .map_err(kind(ErrorKind::Config))?;
         }
         if let Some(stale) = self.record(&uid) {
@@ -224,9 +248,12 @@ impl<S: ClaimSource> Preparer<S> {
         }
         let names: Vec<_> = planned.iter().map(|d| d.device.clone()).collect();
         let edits = self.config.driver_edits.get();
-        let spec = cdi::claim_spec(&self.config.driver, &inventory, &edits, &claim.uid, &names)
+        let mut spec = cdi::claim_spec(&self.config.driver, &inventory, &edits, &claim.uid, &names)
             .map_err(|e| format!("building the CDI spec: {e}"))
             .map_err(kind(ErrorKind::Cdi))?;
+        if let Some(daemon) = &daemon {
+            mps::add_edits(&mut spec.spec, daemon, &uid);
+        }
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
         if let Some(dev_root) = &self.config.dev_root {
             let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
@@ -236,8 +263,9 @@ impl<S: ClaimSource> Preparer<S> {
         for (device, slice) in record.devices.iter_mut().zip(slices) {
             device.time_slice = slice;
         }
-        if time_sliced {
-            return self.prepare_time_sliced(&claim, record, bytes).await;
+        record.mps = daemon;
+        if time_sliced || record.mps.is_some() {
+            return self.prepare_shared(&claim, record, bytes).await;
         }
         let files = self.files.clone();
         let uid_for_files = claim.uid.clone();
@@ -260,10 +288,11 @@ impl<S: ClaimSource> Preparer<S> {
         }
     }
 
-    /// The prepare of a claim that time-slices GPUs: record the intent,
-    /// set the GPUs, then write the spec and complete; any failure after
-    /// the record rolls back, resetting what no other claim needs.
-    async fn prepare_time_sliced(
+    /// The prepare of a claim that shares GPUs: record the intent, set the
+    /// time-slices and bring up the MPS daemon, then write the spec and
+    /// complete; any failure after the record rolls back, resetting what
+    /// no other claim needs.
+    async fn prepare_shared(
         &self,
         claim: &ValidClaim,
         record: ClaimRecord,
@@ -278,18 +307,34 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(kind(ErrorKind::Checkpoint))?;
         self.records().insert(uid.clone(), record.clone());
         let control = self.config.gpu_control.clone();
+        let host = self.config.mps_host.clone();
+        let timeouts = self.config.mps_timeouts;
         let to_set: Vec<TimeSlice> = record.devices.iter().filter_map(|d| d.time_slice.clone()).collect();
-        let applied = blocking(move || -> Result<(), String> {
-            let Some(control) = control else { return Ok(()) };
+        let (files, owned_uid, mut started) = (self.files.clone(), claim.uid.clone(), record.clone());
+        let applied = blocking(move || -> Result<ClaimRecord, (ErrorKind, String)> {
+            let Some(control) = control else { return Ok(started) };
             for slice in &to_set {
-                control.set_time_slice(&slice.gpu_uuid, slice.interval)?;
+                control
+                    .set_time_slice(&slice.gpu_uuid, slice.interval)
+                    .map_err(|e| (ErrorKind::Prepare, format!("setting the GPU time-slice: {e}")))?;
             }
-            Ok(())
+            if let (Some(mut daemon), Some(host)) = (started.mps.clone(), host) {
+                let mut progress = started.clone();
+                let mut save = |d: &crate::checkpoint::MpsDaemon| {
+                    progress.mps = Some(d.clone());
+                    files.record_started(&owned_uid, &progress)
+                };
+                mps::lifecycle::bring_up(&*host, &*control, &mut daemon, timeouts, &mut save)
+                    .map_err(|e| (ErrorKind::Prepare, format!("MPS: {e}")))?;
+                started.mps = Some(daemon);
+            }
+            Ok(started)
         })
         .await
+        .map_err(|e| (ErrorKind::Prepare, e))
         .and_then(|r| r);
         let completed = match applied {
-            Ok(()) => {
+            Ok(record) => {
                 let files = self.files.clone();
                 let owned_uid = claim.uid.clone();
                 blocking(move || files.complete(&owned_uid, record, &spec))
@@ -297,13 +342,13 @@ impl<S: ClaimSource> Preparer<S> {
                     .map_err(|e| (ErrorKind::Checkpoint, e))
                     .and_then(|r| r)
             }
-            Err(error) => Err((ErrorKind::Prepare, format!("setting the GPU time-slice: {error}"))),
+            Err(failure) => Err(failure),
         };
         match completed {
             Ok(record) => {
                 let devices = record.prepared_devices();
                 self.records().insert(uid, record);
-                tracing::info!(claim = %claim, devices = devices.len(), "prepared (time-sliced)");
+                tracing::info!(claim = %claim, devices = devices.len(), "prepared (shared)");
                 Ok(devices)
             }
             Err((kind, message)) => {
@@ -323,7 +368,8 @@ impl<S: ClaimSource> Preparer<S> {
         let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
         match self.record(&uid) {
             Some(record) => {
-                let keys = record.devices.iter().map(|d| device_key(&d.device_name)).collect();
+                let keys = record.devices.iter().map(|d| device_key(&d.device_name));
+                let keys = keys.chain(record.mps.iter().flat_map(gpu_keys)).collect();
                 let _device_locks = self.locks.lock(keys).await;
                 self.roll_back(&claim.uid, record).await.map_err(kind(ErrorKind::Cdi))?;
                 tracing::info!(claim = %claim, "unprepared");
@@ -397,6 +443,7 @@ impl<S: ClaimSource> Preparer<S> {
                     time_slice: None,
                 })
                 .collect(),
+            mps: None,
         }
     }
 
@@ -405,11 +452,29 @@ impl<S: ClaimSource> Preparer<S> {
     /// forgets it. The reset comes first: if it fails the record stays, and
     /// the next attempt or start-up retries.
     async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
-        let reset = sharing::to_reset(&record, self.records().values().cloned().collect::<Vec<_>>().iter());
+        let all: Vec<ClaimRecord> = self.records().values().cloned().collect();
+        let reset = sharing::to_reset(&record, all.iter());
         if !reset.is_empty()
             && let Some(control) = self.config.gpu_control.clone()
         {
             blocking(move || reset.iter().try_for_each(|gpu| control.reset_time_slice(gpu))).await??;
+        }
+        if let Some(daemon) = record.mps.clone() {
+            let host = self.config.mps_host.clone().ok_or_else(|| {
+                format!(
+                    "the claim's MPS daemon in {} cannot be stopped: no nvidia-cuda-mps-control in the driver root",
+                    daemon.root.display()
+                )
+            })?;
+            let control = self.config.gpu_control.clone();
+            let to_default = mps::gpus_to_reset(&record, all.iter());
+            let timeouts = self.config.mps_timeouts;
+            blocking(move || -> Result<(), String> {
+                mps::lifecycle::tear_down(&*host, &daemon, timeouts).map_err(|e| format!("MPS: {e}"))?;
+                let Some(control) = control else { return Ok(()) };
+                to_default.iter().try_for_each(|gpu| control.set_compute_mode(gpu, sharing::ComputeMode::Default))
+            })
+            .await??;
         }
         let name = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&self.config.driver, uid));
         let (files, owned_uid) = (self.files.clone(), uid.clone());
@@ -444,6 +509,10 @@ fn device_key(device: &str) -> String {
     format!("device:{device}")
 }
 
+fn gpu_keys(daemon: &crate::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
+    daemon.gpus.iter().map(|gpu| format!("gpu:{gpu}"))
+}
+
 /// Runs file work off the async workers (fsync blocks for milliseconds).
 async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
     tokio::task::spawn_blocking(work).await.map_err(|e| format!("internal error: file task failed: {e}"))
@@ -453,3 +522,5 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_mps;

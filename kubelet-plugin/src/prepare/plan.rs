@@ -1,6 +1,8 @@
 //! What to prepare for a claim, decided from the ResourceClaim alone: pure,
 //! so every refusal is tested without files or servers.
 
+use std::collections::BTreeMap;
+
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::{DeviceName, DriverName, NodeName};
 use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
@@ -17,6 +19,9 @@ pub struct PlannedDevice {
     pub is_mig: bool,
     pub admin_access: bool,
     pub share_id: Option<String>,
+    /// `consumedCapacity` of a share (name → quantity text): what the
+    /// scheduler counted against the device, enforced through MPS.
+    pub consumed_capacity: BTreeMap<String, String>,
 }
 
 impl PlannedDevice {
@@ -107,6 +112,12 @@ fn planned(
         is_mig: matches!(published, PublishedDevice::Mig { .. }),
         admin_access: result.admin_access.unwrap_or(false),
         share_id: result.share_id.clone(),
+        consumed_capacity: result
+            .consumed_capacity
+            .iter()
+            .flatten()
+            .map(|(name, quantity)| (name.clone(), quantity.0.clone()))
+            .collect(),
     })
 }
 

@@ -64,6 +64,7 @@ pub(super) fn reconcile(
     }
     let mut records = Records::new();
     let mut interrupted: Vec<ClaimRecord> = Vec::new();
+    let mut from_other_boot: Vec<ClaimRecord> = Vec::new();
     for record in loaded.records {
         let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
         let spec_file = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&config.driver, &uid));
@@ -72,7 +73,8 @@ pub(super) fn reconcile(
             checkpoint.remove(&uid)?;
             if record.boot_id != config.boot_id {
                 // A reboot reset the GPUs too.
-                report.other_boot.push(record.uid);
+                report.other_boot.push(record.uid.clone());
+                from_other_boot.push(record);
             } else {
                 report.rolled_back.push(record.uid.clone());
                 interrupted.push(record);
@@ -88,7 +90,108 @@ pub(super) fn reconcile(
     }
     report.temp_files += sweep_cdi_dir(config, &owners, &mut report.orphans)?;
     settle_time_slices(config, &interrupted, &records);
+    settle_mps(config, checkpoint, &interrupted, &from_other_boot, &mut records, &owners);
     Ok((records, report))
+}
+
+/// MPS daemons after a restart: an interrupted prepare's is torn down
+/// (and its GPUs set back to `DEFAULT` unless a kept claim's daemon uses
+/// them); a kept claim's is left running if it answers, else started again
+/// with the same limits; a daemon directory no record owns is torn down;
+/// before a reboot's, only the directories are left. Failures are logged:
+/// unprepare tears down again.
+fn settle_mps(
+    config: &PreparerConfig,
+    checkpoint: &CheckpointDir,
+    interrupted: &[ClaimRecord],
+    other_boot: &[ClaimRecord],
+    kept: &mut Records,
+    owners: &HashSet<String>,
+) {
+    use super::mps::lifecycle;
+    use super::sharing::ComputeMode;
+    let Some(host) = config.mps_host.as_deref() else {
+        if interrupted.iter().chain(other_boot.iter()).chain(kept.values()).any(|r| r.mps.is_some()) {
+            tracing::error!(
+                "claims have MPS daemons but there is no nvidia-cuda-mps-control: they are left as they are"
+            );
+        }
+        return;
+    };
+    for daemon in other_boot.iter().filter_map(|r| r.mps.as_ref()) {
+        if let Err(error) = lifecycle::remove_leftovers(host, daemon) {
+            tracing::error!(dir = %daemon.root.display(), %error, "removing an MPS daemon's directories from before the reboot failed");
+        }
+    }
+    for record in interrupted {
+        let Some(daemon) = &record.mps else { continue };
+        if let Err(error) = lifecycle::tear_down(host, daemon, config.mps_timeouts) {
+            tracing::error!(claim_uid = %record.uid, %error, "tearing down the MPS daemon of an interrupted prepare failed");
+        }
+        if let Some(control) = &config.gpu_control {
+            for gpu in super::mps::gpus_to_reset(record, kept.values()) {
+                if let Err(error) = control.set_compute_mode(&gpu, ComputeMode::Default) {
+                    tracing::error!(%gpu, %error, "resetting the compute mode an interrupted prepare set failed");
+                }
+            }
+        }
+    }
+    sweep_mps_dir(config, host, kept, owners);
+    let Some(control) = config.gpu_control.as_deref() else { return };
+    for record in kept.values_mut() {
+        let Some(mut daemon) = record.mps.clone() else { continue };
+        if lifecycle::is_healthy(host, &daemon) {
+            tracing::info!(claim_uid = %record.uid, "the MPS daemon of a prepared claim is still running; kept");
+            continue;
+        }
+        tracing::warn!(claim_uid = %record.uid, "the MPS daemon of a prepared claim is gone; starting it again");
+        let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
+        let mut progress = record.clone();
+        let mut save = |d: &crate::checkpoint::MpsDaemon| {
+            progress.mps = Some(d.clone());
+            checkpoint.write(&uid, &progress).map_err(|e| e.to_string())
+        };
+        let restarted = lifecycle::tear_down(host, &daemon, config.mps_timeouts)
+            .and_then(|()| lifecycle::bring_up(host, control, &mut daemon, config.mps_timeouts, &mut save));
+        match restarted {
+            Ok(()) => record.mps = Some(daemon),
+            Err(error) => {
+                tracing::error!(claim_uid = %record.uid, %error, "starting a prepared claim's MPS daemon again failed")
+            }
+        }
+    }
+}
+
+/// Tears down daemon directories under `<state-dir>/mps` that no record
+/// owns (a damaged record's are kept: its claim may be in use).
+fn sweep_mps_dir(
+    config: &PreparerConfig,
+    host: &dyn super::mps::host::MpsHost,
+    kept: &Records,
+    owners: &HashSet<String>,
+) {
+    let Ok(entries) = fs::read_dir(&config.mps_dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if kept.contains_key(&name) || owners.contains(&name) {
+            continue;
+        }
+        let orphan = crate::checkpoint::MpsDaemon {
+            root: entry.path(),
+            devices: Vec::new(),
+            visible: Vec::new(),
+            gpus: Vec::new(),
+            active_thread_percentage: None,
+            pinned_limits: Vec::new(),
+            process: None,
+        };
+        match super::mps::lifecycle::tear_down(host, &orphan, config.mps_timeouts) {
+            Ok(()) => tracing::warn!(dir = %orphan.root.display(), "removed an MPS daemon directory no claim owns"),
+            Err(error) => {
+                tracing::error!(dir = %orphan.root.display(), %error, "removing an orphaned MPS daemon failed")
+            }
+        }
+    }
 }
 
 /// GPU time-slices after a restart: an interrupted prepare may have set
@@ -130,6 +233,12 @@ fn rewrite_spec(
         .and_then(|names| {
             cdi::claim_spec(&config.driver, inventory, &config.driver_edits.get(), uid, &names)
                 .map_err(|e| e.to_string())
+        })
+        .map(|mut spec| {
+            if let Some(daemon) = &record.mps {
+                super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
+            }
+            spec
         })
         .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))
         .and_then(|bytes| durable::write(&config.cdi_dir, spec_file, &bytes, CDI_FILE_MODE).map_err(|e| e.to_string()));

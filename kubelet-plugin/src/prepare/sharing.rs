@@ -24,6 +24,25 @@ pub trait GpuControl: Send + Sync + fmt::Debug {
     fn reset_time_slice(&self, gpu_uuid: &str) -> Result<(), String> {
         self.set_time_slice(gpu_uuid, 0)
     }
+    /// `nvidia-smi -i <uuid> -c <mode>`: `EXCLUSIVE_PROCESS` for an MPS
+    /// daemon (only it talks to the GPU), `DEFAULT` again afterwards.
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String>;
+}
+
+/// The compute modes the plugin sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+}
+
+impl ComputeMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Default => "DEFAULT",
+            Self::ExclusiveProcess => "EXCLUSIVE_PROCESS",
+        }
+    }
 }
 
 /// `nvidia-smi` from the driver root.
@@ -61,6 +80,10 @@ impl GpuControl for NvidiaSmi {
     fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
         self.run(&["-i", gpu_uuid, "-c", "DEFAULT"])?;
         self.run(&["compute-policy", "-i", gpu_uuid, "--set-timeslice", &interval.to_string()])
+    }
+
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+        self.run(&["-i", gpu_uuid, "-c", mode.as_str()])
     }
 }
 
@@ -143,9 +166,10 @@ pub fn to_reset<'a>(record: &ClaimRecord, others: impl Iterator<Item = &'a Claim
 pub(crate) mod test_support {
     use std::sync::Mutex;
 
-    use super::GpuControl;
+    use super::{ComputeMode, GpuControl};
 
-    /// Records every call, as `set <uuid> <interval>`.
+    /// Records every call, as `set <uuid> <interval>` or `mode <uuid>
+    /// <MODE>`.
     #[derive(Debug, Default)]
     pub struct Recorder {
         pub calls: Mutex<Vec<String>>,
@@ -154,6 +178,11 @@ pub(crate) mod test_support {
     impl GpuControl for Recorder {
         fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
             self.calls.lock().unwrap().push(format!("set {gpu_uuid} {interval}"));
+            Ok(())
+        }
+
+        fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+            self.calls.lock().unwrap().push(format!("mode {gpu_uuid} {}", mode.as_str()));
             Ok(())
         }
     }

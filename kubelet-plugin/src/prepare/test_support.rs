@@ -129,6 +129,7 @@ pub struct Harness {
     /// Gates and GPU control for the preparers it opens.
     pub gates: gpu_dra_driver::feature_gates::FeatureGates,
     pub gpu: Option<Arc<crate::prepare::sharing::test_support::Recorder>>,
+    pub mps: Option<Arc<crate::prepare::mps::lifecycle::test_support::FakeHost>>,
 }
 
 impl Harness {
@@ -140,6 +141,7 @@ impl Harness {
             inventory,
             gates: Default::default(),
             gpu: None,
+            mps: None,
         }
     }
 
@@ -154,6 +156,12 @@ impl Harness {
             gates: self.gates,
             gpu_control: self.gpu.clone().map(|r| r as Arc<dyn crate::prepare::sharing::GpuControl>),
             dev_root: None,
+            mps_dir: self.dir.path().join("state/mps"),
+            mps_host: self.mps.clone().map(|h| h as Arc<dyn crate::prepare::mps::host::MpsHost>),
+            mps_timeouts: crate::prepare::mps::lifecycle::Timeouts {
+                ready: std::time::Duration::from_millis(300),
+                exit: std::time::Duration::from_millis(300),
+            },
         }
     }
 

@@ -1,0 +1,402 @@
+//! What an MPS daemon is made of on the node: directories, a tmpfs, the
+//! `nvidia-cuda-mps-control` daemon and its client. Behind a trait so the
+//! preparer's ordering and crash recovery are tested with a recorder; the
+//! real thing is [`LocalMps`], exercised by the integration tests with a
+//! fake `nvidia-cuda-mps-control`.
+
+use std::fmt;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::checkpoint::{DaemonProcess, MpsDaemon};
+
+/// The pid file `nvidia-cuda-mps-control -d` writes in its pipe directory.
+pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+
+/// The node side of an MPS daemon. Every method is idempotent: start-up
+/// replays them after a crash at any point.
+pub trait MpsHost: Send + Sync + fmt::Debug {
+    /// Creates the root, `pipe/`, `log/` and `shm/` directories.
+    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    /// Mounts a tmpfs on `shm/` unless one is there.
+    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    /// Runs `nvidia-cuda-mps-control -d` (which daemonizes) and waits for
+    /// the launcher to return.
+    fn start(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    /// Sends one command line to the daemon through its client; its answer.
+    fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String, String>;
+    /// The daemon process named by the pid file, if it runs.
+    fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess>;
+    /// Every running process started for the daemon's pipe directory (the
+    /// daemon, a launcher or client a dead plugin left behind), found by
+    /// its environment rather than by the pid file.
+    fn strays(&self, daemon: &MpsDaemon) -> Vec<DaemonProcess>;
+    /// Whether `process` still runs (same pid and start time, not a zombie).
+    fn is_running(&self, process: &DaemonProcess) -> bool;
+    /// SIGKILL, if `process` still runs.
+    fn kill(&self, process: &DaemonProcess);
+    /// Unmounts `shm/` if mounted.
+    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    /// Removes the root directory and everything under it.
+    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String>;
+}
+
+/// The driver root's `nvidia-cuda-mps-control`, run on this node.
+#[derive(Debug, Clone)]
+pub struct LocalMps {
+    control: PathBuf,
+    /// Where the driver's libraries are (its `libcuda.so.1`), for
+    /// `LD_LIBRARY_PATH`: the binary runs from the driver root without a
+    /// chroot.
+    library_dir: Option<PathBuf>,
+    /// Bound on one client call and on the launcher.
+    command_timeout: Duration,
+    /// This program, to start the daemon through `mps-launch` (its own
+    /// mount namespace with the claim's tmpfs on `/dev/shm`); `None`: run
+    /// the daemon directly (it then shares the plugin's `/dev/shm`).
+    launcher: Option<PathBuf>,
+    /// Ask `mps-supervisor` to launch daemons (waiting this long for it)
+    /// instead of launching them from this process.
+    supervised: Option<Duration>,
+}
+
+impl LocalMps {
+    pub fn new(control: PathBuf, library_dir: Option<PathBuf>) -> Self {
+        Self { control, library_dir, command_timeout: Duration::from_secs(10), launcher: None, supervised: None }
+    }
+
+    /// Has daemons launched by the pod's `mps-supervisor` (see
+    /// [`super::supervisor`]).
+    pub fn supervised(mut self) -> Self {
+        self.supervised = Some(self.command_timeout * 3);
+        self
+    }
+
+    /// Starts daemons through `<program> mps-launch`.
+    pub fn with_launcher(mut self, program: PathBuf) -> Self {
+        self.launcher = Some(program);
+        self
+    }
+
+    fn command(&self, daemon: &MpsDaemon) -> Command {
+        let mut command = Command::new(&self.control);
+        self.with_env(&mut command, daemon);
+        command
+    }
+
+    fn with_env(&self, command: &mut Command, daemon: &MpsDaemon) {
+        command.env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).env("CUDA_MPS_LOG_DIRECTORY", daemon.log_dir());
+        if let Some(dir) = &self.library_dir {
+            command.env("LD_LIBRARY_PATH", dir);
+        }
+    }
+
+    fn wait(&self, child: &mut Child, what: &str) -> Result<std::process::ExitStatus, String> {
+        let deadline = Instant::now() + self.command_timeout;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Ok(status),
+                Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(format!("{what} did not return within {:?}", self.command_timeout));
+                }
+                Err(e) => return Err(format!("waiting for {what}: {e}")),
+            }
+        }
+    }
+}
+
+impl MpsHost for LocalMps {
+    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        for dir in [daemon.root.clone(), daemon.pipe_dir(), daemon.log_dir(), daemon.shm_dir()] {
+            fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&dir)
+                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        }
+        Ok(())
+    }
+
+    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        let shm = daemon.shm_dir();
+        if is_mounted(&shm)? {
+            return Ok(());
+        }
+        use rustix::mount::{MountFlags, mount};
+        // Half the node's memory, as NVIDIA sizes it; pages are used only
+        // when written.
+        let data = c"size=50%,mode=1777";
+        mount("shm", &shm, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, data).map_err(|e| {
+            let hint = if e == rustix::io::Errno::PERM {
+                " (mounting needs CAP_SYS_ADMIN: run the plugin privileged)"
+            } else {
+                ""
+            };
+            format!("mounting a tmpfs on {} for the MPS daemon's /dev/shm: {e}{hint}", shm.display())
+        })
+    }
+
+    fn start(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        if let Some(within) = self.supervised {
+            return super::supervisor::request_launch(daemon, within);
+        }
+        let launcher_log = daemon.log_dir().join("launcher.log");
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&launcher_log)
+            .map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
+        let err = log.try_clone().map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
+        let mut command = match &self.launcher {
+            Some(program) => {
+                let mut command = Command::new(program);
+                command
+                    .arg("mps-launch")
+                    .arg("--shm")
+                    .arg(daemon.shm_dir())
+                    .arg("--mps-dir")
+                    .arg(daemon.root.parent().unwrap_or(&daemon.root))
+                    .arg("--")
+                    .arg(&self.control);
+                self.with_env(&mut command, daemon);
+                command
+            }
+            None => self.command(daemon),
+        };
+        // Its own process group: a signal to the plugin's group does not
+        // reach the daemon, which must outlive the plugin.
+        command
+            .arg("-d")
+            .env("CUDA_VISIBLE_DEVICES", daemon.visible.join(","))
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(err)
+            .process_group(0);
+        let mut child = command.spawn().map_err(|e| format!("running {} -d: {e}", self.control.display()))?;
+        let status = self.wait(&mut child, &format!("{} -d", self.control.display()))?;
+        if status.success() {
+            return Ok(());
+        }
+        let said = fs::read_to_string(&launcher_log).unwrap_or_default();
+        Err(format!("{} -d failed ({status}): {}", self.control.display(), last_lines(&said)))
+    }
+
+    fn control(&self, daemon: &MpsDaemon, line: &str) -> Result<String, String> {
+        let what = format!("echo {line} | {}", self.control.display());
+        let mut child = self
+            .command(daemon)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("{what}: {e}"))?;
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin.write_all(format!("{line}\n").as_bytes()).map_err(|e| format!("{what}: writing: {e}"))?;
+        }
+        let status = self.wait(&mut child, &what)?;
+        let mut out = String::new();
+        let mut complaint = String::new();
+        if let Some(mut stdout) = child.stdout.take() {
+            let _ = stdout.read_to_string(&mut out);
+        }
+        if let Some(mut stderr) = child.stderr.take() {
+            let _ = stderr.read_to_string(&mut complaint);
+        }
+        if status.success() {
+            Ok(out.trim().to_owned())
+        } else {
+            Err(format!("{what} failed ({status}): {}", format!("{out} {complaint}").trim()))
+        }
+    }
+
+    fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess> {
+        let text = fs::read_to_string(daemon.pipe_dir().join(PID_FILE)).ok()?;
+        let pid: i32 = text.trim().parse().ok()?;
+        // The pid file may outlive its daemon and the pid be reused: only a
+        // process started for this pipe directory is ours.
+        started_for(pid, &daemon.pipe_dir())
+    }
+
+    fn strays(&self, daemon: &MpsDaemon) -> Vec<DaemonProcess> {
+        let me = std::process::id();
+        let Ok(entries) = fs::read_dir("/proc") else { return Vec::new() };
+        entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()))
+            .filter(|pid| u32::try_from(*pid).ok() != Some(me))
+            .filter_map(|pid| started_for(pid, &daemon.pipe_dir()))
+            .collect()
+    }
+
+    fn is_running(&self, process: &DaemonProcess) -> bool {
+        read_stat(process.pid).is_some_and(|s| s.state != 'Z' && s.start_time == process.start_time)
+    }
+
+    fn kill(&self, process: &DaemonProcess) {
+        if !self.is_running(process) {
+            return;
+        }
+        if let Some(pid) = rustix::process::Pid::from_raw(process.pid) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+
+    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        let shm = daemon.shm_dir();
+        if !is_mounted(&shm)? {
+            return Ok(());
+        }
+        use rustix::mount::{UnmountFlags, unmount};
+        match unmount(&shm, UnmountFlags::empty()) {
+            // A container that still has it open keeps it until it exits.
+            Err(rustix::io::Errno::BUSY) => unmount(&shm, UnmountFlags::DETACH),
+            other => other,
+        }
+        .map_err(|e| format!("unmounting {}: {e}", shm.display()))
+    }
+
+    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        if is_mounted(&daemon.shm_dir())? {
+            return Err(format!(
+                "{} is still mounted; not removing {}",
+                daemon.shm_dir().display(),
+                daemon.root.display()
+            ));
+        }
+        match fs::remove_dir_all(&daemon.root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(format!("removing {}: {e}", daemon.root.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `pid`, if it runs and was started with `CUDA_MPS_PIPE_DIRECTORY=pipe`.
+fn started_for(pid: i32, pipe: &Path) -> Option<DaemonProcess> {
+    let stat = read_stat(pid)?;
+    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let ours = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
+    let is_ours = environ.split(|b| *b == 0).any(|var| var == ours.as_bytes());
+    (stat.state != 'Z' && is_ours).then_some(DaemonProcess { pid, start_time: stat.start_time })
+}
+
+fn last_lines(text: &str) -> String {
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(5)..].join(" / ")
+}
+
+/// The fields of `/proc/<pid>/stat` that identify a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub state: char,
+    pub start_time: u64,
+}
+
+fn read_stat(pid: i32) -> Option<ProcStat> {
+    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `pid (comm) state ... starttime ...`; `comm` may hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After comm: state is field 3, starttime field 22 (1-based).
+    let state = fields.first()?.chars().next()?;
+    let start_time = fields.get(22 - 3)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
+/// Whether `path` is a mount point in this mount namespace.
+pub fn is_mounted(path: &Path) -> Result<bool, String> {
+    let target = match fs::canonicalize(path) {
+        Ok(target) => target,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(format!("resolving {}: {e}", path.display())),
+    };
+    let table = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    Ok(mount_points(&table).any(|p| Path::new(&p) == target))
+}
+
+/// The mount points of a `mountinfo` table (field 5, octal escapes
+/// decoded).
+pub fn mount_points(table: &str) -> impl Iterator<Item = String> + '_ {
+    table.lines().filter_map(|line| line.split(' ').nth(4)).map(unescape)
+}
+
+fn unescape(field: &str) -> String {
+    let mut out = Vec::with_capacity(field.len());
+    let bytes = field.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'\\'
+            && let Some(code) = field.get(i + 1..i + 4).and_then(|o| u8::from_str_radix(o, 8).ok())
+        {
+            out.push(code);
+            i += 4;
+            continue;
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        let text = "4242 (nvidia (mps) ctl) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
+        assert_eq!(parse_stat(text), Some(ProcStat { state: 'S', start_time: 987654 }));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn mount_points_are_unescaped() {
+        let table = "36 35 98:0 / /mnt/with\\040space rw - tmpfs shm rw\n37 35 98:0 / /run rw - tmpfs t rw\n";
+        assert_eq!(mount_points(table).collect::<Vec<_>>(), ["/mnt/with space", "/run"]);
+    }
+
+    #[test]
+    fn strays_are_found_by_their_pipe_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let daemon = MpsDaemon {
+            root: dir.path().to_path_buf(),
+            devices: vec![],
+            visible: vec![],
+            gpus: vec![],
+            active_thread_percentage: None,
+            pinned_limits: vec![],
+            process: None,
+        };
+        let host = LocalMps::new("/nonexistent".into(), None);
+        let mut stray =
+            Command::new("sleep").arg("30").env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).spawn().unwrap();
+        let found = host.strays(&daemon);
+        assert_eq!(found.iter().map(|p| p.pid).collect::<Vec<_>>(), [stray.id() as i32]);
+        host.kill(&found[0]);
+        assert!(!stray.wait().unwrap().success());
+        assert!(host.strays(&daemon).is_empty());
+    }
+
+    #[test]
+    fn this_process_is_running_and_a_recycled_pid_is_not() {
+        let host = LocalMps::new("/nonexistent".into(), None);
+        let pid = std::process::id() as i32;
+        let stat = read_stat(pid).unwrap();
+        let me = DaemonProcess { pid, start_time: stat.start_time };
+        assert!(host.is_running(&me));
+        assert!(!host.is_running(&DaemonProcess { start_time: stat.start_time + 1, ..me }));
+    }
+}
