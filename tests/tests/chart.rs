@@ -272,6 +272,21 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("single-replica", json!({"controller": {"replicas": 1, "leaderElection": false}})),
             ("json-logs", json!({"logFormat": "json", "logLevel": "debug"})),
             ("no-classes", json!({"deviceClasses": {"create": false}})),
+            (
+                "custom",
+                json!({
+                    "driverName": "gpu.example.com",
+                    "image": {"repository": "registry.example.com/gpu-dra", "tag": "1.2.3", "pullPolicy": "Always"},
+                    "imagePullSecrets": [{"name": "regcred"}],
+                    "kubeletPlugin": {"pluginsDir": "/var/lib/k0s/kubelet/plugins", "priorityClassName": "gpu-critical",
+                                      "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}],
+                                      "resources": {"limits": {"memory": "32Mi"}}},
+                    "controller": {"priorityClassName": "ops-high", "nodeSelector": {"node-role.kubernetes.io/control-plane": ""},
+                                   "tolerations": [{"key": "node-role.kubernetes.io/control-plane", "operator": "Exists"}],
+                                   "explainAfter": "0s", "metricsPort": 9090},
+                    "webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 5},
+                }),
+            ),
             // Refused, each naming the value and the fix.
             ("bad-gate", json!({"featureGates": {"Bogus": true}})),
             ("bad-policy", json!({"webhook": {"failurePolicy": "fail"}})),
@@ -540,6 +555,52 @@ fn each_option_changes_what_it_says() {
         args(container(one(&objects, "DaemonSet", "kubelet-plugin"), "plugin"))
             .contains(&"--log-level=debug".to_string())
     );
+
+    // Names, images, directories, scheduling and resources as given.
+    let (objects, _) = rendered(all, "custom");
+    let daemonset = one(&objects, "DaemonSet", "kubelet-plugin");
+    let deployment = one(&objects, "Deployment", "controller");
+    let plugin = container(daemonset, "plugin");
+    let controller = container(deployment, "controller");
+    for c in [plugin, controller] {
+        assert_eq!(
+            (&c["image"], &c["imagePullPolicy"]),
+            (&json!("registry.example.com/gpu-dra:1.2.3"), &json!("Always"))
+        );
+        assert!(args(c).contains(&"--driver-name=gpu.example.com".to_string()));
+    }
+    for workload in [daemonset, deployment] {
+        assert_eq!(workload["spec"]["template"]["spec"]["imagePullSecrets"], json!([{"name": "regcred"}]));
+    }
+    assert_eq!(volume(daemonset, "plugins").unwrap()["hostPath"]["path"], "/var/lib/k0s/kubelet/plugins");
+    assert_eq!(mount(plugin, "plugins").unwrap()["mountPath"], "/var/lib/k0s/kubelet/plugins");
+    assert!(args(plugin).contains(&"--plugins-dir=/var/lib/k0s/kubelet/plugins".to_string()));
+    assert_eq!(daemonset["spec"]["template"]["spec"]["priorityClassName"], "gpu-critical");
+    assert_eq!(daemonset["spec"]["template"]["spec"]["tolerations"][0]["key"], "dedicated");
+    // Helm merges maps: the given limit, the default requests.
+    assert_eq!(
+        plugin["resources"],
+        json!({"limits": {"memory": "32Mi"}, "requests": {"cpu": "10m", "memory": "24Mi"}})
+    );
+    let pod = &deployment["spec"]["template"]["spec"];
+    assert_eq!(pod["priorityClassName"], "ops-high");
+    assert_eq!(pod["nodeSelector"], json!({"node-role.kubernetes.io/control-plane": ""}));
+    assert_eq!(pod["tolerations"][0]["operator"], "Exists");
+    assert!(args(controller).contains(&"--explain-after=0s".to_string()));
+    assert!(args(controller).contains(&"--metrics-addr=0.0.0.0:9090".to_string()));
+    let hook = &one(&objects, "ValidatingWebhookConfiguration", "webhook")["webhooks"][0];
+    assert_eq!(
+        (&hook["name"], &hook["failurePolicy"], &hook["timeoutSeconds"]),
+        (&json!("resourceclaims.gpu.example.com"), &json!("Ignore"), &json!(5))
+    );
+    for class in objects.iter().filter(|o| o["kind"] == "DeviceClass") {
+        let expression = class["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
+        assert!(
+            expression.contains("device.driver == 'gpu.example.com'")
+                && expression.contains("attributes['gpu.example.com']"),
+            "{expression}"
+        );
+    }
 
     let (objects, _) = rendered(all, "no-classes");
     assert!(!objects.iter().any(|o| o["kind"] == "DeviceClass"));
