@@ -98,18 +98,30 @@ pub fn remove_socket(path: &Path) -> Result<(), SocketError> {
     }
 }
 
-/// Binds a unix socket at `path` with mode 0600 after removing a stale one.
+/// Binds a unix socket at `path` with mode 0600, replacing a stale one.
 /// The parent directory must exist (see [`ensure_dir`]). Must be called
 /// inside a tokio runtime.
+///
+/// The socket is bound under a hidden staging name (the kubelet's plugin
+/// watcher ignores names starting with '.'), given its mode, then renamed
+/// into place: the kubelet dials a socket the moment its file appears, and
+/// a file made by `bind(2)` is not listening until `listen(2)` (a dial in
+/// between is refused, and the registration fails).
 pub fn bind(path: &Path) -> Result<UnixListener, SocketError> {
-    if path.parent().is_none() {
+    let (Some(parent), Some(name)) = (path.parent(), path.file_name()) else {
         return Err(SocketError::NoParent { path: path.to_path_buf() });
-    }
+    };
+    // Refuses to replace anything that is not a socket.
     remove_socket(path)?;
-    let listener = UnixListener::bind(path).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
-    // Between bind and chmod the socket has the umask's mode, but its
-    // directory is 0700 (or the kubelet's), so nobody else can reach it.
-    chmod(path, SOCKET_MODE)?;
+    // One plugin per directory (the state-directory lock), so a fixed
+    // staging name is never in use by another process; one left by a
+    // crash is replaced here.
+    let staging = parent.join(format!(".{}.staging", name.to_string_lossy()));
+    remove_socket(&staging)?;
+    let listener =
+        UnixListener::bind(&staging).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
+    chmod(&staging, SOCKET_MODE)?;
+    std::fs::rename(&staging, path).map_err(|source| SocketError::Bind { path: path.to_path_buf(), source })?;
     Ok(listener)
 }
 
@@ -155,6 +167,20 @@ mod tests {
         remove_socket(&path).unwrap();
         assert!(!path.exists());
         remove_socket(&path).unwrap();
+    }
+
+    #[tokio::test]
+    async fn the_socket_appears_listening_and_no_staging_file_is_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("gpu.nvidia.com-reg.sock");
+        // A staging socket left by a process killed between bind and rename.
+        drop(std::os::unix::net::UnixListener::bind(tmp.path().join(".gpu.nvidia.com-reg.sock.staging")).unwrap());
+        let _listener = bind(&path).unwrap();
+        // Listening as soon as it exists: a plain connect succeeds without
+        // any accept having run.
+        std::os::unix::net::UnixStream::connect(&path).unwrap();
+        let names: Vec<_> = std::fs::read_dir(tmp.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+        assert_eq!(names, [std::ffi::OsString::from("gpu.nvidia.com-reg.sock")]);
     }
 
     #[test]
