@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod claim_fixtures;
 pub mod controller_process;
 pub mod fake_mps;
+pub mod helm;
 pub mod kubelet;
 pub mod node;
 pub mod plugin_process;

@@ -1,0 +1,247 @@
+//! The Helm chart rendered by Helm v4's own engine (PyPI
+//! `helm-python-sdk`, which bundles Helm's library: no helm binary, no
+//! cluster), and what the tests ask of the rendered objects.
+//!
+//! Needs `python3`; helm-python-sdk comes from the system when it has it,
+//! else from PyPI into a virtual environment under the target directory
+//! (`--ignore-requires-python`: it declares 3.12 but runs on 3.11).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use k8s_openapi::api::resource::v1::DeviceClass;
+
+use crate::workspace_root;
+
+/// The release the tests render: the chart's documented install.
+pub const NAMESPACE: &str = "gpu-dra-driver";
+pub const RELEASE: &str = "gpu-dra-driver";
+
+// ---------------------------------------------------------------- rendering
+
+/// A Python that can `import helm_python`.
+pub fn python_with_helm(tmp_dir: &Path) -> PathBuf {
+    let imports = |python: &PathBuf| {
+        Command::new(python).args(["-c", "import helm_python"]).output().is_ok_and(|o| o.status.success())
+    };
+    let system = PathBuf::from("python3");
+    if imports(&system) {
+        return system;
+    }
+    let venv = tmp_dir.join("python-helm");
+    let python = venv.join("bin/python");
+    if !imports(&python) {
+        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status().expect("python3 runs");
+        assert!(made.success(), "python3 -m venv {} failed", venv.display());
+        let pip = Command::new(&python)
+            .args([
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--disable-pip-version-check",
+                "--ignore-requires-python",
+                "helm-python-sdk==0.2.2",
+            ])
+            .status()
+            .expect("pip runs");
+        assert!(pip.success(), "pip install helm-python-sdk failed");
+    }
+    python
+}
+
+/// What Helm made of one set of values.
+#[derive(Debug)]
+pub enum Outcome {
+    Rendered { objects: Vec<Value>, notes: String, lint: Value },
+    Refused(String),
+}
+
+/// Renders every case in one Python process (loading Helm's library once).
+pub fn render_all(tmp_dir: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render_chart(tmp_dir, &workspace_root().join("charts/gpu-dra-driver"), cases)
+}
+
+/// Renders `chart` for each case; `tmp_dir` holds the Python environment
+/// (the test's `CARGO_TARGET_TMPDIR`).
+pub fn render_chart(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    let request = json!({
+        "chart": chart,
+        "namespace": NAMESPACE,
+        "release": RELEASE,
+        "kube_version": "1.34.0",
+        "cases": cases.iter().map(|(name, values)| json!({"name": name, "values": values})).collect::<Vec<_>>(),
+    });
+    let mut child = Command::new(python_with_helm(tmp_dir))
+        .arg(workspace_root().join("tests/python/helm_render.py"))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("running helm_render.py");
+    serde_json::to_writer(child.stdin.take().expect("stdin"), &request).expect("writing the request");
+    let output = child.wait_with_output().expect("helm_render.py");
+    assert!(output.status.success(), "helm_render.py failed: {}", String::from_utf8_lossy(&output.stderr));
+    let results: BTreeMap<String, Value> = serde_json::from_slice(&output.stdout).expect("JSON from helm_render.py");
+    results
+        .into_iter()
+        .map(|(name, result)| {
+            let outcome = match result.get("error").and_then(Value::as_str) {
+                Some(error) => Outcome::Refused(error.to_string()),
+                None => {
+                    let manifests = result["manifests"].as_object().expect("manifests");
+                    let mut objects = Vec::new();
+                    let mut notes = String::new();
+                    for (template, text) in manifests {
+                        let text = text.as_str().expect("manifest text");
+                        if template.ends_with("NOTES.txt") {
+                            notes = text.to_string();
+                            continue;
+                        }
+                        objects.extend(documents(template, text));
+                    }
+                    Outcome::Rendered { objects, notes, lint: result["lint"].clone() }
+                }
+            };
+            (name, outcome)
+        })
+        .collect()
+}
+
+pub fn documents(template: &str, text: &str) -> Vec<Value> {
+    use serde::Deserialize as _;
+    serde_yaml_ng::Deserializer::from_str(text)
+        .map(|doc| {
+            let yaml = serde_yaml_ng::Value::deserialize(doc)
+                .unwrap_or_else(|e| panic!("{template} is not YAML: {e}\n{text}"));
+            serde_json::to_value(yaml).expect("YAML as JSON")
+        })
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+pub fn rendered(outcomes: &BTreeMap<String, Outcome>, case: &str) -> (Vec<Value>, String) {
+    match &outcomes[case] {
+        Outcome::Rendered { objects, notes, lint } => {
+            let messages = lint["messages"].as_array().map(Vec::len).unwrap_or(0);
+            let errors = lint["errors"].as_array().map(Vec::len).unwrap_or(0);
+            assert!(messages == 0 && errors == 0, "{case}: helm lint is not clean: {lint}");
+            (objects.clone(), notes.clone())
+        }
+        Outcome::Refused(error) => panic!("{case}: the chart refused to render: {error}"),
+    }
+}
+
+// ------------------------------------------------------------ typed parsing
+
+/// Parses `value` as `K` and fails if the typed object lost any field the
+/// manifest had (a misspelt or misplaced field would be dropped silently by
+/// the API server's decoder too, or refused by its strict one).
+pub fn parses_as<K: DeserializeOwned + Serialize>(value: &Value) {
+    let name = format!("{} {}", value["kind"], value["metadata"]["name"]);
+    let typed: K = serde_json::from_value(value.clone()).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let back = serde_json::to_value(&typed).expect("serializes");
+    let mut lost = Vec::new();
+    lost_fields(value, &back, String::new(), &mut lost);
+    assert!(lost.is_empty(), "{name}: fields the type does not have: {lost:?}");
+}
+
+fn lost_fields(original: &Value, typed: &Value, path: String, lost: &mut Vec<String>) {
+    match (original, typed) {
+        (Value::Object(o), Value::Object(t)) => {
+            for (key, value) in o {
+                match t.get(key) {
+                    Some(inner) => lost_fields(value, inner, format!("{path}.{key}"), lost),
+                    None if value.is_null() => {}
+                    None => lost.push(format!("{path}.{key}")),
+                }
+            }
+        }
+        (Value::Array(o), Value::Array(t)) => {
+            for (i, (a, b)) in o.iter().zip(t).enumerate() {
+                lost_fields(a, b, format!("{path}[{i}]"), lost);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Every object is a type the chart is meant to make, and parses as it.
+pub fn check_types(objects: &[Value]) {
+    use k8s_openapi::api::admissionregistration::v1 as adm;
+    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
+    for object in objects {
+        let api_version = object["apiVersion"].as_str().unwrap_or_default();
+        match (api_version, object["kind"].as_str().unwrap_or_default()) {
+            ("v1", "ServiceAccount") => parses_as::<core::ServiceAccount>(object),
+            ("v1", "Service") => parses_as::<core::Service>(object),
+            ("v1", "ConfigMap") => parses_as::<core::ConfigMap>(object),
+            ("apps/v1", "DaemonSet") => parses_as::<apps::DaemonSet>(object),
+            ("apps/v1", "Deployment") => parses_as::<apps::Deployment>(object),
+            ("rbac.authorization.k8s.io/v1", "ClusterRole") => parses_as::<rbac::ClusterRole>(object),
+            ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding") => parses_as::<rbac::ClusterRoleBinding>(object),
+            ("rbac.authorization.k8s.io/v1", "Role") => parses_as::<rbac::Role>(object),
+            ("rbac.authorization.k8s.io/v1", "RoleBinding") => parses_as::<rbac::RoleBinding>(object),
+            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy") => {
+                parses_as::<adm::ValidatingAdmissionPolicy>(object)
+            }
+            ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding") => {
+                parses_as::<adm::ValidatingAdmissionPolicyBinding>(object)
+            }
+            ("admissionregistration.k8s.io/v1", "ValidatingWebhookConfiguration") => {
+                parses_as::<adm::ValidatingWebhookConfiguration>(object)
+            }
+            ("resource.k8s.io/v1", "DeviceClass") => parses_as::<DeviceClass>(object),
+            // Custom resources (cert-manager, Prometheus Operator): no
+            // k8s-openapi type; their fields are asserted where they are
+            // made.
+            ("cert-manager.io/v1", "Certificate" | "Issuer") | ("monitoring.coreos.com/v1", "ServiceMonitor") => {
+                assert!(object["spec"].is_object(), "{object}");
+            }
+            other => panic!("unexpected object {other:?}"),
+        }
+    }
+}
+
+// -------------------------------------------------------------- the objects
+
+pub fn kinds(objects: &[Value]) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for object in objects {
+        *counts.entry(object["kind"].as_str().unwrap_or_default().to_string()).or_default() += 1;
+    }
+    counts
+}
+
+pub fn one<'a>(objects: &'a [Value], kind: &str, name_ends: &str) -> &'a Value {
+    let found: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == kind && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(name_ends)))
+        .collect();
+    assert_eq!(found.len(), 1, "expected one {kind} named *{name_ends}, found {}", found.len());
+    found[0]
+}
+
+pub fn container<'a>(workload: &'a Value, name: &str) -> &'a Value {
+    workload["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["name"] == name))
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+pub fn args(container: &Value) -> Vec<String> {
+    container["args"].as_array().into_iter().flatten().filter_map(|a| a.as_str().map(String::from)).collect()
+}
+
+pub fn volume<'a>(workload: &'a Value, name: &str) -> Option<&'a Value> {
+    workload["spec"]["template"]["spec"]["volumes"].as_array()?.iter().find(|v| v["name"] == name)
+}
+
+pub fn mount<'a>(container: &'a Value, name: &str) -> Option<&'a Value> {
+    container["volumeMounts"].as_array()?.iter().find(|m| m["name"] == name)
+}

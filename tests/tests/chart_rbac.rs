@@ -1,0 +1,269 @@
+//! The chart's RBAC is exactly the API calls the binaries make against the
+//! API-server stand-in (no wildcard, no verb the code does not use), and
+//! the chart refuses to install next to NVIDIA's device plugin or DRA
+//! driver unless told.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use integration_tests::apiserver::audit::{ApiCall, calls_by};
+use integration_tests::apiserver::{ApiServer, Matcher};
+use integration_tests::controller_process::ControllerProcess;
+use integration_tests::helm::{Outcome, one, render_all, render_chart, rendered};
+use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::workspace_root;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use serde_json::{Value, json};
+
+const WAIT: Duration = Duration::from_secs(60);
+
+// --------------------------------------------------------------------- RBAC
+
+/// (verb, group, resource) an RBAC rule allows, and the namespace it is
+/// limited to (a Role's) or none (a ClusterRole's).
+type Grant = (String, String, String, Option<String>);
+
+/// What the rendered RBAC grants each service account.
+fn grants(objects: &[Value]) -> BTreeMap<String, BTreeSet<Grant>> {
+    let mut by_account: BTreeMap<String, BTreeSet<Grant>> = BTreeMap::new();
+    for binding in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding") {
+        let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
+        let role = one(objects, role_kind, binding["roleRef"]["name"].as_str().unwrap());
+        let namespace = role["metadata"]["namespace"].as_str().map(String::from);
+        for subject in binding["subjects"].as_array().unwrap() {
+            assert_eq!(subject["kind"], "ServiceAccount");
+            let account = by_account.entry(subject["name"].as_str().unwrap().to_string()).or_default();
+            for rule in role["rules"].as_array().unwrap() {
+                for group in rule["apiGroups"].as_array().unwrap() {
+                    for resource in rule["resources"].as_array().unwrap() {
+                        for verb in rule["verbs"].as_array().unwrap() {
+                            account.insert((
+                                verb.as_str().unwrap().to_string(),
+                                group.as_str().unwrap().to_string(),
+                                resource.as_str().unwrap().to_string(),
+                                namespace.clone(),
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    by_account
+}
+
+fn allows(grants: &BTreeSet<Grant>, call: &ApiCall) -> bool {
+    grants.iter().any(|(verb, group, resource, namespace)| {
+        verb == call.verb
+            && *group == call.group
+            && *resource == call.resource
+            && namespace.as_ref().is_none_or(|ns| call.namespace.as_ref() == Some(ns))
+    })
+}
+
+/// The calls the README's demo makes (the whole system: publishing,
+/// delegated allocation, explanations, leader election, prepare).
+fn demo_calls() -> Vec<(String, ApiCall)> {
+    let demo = escargot::CargoBuild::new()
+        .manifest_path(workspace_root().join("Cargo.toml"))
+        .package("integration-tests")
+        .example("demo")
+        .current_target()
+        .run()
+        .expect("building the demo");
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("calls.jsonl");
+    let output = Command::new(demo.path()).env("DEMO_API_CALLS_FILE", &file).output().expect("running the demo");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    std::fs::read_to_string(&file)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let v: Value = serde_json::from_str(line).unwrap();
+            let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+            let verb: &'static str =
+                ["get", "list", "watch", "create", "update", "patch", "delete", "deletecollection"]
+                    .into_iter()
+                    .find(|verb| v["verb"] == *verb)
+                    .expect("a known verb");
+            let call = ApiCall {
+                verb,
+                group: text("group"),
+                resource: text("resource"),
+                namespace: v["namespace"].as_str().map(String::from),
+            };
+            (text("agent"), call)
+        })
+        .collect()
+}
+
+fn wait_until(what: &str, log: &dyn Fn() -> String, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}; log:\n{}", log());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The calls of the paths the demo does not take: a plugin that finds a
+/// stale slice of its node and loses an update to a conflict; a controller
+/// whose allocation write conflicts.
+fn fault_path_calls() -> Vec<(String, ApiCall)> {
+    let server = ApiServer::start_in_thread().unwrap();
+    let inventory = include_str!("../../examples/inventories/dgx-h100.yaml");
+    let stale: ResourceSlice = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu.nvidia.com-stale"},
+        "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-a",
+                 "pool": {"name": "node-a", "generation": 1, "resourceSliceCount": 1}, "devices": []}
+    }))
+    .unwrap();
+    server.create(&stale).unwrap();
+    let dirs = PluginDirs::new(inventory).unwrap();
+    server.write_kubeconfig(&dirs.kubeconfig).unwrap();
+    let mut plugin = PluginProcess::spawn(&dirs, &PluginOptions::default()).unwrap();
+    let slices = || server.list::<ResourceSlice>(None, "spec.nodeName=node-a").unwrap_or_default();
+    wait_until("the stale slice to be replaced", &|| plugin.log(), || {
+        let names: Vec<String> = slices().into_iter().filter_map(|s| s.metadata.name).collect();
+        !names.is_empty() && !names.iter().any(|n| n.ends_with("-stale"))
+    });
+    // A driver upgrade changes every device: the slice is updated, the
+    // first write conflicts, the plugin reads it again.
+    server.faults().fail_next(Matcher::new("PUT", "/resourceslices/"), 1, 409);
+    std::fs::write(&dirs.inventory, inventory.replace("580.82.07", "580.95.05")).unwrap();
+    wait_until("the upgraded driver version to be published", &|| plugin.log(), || {
+        serde_json::to_string(&slices()).unwrap_or_default().contains("580.95.5")
+    });
+
+    for entry in std::fs::read_dir(workspace_root().join("deviceclasses")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "yaml") {
+            let class: DeviceClass = serde_yaml_ng::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+            server.create(&class).unwrap();
+        }
+    }
+    server.faults().fail_next(Matcher::new("PUT", "/resourceclaims/delegated/status"), 1, 409);
+    let claim: ResourceClaim = serde_json::from_value(json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "delegated", "namespace": "default", "annotations": {"gpu.nvidia.com/allocate": "true"}},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}
+    }))
+    .unwrap();
+    server.create(&claim).unwrap();
+    let kubeconfig = dirs.root.path().join("controller-kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let mut controller = ControllerProcess::spawn(&kubeconfig, "rbac", &["--explain-after", "0s"]).unwrap();
+    wait_until("the delegated claim to be allocated", &|| controller.log(), || {
+        server
+            .get::<ResourceClaim>(Some("default"), "delegated")
+            .ok()
+            .and_then(|c| c.status)
+            .and_then(|s| s.allocation)
+            .is_some()
+    });
+    controller.kill();
+    plugin.kill().unwrap();
+    let records = server.faults().requests();
+    let mut calls = Vec::new();
+    for agent in ["gpu-kubelet-plugin", "gpu-dra-controller"] {
+        calls.extend(calls_by(&records, &format!("{agent}/")).into_iter().map(|c| (agent.to_string(), c)));
+    }
+    calls
+}
+
+#[test]
+fn rbac_is_exactly_the_calls_the_binaries_make() {
+    let outcomes = render_all(tmp_dir(), &[("default", json!({}))]);
+    let (objects, _) = rendered(&outcomes, "default");
+    let granted = grants(&objects);
+    let accounts =
+        [("gpu-kubelet-plugin", "gpu-dra-driver-kubelet-plugin"), ("gpu-dra-controller", "gpu-dra-driver-controller")];
+    assert_eq!(granted.keys().cloned().collect::<BTreeSet<_>>(), accounts.iter().map(|(_, a)| a.to_string()).collect());
+
+    let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
+    for (agent, call) in demo_calls().into_iter().chain(fault_path_calls()) {
+        made.entry(agent).or_default().insert(call);
+    }
+    for (agent, account) in accounts {
+        let calls = &made[agent];
+        let grants = &granted[account];
+        let denied: Vec<&ApiCall> = calls.iter().filter(|c| !allows(grants, c)).collect();
+        assert!(denied.is_empty(), "{agent} makes calls its RBAC ({account}) does not allow: {denied:#?}");
+        let unused: Vec<&Grant> = grants
+            .iter()
+            .filter(|(verb, group, resource, _)| {
+                !calls.iter().any(|c| c.verb == verb && c.group == *group && c.resource == *resource)
+            })
+            .collect();
+        assert!(unused.is_empty(), "{account} is granted what {agent} never does: {unused:#?}");
+    }
+}
+
+/// The refusal to install next to NVIDIA's device plugin or DRA driver.
+/// Offline, Helm's `lookup` sees no cluster, so a copy of the chart reads
+/// the DaemonSets it would have found from a value instead; the rest of
+/// the template is the shipped one.
+#[test]
+fn the_chart_refuses_to_install_next_to_nvidias_drivers_unless_told() {
+    let dir = tempfile::tempdir().unwrap();
+    let chart = dir.path().join("gpu-dra-driver");
+    let source = workspace_root().join("charts/gpu-dra-driver");
+    for entry in walk(&source) {
+        let target = chart.join(entry.strip_prefix(&source).unwrap());
+        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+        std::fs::copy(&entry, &target).unwrap();
+    }
+    // The schema refuses unknown values such as the stand-in for lookup.
+    std::fs::remove_file(chart.join("values.schema.json")).unwrap();
+    let check = chart.join("templates/coexistence-check.yaml");
+    let text = std::fs::read_to_string(&check).unwrap();
+    let lookup = r#"(lookup "apps/v1" "DaemonSet" "" "")"#;
+    assert!(text.contains(lookup), "the check no longer looks DaemonSets up: {text}");
+    std::fs::write(&check, text.replace(lookup, "(dict \"items\" .Values.clusterDaemonSets)")).unwrap();
+
+    let daemonset = |namespace: &str, name: &str, labels: Value| json!({"metadata": {"namespace": namespace, "name": name, "labels": labels}});
+    let operator =
+        daemonset("gpu-operator", "nvidia-device-plugin-daemonset", json!({"app": "nvidia-device-plugin-daemonset"}));
+    let dra = daemonset(
+        "nvidia-dra",
+        "nvidia-dra-driver-gpu-kubelet-plugin",
+        json!({"app.kubernetes.io/name": "nvidia-dra-driver-gpu"}),
+    );
+    let unrelated = daemonset("kube-system", "kube-proxy", json!({"k8s-app": "kube-proxy"}));
+    let outcomes = render_chart(
+        tmp_dir(),
+        &chart,
+        &[
+            ("operator", json!({"clusterDaemonSets": [unrelated.clone(), operator.clone()]})),
+            ("nvidia-dra", json!({"clusterDaemonSets": [dra.clone()]})),
+            ("unrelated", json!({"clusterDaemonSets": [unrelated.clone()]})),
+            ("allowed", json!({"clusterDaemonSets": [operator, dra], "allowCoexistence": true})),
+        ],
+    );
+    for (case, found) in [
+        ("operator", "gpu-operator/nvidia-device-plugin-daemonset"),
+        ("nvidia-dra", "nvidia-dra/nvidia-dra-driver-gpu-kubelet-plugin"),
+    ] {
+        let Outcome::Refused(error) = &outcomes[case] else { panic!("{case}: installed next to {found}") };
+        assert!(error.contains(found), "{case}: {error}");
+        assert!(error.contains("hand out the same GPUs") && error.contains("allowCoexistence=true"), "{case}: {error}");
+    }
+    for case in ["unrelated", "allowed"] {
+        assert!(matches!(outcomes[case], Outcome::Rendered { .. }), "{case}: {:?}", outcomes[case]);
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}
+
+fn tmp_dir() -> &'static std::path::Path {
+    std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
