@@ -30,19 +30,23 @@ pub fn nvml_source(args: &DriverRootArgs, host: &HostRootsArgs) -> NvmlSource {
     }
 }
 
-/// `nvidia-smi` of the driver root, to set GPUs' time-slices; none on a
-/// fake inventory without an explicit --driver-root.
+/// `nvidia-smi` of the driver root, to set GPUs' time-slices and compute
+/// modes, run with the root's library directory on `LD_LIBRARY_PATH`; none
+/// on a fake inventory without an explicit --driver-root.
 pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare::sharing::NvidiaSmi> {
     let root = match (&args.driver_root, &node.fake_inventory) {
         (Some(root), _) => root.clone(),
         (None, Some(_)) => return None,
         (None, None) => "/".into(),
     };
-    let smi = driver_root::local_binary(&DriverRoot::new(root, None), "nvidia-smi");
+    let root = DriverRoot::new(root, None);
+    let smi = driver_root::local_binary(&root, "nvidia-smi");
     if smi.is_none() {
         tracing::warn!("no nvidia-smi in the driver root: claims asking for time-slicing will fail");
     }
-    smi.map(crate::prepare::sharing::NvidiaSmi::new)
+    let library_dir = driver_root::local_library(&root, "libnvidia-ml.so")
+        .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
+    smi.map(|smi| crate::prepare::sharing::NvidiaSmi::new(smi, library_dir))
 }
 
 /// `nvidia-cuda-mps-control` of the driver root, run with the root's
@@ -70,8 +74,8 @@ pub fn local_mps(root: std::path::PathBuf, warn: bool) -> Option<crate::prepare:
         }
         return None;
     };
-    let library_dir = driver_root::local_library(&root, "libcuda.so.1")
-        .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
+    let library_dir =
+        driver_root::local_library(&root, "libcuda.so").and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
     let host = crate::prepare::mps::host::LocalMps::new(control, library_dir);
     match std::env::current_exe() {
         Ok(program) => Some(host.with_launcher(program)),

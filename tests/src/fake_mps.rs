@@ -47,6 +47,7 @@ log="$root/mps-control.log"
 pipe="${CUDA_MPS_PIPE_DIRECTORY:-/tmp/nvidia-mps}"
 if [ "$1" = "-d" ]; then
   echo "start $CUDA_VISIBLE_DEVICES $pipe $CUDA_MPS_LOG_DIRECTORY" >> "$log"
+  echo "$LD_LIBRARY_PATH" > "$root/mps-control.ld-library-path"
   hang "$root/mps.hang-start"
   [ -d "$pipe" ] || { echo "pipe directory $pipe missing" >&2; exit 1; }
   ( trap 'exit 0' TERM; while :; do sleep 0.2; done ) </dev/null >/dev/null 2>&1 &
@@ -107,6 +108,11 @@ pub fn smi_calls(root: &Path) -> Vec<String> {
 /// Every `nvidia-cuda-mps-control` invocation, in order.
 pub fn mps_calls(root: &Path) -> Vec<String> {
     lines(&root.join("mps-control.log"))
+}
+
+/// The `LD_LIBRARY_PATH` the last daemon was started with.
+pub fn daemon_library_path(root: &Path) -> String {
+    std::fs::read_to_string(root.join("mps-control.ld-library-path")).unwrap_or_default().trim().to_owned()
 }
 
 /// The mount points under `dir` in this mount namespace.

@@ -146,6 +146,10 @@ fn a_claims_daemon_is_started_with_its_limits_reachable_and_torn_down() {
             format!("{pipe} set_default_device_pinned_mem_limit {uuid} 10240M"),
         ]
     );
+    // The daemon finds libcuda in the driver root, not in the plugin's image.
+    let library_path = fake_mps::daemon_library_path(&root);
+    assert!(Path::new(&library_path).join("libcuda.so.1").exists(), "LD_LIBRARY_PATH={library_path}");
+    assert!(library_path.starts_with(root.to_str().unwrap()), "LD_LIBRARY_PATH={library_path}");
     let process = daemon.process.expect("the daemon's process is recorded");
     assert!(fake_mps::is_alive(process.pid), "the daemon runs detached from the plugin");
     assert_eq!(mounts_under(node.dirs.root.path()), [std::fs::canonicalize(daemon.shm_dir()).unwrap()]);

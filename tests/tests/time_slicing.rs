@@ -17,7 +17,8 @@ use integration_tests::plugin_process::{PluginOptions, PluginProcess};
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n";
 
 /// A fake driver installation whose `nvidia-smi` logs its arguments to
-/// `<root>/nvidia-smi.log` and, while `<root>/nvidia-smi.hang` exists,
+/// `<root>/nvidia-smi.log` (and its `LD_LIBRARY_PATH` to
+/// `<root>/nvidia-smi.env`) and, while `<root>/nvidia-smi.hang` exists,
 /// hangs in `compute-policy`.
 fn driver_root(dir: &Path) -> PathBuf {
     let root = dir.join("driver-root");
@@ -29,6 +30,7 @@ fn driver_root(dir: &Path) -> PathBuf {
         r#"#!/bin/sh
 root="$(dirname "$0")/../.."
 echo "$*" >> "$root/nvidia-smi.log"
+echo "$LD_LIBRARY_PATH" > "$root/nvidia-smi.env"
 case "$1" in
   compute-policy)
     while [ -e "$root/nvidia-smi.hang" ]; do sleep 0.1; done
@@ -90,6 +92,10 @@ fn time_slice_set_at_prepare_and_reset_at_unprepare() {
         smi_calls(&root),
         [format!("-i {uuid} -c DEFAULT"), format!("compute-policy -i {uuid} --set-timeslice 3")]
     );
+    // It finds libnvidia-ml in the driver root, not in the plugin's image.
+    let library_path = std::fs::read_to_string(root.join("nvidia-smi.env")).unwrap();
+    assert!(Path::new(library_path.trim()).join("libnvidia-ml.so.1").exists(), "LD_LIBRARY_PATH={library_path}");
+    assert!(library_path.trim().starts_with(root.to_str().unwrap()), "LD_LIBRARY_PATH={library_path}");
     node.unprepare(std::slice::from_ref(&claim));
     assert_eq!(
         smi_calls(&root)[2..],

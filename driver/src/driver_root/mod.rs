@@ -196,6 +196,9 @@ pub fn local_binary(root: &DriverRoot, binary: &str) -> Option<PathBuf> {
     binary_path(root, binary).map(|p| root.local(&p))
 }
 
+/// The real file of `library`, named without its version (`libcuda.so`,
+/// not `libcuda.so.1`): any `libcuda.so.<version>` the root's cache or
+/// library directories list.
 pub fn local_library(root: &DriverRoot, library: &str) -> Option<PathBuf> {
     find_library(root, &native_cache(root), library).map(|found| root.local(&found.real))
 }

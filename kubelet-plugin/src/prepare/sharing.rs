@@ -49,18 +49,23 @@ impl ComputeMode {
 #[derive(Debug, Clone)]
 pub struct NvidiaSmi {
     path: PathBuf,
+    /// The driver root's library directory, for `LD_LIBRARY_PATH`:
+    /// `nvidia-smi` loads `libnvidia-ml.so.1`, which the plugin's own image
+    /// does not have when the driver root is mounted elsewhere.
+    library_dir: Option<PathBuf>,
 }
 
 impl NvidiaSmi {
-    pub fn new(path: PathBuf) -> Self {
-        NvidiaSmi { path }
+    pub fn new(path: PathBuf, library_dir: Option<PathBuf>) -> Self {
+        NvidiaSmi { path, library_dir }
     }
 
     fn run(&self, args: &[&str]) -> Result<(), String> {
-        let output = Command::new(&self.path)
-            .args(args)
-            .output()
-            .map_err(|e| format!("running {}: {e}", self.path.display()))?;
+        let mut command = Command::new(&self.path);
+        if let Some(dir) = &self.library_dir {
+            command.env("LD_LIBRARY_PATH", dir);
+        }
+        let output = command.args(args).output().map_err(|e| format!("running {}: {e}", self.path.display()))?;
         if output.status.success() {
             return Ok(());
         }
