@@ -11,7 +11,11 @@ use serde_json::{Map, Value, json};
 /// Every object of the YAML files under `dir` (or of one file).
 fn objects(path: &Path) -> Vec<Value> {
     let files: Vec<PathBuf> = if path.is_dir() {
-        let mut f: Vec<PathBuf> = std::fs::read_dir(path).unwrap().map(|e| e.unwrap().path()).collect();
+        let mut f: Vec<PathBuf> = std::fs::read_dir(path)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .collect();
         f.sort();
         f
     } else {
