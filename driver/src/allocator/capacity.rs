@@ -66,7 +66,11 @@ impl Misfit {
 pub(crate) type Take = BTreeMap<String, (Amount, Quantity)>;
 
 /// What `requests` takes from `device` given what is `used` already, or
-/// why it does not fit.
+/// why it does not fit. Never inlined: it runs only for shareable devices
+/// and capacity requests, and its error carries the amounts (for the
+/// explanation); inlined into the search loop, the allocation benchmark
+/// (which has neither) read 3-10% fewer claims/s in interleaved runs.
+#[inline(never)]
 pub(crate) fn take(
     requests: Option<&BTreeMap<String, Quantity>>,
     device: &DeviceRecord,
