@@ -386,3 +386,60 @@ fn bad_values_are_refused_naming_the_value() {
 fn tmp_dir() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
 }
+
+/// The README's `helm install` commands, as written: each renders with its
+/// `--set` values (the schema refuses a misspelt one).
+#[test]
+fn the_readmes_install_commands_render() {
+    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
+    let section = readme.split("## Install on a cluster").nth(1).unwrap().split("\n## ").next().unwrap();
+    // One command per `helm install` of this chart, continued lines joined.
+    let joined = section.replace("\\\n", " ");
+    let commands: Vec<&str> = joined
+        .lines()
+        .filter(|l| l.trim_start().starts_with("helm install") && l.contains("charts/gpu-dra-driver"))
+        .collect();
+    assert!(commands.len() >= 3, "{commands:?}");
+    let cases: Vec<(String, serde_json::Value)> = commands
+        .iter()
+        .enumerate()
+        .map(|(i, command)| {
+            let mut values = json!({});
+            let mut words = command.split_whitespace();
+            while let Some(word) = words.next() {
+                if word != "--set" {
+                    continue;
+                }
+                let (path, value) = words.next().unwrap().split_once('=').unwrap();
+                let value = match value {
+                    "true" => json!(true),
+                    "false" => json!(false),
+                    other => json!(other),
+                };
+                let mut at = &mut values;
+                let keys: Vec<&str> = path.split('.').collect();
+                for key in &keys[..keys.len() - 1] {
+                    at = at.as_object_mut().unwrap().entry(*key).or_insert(json!({}));
+                }
+                at[keys[keys.len() - 1]] = value;
+            }
+            (format!("readme-{i}"), values)
+        })
+        .collect();
+    let cases: Vec<(&str, serde_json::Value)> = cases.iter().map(|(n, v)| (n.as_str(), v.clone())).collect();
+    let outcomes = render_all(tmp_dir(), &cases);
+    for (name, values) in &cases {
+        let (objects, _) = rendered(&outcomes, name);
+        check_types(&objects);
+        // Every string it sets reaches the objects (an image, a path).
+        let text = serde_json::to_string(&objects).unwrap();
+        let mut strings = vec![values.clone()];
+        while let Some(value) = strings.pop() {
+            match value {
+                serde_json::Value::Object(map) => strings.extend(map.into_iter().map(|(_, v)| v)),
+                serde_json::Value::String(s) => assert!(text.contains(&s), "{name}: {s} is in no object"),
+                _ => {}
+            }
+        }
+    }
+}
