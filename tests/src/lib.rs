@@ -2,6 +2,7 @@
 //! and run them as a user would.
 
 pub mod apiserver;
+pub mod build;
 pub mod claim_fixtures;
 pub mod controller_process;
 pub mod fake_mps;
@@ -35,11 +36,8 @@ pub fn example_inventories() -> Vec<PathBuf> {
 /// when this crate is optimized (benchmarks), so that benchmarks measure
 /// the binary as shipped.
 fn build(package: &str, bin: &str, release_profile: &str) -> PathBuf {
-    let cargo =
-        escargot::CargoBuild::new().manifest_path(workspace_root().join("Cargo.toml")).package(package).bin(bin);
-    let cargo = if cfg!(debug_assertions) { cargo } else { cargo.profile(release_profile) };
-    let run = cargo.current_target().run().unwrap_or_else(|e| panic!("building {bin}: {e}"));
-    run.path().to_path_buf()
+    let profile = if cfg!(debug_assertions) { None } else { Some(release_profile) };
+    build::cargo_build(build::Artifact::Bin { package, bin }, profile)
 }
 
 /// Path of `gpu-kubelet-plugin`, built on first use.

@@ -9,6 +9,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use integration_tests::apiserver::audit::{ApiCall, calls_by};
+use integration_tests::build::{Artifact, cargo_build};
 use integration_tests::apiserver::{ApiServer, Matcher};
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{Outcome, one, render_all, render_chart, rendered};
@@ -66,16 +67,10 @@ fn allows(grants: &BTreeSet<Grant>, call: &ApiCall) -> bool {
 /// The calls the README's demo makes (the whole system: publishing,
 /// delegated allocation, explanations, leader election, prepare).
 fn demo_calls() -> Vec<(String, ApiCall)> {
-    let demo = escargot::CargoBuild::new()
-        .manifest_path(workspace_root().join("Cargo.toml"))
-        .package("integration-tests")
-        .example("demo")
-        .current_target()
-        .run()
-        .expect("building the demo");
+    let demo = cargo_build(Artifact::Example { package: "integration-tests", example: "demo" }, None);
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("calls.jsonl");
-    let output = Command::new(demo.path()).env("DEMO_API_CALLS_FILE", &file).output().expect("running the demo");
+    let output = Command::new(&demo).env("DEMO_API_CALLS_FILE", &file).output().expect("running the demo");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     std::fs::read_to_string(&file)
         .unwrap()

@@ -5,16 +5,12 @@
 
 use std::process::Command;
 
+use integration_tests::build::{Artifact, cargo_build};
+
 #[test]
 fn the_whole_system_demo_runs_end_to_end() {
-    let run = escargot::CargoBuild::new()
-        .manifest_path(integration_tests::workspace_root().join("Cargo.toml"))
-        .package("integration-tests")
-        .example("demo")
-        .current_target()
-        .run()
-        .expect("building the demo");
-    let output = Command::new(run.path()).output().expect("running the demo");
+    let demo = cargo_build(Artifact::Example { package: "integration-tests", example: "demo" }, None);
+    let output = Command::new(demo).output().expect("running the demo");
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
     for expected in [
