@@ -9,8 +9,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use integration_tests::apiserver::audit::{ApiCall, calls_by};
-use integration_tests::build::{Artifact, cargo_build};
 use integration_tests::apiserver::{ApiServer, Matcher};
+use integration_tests::build::{Artifact, cargo_build};
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{Outcome, one, render_all, render_chart, rendered};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
