@@ -108,6 +108,18 @@ pub struct DriverRootArgs {
     /// ld cache. Without it no hooks are written (a warning at start).
     #[arg(long, env = "NVIDIA_CDI_HOOK_PATH", value_name = "FILE")]
     pub nvidia_cdi_hook_path: Option<PathBuf>,
+    /// `nvidia-cdi-hook` subcommands to leave out of specs, comma-separated
+    /// (`enable-cuda-compat` for a hook binary older than NVIDIA Container
+    /// Toolkit 1.17.5, which fails on subcommands it does not know).
+    #[arg(long, env = "DISABLE_CDI_HOOKS", value_name = "NAMES", value_delimiter = ',',
+          value_parser = clap::builder::PossibleValuesParser::new(gpu_dra_driver::cdi::HOOK_NAMES))]
+    pub disable_cdi_hooks: Vec<String>,
+    /// The driver's file sets every container gets, as
+    /// `NVIDIA_DRIVER_CAPABILITIES` names them: `all`, or a comma-separated
+    /// list of compute, utility, video and graphics. NVIDIA's driver gives
+    /// all of them.
+    #[arg(long, env = "DRIVER_CAPABILITIES", default_value = "all", value_name = "LIST")]
+    pub driver_capabilities: gpu_dra_driver::driver_root::Capabilities,
 }
 
 /// Where the host's /proc and /sys are, for NVML discovery.

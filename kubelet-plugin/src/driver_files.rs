@@ -95,7 +95,7 @@ pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventor
         (None, None) => "/".into(),
     };
     let root = DriverRoot::new(root, args.host_driver_root.clone());
-    let files = driver_root::discover(&root, &inventory.driver_version.to_string())?;
+    let files = driver_root::discover(&root, &inventory.driver_version.to_string(), args.driver_capabilities)?;
     let hook = args.nvidia_cdi_hook_path.as_ref().map(|p| p.to_string_lossy().into_owned());
     if hook.is_none() {
         tracing::warn!(
@@ -107,9 +107,10 @@ pub fn driver_edits(args: &DriverRootArgs, node: &NodeArgs, inventory: &Inventor
         host_root = %root.host_root.display(),
         mounts = files.mounts.len(),
         links = files.links.len(),
+        capabilities = %args.driver_capabilities,
         "driver files found"
     );
-    Ok(DriverEdits::new(&files, hook.as_deref()))
+    Ok(DriverEdits::new(&files, hook.as_deref()).without_hooks(&args.disable_cdi_hooks))
 }
 
 /// The driver edits specs are written with, replaced when the driver

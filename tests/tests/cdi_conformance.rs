@@ -282,11 +282,112 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
                     "--link".into(),
                     format!("libnvidia-ptxjitcompiler.so.1::{d}/libnvidia-ptxjitcompiler.so"),
                 ],
+                vec![
+                    "nvidia-cdi-hook".to_string(),
+                    "enable-cuda-compat".into(),
+                    format!("--host-driver-version={version}"),
+                ],
                 vec!["nvidia-cdi-hook".to_string(), "update-ldcache".into(), "--folder".into(), d.clone()],
             ],
             "{device}"
         );
     }
+}
+
+/// Mounts and create-container hook arguments the CNCF library injects
+/// for CDI device `id` of the spec in `json`.
+fn injected(json: &str, id: &str) -> (Vec<(String, String)>, Vec<Vec<String>>) {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join(format!("k8s.gpu.nvidia.com-claim_{}.json", CLAIM_UIDS[1]));
+    std::fs::write(&file, json).unwrap();
+    let emitted: serde_json::Value = serde_json::from_str(json).unwrap();
+    check_with_cncf_library(dir.path(), &file, emitted["cdiVersion"].as_str().unwrap(), &[id.to_string()]);
+    let cache = new_cache(vec![with_spec_dirs(&[dir.path().to_str().unwrap()])]);
+    let mut oci = oci_spec::runtime::Spec::default();
+    oci.set_mounts(Some(Vec::new()));
+    cache.lock().unwrap().inject_devices(Some(&mut oci), vec![id.to_string()]).unwrap();
+    let mounts = oci
+        .mounts()
+        .clone()
+        .unwrap_or_default()
+        .iter()
+        .map(|m| {
+            (
+                m.source().as_ref().map(|p| p.display().to_string()).unwrap_or_default(),
+                m.destination().display().to_string(),
+            )
+        })
+        .collect();
+    let hooks = oci.hooks().clone().and_then(|h| h.create_container().clone()).unwrap_or_default();
+    (mounts, hooks.iter().map(|h| h.args().clone().unwrap_or_default()).collect())
+}
+
+/// A root with the video and graphics sets and a CUDA `compat/`
+/// directory: the container gets what NVIDIA's toolkit gives for it
+/// (every library of the driver version, the EGL/Vulkan/OpenCL files where
+/// its loaders look, X.Org's modules) and the forward-compatibility hook;
+/// `--driver-capabilities` narrows the sets and `--disable-cdi-hooks`
+/// leaves a hook out.
+#[test]
+fn video_graphics_and_cuda_compat_reach_the_container_as_nvidia_gives_them() {
+    use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
+    let version = "570.172.08";
+    let root = tempfile::tempdir().unwrap();
+    fake_tree::build_complete(root.path(), version).unwrap();
+    let id = format!("k8s.gpu.nvidia.com/claim={}-gpu-3", CLAIM_UIDS[1]);
+    let print = |extra: &[&str]| {
+        let mut flags = vec![
+            "--driver-root",
+            root.path().to_str().unwrap(),
+            "--host-driver-root",
+            "/run/nvidia/driver",
+            "--nvidia-cdi-hook-path",
+            "/usr/bin/nvidia-cdi-hook",
+            "--claim-uid",
+            CLAIM_UIDS[1],
+            "--device",
+            "gpu-3",
+        ];
+        flags.extend(extra);
+        stdout_ok(&print_cdi_a100(&flags))
+    };
+    let d = format!("/{LIBDIR}");
+    let (mounts, hooks) = injected(&print(&[]), &id);
+    for container in [
+        format!("{d}/libnvcuvid.so.{version}"),
+        format!("{d}/libnvidia-encode.so.{version}"),
+        format!("{d}/vdpau/libvdpau_nvidia.so.{version}"),
+        format!("{d}/libGLX_nvidia.so.{version}"),
+        format!("{d}/libnvidia-egl-wayland.so.1.1.19"),
+        "/usr/share/glvnd/egl_vendor.d/10_nvidia.json".to_string(),
+        "/etc/vulkan/icd.d/nvidia_icd.json".to_string(),
+        "/etc/OpenCL/vendors/nvidia.icd".to_string(),
+        "/usr/lib/xorg/modules/drivers/nvidia_drv.so".to_string(),
+    ] {
+        let mount = mounts.iter().find(|(_, c)| *c == container);
+        let (source, _) = mount.unwrap_or_else(|| panic!("{container} not injected: {mounts:#?}"));
+        assert!(source.starts_with("/run/nvidia/driver/"), "{source}: the host's view of the driver root");
+    }
+    assert!(!mounts.iter().any(|(s, _)| s.contains("/compat/")), "the image's compat libraries stay the image's");
+    let names: Vec<&str> = hooks.iter().map(|h| h[1].as_str()).collect();
+    assert_eq!(names, ["create-symlinks", "enable-cuda-compat", "update-ldcache"]);
+    assert_eq!(hooks[1][2], format!("--host-driver-version={version}"));
+    assert!(hooks[2].contains(&format!("{d}/vdpau")), "VDPAU's directory in the ld cache: {:?}", hooks[2]);
+
+    let (mounts, hooks) = injected(
+        &print(&["--driver-capabilities", "compute,utility", "--disable-cdi-hooks", "enable-cuda-compat"]),
+        &id,
+    );
+    assert!(mounts.iter().any(|(_, c)| *c == format!("{d}/libcuda.so.{version}")));
+    assert!(
+        !mounts.iter().any(|(_, c)| c.contains("nvcuvid") || c.contains("GLX") || c.contains("vulkan")),
+        "{mounts:#?}"
+    );
+    assert!(hooks.iter().all(|h| h[1] != "enable-cuda-compat"), "{hooks:?}");
+
+    let out = print_cdi_a100(&["--driver-capabilities", "display", "--claim-uid", CLAIM_UIDS[1], "--device", "gpu-3"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("driver capability \"display\" is unknown"), "{stderr}");
 }
 
 #[test]

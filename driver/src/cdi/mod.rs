@@ -18,8 +18,9 @@ pub const DRIVER_MOUNT_OPTIONS: &[&str] = &["ro", "nosuid", "nodev", "bind"];
 
 /// What every claim's spec adds from the node's driver installation (found
 /// at start by [`crate::driver_root::discover`]): its files as read-only
-/// bind mounts, `nvidia-cdi-hook` hooks that link sonames and update the
-/// container's ld cache, and control devices such as `nvidia-modeset`.
+/// bind mounts, `nvidia-cdi-hook` hooks that link sonames, enable CUDA's
+/// forward compatibility and update the container's ld cache (NVIDIA's
+/// order), and control devices such as `nvidia-modeset`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DriverEdits {
     pub mounts: Vec<Mount>,
@@ -52,6 +53,16 @@ impl DriverEdits {
                 }
                 hooks.push(hook(args));
             }
+            if let Some(version) = &files.cuda_compat_host_version {
+                // CUDA forward compatibility: the hook links the image's
+                // compat libraries (/usr/local/cuda/compat) first when
+                // they are newer than the host's driver.
+                hooks.push(hook(vec![
+                    "nvidia-cdi-hook".into(),
+                    "enable-cuda-compat".into(),
+                    format!("--host-driver-version={version}"),
+                ]));
+            }
             if !files.library_dirs.is_empty() {
                 let mut args = vec!["nvidia-cdi-hook".to_string(), "update-ldcache".to_string()];
                 for dir in &files.library_dirs {
@@ -68,7 +79,18 @@ impl DriverEdits {
             .collect();
         DriverEdits { mounts, hooks, device_nodes }
     }
+
+    /// The same edits without the hooks named in `disabled` (the
+    /// `nvidia-cdi-hook` subcommand, e.g. `enable-cuda-compat`, for a
+    /// node whose hook binary predates it).
+    pub fn without_hooks(mut self, disabled: &[String]) -> Self {
+        self.hooks.retain(|h| h.args.get(1).is_none_or(|name| !disabled.contains(name)));
+        self
+    }
 }
+
+/// The `nvidia-cdi-hook` subcommands specs may carry.
+pub const HOOK_NAMES: &[&str] = &["create-symlinks", "enable-cuda-compat", "update-ldcache"];
 
 /// `/dev/nvidia<minor>` and `/dev/nvidiactl` share this fixed major.
 pub const NVIDIA_MAJOR: u32 = 195;
@@ -336,6 +358,7 @@ mod tests {
             ],
             library_dirs: vec!["/usr/lib64".into()],
             control_devices: vec![("/dev/nvidia-modeset".into(), 254)],
+            cuda_compat_host_version: Some("580.95.05".into()),
         };
         let edits = DriverEdits::new(&files, Some("/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook"));
         let inv = inventory(vec![gpu(0)]);
@@ -364,9 +387,17 @@ mod tests {
         );
         assert_eq!(
             json["hooks"][1]["args"],
+            serde_json::json!(["nvidia-cdi-hook", "enable-cuda-compat", "--host-driver-version=580.95.05"])
+        );
+        assert_eq!(
+            json["hooks"][2]["args"],
             serde_json::json!(["nvidia-cdi-hook", "update-ldcache", "--folder", "/usr/lib64"])
         );
         assert_eq!(json["hooks"][0]["hookName"], "createContainer");
+        // A node whose hook predates forward compatibility leaves it out.
+        let older = edits.clone().without_hooks(&["enable-cuda-compat".to_string()]);
+        assert_eq!(older.hooks.len(), 2);
+        assert!(older.hooks.iter().all(|h| h.args[1] != "enable-cuda-compat"));
         assert_eq!(json["deviceNodes"][3]["path"], "/dev/nvidia-modeset");
         // Without the hook binary: mounts only.
         assert!(DriverEdits::new(&files, None).hooks.is_empty());

@@ -1,7 +1,9 @@
-//! What a CUDA container needs from the node's driver installation, found
-//! the way the NVIDIA Container Toolkit's `nvcdi` finds it: libraries
-//! through the driver root's `ld.so.cache` (standard library directories
-//! when it has none), GSP firmware, binaries and IPC sockets.
+//! What a GPU container needs from the node's driver installation, found
+//! the way the NVIDIA Container Toolkit's `nvcdi` finds it: every library
+//! of the driver version (compute, utility, video and graphics), with the
+//! sonames the root's `ld.so.cache` gives them, the graphics
+//! configuration files and X.Org modules, GSP firmware, binaries and IPC
+//! sockets; narrowed to the [`Capabilities`] a node gives.
 //!
 //! The driver root is where the plugin sees the installation (`/`, or
 //! `/driver-root` when the GPU Operator's `/run/nvidia/driver` is mounted
@@ -10,13 +12,21 @@
 //! Discovery runs at start and when the driver version changes, never on
 //! the prepare path.
 
+pub mod capabilities;
 pub mod fake_tree;
+mod graphics;
 pub mod ld_cache;
+mod libraries;
+
+pub use capabilities::{Capabilities, Capability};
+use libraries::FoundLibrary;
 
 use std::path::{Component, Path, PathBuf};
 
-/// Libraries of NVIDIA's compute and utility capabilities (`nvcdi`'s driver
-/// library list); the first two are required.
+/// Libraries of NVIDIA's compute and utility capabilities, found by name
+/// when a root's files do not carry the driver version, and listed first
+/// in specs in this order; the first two are required (with compute and
+/// utility).
 pub const LIBRARIES: &[&str] = &[
     "libcuda.so",
     "libnvidia-ml.so",
@@ -34,8 +44,16 @@ pub const LIBRARIES: &[&str] = &[
 const REQUIRED: &[&str] = &["libcuda.so", "libnvidia-ml.so"];
 
 /// Utility and compute binaries.
-pub const BINARIES: &[&str] =
-    &["nvidia-smi", "nvidia-debugdump", "nvidia-persistenced", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"];
+pub const BINARIES: &[&str] = &[
+    "nvidia-smi",
+    "nvidia-debugdump",
+    "nvidia-persistenced",
+    "nvidia-cuda-mps-control",
+    "nvidia-cuda-mps-server",
+    "nvidia-imex",
+    "nvidia-imex-ctl",
+    "nvidia-xconfig",
+];
 const BINARY_DIRS: &[&str] = &["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin"];
 
 /// Where `ldconfig` looks when there is no cache (and where distributions
@@ -104,6 +122,9 @@ pub struct DriverFiles {
     /// Control device nodes present (path, minor) besides the ones every
     /// claim gets.
     pub control_devices: Vec<(String, u32)>,
+    /// The driver version for CUDA's forward-compatibility hook
+    /// (`enable-cuda-compat --host-driver-version`), with the compute set.
+    pub cuda_compat_host_version: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -114,19 +135,41 @@ pub enum DiscoveryError {
     Missing { library: &'static str, root: String },
 }
 
-/// Finds what a CUDA container needs under `root`, for driver `version`
-/// (firmware lives in a directory named after it).
-pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, DiscoveryError> {
+/// Finds what a GPU container needs under `root` for driver `version`
+/// (libraries and firmware carry it in their names), of the sets in
+/// `capabilities`.
+pub fn discover(root: &DriverRoot, version: &str, capabilities: Capabilities) -> Result<DriverFiles, DiscoveryError> {
     let cache = native_cache(root);
     let mut files = DriverFiles::default();
+    let mut found = libraries::versioned(root, &cache, version);
     for &library in LIBRARIES {
-        match find_library(root, &cache, library) {
-            Some(found) => add_library(root, &mut files, library, &found),
-            None if REQUIRED.contains(&library) => {
-                return Err(DiscoveryError::Missing { library, root: root.root.display().to_string() });
-            }
-            None => tracing::debug!(library, "driver library not found; skipped"),
+        if !found.iter().any(|(l, _)| l == library)
+            && let Some(by_name) = libraries::by_name(root, &cache, library)
+        {
+            found.push((library.to_string(), by_name));
         }
+    }
+    for &library in REQUIRED {
+        if capabilities.contains(capabilities::of_library(library)) && !found.iter().any(|(l, _)| l == library) {
+            return Err(DiscoveryError::Missing { library, root: root.root.display().to_string() });
+        }
+    }
+    // The well-known libraries first, in their order; the rest by name.
+    found.sort_by_key(|(library, _)| {
+        (LIBRARIES.iter().position(|l| l == library).unwrap_or(LIBRARIES.len()), library.clone())
+    });
+    for (library, lib) in &found {
+        if capabilities.contains(capabilities::of_library(library)) {
+            add_library(root, &mut files, library, lib);
+        } else {
+            tracing::debug!(library, %capabilities, "driver library outside the node's capabilities; skipped");
+        }
+    }
+    if capabilities.contains(Capability::Graphics) {
+        let modules = graphics::xorg_modules(root, &files.library_dirs, version);
+        files.mounts.extend(graphics::configs(root));
+        files.mounts.extend(modules);
+        files.links.extend(graphics::links(&files.mounts));
     }
     if let Some(inside) = firmware_dir(root, version) {
         let mut names: Vec<String> = std::fs::read_dir(root.local(&inside))
@@ -144,7 +187,7 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
     } else {
         tracing::debug!(version, "no GSP firmware directory for the driver version; skipped");
     }
-    for binary in BINARIES {
+    for binary in BINARIES.iter().filter(|b| capabilities.contains(capabilities::of_binary(b))) {
         let found = binary_path(root, binary);
         match found {
             Some(path) => files.mounts.push(DriverMount { host_path: root.host(&path), container_path: path }),
@@ -159,6 +202,13 @@ pub fn discover(root: &DriverRoot, version: &str) -> Result<DriverFiles, Discove
     }
     if root.local(MODESET.0).exists() {
         files.control_devices.push((MODESET.0.to_string(), MODESET.1));
+    }
+    if capabilities.contains(Capability::Compute) {
+        // As the driver writes it (`570.172.08`, the suffix of libcuda's
+        // file), where NVML may drop a leading zero.
+        let libcuda = found.iter().find(|(l, _)| l == "libcuda.so");
+        let written = libcuda.and_then(|(_, lib)| lib.real.rsplit_once(".so.").map(|(_, v)| v.to_string()));
+        files.cuda_compat_host_version = Some(written.unwrap_or_else(|| version.to_string()));
     }
     Ok(files)
 }
@@ -200,7 +250,7 @@ pub fn local_binary(root: &DriverRoot, binary: &str) -> Option<PathBuf> {
 /// not `libcuda.so.1`): any `libcuda.so.<version>` the root's cache or
 /// library directories list.
 pub fn local_library(root: &DriverRoot, library: &str) -> Option<PathBuf> {
-    find_library(root, &native_cache(root), library).map(|found| root.local(&found.real))
+    libraries::by_name(root, &native_cache(root), library).map(|found| root.local(&found.real))
 }
 
 /// The root's `ld.so.cache` entries for this machine's architecture; none
@@ -217,39 +267,6 @@ fn native_cache(root: &DriverRoot) -> Vec<ld_cache::CacheEntry> {
             Vec::new()
         }
     }
-}
-
-/// A library found: where the cache or the directory search says it is
-/// (as the root sees it) and the real file that path leads to.
-struct FoundLibrary {
-    /// The name programs load it by (`libcuda.so.1`, `libnvidia-nvvm.so.4`),
-    /// when known.
-    soname: Option<String>,
-    real: String,
-}
-
-fn find_library(root: &DriverRoot, cache: &[ld_cache::CacheEntry], library: &str) -> Option<FoundLibrary> {
-    let prefix = format!("{library}.");
-    let from_cache =
-        cache.iter().filter(|e| e.soname.starts_with(&prefix)).map(|e| (Some(e.soname.clone()), e.path.clone()));
-    let from_dirs = LIBRARY_DIRS.iter().flat_map(|d| {
-        let dir = format!("/{d}");
-        let mut names: Vec<String> = std::fs::read_dir(root.local(&dir))
-            .into_iter()
-            .flatten()
-            .flatten()
-            .map(|e| e.file_name().to_string_lossy().into_owned())
-            .filter(|n| n.starts_with(&prefix))
-            .collect();
-        names.sort();
-        names.into_iter().map(move |n| (None, format!("{dir}/{n}")))
-    });
-    from_cache.chain(from_dirs).find_map(|(soname, path)| {
-        let real = resolve(root, &path)?;
-        // Found by a link name in a directory: that name is the soname.
-        let soname = soname.or_else(|| (path != real).then(|| path.rsplit('/').next().unwrap_or_default().to_string()));
-        Some(FoundLibrary { soname, real })
-    })
 }
 
 /// Follows `path`'s symlinks inside the root (absolute targets are the
