@@ -8,6 +8,7 @@
 //! | `TimeSlicingSettings` | off | the `TimeSlicing` sharing strategy and its intervals |
 //! | `MPSSupport` | off | the `MPS` sharing strategy (a control daemon per claim) |
 //! | `ConsumableCapacity` | off | whole GPUs published for several claims at once, shared by memory (and optionally compute), each share's limit enforced through MPS: needs `MPSSupport` |
+//! | `ConsumableShares` | off | NVIDIA's unenforced sharing: GPUs and MIG devices published for several claims, by memory, without limit, or as N shares (`--consumable-shares`); nothing holds a claim to its share, as in NVIDIA's driver |
 
 use std::fmt;
 use std::str::FromStr;
@@ -18,16 +19,19 @@ pub enum Gate {
     TimeSlicingSettings,
     MpsSupport,
     ConsumableCapacity,
+    ConsumableShares,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 3] = [Gate::TimeSlicingSettings, Gate::MpsSupport, Gate::ConsumableCapacity];
+    pub const ALL: [Gate; 4] =
+        [Gate::TimeSlicingSettings, Gate::MpsSupport, Gate::ConsumableCapacity, Gate::ConsumableShares];
 
     pub fn name(self) -> &'static str {
         match self {
             Gate::TimeSlicingSettings => "TimeSlicingSettings",
             Gate::MpsSupport => "MPSSupport",
             Gate::ConsumableCapacity => "ConsumableCapacity",
+            Gate::ConsumableShares => "ConsumableShares",
         }
     }
 }
@@ -38,12 +42,15 @@ pub struct FeatureGates {
     time_slicing: bool,
     mps: bool,
     consumable_capacity: bool,
+    consumable_shares: bool,
 }
 
 /// A `--feature-gates` value that cannot be used, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeatureGateError {
-    #[error("unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport and ConsumableCapacity")]
+    #[error(
+        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity and ConsumableShares"
+    )]
     Unknown(String),
     #[error("feature gate {gate}: {value:?} is not true or false")]
     BadValue { gate: String, value: String },
@@ -57,6 +64,7 @@ impl FeatureGates {
             Gate::TimeSlicingSettings => self.time_slicing,
             Gate::MpsSupport => self.mps,
             Gate::ConsumableCapacity => self.consumable_capacity,
+            Gate::ConsumableShares => self.consumable_shares,
         }
     }
 
@@ -73,6 +81,14 @@ impl FeatureGates {
                 Gate::MpsSupport.name()
             ));
         }
+        if self.consumable_capacity && self.consumable_shares {
+            return Err(format!(
+                "{} (shares enforced through MPS) and {} (NVIDIA's unenforced shares) publish the same GPUs in two \
+                 ways: turn on one of them",
+                Gate::ConsumableCapacity.name(),
+                Gate::ConsumableShares.name()
+            ));
+        }
         Ok(self)
     }
 
@@ -81,6 +97,7 @@ impl FeatureGates {
             Gate::TimeSlicingSettings => self.time_slicing = on,
             Gate::MpsSupport => self.mps = on,
             Gate::ConsumableCapacity => self.consumable_capacity = on,
+            Gate::ConsumableShares => self.consumable_shares = on,
         }
         self
     }
@@ -145,5 +162,9 @@ mod tests {
         assert!(both.check_dependencies().is_ok());
         let time_slicing: FeatureGates = "TimeSlicingSettings=true".parse().unwrap();
         assert!(time_slicing.check_dependencies().is_ok());
+        let two: FeatureGates = "ConsumableCapacity=true,MPSSupport=true,ConsumableShares=true".parse().unwrap();
+        assert!(two.check_dependencies().unwrap_err().contains("turn on one of them"));
+        let nvidia: FeatureGates = "ConsumableShares=true".parse().unwrap();
+        assert!(nvidia.check_dependencies().is_ok(), "NVIDIA's shares need no MPS");
     }
 }

@@ -86,6 +86,32 @@ pub struct NodeArgs {
     /// not at all; every other XID taints its GPU NoSchedule.
     #[arg(long, env = "ADDITIONAL_XIDS_TO_IGNORE", value_delimiter = ',', value_name = "XID,...")]
     pub additional_xids_to_ignore: Vec<u32>,
+    /// With the ConsumableShares gate (NVIDIA's): how GPUs and MIG devices
+    /// are shared between claims, none of it enforced: `memory` (a claim
+    /// takes the memory it asks for, all by default), `unlimited` (none by
+    /// default), or a number N (at most N claims per device); `disabled`
+    /// by default.
+    #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled", value_name = "MODE")]
+    pub consumable_shares: gpu_dra_driver::slices::consumable_shares::SharesMode,
+}
+
+impl NodeArgs {
+    /// `--consumable-shares` and the ConsumableShares gate go together:
+    /// either without the other is refused, where NVIDIA's plugin ignores
+    /// the mode without the gate and publishes nothing shared.
+    pub fn check_consumable_shares(&self, gates: gpu_dra_driver::feature_gates::FeatureGates) -> Result<(), String> {
+        use gpu_dra_driver::feature_gates::Gate;
+        use gpu_dra_driver::slices::consumable_shares::SharesMode;
+        match (gates.enabled(Gate::ConsumableShares), self.consumable_shares) {
+            (true, SharesMode::Disabled) => Err("the ConsumableShares feature gate is on but --consumable-shares is \
+                 disabled: set --consumable-shares to memory, unlimited or a number of shares per device"
+                .into()),
+            (false, mode) if mode != SharesMode::Disabled => Err(format!(
+                "--consumable-shares {mode} needs --feature-gates ConsumableShares=true (NVIDIA's gate for it)"
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// Where the NVIDIA driver is installed, for what containers get from it.

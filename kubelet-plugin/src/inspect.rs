@@ -34,7 +34,9 @@ pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> 
     let inventory = discover(&args.node, &args.driver_root, &args.host)?;
     let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
         .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied())
-        .with_gates(args.feature_gates);
+        .with_gates(args.feature_gates)
+        .with_consumable_shares(args.feature_gates, args.node.consumable_shares);
+    args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
     let slices = builder.build(&inventory, args.generation)?;
     match args.output {
         OutputFormat::Yaml => {

@@ -49,6 +49,8 @@ pub struct PublisherConfig {
     pub additional_ignored_xids: Vec<u32>,
     /// What the slices show of the gates (`ConsumableCapacity`: shareable GPUs).
     pub gates: FeatureGates,
+    /// NVIDIA's `--consumable-shares` mode (with its gate).
+    pub consumable_shares: gpu_dra_driver::slices::consumable_shares::SharesMode,
 }
 
 impl PublisherConfig {
@@ -61,6 +63,7 @@ impl PublisherConfig {
             max_backoff: Duration::from_secs(30),
             additional_ignored_xids: Vec::new(),
             gates: FeatureGates::default(),
+            consumable_shares: Default::default(),
         }
     }
 
@@ -193,7 +196,8 @@ impl Publisher {
     fn new(client: kube::Client, config: PublisherConfig, status: Arc<PublishStatus>) -> Self {
         let builder = SliceBuilder::new(config.driver.clone(), config.node.clone())
             .ignoring_xids(config.additional_ignored_xids.iter().copied())
-            .with_gates(config.gates);
+            .with_gates(config.gates)
+            .with_consumable_shares(config.gates, config.consumable_shares);
         Self {
             api: Api::all(client.clone()),
             nodes: Api::all(client.clone()),

@@ -30,6 +30,7 @@ const HEALTH_RESEND: Duration = Duration::from_secs(20);
 /// Runs the node agent until SIGTERM or SIGINT. Needs a tokio runtime.
 pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     args.check_paths().map_err(anyhow::Error::msg)?;
+    args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
     let node = &args.node.node_name;
     let driver = &args.node.driver_name;
     let metrics = Arc::new(Metrics::new());
@@ -62,6 +63,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         PublisherConfig {
             additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
             gates: args.feature_gates,
+            consumable_shares: args.node.consumable_shares,
             ..PublisherConfig::new(node.clone(), driver.clone())
         },
         inventory.clone(),

@@ -271,3 +271,40 @@ fn print_slices_with_env(inventory: &Path, gates: &str) -> String {
     assert!(yaml.contains("allowMultipleAllocations: true"), "{yaml}");
     yaml
 }
+
+/// NVIDIA's `ConsumableShares` with `--consumable-shares 4`: every GPU and
+/// MIG device of every example carries four shares and valid request
+/// policies; the mode without the gate, or the gate without a mode, is
+/// refused naming the other.
+#[test]
+fn nvidia_consumable_shares_publish_every_device_with_n_shares() {
+    for inventory in example_inventories() {
+        let path = inventory.to_str().unwrap();
+        let args = ["print-slices", "--node-name", "node-a", "--fake-inventory", path, "-o", "json"];
+        let mut shared = args.to_vec();
+        shared.extend(["--feature-gates", "ConsumableShares=true", "--consumable-shares", "4"]);
+        let slices = slices_from_json(&stdout_ok(&run(kubelet_plugin(), &shared, None)));
+        check_pool(&slices, "node-a");
+        for device in devices(&slices) {
+            assert_eq!(device.allow_multiple_allocations, Some(true), "{}: {}", inventory.display(), device.name);
+            let caps = device.capacity.as_ref().unwrap();
+            assert_eq!(caps["shares"].value.0, "4", "{}: {}", inventory.display(), device.name);
+            assert_eq!(caps["memory"].request_policy.as_ref().unwrap().default.as_ref().unwrap().0, "0");
+        }
+    }
+    let path = example("dgx-h100.yaml");
+    let base = ["print-slices", "--node-name", "node-a", "--fake-inventory", path.to_str().unwrap()];
+    let refused = |extra: &[&str]| {
+        let mut all = base.to_vec();
+        all.extend(extra);
+        let out = run(kubelet_plugin(), &all, None);
+        assert!(!out.status.success(), "{extra:?} accepted");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = refused(&["--consumable-shares", "memory"]);
+    assert!(err.contains("--consumable-shares memory needs --feature-gates ConsumableShares=true"), "{err}");
+    let err = refused(&["--feature-gates", "ConsumableShares=true"]);
+    assert!(err.contains("set --consumable-shares to memory, unlimited or a number"), "{err}");
+    let err = refused(&["--consumable-shares", "many"]);
+    assert!(err.contains("\"many\" is not a mode"), "{err}");
+}

@@ -6,6 +6,7 @@
 //! consumers know when they have seen the whole pool.
 
 pub mod attributes;
+pub mod consumable_shares;
 mod request_policy;
 pub mod shares;
 pub mod validation;
@@ -29,6 +30,9 @@ pub struct SliceBuilder {
     rules: ServerRules,
     /// Whole GPUs are published shareable by memory ([`shares`]).
     shares: bool,
+    /// GPUs and MIG devices are published as NVIDIA's `ConsumableShares`
+    /// does ([`consumable_shares`]).
+    consumable_shares: consumable_shares::SharesMode,
 }
 
 /// Why slices could not be built.
@@ -48,13 +52,30 @@ impl SliceBuilder {
     /// A builder for the strictest server (1.34), with NVIDIA's
     /// application XIDs ignored.
     pub fn new(driver: DriverName, node: NodeName) -> Self {
-        Self { driver, node, taints: TaintPolicy::default(), rules: ServerRules::STRICTEST, shares: false }
+        Self {
+            driver,
+            node,
+            taints: TaintPolicy::default(),
+            rules: ServerRules::STRICTEST,
+            shares: false,
+            consumable_shares: consumable_shares::SharesMode::Disabled,
+        }
     }
 
     /// Slices as the plugin publishes them with `gates`: with
     /// `ConsumableCapacity`, whole GPUs are shareable ([`shares`]).
     pub fn with_gates(mut self, gates: FeatureGates) -> Self {
         self.shares = gates.enabled(Gate::ConsumableCapacity);
+        self
+    }
+
+    /// With the `ConsumableShares` gate on, devices published for sharing
+    /// in `mode` (`--consumable-shares`); off, `mode` is ignored, as
+    /// NVIDIA's plugin ignores it.
+    pub fn with_consumable_shares(mut self, gates: FeatureGates, mode: consumable_shares::SharesMode) -> Self {
+        if gates.enabled(Gate::ConsumableShares) {
+            self.consumable_shares = mode;
+        }
         self
     }
 
@@ -91,6 +112,11 @@ impl SliceBuilder {
                 if let (true, PublishedDevice::Gpu(gpu)) = (self.shares, d) {
                     shares::make_shareable(&mut device, gpu);
                 }
+                let memory = match d {
+                    PublishedDevice::Gpu(gpu) => gpu.memory_bytes,
+                    PublishedDevice::Mig { mig, .. } => mig.profile.memory_bytes,
+                };
+                consumable_shares::apply(&mut device, memory, self.consumable_shares);
                 Ok(device)
             })
             .collect::<Result<Vec<Device>, InvalidName>>()?;
@@ -218,6 +244,33 @@ mod tests {
         let err = builder().build(&inventory(vec![gpu(0)]), -1).unwrap_err().to_string();
         assert!(err.contains("node-a-gpu.nvidia.com-0"), "{err}");
         assert!(err.contains("spec.pool.generation: Invalid value: -1"), "{err}");
+    }
+
+    /// NVIDIA's `ConsumableShares`: GPUs and MIG devices alike, each mode
+    /// valid for the strictest server; the mode does nothing without its gate.
+    #[test]
+    fn consumable_shares_publish_gpus_and_mig_devices_for_sharing() {
+        use crate::inventory::MigMode;
+        use crate::inventory::test_support::mig;
+        let mut partitioned = gpu(1);
+        partitioned.mig = MigMode::Enabled(vec![mig("1g.10gb", 19, 5, 1)]);
+        let inv = inventory(vec![gpu(0), partitioned]);
+        let gates: FeatureGates = "ConsumableShares=true".parse().unwrap();
+        for mode in ["memory", "unlimited", "4"] {
+            let slices =
+                builder().with_consumable_shares(gates, mode.parse().unwrap()).build(&inv, 1).expect("valid slices");
+            let devices = slices[0].spec.devices.clone().unwrap();
+            assert_eq!(devices.len(), 2);
+            for d in &devices {
+                assert_eq!(d.allow_multiple_allocations, Some(true), "{mode}: {}", d.name);
+                let caps = d.capacity.as_ref().unwrap();
+                assert!(caps["memory"].request_policy.is_some(), "{mode}: {}", d.name);
+                assert_eq!(caps.contains_key("shares"), mode == "4", "{mode}: {}", d.name);
+            }
+        }
+        let off =
+            builder().with_consumable_shares(FeatureGates::default(), "4".parse().unwrap()).build(&inv, 1).unwrap();
+        assert!(off[0].spec.devices.as_ref().unwrap().iter().all(|d| d.allow_multiple_allocations.is_none()));
     }
 
     #[test]

@@ -203,3 +203,48 @@ async fn start_up_removes_daemon_directories_no_record_owns_and_those_from_befor
     assert_eq!(report.other_boot, [A.to_owned()]);
     assert_eq!(take(&host.calls), ["unmount", "rmdirs", "unmount", "rmdirs"]);
 }
+
+/// NVIDIA's `ConsumableShares`: four claims holding one share each of
+/// gpu-0 are prepared side by side with no MPS daemon (the shares are not
+/// enforced, as in NVIDIA's driver), and an MPS config beside them is
+/// refused naming its path.
+#[tokio::test]
+async fn nvidia_consumable_shares_prepare_without_daemons_and_refuse_mps() {
+    let (mut h, gpu, host) = harness();
+    h.gates = "ConsumableShares=true,MPSSupport=true".parse().unwrap();
+    let uids = [A, B, "2b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "3b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a"];
+    for (i, uid) in uids.iter().enumerate() {
+        let mut claim = share(uid, &format!("replica-{i}"), "0");
+        let result = &mut claim
+            .status
+            .as_mut()
+            .unwrap()
+            .allocation
+            .as_mut()
+            .unwrap()
+            .devices
+            .as_mut()
+            .unwrap()
+            .results
+            .as_mut()
+            .unwrap()[0];
+        result.consumed_capacity.as_mut().unwrap().insert("shares".into(), Quantity("1".into()));
+        h.source.put(claim);
+    }
+    let (p, _) = h.open();
+    let refs: Vec<_> = uids.iter().enumerate().map(|(i, uid)| claim_ref(uid, &format!("replica-{i}"))).collect();
+    let out = p.prepare(refs).await;
+    for uid in uids {
+        let devices = out[uid].clone().unwrap_or_else(|e| panic!("{uid}: {e}"));
+        assert_eq!(devices[0].device_name, "gpu-0");
+    }
+    assert!(take(&host.calls).is_empty(), "no MPS daemon for unenforced shares");
+    assert!(take(&gpu.calls).is_empty(), "the GPU's compute mode is left alone");
+    assert_eq!(h.cdi_files().len(), 4);
+
+    const C: &str = "4b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+    h.source.put(with_mps(C, "mps", 50));
+    let err = p.prepare(vec![claim_ref(C, "mps")]).await[C].clone().unwrap_err();
+    assert!(err.contains("MPS is not supported with the ConsumableShares feature gate"), "{err}");
+    assert!(err.contains(".sharing:"), "names the config's path: {err}");
+}

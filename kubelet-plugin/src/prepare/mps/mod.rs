@@ -140,6 +140,19 @@ fn device_mps(
     };
     let memory = device.consumed_capacity.get("memory");
     let sm_percent = device.consumed_capacity.get(SM_PERCENT);
+    if gates.enabled(Gate::ConsumableShares) {
+        // NVIDIA's shares are not enforced, and its driver refuses MPS
+        // beside them: a daemon would hold the GPU exclusive.
+        return match mps_config {
+            Some(_) => Err(format!(
+                "{}.sharing: MPS is not supported with the ConsumableShares feature gate (its shares are not \
+                 enforced, and an MPS daemon would take the GPU from the other claims sharing it): remove the MPS \
+                 sharing config, or run the plugin with ConsumableCapacity and MPSSupport for enforced shares",
+                config_path(config.source)
+            )),
+            None => Ok(None),
+        };
+    }
     if mps_config.is_none() && memory.is_none() && sm_percent.is_none() {
         return Ok(None);
     }
