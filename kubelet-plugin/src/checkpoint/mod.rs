@@ -209,6 +209,10 @@ pub struct Loaded {
     pub damaged: Vec<DamagedRecord>,
     /// Leftover temporary files (a write killed half-way); safe to delete.
     pub temp_files: Vec<PathBuf>,
+    /// Claims named by records set aside earlier (by file name, and by the
+    /// UID inside when it can be read): their files are kept until the
+    /// kubelet unprepares them.
+    pub set_aside_owners: Vec<String>,
 }
 
 /// The checkpoint directory.
@@ -300,6 +304,11 @@ impl CheckpointDir {
                 loaded.temp_files.push(path);
                 continue;
             }
+            if let Some(at) = name.find(&format!("{RECORD_SUFFIX}{DAMAGED_SUFFIX}")) {
+                loaded.set_aside_owners.push(name[..at].to_owned());
+                loaded.set_aside_owners.extend(uid_inside(&path));
+                continue;
+            }
             let Some(uid) = name.strip_suffix(RECORD_SUFFIX) else { continue };
             let damaged = |reason: String, names_other| DamagedRecord {
                 uid: uid.to_string(),
@@ -374,9 +383,20 @@ fn read_record(path: &Path, uid: &str) -> Result<ClaimRecord, RecordProblem> {
     Ok(record)
 }
 
+/// The claim UID a set-aside file holds, if it is readable enough to say
+/// (no checksum needed: it is only used to keep that claim's files).
+fn uid_inside(path: &Path) -> Option<String> {
+    let bytes = bounded_file::read(path, MAX_RECORD_BYTES, Links::Refuse).ok()?;
+    let value: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    let uid = value.get("claim")?.get("uid")?.as_str()?;
+    ClaimUid::new(uid).ok().map(|_| uid.to_owned())
+}
+
 /// The node's boot id, `<proc-root>/sys/kernel/random/boot_id`.
 pub fn boot_id(proc_root: &Path) -> io::Result<String> {
-    let text = fs::read_to_string(proc_root.join("sys/kernel/random/boot_id"))?;
+    // Bounded: `--proc-root` may point at a directory someone else made.
+    let text = bounded_file::read_to_string(&proc_root.join("sys/kernel/random/boot_id"), 4096, Links::Follow)
+        .map_err(|e| io::Error::other(e.to_string()))?;
     Ok(text.trim().to_string())
 }
 
@@ -452,6 +472,9 @@ mod tests {
         }
         let again = dir.load().unwrap();
         assert!(again.damaged.is_empty() && again.records.is_empty());
+        let mut owners = again.set_aside_owners;
+        owners.sort();
+        assert_eq!(owners, [UID, UID, other], "set-aside records still name their claims (and the one inside)");
     }
 
     /// Files that are not records: symlinks (to a record, to /dev/zero, to

@@ -59,7 +59,7 @@ pub(super) fn reconcile(
         remove_file(temp);
         report.temp_files += 1;
     }
-    let mut owners: HashSet<String> = HashSet::new();
+    let mut owners: HashSet<String> = loaded.set_aside_owners.iter().cloned().collect();
     let mut damaged = loaded.damaged;
     let mut valid = Vec::new();
     for record in loaded.records {
