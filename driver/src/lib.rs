@@ -6,6 +6,7 @@
 //! metrics port), so that it is written once.
 
 pub mod allocator;
+pub mod bounded_file;
 pub mod cdi;
 pub mod driver_root;
 pub mod feature_gates;

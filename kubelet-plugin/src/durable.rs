@@ -40,6 +40,7 @@ pub fn sync_dir(dir: &Path) -> io::Result<()> {
 /// Replaces `dir/name` with `bytes` atomically and durably; the file gets
 /// `mode`.
 pub fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> {
+    plain_name(name)?;
     let temp = temp_path(dir, name);
     let result = write_temp(&temp, bytes, mode).and_then(|()| fs::rename(&temp, dir.join(name)));
     if result.is_err() {
@@ -50,8 +51,11 @@ pub fn write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> io::Result<()> 
 }
 
 /// Removes `dir/name` durably; a missing file is not an error. Returns
-/// whether there was a file.
+/// whether there was a file. `name` must be a plain file name: a path
+/// (`/x`, `../x`, `a/b`) is refused, so nothing outside `dir` goes; a
+/// symlink named `name` goes itself, never what it names.
 pub fn remove(dir: &Path, name: &str) -> io::Result<bool> {
+    plain_name(name)?;
     match fs::remove_file(dir.join(name)) {
         Ok(()) => {
             sync_dir(dir)?;
@@ -59,6 +63,20 @@ pub fn remove(dir: &Path, name: &str) -> io::Result<bool> {
         }
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
+    }
+}
+
+/// Refuses a `name` that is not a plain entry of its directory.
+fn plain_name(name: &str) -> io::Result<()> {
+    if gpu_dra_driver::bounded_file::is_plain_name(name) {
+        Ok(())
+    } else {
+        Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "{name:?} is not a plain file name (no `/`, not `.` or `..`): refused, as it would leave its directory"
+            ),
+        ))
     }
 }
 
@@ -108,6 +126,24 @@ mod tests {
         write(dir.path(), "a.json", b"x", 0o644).unwrap();
         assert!(remove(dir.path(), "a.json").unwrap());
         assert!(!remove(dir.path(), "a.json").unwrap());
+    }
+
+    #[test]
+    fn paths_are_refused_and_nothing_outside_goes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("dir");
+        fs::create_dir(&dir).unwrap();
+        let outside = tmp.path().join("outside");
+        fs::write(&outside, b"keep").unwrap();
+        for name in ["../outside", outside.to_str().unwrap(), "a/b", "..", ".", ""] {
+            let error = remove(&dir, name).unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::InvalidInput, "{name}");
+            assert!(error.to_string().contains("not a plain file name"), "{error}");
+            assert!(write(&dir, name, b"x", 0o600).is_err(), "{name}");
+        }
+        std::os::unix::fs::symlink(&outside, dir.join("link")).unwrap();
+        assert!(remove(&dir, "link").unwrap());
+        assert_eq!(fs::read(&outside).unwrap(), b"keep");
     }
 
     #[test]

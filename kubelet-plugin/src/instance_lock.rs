@@ -31,7 +31,17 @@ pub struct InstanceLock {
 /// Takes the lock if no other process holds it.
 pub fn try_acquire(state_dir: &Path) -> io::Result<Option<InstanceLock>> {
     let path = state_dir.join(LOCK_FILE);
-    let file = OpenOptions::new().create(true).truncate(false).write(true).mode(0o600).open(&path)?;
+    // Not through a symlink, never blocking on a FIFO: only a regular file.
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(&path)?;
+    if !file.metadata()?.is_file() {
+        return Err(io::Error::other(format!("{} is not a regular file", path.display())));
+    }
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => Ok(Some(InstanceLock { _file: file, path })),
         Err(e) if e == rustix::io::Errno::WOULDBLOCK => Ok(None),

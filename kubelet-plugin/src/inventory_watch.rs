@@ -39,8 +39,11 @@ pub fn watch_fake_file(
     Ok(rx)
 }
 
+/// The file's bytes to compare with the last seen: a regular file within
+/// the fake inventory's size limit (a FIFO or a device is never read).
 fn read(path: &std::path::Path) -> Option<Vec<u8>> {
-    std::fs::read(path).ok()
+    use gpu_dra_driver::bounded_file::{self, Links};
+    bounded_file::read(path, fake::MAX_FILE_BYTES, Links::Follow).ok()
 }
 
 async fn follow_file(

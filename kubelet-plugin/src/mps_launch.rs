@@ -66,5 +66,5 @@ pub fn exec(args: &MpsLaunchArgs) -> anyhow::Result<()> {
 pub fn supervise(args: &crate::cli::MpsSupervisorArgs) -> anyhow::Result<()> {
     let host = crate::driver_files::local_mps(args.driver_root.clone(), true)
         .context("no nvidia-cuda-mps-control in --driver-root: nothing to supervise")?;
-    crate::prepare::mps::supervisor::run(&host, &args.state_dir.join("mps")).map_err(anyhow::Error::msg)
+    crate::prepare::mps::supervisor::run(&host, &args.state_dir).map_err(anyhow::Error::msg)
 }

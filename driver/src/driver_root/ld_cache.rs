@@ -83,9 +83,18 @@ pub fn parse(bytes: &[u8]) -> Result<Vec<CacheEntry>, LdCacheError> {
     Ok(out)
 }
 
-/// Reads and parses `<root>/etc/ld.so.cache`.
-pub fn read(root: &Path) -> std::io::Result<Result<Vec<CacheEntry>, LdCacheError>> {
-    Ok(parse(&std::fs::read(root.join("etc/ld.so.cache"))?))
+/// The largest cache read: a host with thousands of libraries has one of
+/// a few MiB.
+pub const MAX_FILE_BYTES: u64 = 64 << 20;
+
+/// Reads and parses `<root>/etc/ld.so.cache`: a regular file of at most
+/// [`MAX_FILE_BYTES`], not a symlink (an absolute link would lead out of
+/// the driver root to the plugin's own cache). The driver root's libraries
+/// may be symlinks: they are mounted, not read.
+pub fn read(root: &Path) -> Result<Result<Vec<CacheEntry>, LdCacheError>, crate::bounded_file::ReadError> {
+    let bytes =
+        crate::bounded_file::read(&root.join("etc/ld.so.cache"), MAX_FILE_BYTES, crate::bounded_file::Links::Refuse)?;
+    Ok(parse(&bytes))
 }
 
 /// Where the new-format table starts: at 0, or after an old-format table

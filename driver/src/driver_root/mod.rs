@@ -262,8 +262,12 @@ fn native_cache(root: &DriverRoot) -> Vec<ld_cache::CacheEntry> {
             tracing::debug!(root = %root.root.display(), error = %e, "unreadable ld.so.cache; searching library directories");
             Vec::new()
         }
-        Err(e) => {
+        Err(e) if e.is_not_found() => {
             tracing::debug!(root = %root.root.display(), error = %e, "no ld.so.cache; searching library directories");
+            Vec::new()
+        }
+        Err(e) => {
+            tracing::warn!(root = %root.root.display(), error = %e, "ld.so.cache not read; searching library directories");
             Vec::new()
         }
     }

@@ -70,6 +70,34 @@ fn without_a_cache_the_library_directories_are_searched() {
     assert!(files.links.contains(&("libcuda.so.1".to_string(), format!("/{LIBDIR}/libcuda.so"))));
 }
 
+/// A cache that is a symlink (to `/dev/zero`, to a FIFO) or too large is
+/// not read: no hang, no unbounded read; the library directories are
+/// searched instead.
+#[test]
+fn a_cache_that_is_not_a_small_regular_file_is_not_read() {
+    let tmp = tempfile::tempdir().unwrap();
+    fake_root(tmp.path(), &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")]);
+    let cache = tmp.path().join("etc/ld.so.cache");
+    let fifo = tmp.path().join("fifo");
+    rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o600), 0)
+        .unwrap();
+    let too_large = tmp.path().join("large");
+    std::fs::File::create(&too_large).unwrap().set_len(super::ld_cache::MAX_FILE_BYTES + 1).unwrap();
+    for target in [std::path::Path::new("/dev/zero"), &fifo, &too_large] {
+        std::fs::remove_file(&cache).unwrap();
+        std::os::unix::fs::symlink(target, &cache).unwrap();
+        let error = super::ld_cache::read(tmp.path()).unwrap_err();
+        assert!(error.to_string().contains("is a symbolic link"), "{error}");
+        let files = discover(&DriverRoot::new(tmp.path(), None), VERSION).unwrap();
+        assert_eq!(files.mounts[0].container_path, format!("/{LIBDIR}/libcuda.so.{VERSION}"));
+    }
+    std::fs::remove_file(&cache).unwrap();
+    std::fs::rename(&too_large, &cache).unwrap();
+    let error = super::ld_cache::read(tmp.path()).unwrap_err();
+    assert!(error.to_string().contains("the most such a file may hold"), "{error}");
+    assert!(discover(&DriverRoot::new(tmp.path(), None), VERSION).is_ok());
+}
+
 #[test]
 fn a_root_without_libcuda_names_the_directory_and_the_fix() {
     let tmp = tempfile::tempdir().unwrap();

@@ -94,6 +94,10 @@ pub fn load(path: &Path, node: &NodeName) -> Result<Inventory, FakeInventoryErro
     FakeInventory::load(path)?.for_node(node)
 }
 
+/// The largest fake inventory file read: a node of many GPUs with every
+/// MIG layout spelled out is a few KiB; a ConfigMap holds at most 1 MiB.
+pub const MAX_FILE_BYTES: u64 = 4 << 20;
+
 /// A fake inventory file read and parsed once, for any number of nodes
 /// (`simulate` fleets list one file for many nodes).
 #[derive(Debug)]
@@ -105,13 +109,16 @@ pub struct FakeInventory {
 impl FakeInventory {
     pub fn load(path: &Path) -> Result<Self, FakeInventoryError> {
         let at = |(field, problem, fix): Located| FakeInventoryError { file: path.to_path_buf(), field, problem, fix };
-        let text = std::fs::read_to_string(path).map_err(|e| {
-            at((
-                String::new(),
-                format!("cannot read the file: {e}"),
-                "pass the path of an existing fake inventory YAML file (see examples/inventories/)".to_string(),
-            ))
-        })?;
+        // A ConfigMap's file is a symlink (the chart mounts one): followed,
+        // but only to a regular file of bounded size.
+        let text = crate::bounded_file::read_to_string(path, MAX_FILE_BYTES, crate::bounded_file::Links::Follow)
+            .map_err(|e| {
+                at((
+                    String::new(),
+                    format!("cannot read the file: {}", e.problem),
+                    "pass the path of an existing fake inventory YAML file (see examples/inventories/)".to_string(),
+                ))
+            })?;
         Ok(FakeInventory { file: path.to_path_buf(), parsed: parse_file(&text).map_err(at)? })
     }
 
@@ -665,6 +672,24 @@ mod tests {
         let line = e.to_string();
         assert!(line.starts_with("/nonexistent/inv.yaml: cannot read the file"), "{line}");
         assert!(!line.contains('\n'));
+    }
+
+    /// A FIFO or a device is refused at once (no hang, no unbounded read);
+    /// a symlink (a ConfigMap's file) to a regular file is followed.
+    #[test]
+    fn only_a_regular_file_is_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("fifo.yaml");
+        let mode = rustix::fs::Mode::from_raw_mode(0o600);
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, rustix::fs::FileType::Fifo, mode, 0).unwrap();
+        for (path, found) in [(fifo.as_path(), "FIFO"), (Path::new("/dev/zero"), "character device")] {
+            let line = load(path, &node()).unwrap_err().to_string();
+            assert!(line.contains(&format!("cannot read the file: is a {found}")), "{line}");
+        }
+        let file = dir.path().join("inv.yaml");
+        std::fs::write(&file, "gpus: [{model: H100-80GB}]").unwrap();
+        std::os::unix::fs::symlink(&file, dir.path().join("link.yaml")).unwrap();
+        assert!(load(&dir.path().join("link.yaml"), &node()).is_ok());
     }
 
     #[test]

@@ -476,7 +476,8 @@ impl<S: ClaimSource> Preparer<S> {
             })
             .await??;
         }
-        let name = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&self.config.driver, uid));
+        // Derived, never taken from the record (see `checkpoint::derived`).
+        let name = cdi::claim_spec_file_name(&self.config.driver, uid);
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());

@@ -8,7 +8,10 @@
 //! - a `PrepareCompleted` record is kept, and its spec file rewritten if it
 //!   went missing (`/var/run/cdi` is a tmpfs someone may have cleaned);
 //! - a damaged record is set aside (`*.damaged`) and its spec file kept, as
-//!   the claim may be in use; unprepare removes that spec later;
+//!   the claim may be in use; unprepare removes that spec later. A record
+//!   that names a spec file or MPS directory other than the ones derived
+//!   from its UID (see [`crate::checkpoint::derived`]) is damaged too:
+//!   start-up acts only on names it made;
 //! - a spec file of ours that no record owns is deleted, as are leftover
 //!   temporary files.
 
@@ -21,7 +24,7 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
 use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
-use crate::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use crate::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::durable;
 
 /// What start-up found and did, for the log.
@@ -56,18 +59,31 @@ pub(super) fn reconcile(
         remove_file(temp);
         report.temp_files += 1;
     }
-    let mut owners: HashSet<String> = HashSet::new();
-    for damaged in &loaded.damaged {
+    let mut owners: HashSet<String> = loaded.set_aside_owners.iter().cloned().collect();
+    let mut damaged = loaded.damaged;
+    let mut valid = Vec::new();
+    for record in loaded.records {
+        match derived::check(&record, &config.driver, &config.mps_dir) {
+            Ok(uid) => valid.push((uid, record)),
+            Err(reason) => damaged.push(DamagedRecord {
+                path: checkpoint.record_path(&record.uid),
+                uid: record.uid,
+                reason,
+                names_other: None,
+            }),
+        }
+    }
+    for damaged in &damaged {
         tracing::error!(file = %damaged.path.display(), reason = %damaged.reason, "damaged checkpoint record; set aside, its CDI spec is kept");
         owners.insert(damaged.uid.clone());
+        owners.extend(damaged.names_other.clone());
         report.damaged.push(checkpoint.set_aside(damaged)?);
     }
     let mut records = Records::new();
     let mut interrupted: Vec<ClaimRecord> = Vec::new();
     let mut from_other_boot: Vec<ClaimRecord> = Vec::new();
-    for record in loaded.records {
-        let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
-        let spec_file = record.cdi_spec_file.clone().unwrap_or_else(|| cdi::claim_spec_file_name(&config.driver, &uid));
+    for (uid, record) in valid {
+        let spec_file = cdi::claim_spec_file_name(&config.driver, &uid);
         if record.boot_id != config.boot_id || record.state == PrepareState::PrepareStarted {
             remove_cdi(&config.cdi_dir, &spec_file)?;
             checkpoint.remove(&uid)?;
@@ -163,7 +179,9 @@ fn settle_mps(
 }
 
 /// Tears down daemon directories under `<state-dir>/mps` that no record
-/// owns (a damaged record's are kept: its claim may be in use).
+/// owns (a damaged record's are kept: its claim may be in use). Only real
+/// directories named by a claim UID are ours: anything else there is left
+/// alone, with one log line.
 fn sweep_mps_dir(
     config: &PreparerConfig,
     host: &dyn super::mps::host::MpsHost,
@@ -176,8 +194,13 @@ fn sweep_mps_dir(
         if kept.contains_key(&name) || owners.contains(&name) {
             continue;
         }
+        let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+        if !is_dir || ClaimUid::new(name.as_str()).is_err() {
+            tracing::warn!(path = %entry.path().display(), "not an MPS daemon directory the plugin made (a directory named by a claim UID); left alone");
+            continue;
+        }
         let orphan = crate::checkpoint::MpsDaemon {
-            root: entry.path(),
+            root: config.mps_dir.join(&name),
             devices: Vec::new(),
             visible: Vec::new(),
             gpus: Vec::new(),

@@ -206,6 +206,45 @@ async fn a_damaged_record_is_set_aside_and_its_spec_kept_until_unprepare() {
     assert!(h.cdi_files().is_empty());
 }
 
+/// Records with valid checksums naming files that are not theirs (an
+/// absolute path, `../`, another claim's spec) and a record renamed to
+/// another claim's UID are set aside; no file they name is deleted, nor
+/// the spec of the claim a renamed record belongs to.
+#[tokio::test]
+async fn records_naming_other_files_are_set_aside_and_nothing_they_name_goes() {
+    let h = Harness::new();
+    h.source.put(allocated(A, "a", &["gpu-0"]));
+    {
+        let (p, _) = h.open();
+        p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    }
+    let cdi = h.dir.path().join("cdi");
+    let outside = h.dir.path().join("outside");
+    std::fs::write(&outside, b"keep").unwrap();
+    let dir = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap();
+    let forged = |n: u8, name: String, boot: &str| {
+        let uid = format!("{n}c4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a");
+        let mut record = crate::checkpoint::test_support::record(&uid, &["gpu-1"]);
+        record.state = PrepareState::PrepareStarted;
+        record.boot_id = boot.into();
+        record.cdi_spec_file = Some(name);
+        dir.write(&ClaimUid::new(uid.as_str()).unwrap(), &record).unwrap();
+    };
+    forged(1, outside.to_string_lossy().into_owned(), "boot-1");
+    forged(2, "../outside".into(), "boot-0");
+    forged(3, spec_file(A), "boot-1");
+    // A's record renamed to B: A's spec must not become an orphan.
+    std::fs::rename(dir.path().join(format!("{A}.json")), dir.path().join(format!("{B}.json"))).unwrap();
+    let (p, report) = h.open();
+    assert_eq!(report.damaged.len(), 4, "{report:?}");
+    assert!(report.rolled_back.is_empty() && report.other_boot.is_empty() && report.orphans.is_empty());
+    assert_eq!(std::fs::read(&outside).unwrap(), b"keep");
+    assert_eq!(h.cdi_files(), [spec_file(A)]);
+    assert!(h.checkpoint_files().iter().all(|f| f.ends_with(".damaged")), "{:?}", h.checkpoint_files());
+    assert!(cdi.join(spec_file(A)).exists());
+    assert_eq!(p.prepared_claims(), 0);
+}
+
 #[tokio::test]
 async fn failures_are_counted_by_kind() {
     let h = Harness::new();

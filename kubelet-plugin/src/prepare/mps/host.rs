@@ -7,16 +7,26 @@
 use std::fmt;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use gpu_dra_driver::bounded_file::{self, Links};
+
 use crate::checkpoint::{DaemonProcess, MpsDaemon};
 
 /// The pid file `nvidia-cuda-mps-control -d` writes in its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";
+/// The most of a pid file read (a number and a newline).
+const PID_FILE_MAX: u64 = 64;
+/// The most of a process's `/proc/<pid>/environ` read: the kernel caps
+/// one process's arguments and environment at a quarter of its stack limit
+/// (2 MiB by default); a larger one is not a process we started.
+const ENVIRON_MAX: u64 = 4 << 20;
+/// The most of the launcher's log quoted back in an error.
+const LAUNCHER_LOG_MAX: u64 = 1 << 20;
 
 /// The node side of an MPS daemon. Every method is idempotent: start-up
 /// replays them after a crash at any point.
@@ -38,6 +48,10 @@ pub trait MpsHost: Send + Sync + fmt::Debug {
     fn strays(&self, daemon: &MpsDaemon) -> Vec<DaemonProcess>;
     /// Whether `process` still runs (same pid and start time, not a zombie).
     fn is_running(&self, process: &DaemonProcess) -> bool;
+    /// Whether `process` runs and is the one the plugin started for
+    /// `daemon`: same pid and start time, and its environment names the
+    /// daemon's pipe directory. Only such a process is ever signalled.
+    fn is_daemon_of(&self, daemon: &MpsDaemon, process: &DaemonProcess) -> bool;
     /// SIGKILL, if `process` still runs.
     fn kill(&self, process: &DaemonProcess);
     /// Unmounts `shm/` if mounted.
@@ -113,8 +127,33 @@ impl LocalMps {
     }
 }
 
+/// Refuses a daemon whose root, `pipe/`, `log/` or `shm/` is a symlink or
+/// not a directory (missing ones are fine): the plugin made them as real
+/// directories, and nothing is mounted, written, unmounted or removed
+/// through a link someone put there.
+pub fn check_real_dirs(daemon: &MpsDaemon) -> Result<(), String> {
+    for dir in [daemon.root.clone(), daemon.pipe_dir(), daemon.log_dir(), daemon.shm_dir()] {
+        match fs::symlink_metadata(&dir) {
+            Ok(meta) if meta.file_type().is_symlink() => {
+                return Err(format!(
+                    "{} is a symbolic link, not the directory the plugin made: left alone",
+                    dir.display()
+                ));
+            }
+            Ok(meta) if !meta.is_dir() => {
+                return Err(format!("{} is not a directory, as the plugin made it: left alone", dir.display()));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(format!("{}: {e}", dir.display())),
+        }
+    }
+    Ok(())
+}
+
 impl MpsHost for LocalMps {
     fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        check_real_dirs(daemon)?;
         for dir in [daemon.root.clone(), daemon.pipe_dir(), daemon.log_dir(), daemon.shm_dir()] {
             fs::DirBuilder::new()
                 .recursive(true)
@@ -122,10 +161,11 @@ impl MpsHost for LocalMps {
                 .create(&dir)
                 .map_err(|e| format!("creating {}: {e}", dir.display()))?;
         }
-        Ok(())
+        check_real_dirs(daemon)
     }
 
     fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        check_real_dirs(daemon)?;
         let shm = daemon.shm_dir();
         if is_mounted(&shm)? {
             return Ok(());
@@ -148,11 +188,16 @@ impl MpsHost for LocalMps {
         if let Some(within) = self.supervised {
             return super::supervisor::request_launch(daemon, within);
         }
+        check_real_dirs(daemon)?;
         let launcher_log = daemon.log_dir().join("launcher.log");
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
             .open(&launcher_log)
+            .and_then(|file| {
+                if file.metadata()?.is_file() { Ok(file) } else { Err(std::io::Error::other("not a regular file")) }
+            })
             .map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
         let err = log.try_clone().map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
         let mut command = match &self.launcher {
@@ -185,7 +230,8 @@ impl MpsHost for LocalMps {
         if status.success() {
             return Ok(());
         }
-        let said = fs::read_to_string(&launcher_log).unwrap_or_default();
+        let said = bounded_file::read_to_string(&launcher_log, LAUNCHER_LOG_MAX, Links::Refuse)
+            .unwrap_or_else(|e| e.problem.to_string());
         Err(format!("{} -d failed ({status}): {}", self.control.display(), last_lines(&said)))
     }
 
@@ -218,7 +264,8 @@ impl MpsHost for LocalMps {
     }
 
     fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess> {
-        let text = fs::read_to_string(daemon.pipe_dir().join(PID_FILE)).ok()?;
+        check_real_dirs(daemon).ok()?;
+        let text = bounded_file::read_to_string(&daemon.pipe_dir().join(PID_FILE), PID_FILE_MAX, Links::Refuse).ok()?;
         let pid: i32 = text.trim().parse().ok()?;
         // The pid file may outlive its daemon and the pid be reused: only a
         // process started for this pipe directory is ours.
@@ -240,6 +287,10 @@ impl MpsHost for LocalMps {
         read_stat(process.pid).is_some_and(|s| s.state != 'Z' && s.start_time == process.start_time)
     }
 
+    fn is_daemon_of(&self, daemon: &MpsDaemon, process: &DaemonProcess) -> bool {
+        started_for(process.pid, &daemon.pipe_dir()) == Some(*process)
+    }
+
     fn kill(&self, process: &DaemonProcess) {
         if !self.is_running(process) {
             return;
@@ -250,6 +301,7 @@ impl MpsHost for LocalMps {
     }
 
     fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        check_real_dirs(daemon)?;
         let shm = daemon.shm_dir();
         if !is_mounted(&shm)? {
             return Ok(());
@@ -264,6 +316,9 @@ impl MpsHost for LocalMps {
     }
 
     fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+        // `remove_dir_all` never follows a link inside; the root itself is
+        // checked too.
+        check_real_dirs(daemon)?;
         if is_mounted(&daemon.shm_dir())? {
             return Err(format!(
                 "{} is still mounted; not removing {}",
@@ -283,7 +338,7 @@ impl MpsHost for LocalMps {
 /// `pid`, if it runs and was started with `CUDA_MPS_PIPE_DIRECTORY=pipe`.
 fn started_for(pid: i32, pipe: &Path) -> Option<DaemonProcess> {
     let stat = read_stat(pid)?;
-    let environ = fs::read(format!("/proc/{pid}/environ")).ok()?;
+    let environ = bounded_file::read(Path::new(&format!("/proc/{pid}/environ")), ENVIRON_MAX, Links::Refuse).ok()?;
     let ours = format!("CUDA_MPS_PIPE_DIRECTORY={}", pipe.display());
     let is_ours = environ.split(|b| *b == 0).any(|var| var == ours.as_bytes());
     (stat.state != 'Z' && is_ours).then_some(DaemonProcess { pid, start_time: stat.start_time })

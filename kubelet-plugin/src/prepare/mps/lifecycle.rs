@@ -84,9 +84,11 @@ fn wait_ready(host: &dyn MpsHost, daemon: &MpsDaemon, within: Duration) -> Resul
 
 /// Stops the daemon (`quit`, then SIGKILL if it has not exited within
 /// `timeouts.exit`), unmounts the tmpfs and removes the directories. Works
-/// on a daemon in any state, including one never started.
+/// on a daemon in any state, including one never started. The recorded
+/// process is signalled only if it is still the one started for this
+/// daemon (pid, start time and its environment naming the pipe directory).
 pub fn tear_down(host: &dyn MpsHost, daemon: &MpsDaemon, timeouts: Timeouts) -> Result<(), String> {
-    let process = daemon.process.filter(|p| host.is_running(p)).or_else(|| host.find_process(daemon));
+    let process = daemon.process.filter(|p| host.is_daemon_of(daemon, p)).or_else(|| host.find_process(daemon));
     if let Some(process) = process {
         if let Err(error) = host.control(daemon, "quit") {
             tracing::warn!(dir = %daemon.root.display(), %error, "the MPS daemon did not take `quit`; killing it");
@@ -114,7 +116,7 @@ pub fn remove_leftovers(host: &dyn MpsHost, daemon: &MpsDaemon) -> Result<(), St
 
 /// Whether a completed claim's daemon still runs and answers.
 pub fn is_healthy(host: &dyn MpsHost, daemon: &MpsDaemon) -> bool {
-    daemon.process.is_some_and(|p| host.is_running(&p))
+    daemon.process.is_some_and(|p| host.is_daemon_of(daemon, &p))
         && host.control(daemon, "get_default_active_thread_percentage").is_ok()
 }
 
@@ -181,6 +183,9 @@ pub(crate) mod test_support {
         }
         fn is_running(&self, p: &DaemonProcess) -> bool {
             *self.running.lock().unwrap() == Some(*p)
+        }
+        fn is_daemon_of(&self, _: &MpsDaemon, p: &DaemonProcess) -> bool {
+            self.is_running(p)
         }
         fn kill(&self, p: &DaemonProcess) {
             if self.is_running(p) {
