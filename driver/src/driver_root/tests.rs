@@ -88,14 +88,14 @@ fn a_cache_that_is_not_a_small_regular_file_is_not_read() {
         std::os::unix::fs::symlink(target, &cache).unwrap();
         let error = super::ld_cache::read(tmp.path()).unwrap_err();
         assert!(error.to_string().contains("is a symbolic link"), "{error}");
-        let files = discover(&DriverRoot::new(tmp.path(), None), VERSION).unwrap();
+        let files = discover(&DriverRoot::new(tmp.path(), None), VERSION, Capabilities::all()).unwrap();
         assert_eq!(files.mounts[0].container_path, format!("/{LIBDIR}/libcuda.so.{VERSION}"));
     }
     std::fs::remove_file(&cache).unwrap();
     std::fs::rename(&too_large, &cache).unwrap();
     let error = super::ld_cache::read(tmp.path()).unwrap_err();
     assert!(error.to_string().contains("the most such a file may hold"), "{error}");
-    assert!(discover(&DriverRoot::new(tmp.path(), None), VERSION).is_ok());
+    assert!(discover(&DriverRoot::new(tmp.path(), None), VERSION, Capabilities::all()).is_ok());
 }
 
 #[test]
