@@ -117,13 +117,47 @@ impl std::fmt::Debug for Allocator {
     }
 }
 
+/// Collects slices and nodes for an [`Allocator`]; see [`Allocator::builder`].
+#[derive(Debug, Default)]
+pub struct AllocatorBuilder {
+    fleet: index::FleetBuilder,
+    slices: usize,
+}
+
+impl AllocatorBuilder {
+    /// Adds a ResourceSlice; what the allocator needs of it is kept, the
+    /// slice itself can be dropped.
+    pub fn add_slice(&mut self, slice: &ResourceSlice) {
+        self.fleet.add_slice(slice);
+        self.slices += 1;
+    }
+
+    /// Adds a Node (its labels steer node selectors).
+    pub fn add_node(&mut self, node: &Node) {
+        self.fleet.add_node(node);
+    }
+
+    /// How many slices were added.
+    pub fn slice_count(&self) -> usize {
+        self.slices
+    }
+
+    /// The allocator for the slices and nodes added, and `classes`.
+    pub fn build(self, classes: &[DeviceClass]) -> Allocator {
+        Allocator::with_fleet(self.fleet.finish(), classes)
+    }
+}
+
 impl Allocator {
     /// The allocator for these objects. Nodes supply the labels that slice
     /// and device node selectors match; a node named only by a slice's
     /// `nodeName` is known too, without labels. Invalid or incomplete pools
     /// are kept aside (they explain failures and make `All` requests fail).
     pub fn new(slices: &[ResourceSlice], classes: &[DeviceClass], nodes: &[Node]) -> Self {
-        let fleet = index::Fleet::build(slices, nodes);
+        Self::with_fleet(index::Fleet::build(slices, nodes), classes)
+    }
+
+    fn with_fleet(fleet: index::Fleet, classes: &[DeviceClass]) -> Self {
         let classes = classes.iter().filter_map(|c| c.metadata.name.clone().map(|name| (name, c.clone()))).collect();
         Self {
             fleet,
@@ -133,6 +167,12 @@ impl Allocator {
             share_ids: Box::new(RandomShareIds),
             memo: placement::FirstFitMemo::default(),
         }
+    }
+
+    /// An allocator built from objects handed over one at a time, e.g. while
+    /// a large file is read: nothing but the compact fleet is kept.
+    pub fn builder() -> AllocatorBuilder {
+        AllocatorBuilder::default()
     }
 
     /// Adds or replaces a ResourceSlice (by name): only its pool is
