@@ -254,3 +254,33 @@ fn kubernetes_cel_cases_through_simulate() {
     assert!(stored[0].is_empty() || stored[0] == "-", "{stored:?}");
     assert!(stored[1].contains("cost budget"), "{stored:?}");
 }
+
+#[test]
+fn single_quoted_literals_get_the_values_devices_have() {
+    let r = results(&[claim_with_selector("c", "device.attributes['gpu.nvidia.com'].productName == 'H100'")], 1);
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(r#"no device has productName "H100"; the values here are "NVIDIA H100 80GB HBM3" (2)"#),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_domain_typo_names_the_domain_devices_publish() {
+    let r = results(&[claim_with_selector("c", "device.attributes['gpu.nvidia.con'].productName == 'x'")], 1);
+    assert_eq!(r[0]["error"], true);
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.ends_with(
+            r#"No such key: productName; no device publishes the domain "gpu.nvidia.con"; did you mean "gpu.nvidia.com"?"#
+        ),
+        "{reason}"
+    );
+    // A name read from the wrong map keeps its own hint.
+    let r = results(
+        &[claim_with_selector("c", "device.capacity['gpu.nvidia.com'].productName.isGreaterThan(quantity('1'))")],
+        1,
+    );
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(r#"No such key: productName; "productName" is an attribute"#), "{reason}");
+}

@@ -655,7 +655,6 @@ impl Fleet {
     }
 
     /// Device numbers handed out (live and retired).
-    #[cfg(test)]
     pub(crate) fn device_numbers(&self) -> usize {
         self.devices.len()
     }

@@ -50,6 +50,7 @@ mod diagnose;
 mod error;
 mod explain;
 mod index;
+mod key_hints;
 mod node_selection;
 mod placement;
 mod pools;
@@ -313,7 +314,26 @@ impl Allocator {
     /// committing: one result per claim, in order. Claims that already have
     /// an allocation must not be passed (record them instead).
     pub fn allocate(&mut self, node: &str, claims: &[&ResourceClaim]) -> Result<Vec<AllocationResult>, AllocateError> {
-        self.context().allocate_on(node, claims)
+        let result = self.context().allocate_on(node, claims);
+        result.map_err(|e| key_hints::improve(e, claims, &self.classes, || self.published_domains()))
+    }
+
+    /// The domains of every attribute and capacity the fleet's devices
+    /// publish (a name without one is in its driver's domain).
+    fn published_domains(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for d in 0..u32::try_from(self.fleet.device_numbers()).unwrap_or(u32::MAX) {
+            let Some(device) = self.fleet.device(d) else { continue };
+            let (driver, _, _) = self.fleet.id(d);
+            let names = device.attributes.iter().map(|(n, _)| n).chain(device.capacity.iter().map(|(n, _)| n));
+            for name in names {
+                let domain = name.split_once('/').map_or(driver, |(domain, _)| domain);
+                if !out.contains(domain) {
+                    out.insert(domain.to_string());
+                }
+            }
+        }
+        out
     }
 
     /// The first node in `nodes` (or in [`Allocator::nodes`] order when
@@ -325,7 +345,8 @@ impl Allocator {
         nodes: Option<&[String]>,
         claims: &[&ResourceClaim],
     ) -> Result<Placement, AllocateError> {
-        self.context().first_fit(nodes, claims)
+        let result = self.context().first_fit(nodes, claims);
+        result.map_err(|e| key_hints::improve(e, claims, &self.classes, || self.published_domains()))
     }
 
     /// One search over the fleet, borrowing the caches and the allocated state.

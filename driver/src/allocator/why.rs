@@ -329,6 +329,18 @@ pub(crate) fn missing_key_hint(key: &str, device: &DeviceRecord) -> Option<Strin
     did_you_mean(key, all).map(|m| format!("did you mean \"{m}\"?"))
 }
 
+/// For a "No such key: `key`" raised by `expression`: the reference that
+/// read `key` under a domain no device publishes, said so, with the
+/// published domain it most likely meant.
+pub(crate) fn unpublished_domain_hint(expression: &str, key: &str, domains: &BTreeSet<String>) -> Option<String> {
+    let r = references(expression).into_iter().find(|r| r.id == key && !domains.contains(&r.domain))?;
+    let mut hint = format!("no device publishes the domain \"{}\"", r.domain);
+    if let Some(m) = did_you_mean(&r.domain, domains.iter().map(String::as_str)) {
+        hint.push_str(&format!("; did you mean \"{m}\"?"));
+    }
+    Some(hint)
+}
+
 /// The breakdown of `expression` over `devices` (those the class matched),
 /// given each clause's verdict per device from `evaluate` (`Some(true)`,
 /// `Some(false)`, `None` for an evaluation error).
