@@ -284,3 +284,31 @@ fn a_domain_typo_names_the_domain_devices_publish() {
     let reason = r[0]["reason"].as_str().unwrap();
     assert!(reason.contains(r#"No such key: productName; "productName" is an attribute"#), "{reason}");
 }
+
+#[test]
+fn closest_is_the_node_that_came_nearest_for_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet_file = dir.path().join("fleet.yaml");
+    // `a-h100` is tried first and has no MIG device at all.
+    std::fs::write(
+        &fleet_file,
+        "nodes:\n- {name: a-h100, inventory: {gpus: [{model: H100-80GB, count: 2}]}}\n\
+         - {name: b-mig, inventory: {gpus: [{model: A100-SXM4-80GB, count: 1, mig: [{instances: [3g.40gb]}]}]}}\n\
+         - {name: c-mig, inventory: {gpus: [{model: A100-SXM4-80GB, count: 1, mig: [{instances: [1g.10gb, 1g.10gb]}]}]}}\n",
+    )
+    .unwrap();
+    let mig_class = CLASS.replace("name: gpu.nvidia.com", "name: mig.nvidia.com").replace(
+        "device.driver == \"gpu.nvidia.com\"",
+        "device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"mig\"",
+    );
+    let claim = claim_with_selector("m", "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'")
+        .replace("deviceClassName: gpu.nvidia.com", "deviceClassName: mig.nvidia.com");
+    let input = dir.path().join("in.yaml");
+    std::fs::write(&input, format!("{mig_class}---\n{claim}")).unwrap();
+    let (mut out, mut note) = (Vec::new(), Vec::new());
+    let options = Options { fleet: Some(&fleet_file), format: Format::Json, timings: false, cel: Default::default() };
+    run(&[input], &options, &mut out, &mut note).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let reason = doc["results"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("cannot be allocated on any of 3 nodes (closest: c-mig)"), "{reason}");
+}
