@@ -1,16 +1,23 @@
 //! Reading Kubernetes manifests: files, directories and standard input, as
 //! YAML document streams or JSON, with `List`s unpacked.
+//!
+//! Objects are handed to a sink one at a time as they are parsed: a `List`
+//! of thousands of ResourceSlices (`kubectl get resourceslices -o json`) is
+//! never held whole, neither as text (JSON is read through a buffer) nor as
+//! a tree (each item is its own small tree, passed on and dropped).
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, bail};
-use serde::Deserialize;
+use anyhow::{Context, Result, anyhow};
+
+mod document;
 
 /// One object read from a manifest, with where it came from.
 #[derive(Debug)]
 pub struct Manifest {
-    /// `file` or `file#doc` for documents after the first.
+    /// `file` or `file#doc` for documents after the first, `file items[i]`
+    /// for the items of a List.
     pub origin: String,
     pub object: serde_json::Value,
 }
@@ -25,15 +32,26 @@ impl Manifest {
     }
 }
 
+/// Where every object read goes.
+pub type Sink<'a> = dyn FnMut(Manifest) -> Result<()> + 'a;
+
+#[cfg(test)]
 /// Reads every object from `paths` (files, directories of `.yaml`/`.yml`/
 /// `.json` files, or `-` for standard input), in order.
 pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Manifest>> {
     let mut out = Vec::new();
+    read_each(paths, &mut |m| {
+        out.push(m);
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Hands every object from `paths` to `sink` as soon as it is read.
+pub fn read_each(paths: &[PathBuf], sink: &mut Sink<'_>) -> Result<()> {
     for path in paths {
         if path.as_os_str() == "-" {
-            let mut text = String::new();
-            std::io::stdin().read_to_string(&mut text).context("reading standard input")?;
-            parse_into("<stdin>", &text, &mut out)?;
+            read_stream("<stdin>", std::io::stdin().lock(), sink)?;
         } else if path.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
                 .with_context(|| format!("{}: cannot list directory", path.display()))?
@@ -42,56 +60,73 @@ pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Manifest>> {
                 .collect();
             entries.sort();
             for entry in entries {
-                read_file(&entry, &mut out)?;
+                read_file(&entry, sink)?;
             }
         } else {
-            read_file(path, &mut out)?;
-        }
-    }
-    Ok(out)
-}
-
-fn read_file(path: &Path, out: &mut Vec<Manifest>) -> Result<()> {
-    let text = std::fs::read_to_string(path).with_context(|| format!("{}: cannot read file", path.display()))?;
-    parse_into(&path.display().to_string(), &text, out)
-}
-
-/// Parses a YAML stream (JSON is YAML) into objects, unpacking `List`s.
-pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
-    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
-    // JSON is YAML, but the JSON parser reads it an order of magnitude faster.
-    let values: Box<dyn Iterator<Item = Result<serde_json::Value>>> = if text.trim_start().starts_with(['{', '[']) {
-        Box::new(serde_json::Deserializer::from_str(text).into_iter::<serde_json::Value>().enumerate().map(
-            move |(i, v)| {
-                v.map_err(|e| {
-                    anyhow::anyhow!("{origin}: document {}: malformed JSON: {e}; fix the syntax there", i + 1)
-                })
-            },
-        ))
-    } else {
-        Box::new(serde_yaml_ng::Deserializer::from_str(text).enumerate().map(move |(i, doc)| {
-            serde_json::Value::deserialize(doc)
-                .map_err(|e| anyhow::anyhow!("{origin}: document {}: malformed YAML: {e}; fix the syntax there", i + 1))
-        }))
-    };
-    for (i, value) in values.enumerate() {
-        let value = value?;
-        let origin = if i == 0 { origin.to_string() } else { format!("{origin}#{}", i + 1) };
-        match value {
-            serde_json::Value::Null => {}
-            serde_json::Value::Object(mut map) if map.get("kind").and_then(|k| k.as_str()) == Some("List") => {
-                let Some(serde_json::Value::Array(items)) = map.remove("items") else {
-                    bail!("{origin}: a List needs an items array");
-                };
-                for (j, item) in items.into_iter().enumerate() {
-                    out.push(Manifest { origin: format!("{origin} items[{j}]"), object: item });
-                }
-            }
-            serde_json::Value::Object(_) => out.push(Manifest { origin, object: value }),
-            _ => bail!("{origin}: expected a Kubernetes object (a mapping with apiVersion and kind)"),
+            read_file(path, sink)?;
         }
     }
     Ok(())
+}
+
+fn read_file(path: &Path, sink: &mut Sink<'_>) -> Result<()> {
+    let file = std::fs::File::open(path).with_context(|| format!("{}: cannot read file", path.display()))?;
+    read_stream(&path.display().to_string(), file, sink)
+}
+
+/// JSON is decided by content (its first character), whatever the file is
+/// called: JSON is read as it streams in; YAML is read whole (its parser
+/// needs the whole text) and checked for hostile nesting first.
+fn read_stream(origin: &str, input: impl Read, sink: &mut Sink<'_>) -> Result<()> {
+    let mut reader = BufReader::with_capacity(1 << 20, input);
+    if starts_as_json(&mut reader).with_context(|| format!("{origin}: cannot read"))? {
+        return document::json_stream(origin, reader, sink);
+    }
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes).with_context(|| format!("{origin}: cannot read"))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "{origin}: not UTF-8 text (byte {} is not valid UTF-8); fix: save the file as UTF-8",
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    parse_each(origin, &text, sink)
+}
+
+/// Whether the first non-blank character is `{` or `[` (blanks consumed).
+fn starts_as_json(reader: &mut impl BufRead) -> std::io::Result<bool> {
+    loop {
+        let buf = reader.fill_buf()?;
+        let Some(first) = buf.iter().position(|b| !b.is_ascii_whitespace()) else {
+            if buf.is_empty() {
+                return Ok(false);
+            }
+            let n = buf.len();
+            reader.consume(n);
+            continue;
+        };
+        let json = matches!(buf.get(first), Some(b'{' | b'['));
+        reader.consume(first);
+        return Ok(json);
+    }
+}
+
+/// Parses a YAML stream (or JSON text) into objects, unpacking `List`s.
+pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
+    parse_each(origin, text, &mut |m| {
+        out.push(m);
+        Ok(())
+    })
+}
+
+/// [`parse_into`], handing each object to `sink`.
+pub fn parse_each(origin: &str, text: &str, sink: &mut Sink<'_>) -> Result<()> {
+    if text.trim_start().starts_with(['{', '[']) {
+        return document::json_stream(origin, text.as_bytes(), sink);
+    }
+    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+    let text = gpu_dra_driver::json_escapes::to_yaml(text);
+    document::yaml_stream(origin, &text, sink)
 }
 
 #[cfg(test)]
@@ -113,6 +148,33 @@ mod tests {
     }
 
     #[test]
+    fn kubectl_lists_put_items_before_kind() {
+        let mut out = Vec::new();
+        let list = r#"{"apiVersion": "v1", "items": [{"kind": "B"}, {"kind": "C"}], "kind": "List", "metadata": {}}"#;
+        parse_into("l.json", list, &mut out).unwrap();
+        let kinds: Vec<_> = out.iter().map(|m| (m.origin.as_str(), m.kind())).collect();
+        assert_eq!(kinds, [("l.json items[0]", "B"), ("l.json items[1]", "C")]);
+        let typed = r#"{"kind": "ResourceSliceList", "items": [{"kind": "ResourceSlice"}]}"#;
+        parse_into("t.json", typed, &mut out).unwrap();
+        assert_eq!(out.last().map(Manifest::kind), Some("ResourceSlice"));
+    }
+
+    #[test]
+    fn json_files_stream_from_a_reader_whatever_their_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("slices.yaml");
+        std::fs::write(
+            &path,
+            "\n  {\"kind\": \"A\", \"metadata\": {\"name\": \"\\ud83d\\ude00\"}}\n{\"kind\": \"B\"}\n",
+        )
+        .unwrap();
+        let out = read_all(&[path]).unwrap();
+        let kinds: Vec<_> = out.iter().map(|m| (m.kind(), m.name())).collect();
+        assert_eq!(kinds, [("A", "\u{1f600}"), ("B", "<unnamed>")]);
+        assert!(out[1].origin.ends_with("slices.yaml#2"), "{}", out[1].origin);
+    }
+
+    #[test]
     fn malformed_input_names_the_document() {
         let mut out = Vec::new();
         let err = parse_into("a.yaml", "kind: A\n---\nkind: [\n", &mut out).unwrap_err().to_string();
@@ -121,11 +183,41 @@ mod tests {
         assert!(err.contains("expected a Kubernetes object"), "{err}");
         let err = parse_into("d.json", "{\"kind\": \"A\"} {\"kind\": ", &mut out).unwrap_err().to_string();
         assert!(err.starts_with("d.json: document 2: malformed JSON"), "{err}");
+        let err = parse_into("e.yaml", "kind: List\nmetadata: {}\n", &mut out).unwrap_err().to_string();
+        assert_eq!(err, "e.yaml: a List needs an items array; fix: list the objects under items:");
+        let err =
+            parse_into("f.json", r#"{"items": [{"kind": "A"}], "kind": "Pod"}"#, &mut out).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "f.json: kind \"Pod\" has a top-level items list, which only a List (or a kind ending in List) has; fix: \
+             write the objects as a List or one document each"
+        );
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_at_once_in_yaml_and_json() {
+        let mut out = Vec::new();
         let deep = format!("kind: A\nspec: {}", "[".repeat(80_000));
+        let started = std::time::Instant::now();
         let err = parse_into("c.yaml", &deep, &mut out).unwrap_err().to_string();
         assert_eq!(
             err,
             "c.yaml: nesting deeper than 128 levels at line 2; no Kubernetes object is nested this deep: check the file"
         );
+        let deep = format!("{{\"kind\": \"A\",\n\"spec\": {}", "[".repeat(80_000));
+        let err = parse_into("c.json", &deep, &mut out).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "c.json: document 1: nesting deeper than 128 levels at line 2; no Kubernetes object is nested this deep: \
+             check the file"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "refused without scanning for long");
+    }
+
+    #[test]
+    fn json_surrogate_pairs_in_yaml_are_read() {
+        let mut out = Vec::new();
+        parse_into("s.yaml", "kind: A\nmetadata: {name: \"\\ud83d\\ude00\"}\n", &mut out).unwrap();
+        assert_eq!(out[0].name(), "\u{1f600}");
     }
 }

@@ -13,7 +13,8 @@ use crate::manifests;
 pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Result<bool> {
     let mut all_valid = true;
     let mut checked = 0;
-    for manifest in manifests::read_all(files)? {
+    // Checked as read: a large List is never held whole.
+    manifests::read_each(files, &mut |manifest| {
         if manifest.kind() != "ResourceSlice" {
             writeln!(
                 note,
@@ -22,20 +23,22 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
                 manifest.kind(),
                 manifest.name()
             )?;
-            continue;
+            return Ok(());
         }
         checked += 1;
-        let slice: ResourceSlice = match serde_json::from_value(manifest.object.clone()) {
+        let slice: ResourceSlice = match serde_path_to_error::deserialize(&manifest.object) {
             Ok(slice) => slice,
             Err(e) => {
                 all_valid = false;
                 writeln!(
                     out,
-                    "{}: ResourceSlice {:?}: cannot be read as resource.k8s.io/v1: {e}",
+                    "{}: ResourceSlice {:?}: cannot be read as resource.k8s.io/v1: {}: {}",
                     manifest.origin,
-                    manifest.name()
+                    manifest.name(),
+                    e.path(),
+                    e.inner()
                 )?;
-                continue;
+                return Ok(());
             }
         };
         let errors = validate_slice(&slice);
@@ -47,7 +50,8 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
                 writeln!(out, "{}: ResourceSlice {:?}: {e}", manifest.origin, manifest.name())?;
             }
         }
-    }
+        Ok(())
+    })?;
     if checked == 0 {
         writeln!(note, "no ResourceSlice found")?;
     }
@@ -82,5 +86,13 @@ mod tests {
         let (ok, out, _) = run_on(&GOOD.replace("gpu-0", "GPU_0"));
         assert!(!ok);
         assert!(out.contains("spec.devices[0].name"), "{out}");
+        let (ok, out, _) = run_on(&GOOD.replace("generation: 1", "generation: one"));
+        assert!(!ok);
+        assert!(
+            out.contains(
+                "ResourceSlice \"s\": cannot be read as resource.k8s.io/v1: spec.pool.generation: invalid type: string \"one\", expected i64"
+            ),
+            "{out}"
+        );
     }
 }

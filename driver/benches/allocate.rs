@@ -29,18 +29,23 @@
 //! "Before" figures are the landed code at commit eb65bd5 on this machine
 //! (partitionable fleet) and issue 10's figures (whole-GPU fleet).
 
-use std::collections::BTreeMap;
 use std::error::Error;
 use std::time::{Duration, Instant};
 
+#[allow(dead_code)]
+#[path = "common/fleets.rs"]
+mod fleets;
+
+use fleets::{
+    DRIVER, DRIVER_VERSION, GPU_CLASS, GPUS_PER_NODE, MIG_CLASS, NODES, class, gpu_devices, node_name, node_slices,
+    selector,
+};
 use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
 use gpu_dra_driver::selector::{CelDevice, SelectorEnv};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, CELDeviceSelector, Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceClaim,
-    DeviceClass, DeviceClassSpec, DeviceCounterConsumption, DeviceRequest, DeviceSelector, ExactDeviceRequest,
-    ResourceClaim, ResourceClaimSpec, ResourceClaimStatus, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    AllocationResult, Device, DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
@@ -50,149 +55,12 @@ type Result<T> = std::result::Result<T, Box<dyn Error>>;
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
-const DRIVER: &str = "gpu.nvidia.com";
-const NODES: usize = 1_000;
-const GPUS_PER_NODE: usize = 8;
 const CLAIMS: usize = 10_000;
 /// Claims `i` with `i % 10 < MIG_OF_TEN` ask for a MIG slice (3 in 10).
 const MIG_OF_TEN: usize = 3;
-/// `ResourceSliceMaxDevicesWithTaintsOrConsumesCounters`.
-const DEVICES_PER_SLICE: usize = 64;
-const PRODUCT: &str = "NVIDIA H100 80GB HBM3";
-const DRIVER_VERSION: &str = "580.82.7";
-
-/// The shipped classes' selectors (double quotes: same expression).
-const GPU_CLASS: &str = r#"device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu""#;
-const MIG_CLASS: &str = r#"device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "mig""#;
 /// The 3-clause selector measured: product, memory and driver floor.
 const SELECTOR: &str = r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) > 0 && device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("575.0.0")) >= 0"#;
 const MIG_SELECTOR: &str = r#"device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#;
-
-/// A MIG profile: name, memory, placements as (first memory slice, slices).
-type Profile = (&'static str, &'static str, &'static [(u32, u32)]);
-
-/// The H100 80GB's MIG profiles.
-const PROFILES: &[Profile] = &[
-    ("1g.10gb", "9856Mi", &[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)]),
-    ("1g.10gb+me", "9856Mi", &[(0, 1), (1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (6, 1)]),
-    ("1g.20gb", "19968Mi", &[(0, 2), (2, 2), (4, 2), (6, 2)]),
-    ("2g.20gb", "19968Mi", &[(0, 2), (2, 2), (4, 2)]),
-    ("3g.40gb", "40192Mi", &[(0, 4), (4, 4)]),
-    ("4g.40gb", "40192Mi", &[(0, 4)]),
-    ("7g.80gb", "80384Mi", &[(0, 8)]),
-];
-
-fn string(v: &str) -> DeviceAttribute {
-    DeviceAttribute { string: Some(v.to_string()), ..Default::default() }
-}
-
-fn version(v: &str) -> DeviceAttribute {
-    DeviceAttribute { version: Some(v.to_string()), ..Default::default() }
-}
-
-fn capacity(v: &str) -> DeviceCapacity {
-    DeviceCapacity { value: Quantity(v.to_string()), ..Default::default() }
-}
-
-/// Counter names are DNS labels (the apiserver refuses `memorySlice0`).
-fn counters(slices: impl Iterator<Item = u32>) -> BTreeMap<String, Counter> {
-    slices.map(|s| (format!("memory-slice-{s}"), Counter { value: Quantity("1".to_string()) })).collect()
-}
-
-/// The devices of GPU `g` on `node`: the whole GPU, then every MIG placement
-/// (`partitionable`), or the whole GPU alone.
-fn gpu_devices(node: usize, g: usize, partitionable: bool, driver_version: &str) -> Vec<Device> {
-    let set = format!("gpu-{g}-counters");
-    let uuid = format!("GPU-{node:08x}-{g:04x}");
-    let common = |kind: &str| {
-        BTreeMap::from([
-            ("type".to_string(), string(kind)),
-            ("productName".to_string(), string(PRODUCT)),
-            ("architecture".to_string(), string("Hopper")),
-            ("driverVersion".to_string(), version(driver_version)),
-        ])
-    };
-    let mut whole = common("gpu");
-    whole.insert("uuid".to_string(), string(&uuid));
-    let mut out = vec![Device {
-        name: format!("gpu-{g}"),
-        attributes: Some(whole),
-        capacity: Some(BTreeMap::from([("memory".to_string(), capacity("80Gi"))])),
-        consumes_counters: partitionable.then(|| {
-            vec![DeviceCounterConsumption { counter_set: set.clone(), counters: counters(0..8), ..Default::default() }]
-        }),
-        ..Default::default()
-    }];
-    if !partitionable {
-        return out;
-    }
-    for (profile, memory, placements) in PROFILES {
-        for &(start, size) in *placements {
-            let mut attributes = common("mig");
-            attributes.insert("profile".to_string(), string(profile));
-            attributes.insert("parentUUID".to_string(), string(&uuid));
-            let short: String = profile.chars().filter(|c| *c != '.' && *c != '+').collect();
-            out.push(Device {
-                name: format!("gpu-{g}-mig-{short}-{start}"),
-                attributes: Some(attributes),
-                capacity: Some(BTreeMap::from([("memory".to_string(), capacity(memory))])),
-                consumes_counters: Some(vec![DeviceCounterConsumption {
-                    counter_set: set.clone(),
-                    counters: counters(start..start + size),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            });
-        }
-    }
-    out
-}
-
-fn node_name(n: usize) -> String {
-    format!("node-{n:04}")
-}
-
-/// One pool per node: a slice of counter sets (partitionable fleets), then
-/// device slices of 64.
-fn node_slices(n: usize, partitionable: bool, generation: i64, driver_version: &str) -> Vec<ResourceSlice> {
-    let node = node_name(n);
-    let devices: Vec<Device> =
-        (0..GPUS_PER_NODE).flat_map(|g| gpu_devices(n, g, partitionable, driver_version)).collect();
-    let chunks: Vec<Vec<Device>> = devices.chunks(DEVICES_PER_SLICE).map(<[Device]>::to_vec).collect();
-    let counter_slices = usize::from(partitionable);
-    let count = i64::try_from(chunks.len() + counter_slices).unwrap_or(i64::MAX);
-    let slice = |i: usize, devices: Option<Vec<Device>>, shared: Option<Vec<CounterSet>>| ResourceSlice {
-        metadata: ObjectMeta { name: Some(format!("{node}-{DRIVER}-{i}")), ..Default::default() },
-        spec: ResourceSliceSpec {
-            driver: DRIVER.to_string(),
-            node_name: Some(node.clone()),
-            pool: ResourcePool { name: node.clone(), generation, resource_slice_count: count },
-            devices,
-            shared_counters: shared,
-            ..Default::default()
-        },
-    };
-    let sets = (0..GPUS_PER_NODE)
-        .map(|g| CounterSet { name: format!("gpu-{g}-counters"), counters: counters(0..8) })
-        .collect();
-    let mut out: Vec<ResourceSlice> = Vec::new();
-    if partitionable {
-        out.push(slice(0, None, Some(sets)));
-    }
-    out.extend(chunks.into_iter().enumerate().map(|(i, d)| slice(i + 1, Some(d), None)));
-    out
-}
-
-fn class(name: &str, expression: &str) -> DeviceClass {
-    DeviceClass {
-        metadata: ObjectMeta { name: Some(name.to_string()), ..Default::default() },
-        spec: Some(DeviceClassSpec { selectors: Some(vec![selector(expression)]), ..Default::default() }),
-    }
-}
-
-fn selector(expression: &str) -> DeviceSelector {
-    DeviceSelector { cel: Some(CELDeviceSelector { expression: expression.to_string() }) }
-}
 
 fn claim(i: usize, class: &str, expression: &str, mode: Option<&str>) -> ResourceClaim {
     ResourceClaim {

@@ -11,6 +11,7 @@ pub mod cdi;
 pub mod driver_root;
 pub mod feature_gates;
 pub mod inventory;
+pub mod json_escapes;
 pub mod k8s_format;
 pub mod names;
 pub mod nesting;

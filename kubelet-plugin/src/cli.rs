@@ -277,7 +277,7 @@ pub struct PrintSlicesArgs {
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Yaml)]
     pub output: OutputFormat,
     /// Pool generation to stamp on the slices.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(i64).range(0..))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = parse_generation)]
     pub generation: i64,
     /// Feature gates as `run` takes them, to see what a gate changes in the
     /// slices (ConsumableCapacity: shareable GPUs). Only what is published
@@ -315,6 +315,18 @@ pub enum OutputFormat {
     Json,
 }
 
+/// A pool generation: 0 to i64's maximum, as the apiserver takes it.
+/// Negative numbers reach this parser (rather than being taken for flags)
+/// so the answer can say what is allowed.
+fn parse_generation(text: &str) -> Result<i64, String> {
+    const ALLOWED: &str = "a pool generation is a whole number from 0 to 9223372036854775807 (the plugin starts at 1)";
+    match text.trim().parse::<i64>() {
+        Ok(n) if n >= 0 => Ok(n),
+        Ok(n) => Err(format!("{n} is negative; {ALLOWED}")),
+        Err(e) => Err(format!("{text:?} is not a number ({e}); {ALLOWED}")),
+    }
+}
+
 fn parse_known_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
     text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())
 }
@@ -327,6 +339,27 @@ fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates
 mod tests {
     use super::*;
     use clap::CommandFactory;
+
+    #[test]
+    fn generation_errors_say_the_allowed_range() {
+        let err = Cli::try_parse_from(["gpu-kubelet-plugin", "print-slices", "--node-name", "n", "--generation", "-1"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "invalid value '-1' for '--generation <GENERATION>': -1 is negative; a pool generation is a whole \
+                 number from 0 to 9223372036854775807 (the plugin starts at 1)"
+            ),
+            "{err}"
+        );
+        let err = Cli::try_parse_from(["gpu-kubelet-plugin", "print-slices", "--node-name", "n", "--generation", "x"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("\"x\" is not a number (invalid digit found in string); a pool generation"), "{err}");
+        let cli = Cli::try_parse_from(["gpu-kubelet-plugin", "print-slices", "--node-name", "n", "--generation", "0"])
+            .unwrap();
+        assert!(matches!(cli.command, Command::PrintSlices(a) if a.generation == 0));
+    }
 
     #[test]
     fn cli_is_consistent() {

@@ -3,9 +3,9 @@
 //! answers into per-claim outcomes.
 
 use anyhow::{Result, anyhow};
-use gpu_dra_driver::allocator::{AllocateError, Allocator, SequentialShareIds};
+use gpu_dra_driver::allocator::{AllocateError, Allocator, AllocatorBuilder, SequentialShareIds};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 
 use super::node_match::{NodeLabels, admits};
 use super::workload::{Unit, Workload};
@@ -31,14 +31,16 @@ impl Outcome {
 /// Allocates `workload` on the fleet; one outcome per claim, in claim order.
 pub fn allocate(
     workload: &Workload,
-    slices: &[ResourceSlice],
+    mut fleet: AllocatorBuilder,
     classes: &[DeviceClass],
     nodes: &[Node],
     cel: gpu_dra_driver::selector::CelEnvironment,
 ) -> Result<Vec<Outcome>> {
-    let mut allocator = Allocator::new(slices, classes, nodes)
-        .with_cel_environment(cel)
-        .with_share_ids(Box::new(SequentialShareIds::new()));
+    for node in nodes {
+        fleet.add_node(node);
+    }
+    let mut allocator =
+        fleet.build(classes).with_cel_environment(cel).with_share_ids(Box::new(SequentialShareIds::new()));
     let known: Vec<NodeLabels> = allocator
         .nodes()
         .iter()

@@ -31,15 +31,37 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Deserialize;
+use serde::de::value::{MapAccessDeserializer, SeqAccessDeserializer};
+use serde::de::{MapAccess, SeqAccess, Visitor};
 
 /// Generation of the pools a fleet publishes: a freshly started plugin's.
 const GENERATION: i64 = 1;
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// The whole file: the wrapped form or the bare list, told apart by shape
+/// (an untagged enum would only say that neither matched).
+#[derive(Debug)]
 enum FleetFile {
     Wrapped(Wrapped),
     List(Vec<FleetNode>),
+}
+
+impl<'de> Deserialize<'de> for FleetFile {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Shape;
+        impl<'de> Visitor<'de> for Shape {
+            type Value = FleetFile;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a mapping with `nodes:` (and optionally `featureGates:`), or a list of nodes")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<FleetFile, A::Error> {
+                Vec::deserialize(SeqAccessDeserializer::new(seq)).map(FleetFile::List)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<FleetFile, A::Error> {
+                Wrapped::deserialize(MapAccessDeserializer::new(map)).map(FleetFile::Wrapped)
+            }
+        }
+        deserializer.deserialize_any(Shape)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -61,11 +83,30 @@ struct FleetNode {
     feature_gates: Option<String>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// A node's inventory: a file (a string) or the inventory itself (a mapping).
+#[derive(Debug)]
 enum InventoryRef {
     Path(String),
     Inline(serde_yaml_ng::Value),
+}
+
+impl<'de> Deserialize<'de> for InventoryRef {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Shape;
+        impl<'de> Visitor<'de> for Shape {
+            type Value = InventoryRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the path of a fake inventory file, or an inventory mapping such as {gpus: [{model: H100-80GB, count: 8}]}")
+            }
+            fn visit_str<E: serde::de::Error>(self, path: &str) -> Result<InventoryRef, E> {
+                Ok(InventoryRef::Path(path.to_string()))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<InventoryRef, A::Error> {
+                serde_yaml_ng::Value::deserialize(MapAccessDeserializer::new(map)).map(InventoryRef::Inline)
+            }
+        }
+        deserializer.deserialize_any(Shape)
+    }
 }
 
 /// The fleet's nodes and the slices they publish.
@@ -86,10 +127,12 @@ pub fn load(path: &Path) -> Result<Fleet> {
 /// Parses fleet YAML read from `origin`; inventory paths are relative to `dir`.
 pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
     gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-    let file: FleetFile = serde_yaml_ng::from_str(text).map_err(|e| {
+    let text = gpu_dra_driver::json_escapes::to_yaml(text);
+    let file: FleetFile = serde_yaml_ng::from_str(&text).map_err(|e| {
         anyhow!(
             "{origin}: malformed fleet file: {}; fix: write `nodes:` as a list of {{name, labels, inventory}} entries (see examples/fleets/)",
-            e.to_string().replace('\n', " ")
+            // The bare list's items are the nodes: `.[3]` is `nodes[3]`.
+            e.to_string().replace('\n', " ").replacen(".[", "nodes[", usize::from(e.to_string().starts_with(".[")))
         )
     })?;
     let (nodes, fleet_gates) = match file {
@@ -214,6 +257,26 @@ mod tests {
     }
 
     #[test]
+    fn shape_errors_name_the_field_found_and_allowed() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = parse("3\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "f.yaml: malformed fleet file: invalid type: integer `3`, expected a mapping with `nodes:` (and optionally \
+             `featureGates:`), or a list of nodes; fix: write `nodes:` as a list of {name, labels, inventory} entries \
+             (see examples/fleets/)"
+        );
+        let err = parse("nodes:\n- {name: x, inventroy: a.yaml}\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: malformed fleet file: nodes[0]: unknown field `inventroy`, expected one of `name`, `labels`, `inventory`, `featureGates`"), "{err}");
+        let err = parse("- {name: x, inventory: 3}\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: malformed fleet file: nodes[0].inventory: invalid type: integer `3`, expected the path of a fake inventory file, or an inventory mapping"), "{err}");
+        let fleet =
+            parse("- {name: \"\\ud83d\\ude00\", inventory: {gpus: [{model: H100-80GB}]}}\n", "f.yaml", dir.path());
+        let err = fleet.unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: nodes[0] (\u{1f600}): name: "), "read, then refused as a node name: {err}");
+    }
+
+    #[test]
     fn errors_name_the_node_and_field() {
         let dir = tempfile::tempdir().unwrap();
         let err = parse("- name: x\n  inventory: {gpus: [{model: Z1, count: 1}]}\n", "f.yaml", dir.path())
@@ -223,7 +286,10 @@ mod tests {
         let err = parse("- name: x\n  inventory: none.yaml\n", "f.yaml", dir.path()).unwrap_err().to_string();
         assert!(err.contains("none.yaml: cannot read the file"), "{err}");
         let err = parse("nodes: 3\n", "f.yaml", dir.path()).unwrap_err().to_string();
-        assert!(err.starts_with("f.yaml: malformed fleet file"), "{err}");
+        assert!(
+            err.starts_with("f.yaml: malformed fleet file: nodes: invalid type: integer `3`, expected a sequence"),
+            "{err}"
+        );
         let err = parse("- {name: x, inventory: {gpus: [{model: H100-80GB}]}}\n- {name: x, inventory: {gpus: [{model: H100-80GB}]}}\n", "f.yaml", dir.path())
             .unwrap_err()
             .to_string();

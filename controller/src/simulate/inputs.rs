@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use anyhow::{Result, bail};
+use gpu_dra_driver::allocator::AllocatorBuilder;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use serde::de::DeserializeOwned;
@@ -36,7 +37,8 @@ pub enum Item {
 /// Everything `simulate` reads from `-f`.
 #[derive(Debug, Default)]
 pub struct Inputs {
-    pub slices: Vec<ResourceSlice>,
+    /// The slices, compacted into the allocator's fleet as they were read.
+    pub slices: AllocatorBuilder,
     pub classes: Vec<Located<DeviceClass>>,
     pub claims: Vec<Located<ResourceClaim>>,
     pub templates: Vec<Located<ResourceClaimTemplate>>,
@@ -61,9 +63,45 @@ fn decode<T: DeserializeOwned>(m: Manifest, want_api: &str) -> Result<T> {
         );
     }
     let (origin, kind, name) = (m.origin.clone(), m.kind().to_string(), m.name().to_string());
-    serde_json::from_value(m.object).map_err(|e| {
-        anyhow::anyhow!("{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {e}; fix that field")
+    serde_path_to_error::deserialize(m.object).map_err(|e| {
+        let path = e.path().to_string();
+        let schema = explain_path(&kind, &path);
+        anyhow::anyhow!(
+            "{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {path}: {}; fix that field (what it \
+             takes: kubectl explain {schema})",
+            allowed(&e.into_inner().to_string())
+        )
     })
+}
+
+/// k8s-openapi's structs expect their type's name ("expected DeviceClaim"):
+/// said as what the field takes, an object.
+fn allowed(message: &str) -> String {
+    match message.rsplit_once(", expected ") {
+        Some((found, name))
+            if !name.is_empty()
+                && name.chars().all(|c| c.is_ascii_alphanumeric())
+                && name.starts_with(|c: char| c.is_ascii_uppercase()) =>
+        {
+            format!("{found}, expected a mapping (a {name} object)")
+        }
+        _ => message.to_string(),
+    }
+}
+
+/// `kind.field.field` for `kubectl explain`, list indices left out.
+fn explain_path(kind: &str, path: &str) -> String {
+    let mut out = format!("{}.", kind.to_lowercase());
+    let mut depth = 0usize;
+    for c in path.chars() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth = depth.saturating_sub(1),
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out.trim_end_matches('.').to_string()
 }
 
 /// Namespaced objects get the default namespace when they name none, so
@@ -82,32 +120,56 @@ fn require_name(m: &Manifest) -> Result<()> {
 }
 
 /// Sorts `manifests` by kind; notes skipped kinds on `note`.
+#[cfg(test)]
 pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
-    const RESOURCE: &str = "resource.k8s.io/v1";
-    let mut inputs = Inputs::default();
-    // kind + namespace/name -> origin, to refuse duplicates.
-    let mut seen: HashMap<(String, String), String> = HashMap::new();
+    let mut sorter = Sorter::default();
     for m in manifests {
+        sorter.add(m, note)?;
+    }
+    Ok(sorter.finish())
+}
+
+/// Sorts objects by kind as they are read: slices go into the allocator's
+/// fleet at once (and are dropped), the rest is kept typed.
+#[derive(Debug, Default)]
+pub struct Sorter {
+    inputs: Inputs,
+    /// kind + namespace/name -> origin, to refuse duplicates.
+    seen: HashMap<(String, String), String>,
+}
+
+impl Sorter {
+    pub fn finish(self) -> Inputs {
+        self.inputs
+    }
+
+    /// Takes one object; notes a skipped kind on `note`.
+    pub fn add(&mut self, m: Manifest, note: &mut impl Write) -> Result<()> {
+        const RESOURCE: &str = "resource.k8s.io/v1";
+        let inputs = &mut self.inputs;
         let kind = m.kind().to_string();
         if !matches!(
             kind.as_str(),
             "ResourceSlice" | "DeviceClass" | "ResourceClaim" | "ResourceClaimTemplate" | "Pod" | "Node"
         ) {
             writeln!(note, "{}: skipping {} {:?}: not used by simulate", m.origin, kind, m.name())?;
-            continue;
+            return Ok(());
         }
         require_name(&m)?;
         let namespaced = matches!(kind.as_str(), "ResourceClaim" | "ResourceClaimTemplate" | "Pod");
         let ns = m.object.pointer("/metadata/namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty());
         let id = if namespaced { key(ns, m.name()) } else { m.name().to_string() };
-        if let Some(first) = seen.insert((kind.clone(), id.clone()), m.origin.clone()) {
+        if let Some(first) = self.seen.insert((kind.clone(), id.clone()), m.origin.clone()) {
             bail!("{}: {kind} {id} is defined twice (first in {first}); fix: remove one or rename it", m.origin);
         }
         let origin = m.origin.clone();
         let mut m = m;
         versions::to_v1(&kind, &mut m.object);
         match kind.as_str() {
-            "ResourceSlice" => inputs.slices.push(decode(m, RESOURCE)?),
+            "ResourceSlice" => {
+                let slice: ResourceSlice = decode(m, RESOURCE)?;
+                inputs.slices.add_slice(&slice);
+            }
             "DeviceClass" => inputs.classes.push(Located { origin, object: decode(m, RESOURCE)? }),
             "ResourceClaim" => {
                 let mut object: ResourceClaim = decode(m, RESOURCE)?;
@@ -129,8 +191,8 @@ pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
             }
             _ => inputs.nodes.push(Located { origin, object: decode(m, "v1")? }),
         }
+        Ok(())
     }
-    Ok(inputs)
 }
 
 #[cfg(test)]
@@ -178,6 +240,26 @@ mod tests {
     fn unreadable_fields_are_errors() {
         let (inputs, _) = sort_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {resourceClaims: 3}\n");
         let err = inputs.unwrap_err().to_string();
-        assert!(err.starts_with("in.yaml: Pod \"p\": cannot be read as v1 Pod"), "{err}");
+        assert_eq!(
+            err,
+            "in.yaml: Pod \"p\": cannot be read as v1 Pod: spec.resourceClaims: invalid type: integer `3`, expected a \
+             sequence; fix that field (what it takes: kubectl explain pod.spec.resourceClaims)"
+        );
+        let (inputs, _) = sort_text(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\n\
+             spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: many}}]}}\n",
+        );
+        let err = inputs.unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "in.yaml: ResourceClaim \"c\": cannot be read as resource.k8s.io/v1 ResourceClaim: \
+             spec.devices.requests[0].exactly.count: invalid type: string \"many\", expected i64; fix that field \
+             (what it takes: kubectl explain resourceclaim.spec.devices.requests.exactly.count)"
+        );
+        let (inputs, _) = sort_text(
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c}\nspec: {devices: gpu}\n",
+        );
+        let err = inputs.unwrap_err().to_string();
+        assert!(err.contains(": spec.devices: invalid type: string \"gpu\", expected a mapping (a DeviceClaim object); fix that field"), "{err}");
     }
 }

@@ -53,7 +53,8 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
         let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path)));
-        let read = manifests::read_all(files).and_then(|m| inputs::sort(m, note));
+        let mut sorter = inputs::Sorter::default();
+        let read = manifests::read_each(files, &mut |m| sorter.add(m, &mut *note)).map(|()| sorter.finish());
         let loaded = fleet.map(|handle| handle.join().unwrap_or_else(|_| Err(anyhow!("loading the fleet failed"))));
         (read, loaded)
     });
@@ -68,7 +69,9 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
             }
             inputs.nodes.push(inputs::Located { origin: path.display().to_string(), object: node });
         }
-        inputs.slices.extend(fleet.slices);
+        for slice in &fleet.slices {
+            inputs.slices.add_slice(slice);
+        }
     }
     phases.mark("fleet");
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
@@ -79,7 +82,8 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     let classes: Vec<_> = std::mem::take(&mut inputs.classes).into_iter().map(|c| c.object).collect();
     let nodes: Vec<_> = std::mem::take(&mut inputs.nodes).into_iter().map(|n| n.object).collect();
     phases.mark("workload");
-    let outcomes = engine::allocate(&workload, &inputs.slices, &classes, &nodes, options.cel)?;
+    let fleet = std::mem::take(&mut inputs.slices);
+    let outcomes = engine::allocate(&workload, fleet, &classes, &nodes, options.cel)?;
     phases.mark("allocate");
     match options.format {
         Format::Table => output::table(out, &workload.claims, &outcomes),

@@ -90,6 +90,17 @@ fn devices(o: &Outcome) -> String {
     groups.iter().map(|(request, list)| format!("{request}={}", list.join(","))).collect::<Vec<_>>().join(" ")
 }
 
+/// Writes `n` spaces.
+fn spaces(out: &mut impl Write, mut n: usize) -> std::io::Result<()> {
+    const BLANK: &[u8] = &[b' '; 64];
+    while n > 0 {
+        let chunk = n.min(BLANK.len());
+        out.write_all(&BLANK[..chunk])?;
+        n -= chunk;
+    }
+    Ok(())
+}
+
 /// Aligned columns NAMESPACE/NAME, NODE, DEVICES, REASON, then a summary.
 pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
     let mut rows = vec![["NAMESPACE/NAME".to_string(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
@@ -104,13 +115,13 @@ pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) ->
     let width = |col: usize| rows.iter().map(|r| r.get(col).map_or(0, |s| s.chars().count())).max().unwrap_or(0);
     let widths = [width(0), width(1), width(2)];
     for [name, node, devices, reason] in &rows {
-        writeln!(
-            out,
-            "{name:<w0$}  {node:<w1$}  {devices:<w2$}  {reason}",
-            w0 = widths[0],
-            w1 = widths[1],
-            w2 = widths[2]
-        )?;
+        // Padded by hand: `{:<w$}` panics for widths past u16::MAX, and a
+        // cell (a long reason, hundreds of devices) can be that wide.
+        for (cell, width) in [name, node, devices].into_iter().zip(widths) {
+            out.write_all(cell.as_bytes())?;
+            spaces(out, width.saturating_sub(cell.chars().count()) + 2)?;
+        }
+        writeln!(out, "{reason}")?;
     }
     let allocated = outcomes.iter().filter(|o| o.allocated()).count();
     let errors = outcomes.iter().filter(|o| o.error).count();
@@ -120,4 +131,30 @@ pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) ->
     }
     writeln!(out)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn claim(key: &str) -> SimClaim {
+        SimClaim { claim: Default::default(), key: key.to_string(), preallocated: false, origin: "in.yaml".to_string() }
+    }
+
+    #[test]
+    fn cells_wider_than_u16_print_aligned() {
+        let long = "n".repeat(70_000);
+        let claims = [claim(&long), claim("ns/short")];
+        let refused = Outcome { reason: Some("r".repeat(66_000)), ..Default::default() };
+        let outcomes = [refused.clone(), refused];
+        let mut out = Vec::new();
+        table(&mut out, &claims, &outcomes).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        let node = lines[0].find("NODE").unwrap();
+        assert_eq!(node, 70_002);
+        assert_eq!(lines[2].find('-'), Some(node), "the short row's node column lines up");
+        assert!(lines[1].ends_with(&"r".repeat(66_000)));
+        assert_eq!(lines.last().copied(), Some("0 of 2 claims allocated"));
+    }
 }

@@ -254,3 +254,61 @@ fn kubernetes_cel_cases_through_simulate() {
     assert!(stored[0].is_empty() || stored[0] == "-", "{stored:?}");
     assert!(stored[1].contains("cost budget"), "{stored:?}");
 }
+
+#[test]
+fn single_quoted_literals_get_the_values_devices_have() {
+    let r = results(&[claim_with_selector("c", "device.attributes['gpu.nvidia.com'].productName == 'H100'")], 1);
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.contains(r#"no device has productName "H100"; the values here are "NVIDIA H100 80GB HBM3" (2)"#),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_domain_typo_names_the_domain_devices_publish() {
+    let r = results(&[claim_with_selector("c", "device.attributes['gpu.nvidia.con'].productName == 'x'")], 1);
+    assert_eq!(r[0]["error"], true);
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(
+        reason.ends_with(
+            r#"No such key: productName; no device publishes the domain "gpu.nvidia.con"; did you mean "gpu.nvidia.com"?"#
+        ),
+        "{reason}"
+    );
+    // A name read from the wrong map keeps its own hint.
+    let r = results(
+        &[claim_with_selector("c", "device.capacity['gpu.nvidia.com'].productName.isGreaterThan(quantity('1'))")],
+        1,
+    );
+    let reason = r[0]["reason"].as_str().unwrap();
+    assert!(reason.contains(r#"No such key: productName; "productName" is an attribute"#), "{reason}");
+}
+
+#[test]
+fn closest_is_the_node_that_came_nearest_for_the_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet_file = dir.path().join("fleet.yaml");
+    // `a-h100` is tried first and has no MIG device at all.
+    std::fs::write(
+        &fleet_file,
+        "nodes:\n- {name: a-h100, inventory: {gpus: [{model: H100-80GB, count: 2}]}}\n\
+         - {name: b-mig, inventory: {gpus: [{model: A100-SXM4-80GB, count: 1, mig: [{instances: [3g.40gb]}]}]}}\n\
+         - {name: c-mig, inventory: {gpus: [{model: A100-SXM4-80GB, count: 1, mig: [{instances: [1g.10gb, 1g.10gb]}]}]}}\n",
+    )
+    .unwrap();
+    let mig_class = CLASS.replace("name: gpu.nvidia.com", "name: mig.nvidia.com").replace(
+        "device.driver == \"gpu.nvidia.com\"",
+        "device.driver == \"gpu.nvidia.com\" && device.attributes[\"gpu.nvidia.com\"].type == \"mig\"",
+    );
+    let claim = claim_with_selector("m", "device.attributes['gpu.nvidia.com'].profile == '7g.80gb'")
+        .replace("deviceClassName: gpu.nvidia.com", "deviceClassName: mig.nvidia.com");
+    let input = dir.path().join("in.yaml");
+    std::fs::write(&input, format!("{mig_class}---\n{claim}")).unwrap();
+    let (mut out, mut note) = (Vec::new(), Vec::new());
+    let options = Options { fleet: Some(&fleet_file), format: Format::Json, timings: false, cel: Default::default() };
+    run(&[input], &options, &mut out, &mut note).unwrap();
+    let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    let reason = doc["results"][0]["reason"].as_str().unwrap();
+    assert!(reason.contains("cannot be allocated on any of 3 nodes (closest: c-mig)"), "{reason}");
+}

@@ -34,8 +34,9 @@ pub(crate) enum Misfit {
     /// The (rounded) amount is not allowed by the capacity's request policy.
     Policy { name: String, wanted: Amount },
     /// Not enough left: `wanted` (rounded up by the policy) is more than
-    /// what `used` leaves of `value`.
-    Exhausted { name: String, wanted: Amount, used: Amount, value: Amount },
+    /// what `used` leaves of `value`. `defaulted`: the request named no
+    /// amount, so the policy's default (or the whole value) was wanted.
+    Exhausted { name: String, wanted: Amount, used: Amount, value: Amount, defaulted: bool },
     /// A quantity that does not parse.
     Invalid(String),
 }
@@ -50,12 +51,24 @@ impl Misfit {
             Misfit::Policy { name, wanted } => {
                 format!("{name}: {} is not allowed by its request policy", wanted.to_binary_si().0)
             }
-            Misfit::Exhausted { name, wanted, used, value } => format!(
+            Misfit::Exhausted { name, wanted, used, value, defaulted: false } => format!(
                 "{name}: {} requested, {} of {} left",
                 wanted.to_binary_si().0,
                 value.saturating_sub(*used).to_binary_si().0,
                 value.to_binary_si().0
             ),
+            Misfit::Exhausted { name, wanted, used, value, defaulted: true } => {
+                let whole = if wanted == value { "the whole device" } else { "its default share" };
+                let example = if name == "memory" { " (e.g. capacity: {requests: {memory: 10Gi}})" } else { "" };
+                format!(
+                    "{name}: none requested, so the default took {} ({}), and {} of {} is left; to share the \
+                     device, ask for less {name} in the request's capacity.requests{example}",
+                    whole,
+                    wanted.to_binary_si().0,
+                    value.saturating_sub(*used).to_binary_si().0,
+                    value.to_binary_si().0
+                )
+            }
             Misfit::Invalid(text) => text.clone(),
         }
     }
@@ -94,7 +107,8 @@ pub(crate) fn take(
         let value = Amount::parse_str(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
         let already = used.and_then(|u| u.get(name)).copied().unwrap_or_default();
         if already.saturating_add(amount) > value {
-            return Err(Misfit::Exhausted { name: name.to_string(), wanted: amount, used: already, value });
+            let defaulted = requested.is_none();
+            return Err(Misfit::Exhausted { name: name.to_string(), wanted: amount, used: already, value, defaulted });
         }
         out.insert(name.to_string(), (amount, quantity));
     }
@@ -231,6 +245,12 @@ mod tests {
         let used = Consumed::from([("memory".to_string(), Amount::parse(&q("35Gi")).unwrap())]);
         let exhausted = take(Some(&reqs("10Gi")), &rec(d.clone()), Some(&used)).unwrap_err();
         assert_eq!(exhausted.describe(), "memory: 10Gi requested, 5Gi of 40Gi left");
+        let defaulted = take(None, &rec(d.clone()), Some(&used)).unwrap_err();
+        assert_eq!(
+            defaulted.describe(),
+            "memory: none requested, so the default took the whole device (40Gi), and 5Gi of 40Gi is left; to share \
+             the device, ask for less memory in the request's capacity.requests (e.g. capacity: {requests: {memory: 10Gi}})"
+        );
         assert_eq!(
             take(Some(&BTreeMap::from([("cores".into(), q("1"))])), &rec(d.clone()), None),
             Err(Misfit::Missing("cores".into()))

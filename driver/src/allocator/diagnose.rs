@@ -86,8 +86,8 @@ pub(crate) fn explain(
     };
 
     let mut requests = Vec::new();
-    // Per node: Σ min(available, wanted) over requests (best alternative).
-    let mut scores = vec![0usize; nodes.len()];
+    // Per node, how near it came (summed over requests, best alternative).
+    let mut scores = vec![Nearness::default(); nodes.len()];
     let mut seen_pools = HashSet::new();
     let mut pools = Vec::new();
     for node in nodes {
@@ -105,7 +105,7 @@ pub(crate) fn explain(
         }
     }
     for request in &plan.requests {
-        let mut best_per_node = vec![0usize; nodes.len()];
+        let mut best_per_node = vec![Nearness::default(); nodes.len()];
         for (a, alt) in request.alternatives.iter().enumerate() {
             let (report, per_node) = count(fleet, selectors, state, alt, request.result_name(a), nodes);
             for (b, n) in best_per_node.iter_mut().zip(per_node) {
@@ -114,7 +114,7 @@ pub(crate) fn explain(
             requests.push(report);
         }
         for (s, b) in scores.iter_mut().zip(best_per_node) {
-            *s += b;
+            s.add(b);
         }
     }
     let closest = scores
@@ -160,6 +160,26 @@ pub(crate) fn explain(
 }
 
 /// Counts for one alternative over the nodes; also the usable count per node.
+/// How near a node came to holding a request, compared in field order:
+/// devices it could give (up to those wanted), then the most selectors one
+/// of its devices passed, then its devices the class matched. Among nodes
+/// with nothing to give, the nearest is the one with the right kind of
+/// devices (a MIG request's node has MIG devices).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+struct Nearness {
+    usable: usize,
+    selectors_passed: usize,
+    class_matches: usize,
+}
+
+impl Nearness {
+    fn add(&mut self, other: Nearness) {
+        self.usable += other.usable;
+        self.selectors_passed += other.selectors_passed;
+        self.class_matches += other.class_matches;
+    }
+}
+
 fn count(
     fleet: &Fleet,
     selectors: &mut SelectorCache,
@@ -167,7 +187,7 @@ fn count(
     alt: &Alternative<'_>,
     name: String,
     nodes: &[&str],
-) -> (RequestReport, Vec<usize>) {
+) -> (RequestReport, Vec<Nearness>) {
     let class_refs = &alt.class_exprs;
     let request_refs = &alt.exprs;
     let class_sets: Vec<_> = (1..=class_refs.len()).map(|i| selectors.match_set(&class_refs[..i], &[])).collect();
@@ -198,7 +218,7 @@ fn count(
     let no_use = CounterUse::default();
     for node in nodes {
         let view = fleet.view(node);
-        let mut usable_here = 0usize;
+        let (mut usable_here, mut near) = (0usize, Nearness::default());
         for &d in &view.devices {
             let first_time = seen.insert(d);
             if first_time {
@@ -230,12 +250,14 @@ fn count(
                 report.class_matches += 1;
                 class_matched.push(d);
             }
+            near.class_matches += 1;
             for (i, &set) in request_sets.iter().enumerate() {
                 match selectors.verdict(fleet, set, d) {
                     Verdict::Match => {
                         if first_time && let Some(n) = report.request_selectors.get_mut(i) {
                             *n += 1;
                         }
+                        near.selectors_passed = near.selectors_passed.max(i + 1);
                     }
                     Verdict::NoMatch => {
                         matched = false;
@@ -301,7 +323,8 @@ fn count(
             Mode::Count(n) => n,
             Mode::All => usable_here,
         };
-        per_node.push(usable_here.min(want));
+        near.usable = usable_here.min(want);
+        per_node.push(near);
     }
     let mut allocated: Vec<OwnerCount> =
         owners.into_iter().map(|(owner, devices)| OwnerCount { owner, devices }).collect();

@@ -242,18 +242,27 @@ pub(crate) struct Fleet {
     names_dirty: bool,
 }
 
-impl Fleet {
-    /// The fleet of these slices and nodes, built in one pass.
-    pub(crate) fn build(all: &[ResourceSlice], nodes: &[Node]) -> Self {
-        let mut fleet = Fleet::default();
-        for n in nodes {
-            fleet.set_node(n);
-        }
-        let mut grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>> = BTreeMap::new();
-        for s in all {
-            let c = fleet.compactor.slice(s, None);
-            grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
-        }
+/// A fleet built from slices handed over one at a time: each is compacted
+/// as it arrives (so a snapshot never has to be held as k8s objects) and
+/// the pools are assembled once, at the end.
+#[derive(Debug, Default)]
+pub(crate) struct FleetBuilder {
+    fleet: Fleet,
+    grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>>,
+}
+
+impl FleetBuilder {
+    pub(crate) fn add_node(&mut self, node: &Node) {
+        self.fleet.set_node(node);
+    }
+
+    pub(crate) fn add_slice(&mut self, slice: &ResourceSlice) {
+        let c = self.fleet.compactor.slice(slice, None);
+        self.grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
+    }
+
+    pub(crate) fn finish(self) -> Fleet {
+        let FleetBuilder { mut fleet, grouped } = self;
         for ((driver, pool), slices) in grouped {
             let p = fleet.slot_for(&driver, &pool);
             fleet.reassemble(p, slices, None, false);
@@ -261,6 +270,20 @@ impl Fleet {
         fleet.refresh_node_names();
         fleet.recompute_views(None);
         fleet
+    }
+}
+
+impl Fleet {
+    /// The fleet of these slices and nodes, built in one pass.
+    pub(crate) fn build(all: &[ResourceSlice], nodes: &[Node]) -> Self {
+        let mut builder = FleetBuilder::default();
+        for n in nodes {
+            builder.add_node(n);
+        }
+        for s in all {
+            builder.add_slice(s);
+        }
+        builder.finish()
     }
 
     /// Adds or replaces one slice (by name) and updates its pool.
@@ -632,7 +655,6 @@ impl Fleet {
     }
 
     /// Device numbers handed out (live and retired).
-    #[cfg(test)]
     pub(crate) fn device_numbers(&self) -> usize {
         self.devices.len()
     }

@@ -50,6 +50,7 @@ mod diagnose;
 mod error;
 mod explain;
 mod index;
+mod key_hints;
 mod node_selection;
 mod placement;
 mod pools;
@@ -117,13 +118,47 @@ impl std::fmt::Debug for Allocator {
     }
 }
 
+/// Collects slices and nodes for an [`Allocator`]; see [`Allocator::builder`].
+#[derive(Debug, Default)]
+pub struct AllocatorBuilder {
+    fleet: index::FleetBuilder,
+    slices: usize,
+}
+
+impl AllocatorBuilder {
+    /// Adds a ResourceSlice; what the allocator needs of it is kept, the
+    /// slice itself can be dropped.
+    pub fn add_slice(&mut self, slice: &ResourceSlice) {
+        self.fleet.add_slice(slice);
+        self.slices += 1;
+    }
+
+    /// Adds a Node (its labels steer node selectors).
+    pub fn add_node(&mut self, node: &Node) {
+        self.fleet.add_node(node);
+    }
+
+    /// How many slices were added.
+    pub fn slice_count(&self) -> usize {
+        self.slices
+    }
+
+    /// The allocator for the slices and nodes added, and `classes`.
+    pub fn build(self, classes: &[DeviceClass]) -> Allocator {
+        Allocator::with_fleet(self.fleet.finish(), classes)
+    }
+}
+
 impl Allocator {
     /// The allocator for these objects. Nodes supply the labels that slice
     /// and device node selectors match; a node named only by a slice's
     /// `nodeName` is known too, without labels. Invalid or incomplete pools
     /// are kept aside (they explain failures and make `All` requests fail).
     pub fn new(slices: &[ResourceSlice], classes: &[DeviceClass], nodes: &[Node]) -> Self {
-        let fleet = index::Fleet::build(slices, nodes);
+        Self::with_fleet(index::Fleet::build(slices, nodes), classes)
+    }
+
+    fn with_fleet(fleet: index::Fleet, classes: &[DeviceClass]) -> Self {
         let classes = classes.iter().filter_map(|c| c.metadata.name.clone().map(|name| (name, c.clone()))).collect();
         Self {
             fleet,
@@ -133,6 +168,12 @@ impl Allocator {
             share_ids: Box::new(RandomShareIds),
             memo: placement::FirstFitMemo::default(),
         }
+    }
+
+    /// An allocator built from objects handed over one at a time, e.g. while
+    /// a large file is read: nothing but the compact fleet is kept.
+    pub fn builder() -> AllocatorBuilder {
+        AllocatorBuilder::default()
     }
 
     /// Adds or replaces a ResourceSlice (by name): only its pool is
@@ -273,7 +314,26 @@ impl Allocator {
     /// committing: one result per claim, in order. Claims that already have
     /// an allocation must not be passed (record them instead).
     pub fn allocate(&mut self, node: &str, claims: &[&ResourceClaim]) -> Result<Vec<AllocationResult>, AllocateError> {
-        self.context().allocate_on(node, claims)
+        let result = self.context().allocate_on(node, claims);
+        result.map_err(|e| key_hints::improve(e, claims, &self.classes, || self.published_domains()))
+    }
+
+    /// The domains of every attribute and capacity the fleet's devices
+    /// publish (a name without one is in its driver's domain).
+    fn published_domains(&self) -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        for d in 0..u32::try_from(self.fleet.device_numbers()).unwrap_or(u32::MAX) {
+            let Some(device) = self.fleet.device(d) else { continue };
+            let (driver, _, _) = self.fleet.id(d);
+            let names = device.attributes.iter().map(|(n, _)| n).chain(device.capacity.iter().map(|(n, _)| n));
+            for name in names {
+                let domain = name.split_once('/').map_or(driver, |(domain, _)| domain);
+                if !out.contains(domain) {
+                    out.insert(domain.to_string());
+                }
+            }
+        }
+        out
     }
 
     /// The first node in `nodes` (or in [`Allocator::nodes`] order when
@@ -285,7 +345,8 @@ impl Allocator {
         nodes: Option<&[String]>,
         claims: &[&ResourceClaim],
     ) -> Result<Placement, AllocateError> {
-        self.context().first_fit(nodes, claims)
+        let result = self.context().first_fit(nodes, claims);
+        result.map_err(|e| key_hints::improve(e, claims, &self.classes, || self.published_domains()))
     }
 
     /// One search over the fleet, borrowing the caches and the allocated state.

@@ -10,7 +10,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
-use std::sync::LazyLock;
+
+use cel::common::ast::{Expr, LiteralValue, operators};
 
 use super::compact::{AttrValue, DeviceRecord};
 
@@ -104,28 +105,90 @@ struct Reference {
     compared_with: Option<String>,
 }
 
-/// The references of a clause, found textually (`device.attributes["d"].id`
-/// and `device.attributes["d"]["id"]`, the same for `capacity`).
+/// The references of a clause, read from its parsed expression (so every
+/// CEL string literal form counts: single, double, raw, triple-quoted,
+/// escaped): `device.attributes["d"].id` and `device.attributes["d"]["id"]`,
+/// the same for `capacity`, each with the string literal it is compared
+/// with by `==` (on either side), if any. A clause that does not parse has
+/// none.
 fn references(clause: &str) -> Vec<Reference> {
-    static REFERENCE: LazyLock<Option<regex::Regex>> = LazyLock::new(|| {
-        regex::Regex::new(
-            r#"device\.(attributes|capacity)\[\s*"([^"]+)"\s*\](?:\.([A-Za-z_][A-Za-z0-9_]*)|\[\s*"([^"]+)"\s*\])(\s*==\s*"([^"]*)")?"#,
-        )
-        .ok()
-    });
-    static LITERAL_FIRST: LazyLock<Option<regex::Regex>> =
-        LazyLock::new(|| regex::Regex::new(r#"^\s*"([^"]*)"\s*==\s*device\."#).ok());
-    let Some(re) = REFERENCE.as_ref() else { return Vec::new() };
-    let literal_first =
-        LITERAL_FIRST.as_ref().and_then(|r| r.captures(clause)).and_then(|c| c.get(1)).map(|m| m.as_str());
-    re.captures_iter(clause)
-        .map(|c| Reference {
-            capacity: c.get(1).is_some_and(|m| m.as_str() == "capacity"),
-            domain: c.get(2).map(|m| m.as_str().to_string()).unwrap_or_default(),
-            id: c.get(3).or_else(|| c.get(4)).map(|m| m.as_str().to_string()).unwrap_or_default(),
-            compared_with: c.get(6).map(|m| m.as_str().to_string()).or_else(|| literal_first.map(str::to_string)),
-        })
-        .collect()
+    let Ok(parsed) = cel::parser::Parser::new().parse(clause) else { return Vec::new() };
+    let mut out = Vec::new();
+    collect_references(&parsed.expr, &mut out);
+    out
+}
+
+fn collect_references(e: &Expr, out: &mut Vec<Reference>) {
+    if let Some(r) = reference(e) {
+        out.push(r);
+        return;
+    }
+    match e {
+        Expr::Call(call) => {
+            if let [a, b] = call.args.as_slice()
+                && call.func_name == operators::EQUALS
+            {
+                let compared = match (reference(&a.expr), reference(&b.expr)) {
+                    (Some(r), None) => string_literal(&b.expr).map(|l| (r, l)),
+                    (None, Some(r)) => string_literal(&a.expr).map(|l| (r, l)),
+                    _ => None,
+                };
+                if let Some((r, literal)) = compared {
+                    out.push(Reference { compared_with: Some(literal), ..r });
+                    return;
+                }
+            }
+            if let Some(target) = &call.target {
+                collect_references(&target.expr, out);
+            }
+            for a in &call.args {
+                collect_references(&a.expr, out);
+            }
+        }
+        Expr::Select(select) => collect_references(&select.operand.expr, out),
+        Expr::List(list) => list.elements.iter().for_each(|el| collect_references(&el.expr, out)),
+        Expr::Comprehension(c) => {
+            for part in [&c.iter_range, &c.accu_init, &c.loop_cond, &c.loop_step, &c.result] {
+                collect_references(&part.expr, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// `device.attributes[<domain>].<id>` or `device.attributes[<domain>][<id>]`
+/// (`capacity` likewise), the names being string literals.
+fn reference(e: &Expr) -> Option<Reference> {
+    let (map, id) = match e {
+        Expr::Select(select) if !select.test => (&select.operand.expr, select.field.clone()),
+        Expr::Call(call) if call.func_name == operators::INDEX => match call.args.as_slice() {
+            [map, id] => (&map.expr, string_literal(&id.expr)?),
+            _ => return None,
+        },
+        _ => return None,
+    };
+    let Expr::Call(index) = map else { return None };
+    let [field, domain] = index.args.as_slice() else { return None };
+    if index.func_name != operators::INDEX {
+        return None;
+    }
+    let Expr::Select(field) = &field.expr else { return None };
+    let capacity = match field.field.as_str() {
+        "attributes" => false,
+        "capacity" => true,
+        _ => return None,
+    };
+    if !matches!(&field.operand.expr, Expr::Ident(name) if name == "device") {
+        return None;
+    }
+    Some(Reference { capacity, domain: string_literal(&domain.expr)?, id, compared_with: None })
+}
+
+fn string_literal(e: &Expr) -> Option<String> {
+    match e {
+        Expr::Literal(LiteralValue::String(s)) => Some(s.inner().to_string()),
+        _ => None,
+    }
 }
 
 /// What the devices publish: per domain, attribute ids with their values,
@@ -266,6 +329,18 @@ pub(crate) fn missing_key_hint(key: &str, device: &DeviceRecord) -> Option<Strin
     did_you_mean(key, all).map(|m| format!("did you mean \"{m}\"?"))
 }
 
+/// For a "No such key: `key`" raised by `expression`: the reference that
+/// read `key` under a domain no device publishes, said so, with the
+/// published domain it most likely meant.
+pub(crate) fn unpublished_domain_hint(expression: &str, key: &str, domains: &BTreeSet<String>) -> Option<String> {
+    let r = references(expression).into_iter().find(|r| r.id == key && !domains.contains(&r.domain))?;
+    let mut hint = format!("no device publishes the domain \"{}\"", r.domain);
+    if let Some(m) = did_you_mean(&r.domain, domains.iter().map(String::as_str)) {
+        hint.push_str(&format!("; did you mean \"{m}\"?"));
+    }
+    Some(hint)
+}
+
 /// The breakdown of `expression` over `devices` (those the class matched),
 /// given each clause's verdict per device from `evaluate` (`Some(true)`,
 /// `Some(false)`, `None` for an evaluation error).
@@ -325,6 +400,37 @@ mod tests {
         assert_eq!(r[0].compared_with.as_deref(), Some("H100"));
         let r = references(r#"device.capacity["gpu.nvidia.com"].memory.isGreaterThan(quantity("40Gi"))"#);
         assert!(r[0].capacity && r[0].compared_with.is_none());
+    }
+
+    #[test]
+    fn every_string_literal_form_is_read() {
+        for clause in [
+            "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'",
+            r#"device.attributes["gpu.nvidia.com"].profile == "1g.5gb""#,
+            r#"device.attributes[r'gpu.nvidia.com'].profile == R"1g.5gb""#,
+            r#"device.attributes['''gpu.nvidia.com''']['profile'] == """1g.5gb""""#,
+            r#"device.attributes["gpu\x2envidia.com"].profile == '1g\u002e5gb'"#,
+            "'1g.5gb' == device.attributes['gpu.nvidia.com'].profile",
+        ] {
+            let r = references(clause);
+            assert_eq!(r.len(), 1, "{clause}");
+            assert_eq!(
+                (r[0].domain.as_str(), r[0].id.as_str(), r[0].compared_with.as_deref()),
+                ("gpu.nvidia.com", "profile", Some("1g.5gb")),
+                "{clause}"
+            );
+        }
+    }
+
+    #[test]
+    fn single_quoted_values_get_the_values_devices_have() {
+        let text = explain("device.attributes['gpu.nvidia.com'].productName == 'H100'");
+        assert!(
+            text.contains(
+                r#"no device has productName "H100"; the values here are "NVIDIA H100 80GB HBM3" (2), "NVIDIA A100-SXM4-40GB" (1)"#
+            ),
+            "{text}"
+        );
     }
 
     fn fleet() -> Vec<DeviceRecord> {

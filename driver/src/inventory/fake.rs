@@ -145,7 +145,7 @@ fn parse_file(text: &str) -> Result<FakeInventoryFile, Located> {
     crate::nesting::check(text).map_err(|e| {
         ("document".to_string(), e.to_string(), "write the inventory as in examples/inventories/".to_string())
     })?;
-    serde_yaml_ng::from_str(text).map_err(yaml_error)
+    serde_yaml_ng::from_str(&crate::json_escapes::to_yaml(text)).map_err(yaml_error)
 }
 
 fn yaml_error(e: serde_yaml_ng::Error) -> Located {
@@ -216,11 +216,32 @@ struct FakeMigLayout {
     instances: Vec<FakeMigInstance>,
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
+/// `1g.10gb` or `{profile: 1g.10gb, start: 6}`, told apart by shape (an
+/// untagged enum would only say that neither matched).
+#[derive(Debug)]
 enum FakeMigInstance {
     Profile(String),
     Placed(PlacedInstanceSpec),
+}
+
+impl<'de> Deserialize<'de> for FakeMigInstance {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Shape;
+        impl<'de> serde::de::Visitor<'de> for Shape {
+            type Value = FakeMigInstance;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a MIG profile such as 1g.10gb, or {profile: 1g.10gb, start: 6}")
+            }
+            fn visit_str<E: serde::de::Error>(self, profile: &str) -> Result<FakeMigInstance, E> {
+                Ok(FakeMigInstance::Profile(profile.to_string()))
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<FakeMigInstance, A::Error> {
+                PlacedInstanceSpec::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(FakeMigInstance::Placed)
+            }
+        }
+        deserializer.deserialize_any(Shape)
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -624,6 +645,20 @@ mod tests {
         assert_eq!(field, "gpus[0]");
         assert!(problem.contains("unknown field `modle`"), "{problem}");
         assert!(fix.contains("model"), "{fix}");
+        let (field, problem, _) = err("gpus: [{model: H100-80GB, mig: [{instances: [3]}]}]");
+        assert_eq!(field, "gpus[0].mig[0].instances[0]");
+        assert!(
+            problem.starts_with(
+                "malformed inventory: invalid type: integer `3`, expected a MIG profile such as 1g.10gb, or {profile: 1g.10gb, start: 6}"
+            ),
+            "{problem}"
+        );
+        let (field, problem, _) = err("gpus: [{model: H100-80GB, mig: [{instances: [{profile: 1g.10gb, strat: 1}]}]}]");
+        assert_eq!(field, "gpus[0].mig[0].instances[0]");
+        assert!(
+            problem.starts_with("malformed inventory: unknown field `strat`, expected `profile` or `start`"),
+            "{problem}"
+        );
         let (_, problem, _) = err("gpus: [{model: H100-80GB, count: [}");
         assert!(problem.contains("malformed inventory"), "{problem}");
         let (field, _, _) = err("gpus: [{model: H100-80GB, count: -1}]");

@@ -232,9 +232,16 @@ fn patch(
             }
             let applied: Value = match serde_json::from_slice(body) {
                 Ok(v) => v,
-                Err(_) => serde_yaml_ng::from_slice(body).map_err(|e| {
-                    ApiError::bad_request(format!("the apply configuration is neither JSON nor YAML: {e}"))
-                })?,
+                Err(_) => {
+                    // The YAML parser is quadratic in flow nesting: refuse
+                    // hostile depth first, as the real server bounds input.
+                    let text = std::str::from_utf8(body)
+                        .map_err(|e| ApiError::bad_request(format!("the apply configuration is not UTF-8: {e}")))?;
+                    gpu_dra_driver::nesting::check(text).map_err(|e| ApiError::bad_request(e.to_string()))?;
+                    serde_yaml_ng::from_str(text).map_err(|e| {
+                        ApiError::bad_request(format!("the apply configuration is neither JSON nor YAML: {e}"))
+                    })?
+                }
             };
             match applied.pointer("/metadata/name").and_then(Value::as_str) {
                 Some(n) if n != name => {

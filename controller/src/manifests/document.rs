@@ -1,0 +1,244 @@
+//! One document at a time into [`Manifest`]s, without a tree of the whole
+//! document: the top-level mapping is read key by key, and a sequence under
+//! `items` (a `List`) is read element by element, each element handed to
+//! the sink as soon as it is complete.
+//!
+//! `kubectl get -o json` writes `items` before `kind`, so a top-level
+//! `items` sequence is taken as a List's items when it is read; a document
+//! that then turns out to be of another kind is refused.
+
+use std::fmt;
+
+use anyhow::{Result, anyhow};
+use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
+use serde_json::{Map, Value};
+
+use super::{Manifest, Sink};
+
+/// The sink's error, kept aside while serde unwinds with a placeholder.
+struct Reader<'s, 'a> {
+    sink: &'s mut Sink<'a>,
+    failed: Option<anyhow::Error>,
+}
+
+impl Reader<'_, '_> {
+    fn give(&mut self, m: Manifest) -> std::result::Result<(), String> {
+        (self.sink)(m).map_err(|e| {
+            self.failed = Some(e);
+            "stopped".to_string()
+        })
+    }
+
+    /// The error to report: the sink's, or the parser's described.
+    fn error(&mut self, parse: impl FnOnce() -> anyhow::Error) -> anyhow::Error {
+        self.failed.take().unwrap_or_else(parse)
+    }
+}
+
+/// A stream of JSON values (usually one), read from `input` as it comes.
+pub(super) fn json_stream(origin: &str, input: impl std::io::Read, sink: &mut Sink<'_>) -> Result<()> {
+    let mut de = serde_json::Deserializer::from_reader(input);
+    let mut reader = Reader { sink, failed: None };
+    for i in 0usize.. {
+        let at = if i == 0 { origin.to_string() } else { format!("{origin}#{}", i + 1) };
+        let result = DocumentSeed { origin: &at, reader: &mut reader }.deserialize(&mut de);
+        if let Err(e) = result {
+            return Err(reader.error(|| json_error(origin, i, &e)));
+        }
+        if de.end().is_ok() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+fn json_error(origin: &str, i: usize, e: &serde_json::Error) -> anyhow::Error {
+    let document = i + 1;
+    if e.to_string().starts_with("recursion limit exceeded") {
+        let too_deep = gpu_dra_driver::nesting::TooDeep { line: e.line() };
+        return anyhow!("{origin}: document {document}: {too_deep}");
+    }
+    anyhow!("{origin}: document {document}: malformed JSON: {e}; fix the syntax there")
+}
+
+/// A YAML stream (`---`-separated documents).
+pub(super) fn yaml_stream(origin: &str, text: &str, sink: &mut Sink<'_>) -> Result<()> {
+    let mut reader = Reader { sink, failed: None };
+    for (i, doc) in serde_yaml_ng::Deserializer::from_str(text).enumerate() {
+        let at = if i == 0 { origin.to_string() } else { format!("{origin}#{}", i + 1) };
+        if let Err(e) = (DocumentSeed { origin: &at, reader: &mut reader }).deserialize(doc) {
+            return Err(
+                reader.error(|| anyhow!("{origin}: document {}: malformed YAML: {e}; fix the syntax there", i + 1))
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One document: an object, a List of objects, or nothing.
+struct DocumentSeed<'r, 's, 'a> {
+    origin: &'r str,
+    reader: &'r mut Reader<'s, 'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for DocumentSeed<'_, '_, '_> {
+    type Value = ();
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> std::result::Result<(), D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+impl DocumentSeed<'_, '_, '_> {
+    fn not_an_object<E: de::Error>(self) -> std::result::Result<(), E> {
+        self.reader.failed =
+            Some(anyhow!("{}: expected a Kubernetes object (a mapping with apiVersion and kind)", self.origin));
+        Err(E::custom("stopped"))
+    }
+}
+
+impl<'de> Visitor<'de> for DocumentSeed<'_, '_, '_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a Kubernetes object (a mapping with apiVersion and kind)")
+    }
+
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_none<E: de::Error>(self) -> std::result::Result<(), E> {
+        Ok(())
+    }
+
+    fn visit_bool<E: de::Error>(self, _: bool) -> std::result::Result<(), E> {
+        self.not_an_object()
+    }
+
+    fn visit_i64<E: de::Error>(self, _: i64) -> std::result::Result<(), E> {
+        self.not_an_object()
+    }
+
+    fn visit_u64<E: de::Error>(self, _: u64) -> std::result::Result<(), E> {
+        self.not_an_object()
+    }
+
+    fn visit_f64<E: de::Error>(self, _: f64) -> std::result::Result<(), E> {
+        self.not_an_object()
+    }
+
+    fn visit_str<E: de::Error>(self, _: &str) -> std::result::Result<(), E> {
+        self.not_an_object()
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, _: A) -> std::result::Result<(), A::Error> {
+        self.not_an_object()
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> std::result::Result<(), A::Error> {
+        let mut object = Map::new();
+        let mut streamed = false;
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "items" && !streamed {
+                let seed = ItemsSeed { origin: self.origin, reader: &mut *self.reader };
+                match map.next_value_seed(seed)? {
+                    Items::Streamed => streamed = true,
+                    Items::Other(value) => {
+                        object.insert(key, value);
+                    }
+                }
+            } else {
+                let value: Value = map.next_value()?;
+                object.insert(key, value);
+            }
+        }
+        let kind = object.get("kind").and_then(Value::as_str).unwrap_or_default();
+        let list = kind == "List" || kind.ends_with("List");
+        if streamed && !list {
+            self.reader.failed = Some(anyhow!(
+                "{}: kind {kind:?} has a top-level items list, which only a List (or a kind ending in List) has; \
+                 fix: write the objects as a List or one document each",
+                self.origin
+            ));
+            return Err(de::Error::custom("stopped"));
+        }
+        if streamed {
+            return Ok(());
+        }
+        if kind == "List" {
+            self.reader.failed =
+                Some(anyhow!("{}: a List needs an items array; fix: list the objects under items:", self.origin));
+            return Err(de::Error::custom("stopped"));
+        }
+        let origin = self.origin.to_string();
+        self.reader.give(Manifest { origin, object: Value::Object(object) }).map_err(de::Error::custom)
+    }
+}
+
+/// A top-level `items`: a sequence streamed to the sink, or any other value.
+enum Items {
+    Streamed,
+    Other(Value),
+}
+
+struct ItemsSeed<'r, 's, 'a> {
+    origin: &'r str,
+    reader: &'r mut Reader<'s, 'a>,
+}
+
+impl<'de> DeserializeSeed<'de> for ItemsSeed<'_, '_, '_> {
+    type Value = Items;
+
+    fn deserialize<D: de::Deserializer<'de>>(self, deserializer: D) -> std::result::Result<Items, D::Error> {
+        deserializer.deserialize_any(self)
+    }
+}
+
+/// Anything but a sequence is read as a plain value.
+macro_rules! other {
+    ($($method:ident($ty:ty)),*) => {$(
+        fn $method<E: de::Error>(self, v: $ty) -> std::result::Result<Items, E> {
+            Value::deserialize(v.into_deserializer()).map(Items::Other)
+        }
+    )*};
+}
+
+use serde::Deserialize as _;
+
+impl<'de> Visitor<'de> for ItemsSeed<'_, '_, '_> {
+    type Value = Items;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a list of Kubernetes objects")
+    }
+
+    other!(visit_bool(bool), visit_i64(i64), visit_u64(u64), visit_f64(f64), visit_str(&str), visit_string(String));
+
+    fn visit_unit<E: de::Error>(self) -> std::result::Result<Items, E> {
+        Ok(Items::Other(Value::Null))
+    }
+
+    fn visit_none<E: de::Error>(self) -> std::result::Result<Items, E> {
+        Ok(Items::Other(Value::Null))
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> std::result::Result<Items, A::Error> {
+        Value::deserialize(de::value::MapAccessDeserializer::new(map)).map(Items::Other)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> std::result::Result<Items, A::Error> {
+        let mut j = 0usize;
+        while let Some(object) = seq.next_element::<Value>()? {
+            let origin = format!("{} items[{j}]", self.origin);
+            if !object.is_object() {
+                self.reader.failed =
+                    Some(anyhow!("{origin}: expected a Kubernetes object (a mapping with apiVersion and kind)"));
+                return Err(de::Error::custom("stopped"));
+            }
+            self.reader.give(Manifest { origin, object }).map_err(de::Error::custom)?;
+            j += 1;
+        }
+        Ok(Items::Streamed)
+    }
+}
