@@ -87,7 +87,18 @@ pub fn render_all(tmp_dir: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, O
 /// Renders `chart` for each case; `tmp_dir` holds the Python environment
 /// (the test's `CARGO_TARGET_TMPDIR`).
 pub fn render_chart(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render(tmp_dir, chart, cases, true)
+}
+
+/// As [`render_chart`], without linting each case (for sweeps of many
+/// values: a lint renders the chart again).
+pub fn render_chart_unlinted(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render(tmp_dir, chart, cases, false)
+}
+
+fn render(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)], lint: bool) -> BTreeMap<String, Outcome> {
     let request = json!({
+        "lint": lint,
         "chart": chart,
         "namespace": NAMESPACE,
         "release": RELEASE,
