@@ -455,6 +455,8 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ("gpus-disabled", json!({"resources": {"gpus": {"enabled": false}}}), "uninstall it instead"),
         ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}}), "cliqueID"),
         ("verbosity-word", json!({"logVerbosity": "verbose"}), "/logVerbosity"),
+        // A word that is not a level would filter every log out.
+        ("level-word", json!({"logLevel": "verbose"}), "'/logLevel': 'verbose' does not match"),
         ("api-v1beta1", json!({"resourceApiVersion": "resource.k8s.io/v1beta1"}), "resource.k8s.io/v1 only"),
         ("name-override", json!({"nameOverride": "x"}), "nameOverride is a value of NVIDIA's chart"),
         ("webhook-port", json!({"webhook": {"containerPort": 443}}), "use webhook.port"),

@@ -77,12 +77,6 @@ pub struct RunArgs {
     pub identity: Option<String>,
 }
 
-/// A duration in Go's syntax (`90s`, `1h30m`, `1.5h`, `250ms`, `0s`), 0s
-/// to 168h; the flags above each have a narrower range.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    duration::ANY.parse(text)
-}
-
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
     text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_dependencies()
 }
@@ -125,6 +119,5 @@ mod tests {
         assert_eq!(cli.run.explain_after, Duration::from_millis(1500));
         let cli = parse("--deallocate-after", "0.5h").unwrap();
         assert_eq!(cli.run.deallocate_after, Duration::from_secs(1800));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
     }
 }

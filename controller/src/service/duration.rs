@@ -43,8 +43,6 @@ pub const RENEW_DEADLINE: DurationRange =
     DurationRange { flag: "--leader-elect-renew-deadline", min: Duration::from_millis(500), max: secs(3600) };
 pub const RETRY_PERIOD: DurationRange =
     DurationRange { flag: "--leader-elect-retry-period", min: Duration::from_millis(100), max: secs(600) };
-/// Any other duration: up to a week.
-pub const ANY: DurationRange = DurationRange { flag: "a duration", min: Duration::ZERO, max: secs(7 * 24 * 3600) };
 
 impl DurationRange {
     /// Parses `text` and checks it lies in the range.
