@@ -55,8 +55,10 @@ pub struct LoggingArgs {
     /// Log format on standard error.
     #[arg(long, value_enum, default_value_t = LogFormat::Text, env = "LOG_FORMAT", global = true)]
     pub log_format: LogFormat,
-    /// Log filter, e.g. `info` or `gpu_dra_driver=debug` (RUST_LOG syntax).
-    #[arg(long, default_value = "warn", env = "LOG_LEVEL", global = true)]
+    /// Log filter: a level (off, error, warn, info, debug, trace) or
+    /// comma-separated `target=level` directives, e.g.
+    /// `info,gpu_dra_driver=debug`.
+    #[arg(long, default_value = "warn", env = "LOG_LEVEL", global = true, value_parser = parse_log_filter)]
     pub log_level: String,
 }
 
@@ -192,8 +194,9 @@ pub struct RunArgs {
     #[arg(long, env = "MPS_SUPERVISOR")]
     pub mps_supervisor: bool,
     /// How long prepare waits for a claim's MPS control daemon to answer
-    /// before failing the claim, in milliseconds.
-    #[arg(long, env = "MPS_READY_TIMEOUT_MS", default_value_t = 20_000, value_name = "MS")]
+    /// before failing the claim, in milliseconds (100 to 600000).
+    #[arg(long, env = "MPS_READY_TIMEOUT_MS", default_value_t = 20_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
     pub mps_ready_timeout_ms: u64,
     /// Where the checkpoint of prepared claims lives [default:
     /// <plugins-dir>/<driver-name>].
@@ -216,9 +219,9 @@ pub struct RunArgs {
     #[arg(long, env = "DEV_ROOT", value_name = "DIR")]
     pub dev_root: Option<PathBuf>,
     /// How often the --fake-inventory file is re-read for changes (fault
-    /// injection), in milliseconds.
+    /// injection), in milliseconds (10 to 3600000).
     #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",
-          value_parser = clap::value_parser!(u64).range(10..))]
+          value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub fake_inventory_poll_ms: u64,
 }
 
@@ -327,6 +330,33 @@ fn parse_generation(text: &str) -> Result<i64, String> {
     }
 }
 
+/// A log filter of levels and `target=level` directives only: a bare word
+/// that is not a level (`verbose`) would be read as a target and filter
+/// every other log out. The chart's `logLevel` pattern is the same.
+fn parse_log_filter(text: &str) -> Result<String, String> {
+    const LEVELS: [&str; 6] = ["off", "error", "warn", "info", "debug", "trace"];
+    let is_target = |target: &str| {
+        target.split("::").all(|part| {
+            part.starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+                && part.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+        })
+    };
+    for directive in text.split(',') {
+        let valid = match directive.split_once('=') {
+            None => LEVELS.contains(&directive),
+            Some((target, level)) => is_target(target) && LEVELS.contains(&level),
+        };
+        if !valid {
+            return Err(format!(
+                "{directive:?} is not a log level; write one of {} or target=level directives separated by commas, \
+                 such as info,gpu_dra_driver=debug",
+                LEVELS.join(", ")
+            ));
+        }
+    }
+    Ok(text.to_string())
+}
+
 fn parse_known_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
     text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())
 }
@@ -413,6 +443,24 @@ mod tests {
     }
 
     #[test]
+    fn log_filters_are_levels_or_directives() {
+        for good in ["info", "warn", "info,gpu_dra_driver=debug", "gpu_kubelet_plugin::prepare=trace,off"] {
+            assert_eq!(parse_log_filter(good).as_deref(), Ok(good));
+        }
+        for bad in ["verbose", "info: {x", "", "info,", "Info", "x=loud", "info\n--kubeconfig=/x", "a-b=info"] {
+            let error = parse_log_filter(bad).unwrap_err();
+            assert!(
+                error.contains("is not a log level") && error.contains("info,gpu_dra_driver=debug"),
+                "{bad}: {error}"
+            );
+        }
+        let err =
+            Cli::try_parse_from(["gpu-kubelet-plugin", "--log-level", "verbose", "print-slices", "--node-name", "n"])
+                .unwrap_err();
+        assert!(err.to_string().contains("\"verbose\" is not a log level"), "{err}");
+    }
+
+    #[test]
     fn run_flags_are_checked() {
         let parse = |extra: &[&str]| {
             let mut argv = vec!["gpu-kubelet-plugin", "run", "--node-name", "node-a"];
@@ -424,6 +472,12 @@ mod tests {
         };
         assert_eq!(args.metrics_addr, MetricsAddr::Off);
         assert_eq!(args.state_dir(), Path::new("/s"));
+        for (flag, value) in
+            [("--mps-ready-timeout-ms", "18446744073709551615"), ("--fake-inventory-poll-ms", "3600001")]
+        {
+            let err = parse(&[flag, value]).unwrap_err();
+            assert!(err.to_string().contains("is not in"), "{flag}: {err}");
+        }
         let err = parse(&["--metrics-addr", "localhost"]).unwrap_err();
         assert!(err.to_string().contains("expected HOST:PORT"), "{err}");
         let Command::Run(args) = parse(&["--plugins-dir", "rel"]).unwrap().command else { panic!("not run") };

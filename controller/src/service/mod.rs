@@ -9,6 +9,7 @@
 
 pub mod args;
 mod cluster;
+mod duration;
 mod events;
 mod lease;
 mod metrics;

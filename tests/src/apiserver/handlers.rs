@@ -87,6 +87,11 @@ async fn dispatch(
             &json!({"major": "1", "minor": super::SERVER_MINOR.to_string(), "gitVersion": format!("v1.{}.0-standin", super::SERVER_MINOR), "platform": "linux/amd64"}),
         );
     }
+    if *method == Method::GET
+        && let Some(document) = super::discovery::document(path)
+    {
+        return json_response(200, &document);
+    }
     let Some(target) = kinds::parse_path(path) else {
         return error_response(&ApiError {
             code: 404,

@@ -158,6 +158,37 @@ pub static KINDS: &[Kind] = &[
         unconditional_update: false,
         fields: &[],
     },
+    // Core Events (`v1`), as `kubectl get events` reads them: field labels
+    // from `pkg/apis/core/v1/conversion.go` (`involvedObject.*`, reason,
+    // source, type). Both groups share the one `events` collection, as in the
+    // real server's storage, but the stand-in does not convert between the
+    // two shapes (`regarding` / `involvedObject`): the driver writes
+    // `events.k8s.io/v1` only, and this kind serves kubectl's reads (its
+    // field selectors are checked as the real server checks them).
+    Kind {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+        status_subresource: false,
+        generation: false,
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "involvedObject.apiVersion",
+            "involvedObject.resourceVersion",
+            "involvedObject.fieldPath",
+            "reason",
+            "reportingComponent",
+            "source",
+            "type",
+        ],
+    },
 ];
 
 /// The served type of kind `kind` (e.g. `ResourceSlice`).

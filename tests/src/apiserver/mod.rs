@@ -14,12 +14,14 @@
 //! read or change objects directly through the typed helpers here (as the
 //! kubelet or a scheduler would).
 //!
-//! Not implemented: authentication, discovery documents, grace periods
+//! Discovery is the legacy documents (`discovery.rs`), enough for kubectl.
+//! Not implemented: authentication, aggregated discovery, grace periods
 //! (deletion is immediate once no finalizer holds an object), pagination (limit is ignored, which the real server
 //! may do too), strategic merge patch and JSON patch (415), protobuf.
 
 pub mod apply;
 pub mod audit;
+mod discovery;
 pub mod errors;
 pub mod faults;
 mod handlers;
