@@ -8,6 +8,7 @@
 pub mod allocator;
 pub mod cdi;
 pub mod driver_root;
+pub mod echo;
 pub mod feature_gates;
 pub mod inventory;
 pub mod k8s_format;

@@ -71,6 +71,21 @@ pub struct RunArgs {
     /// name, plus a random suffix).
     #[arg(long, env = "CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
+    /// The longest one API call may take (`100ms` to `5m`): a write or read
+    /// that gets no complete answer in this time fails and the next pass
+    /// retries; a list or watch whose answer stalls this long is cut and
+    /// resumed. Also the client's read timeout.
+    #[arg(long, env = "API_TIMEOUT", default_value = "30s", value_parser = parse_api_timeout)]
+    pub api_timeout: Duration,
+}
+
+/// `--api-timeout`: a duration from 100 ms to 5 min.
+fn parse_api_timeout(text: &str) -> Result<Duration, String> {
+    let value = parse_duration(text)?;
+    if !(Duration::from_millis(100)..=Duration::from_secs(300)).contains(&value) {
+        return Err(format!("{text:?} is outside the allowed range, 100ms to 5m"));
+    }
+    Ok(value)
 }
 
 /// `90s`, `5m`, `1h30m`, `250ms`, `0s`.
@@ -132,5 +147,12 @@ mod tests {
         assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
         assert!(parse_duration("soon").unwrap_err().contains("30s"));
         assert!(parse_duration("5").is_err());
+    }
+
+    #[test]
+    fn the_api_timeout_is_bounded() {
+        assert_eq!(parse_api_timeout("2s"), Ok(Duration::from_secs(2)));
+        assert!(parse_api_timeout("0s").unwrap_err().contains("100ms to 5m"));
+        assert!(parse_api_timeout("1h").unwrap_err().contains("100ms to 5m"));
     }
 }
