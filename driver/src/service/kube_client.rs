@@ -52,6 +52,15 @@ pub enum KubeClientError {
     Client { source_desc: ConfigSource, error: kube::Error },
 }
 
+/// A log directive for the binaries' filters: kube's HTTP trace layer logs
+/// every failed request at ERROR with the server's status, one line per
+/// request (a server answering 503 made 96 lines in 12 s); our callers log
+/// failures themselves, in words and rate-limited. Left out when the
+/// user's filter names `kube_client` (asking for those lines).
+pub fn request_log_directive(user_filter: &str) -> Option<&'static str> {
+    (!user_filter.contains("kube_client")).then_some("kube_client::client::builder=off")
+}
+
 /// How long a client waits for the API server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ApiTimeouts {
