@@ -42,8 +42,10 @@ impl Node {
         let proxy = FaultProxy::start(server.addr()).await.unwrap();
         let dirs = PluginDirs::new(INVENTORY).unwrap();
         proxy.write_kubeconfig(&dirs.kubeconfig).unwrap();
-        let mut options = PluginOptions::default();
-        options.extra_args = ["--api-timeout-ms", "1500"].iter().chain(extra_args).map(|a| a.to_string()).collect();
+        let options = PluginOptions {
+            extra_args: ["--api-timeout-ms", "1500"].iter().chain(extra_args).map(|a| a.to_string()).collect(),
+            ..PluginOptions::default()
+        };
         let process = PluginProcess::spawn(&dirs, &options).unwrap();
         let mut config = KubeletConfig::new(&dirs.registry, DRIVER);
         config.call_timeout = CALL_TIMEOUT;
@@ -141,7 +143,8 @@ async fn every_call_is_answered_within_its_deadline_whatever_the_api_server_does
 
         // The fault lifts: the kubelet's retry prepares; nothing was held.
         node.proxy.clear();
-        let again = tokio::time::timeout(ANSWERED_BY, node.kubelet.prepare(&node.plugin, &[victim.clone()])).await;
+        let again =
+            tokio::time::timeout(ANSWERED_BY, node.kubelet.prepare(&node.plugin, std::slice::from_ref(&victim))).await;
         let devices = again.expect("answered in time").unwrap_or_else(|e| panic!("{name}: {e}"));
         assert_eq!(devices[&victim.uid][0].device_name, device);
         let done = Instant::now();

@@ -242,7 +242,7 @@ mod tests {
     async fn an_attempt_that_never_answers_is_cut_at_the_deadline() {
         let deadline = Instant::now() + Duration::from_secs(2);
         let result: Result<(), _> =
-            with_deadline("listing", deadline, || std::future::pending::<Result<(), kube::Error>>()).await;
+            with_deadline("listing", deadline, std::future::pending::<Result<(), kube::Error>>).await;
         let err = result.unwrap_err().to_string();
         assert!(err.contains("the API server did not answer"), "{err}");
         assert_eq!(Instant::now(), deadline);
