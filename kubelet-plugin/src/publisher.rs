@@ -133,9 +133,9 @@ impl PublishStatus {
 pub enum PublishError {
     #[error("building the node's ResourceSlices: {0}")]
     Build(#[from] SliceError),
-    #[error("listing ResourceSlices with {selector}: {error}")]
+    #[error("listing ResourceSlices with {selector}: {}", gpu_dra_driver::service::api_call::describe(error))]
     List { selector: String, error: kube::Error },
-    #[error("{action} ResourceSlice {slice}: {error}")]
+    #[error("{action} ResourceSlice {slice}: {}", gpu_dra_driver::service::api_call::describe(error))]
     Write { action: &'static str, slice: String, error: kube::Error },
     #[error("ResourceSlice {0} kept changing under us ({CONFLICT_RETRIES} conflicts in a row)")]
     Conflicts(String),
@@ -284,7 +284,10 @@ impl Publisher {
                     self.builder = self.builder.clone().for_server(rules);
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "the server's version is unknown: publishing for Kubernetes 1.34's rules")
+                    tracing::warn!(
+                        error = %gpu_dra_driver::service::api_call::describe(&error),
+                        "the server's version is unknown: publishing for Kubernetes 1.34's rules"
+                    )
                 }
             }
         }

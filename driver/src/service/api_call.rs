@@ -110,7 +110,7 @@ fn transport(error: &kube::Error) -> String {
     }
     if incomplete {
         return "the API server closed the connection before its answer was complete \
-                (shorter than its Content-Length)"
+                (no answer, or one shorter than its Content-Length)"
             .to_owned();
     }
     let deepest = deepest.to_lowercase();
