@@ -49,6 +49,10 @@ pub struct PublisherConfig {
     pub additional_ignored_xids: Vec<u32>,
     /// What the slices show of the gates (`ConsumableCapacity`: shareable GPUs).
     pub gates: FeatureGates,
+    /// The `timeoutSeconds` of the slice watch: below the client's read
+    /// timeout, so a quiet watch ends cleanly and resumes
+    /// (`ApiTimeouts::watch_timeout_seconds`).
+    pub watch_timeout_seconds: u32,
 }
 
 impl PublisherConfig {
@@ -61,6 +65,7 @@ impl PublisherConfig {
             max_backoff: Duration::from_secs(30),
             additional_ignored_xids: Vec::new(),
             gates: FeatureGates::default(),
+            watch_timeout_seconds: crate::kube_client::ApiTimeouts::default().watch_timeout_seconds(),
         }
     }
 
@@ -210,7 +215,8 @@ impl Publisher {
     }
 
     async fn run(mut self, mut inventory: watch::Receiver<Arc<Inventory>>) {
-        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+        let watch_config =
+            watcher::Config::default().fields(&self.config.field_selector()).timeout(self.config.watch_timeout_seconds);
         let mut events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
         let mut dirty = true;
         let mut backoff = self.config.min_backoff;
@@ -247,7 +253,9 @@ impl Publisher {
                     Some(Ok(event)) => dirty |= self.drifted(&event),
                     Some(Err(error)) => tracing::debug!(%error, "watching ResourceSlices"),
                     None => {
-                        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+                        let watch_config = watcher::Config::default()
+            .fields(&self.config.field_selector())
+            .timeout(self.config.watch_timeout_seconds);
                         events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
                     }
                 },

@@ -63,6 +63,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         PublisherConfig {
             additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
             gates: args.feature_gates,
+            watch_timeout_seconds: timeouts.watch_timeout_seconds(),
             ..PublisherConfig::new(node.clone(), driver.clone())
         },
         inventory.clone(),
