@@ -94,8 +94,12 @@ fn parse_minor(text: &str) -> Result<u32, String> {
 
 /// Logs to standard error; `RUST_LOG` filters (default `info`).
 fn init_logging(format: service::args::LogFormat) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+    let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let user_filter = std::env::var("RUST_LOG").unwrap_or_default();
+    if let Some(Ok(quiet)) = gpu_dra_driver::service::kube_client::request_log_directive(&user_filter).map(str::parse) {
+        filter = filter.add_directive(quiet);
+    }
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match format {
         service::args::LogFormat::Json => builder.json().init(),

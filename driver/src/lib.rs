@@ -9,6 +9,7 @@ pub mod allocator;
 pub mod bounded_file;
 pub mod cdi;
 pub mod driver_root;
+pub mod echo;
 pub mod feature_gates;
 pub mod inventory;
 pub mod json_escapes;

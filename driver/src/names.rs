@@ -7,7 +7,7 @@ use crate::k8s_format;
 
 /// A name that broke its rule: which kind of name, the value, and the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid {kind} {value:?}: {rule}")]
+#[error("invalid {kind} {}: {rule}", crate::echo::quoted(value))]
 pub struct InvalidName {
     pub kind: &'static str,
     pub value: String,
@@ -125,5 +125,12 @@ mod tests {
             assert!(ClaimUid::new(bad).is_err(), "{bad:?}");
         }
         assert!(NodeName::new("Node_1").is_err());
+    }
+
+    #[test]
+    fn a_huge_value_is_echoed_cut_with_its_length() {
+        let err = ClaimUid::new("x".repeat(1 << 20)).unwrap_err().to_string();
+        assert!(err.len() < 600, "{} bytes echoed", err.len());
+        assert!(err.contains("(1048576 bytes)") && err.contains("RFC 4122"), "{err}");
     }
 }

@@ -218,6 +218,13 @@ pub struct RunArgs {
     /// --fake-inventory].
     #[arg(long, env = "DEV_ROOT", value_name = "DIR")]
     pub dev_root: Option<PathBuf>,
+    /// How long an API call waits for the server's next bytes (an answer
+    /// that stalls or is cut short fails after this; connecting waits at
+    /// most 5 s of it), in milliseconds. A NodePrepareResources call also
+    /// ends at the kubelet's deadline, whichever comes first.
+    #[arg(long, env = "API_TIMEOUT_MS", default_value_t = 30_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(100..=300_000))]
+    pub api_timeout_ms: u64,
     /// How often the --fake-inventory file is re-read for changes (fault
     /// injection), in milliseconds (10 to 3600000).
     #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",

@@ -63,7 +63,10 @@ fn limit_malloc_arenas() {
 }
 
 fn init_logging(args: &LoggingArgs) {
-    let filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("warn"));
+    let mut filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("warn"));
+    if let Some(Ok(quiet)) = gpu_kubelet_plugin::kube_client::request_log_directive(&args.log_level).map(str::parse) {
+        filter = filter.add_directive(quiet);
+    }
     // Colours only on a terminal: logs in files and `kubectl logs` stay greppable.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);

@@ -69,6 +69,8 @@ pub enum ErrorKind {
     Registration,
     /// The health stream to the kubelet failed.
     Health,
+    /// A claim's call gave up at the kubelet's deadline (waiting for a lock).
+    Deadline,
 }
 
 /// Label values in Prometheus' lower-case style.
@@ -94,7 +96,7 @@ label_values! {
     ErrorKind {
         Prepare => "prepare", Unprepare => "unprepare", InvalidRequest => "invalid_request",
         ClaimLookup => "claim_lookup", Config => "config", Checkpoint => "checkpoint", Cdi => "cdi",
-        Publish => "publish", Registration => "registration", Health => "health",
+        Publish => "publish", Registration => "registration", Health => "health", Deadline => "deadline",
     }
 }
 

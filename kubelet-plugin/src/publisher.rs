@@ -51,6 +51,10 @@ pub struct PublisherConfig {
     pub gates: FeatureGates,
     /// NVIDIA's `--consumable-shares` mode (with its gate).
     pub consumable_shares: gpu_dra_driver::slices::consumable_shares::SharesMode,
+    /// The `timeoutSeconds` of the slice watch: below the client's read
+    /// timeout, so a quiet watch ends cleanly and resumes
+    /// (`ApiTimeouts::watch_timeout_seconds`).
+    pub watch_timeout_seconds: u32,
 }
 
 impl PublisherConfig {
@@ -64,6 +68,7 @@ impl PublisherConfig {
             additional_ignored_xids: Vec::new(),
             gates: FeatureGates::default(),
             consumable_shares: Default::default(),
+            watch_timeout_seconds: crate::kube_client::ApiTimeouts::default().watch_timeout_seconds(),
         }
     }
 
@@ -136,9 +141,9 @@ impl PublishStatus {
 pub enum PublishError {
     #[error("building the node's ResourceSlices: {0}")]
     Build(#[from] SliceError),
-    #[error("listing ResourceSlices with {selector}: {error}")]
+    #[error("listing ResourceSlices with {selector}: {}", gpu_dra_driver::service::api_call::describe(error))]
     List { selector: String, error: kube::Error },
-    #[error("{action} ResourceSlice {slice}: {error}")]
+    #[error("{action} ResourceSlice {slice}: {}", gpu_dra_driver::service::api_call::describe(error))]
     Write { action: &'static str, slice: String, error: kube::Error },
     #[error("ResourceSlice {0} kept changing under us ({CONFLICT_RETRIES} conflicts in a row)")]
     Conflicts(String),
@@ -214,7 +219,8 @@ impl Publisher {
     }
 
     async fn run(mut self, mut inventory: watch::Receiver<Arc<Inventory>>) {
-        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+        let watch_config =
+            watcher::Config::default().fields(&self.config.field_selector()).timeout(self.config.watch_timeout_seconds);
         let mut events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
         let mut dirty = true;
         let mut backoff = self.config.min_backoff;
@@ -251,7 +257,9 @@ impl Publisher {
                     Some(Ok(event)) => dirty |= self.drifted(&event),
                     Some(Err(error)) => tracing::debug!(%error, "watching ResourceSlices"),
                     None => {
-                        let watch_config = watcher::Config::default().fields(&self.config.field_selector());
+                        let watch_config = watcher::Config::default()
+            .fields(&self.config.field_selector())
+            .timeout(self.config.watch_timeout_seconds);
                         events = watcher(self.api.clone(), watch_config).default_backoff().boxed();
                     }
                 },
@@ -288,7 +296,10 @@ impl Publisher {
                     self.builder = self.builder.clone().for_server(rules);
                 }
                 Err(error) => {
-                    tracing::warn!(%error, "the server's version is unknown: publishing for Kubernetes 1.34's rules")
+                    tracing::warn!(
+                        error = %gpu_dra_driver::service::api_call::describe(&error),
+                        "the server's version is unknown: publishing for Kubernetes 1.34's rules"
+                    )
                 }
             }
         }

@@ -52,10 +52,11 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let inventory = watch_inventory(args)?;
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
 
-    let (client, source) =
-        kube_client::client(args.kubeconfig.as_deref(), concat!("gpu-kubelet-plugin/", env!("CARGO_PKG_VERSION")))
-            .await
-            .context("connecting to the API server")?;
+    let user_agent = concat!("gpu-kubelet-plugin/", env!("CARGO_PKG_VERSION"));
+    let timeouts = kube_client::ApiTimeouts::with_read(Duration::from_millis(args.api_timeout_ms));
+    let (client, source) = kube_client::client(args.kubeconfig.as_deref(), user_agent, timeouts)
+        .await
+        .context("connecting to the API server")?;
     tracing::info!(config = %source, "API client ready");
     let publish_status = Arc::new(PublishStatus::with_observer(metrics.clone()));
     let publisher_task = tokio::spawn(publisher::run(
@@ -64,6 +65,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
             additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
             gates: args.feature_gates,
             consumable_shares: args.node.consumable_shares,
+            watch_timeout_seconds: timeouts.watch_timeout_seconds(),
             ..PublisherConfig::new(node.clone(), driver.clone())
         },
         inventory.clone(),

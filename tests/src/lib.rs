@@ -6,6 +6,7 @@ pub mod build;
 pub mod claim_fixtures;
 pub mod controller_process;
 pub mod fake_mps;
+pub mod fault_proxy;
 pub mod helm;
 pub mod kubelet;
 pub mod node;

@@ -2,7 +2,8 @@
 
 use std::time::Duration;
 
-use gpu_kubelet_plugin::claims::{ClaimLookupError, ClaimSourceConfig, KubeClaimSource};
+use gpu_dra_driver::service::api_call::CallError;
+use gpu_kubelet_plugin::claims::{ClaimSourceConfig, KubeClaimSource};
 use integration_tests::apiserver::{ApiServer, Matcher};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
@@ -16,7 +17,12 @@ async fn source(server: &ApiServer, config: ClaimSourceConfig) -> KubeClaimSourc
 }
 
 fn config() -> ClaimSourceConfig {
-    ClaimSourceConfig { backoff: Duration::from_millis(10), ..ClaimSourceConfig::default() }
+    ClaimSourceConfig::default()
+}
+
+/// A lookup's deadline, as the kubelet's call would set it.
+fn soon() -> tokio::time::Instant {
+    tokio::time::Instant::now() + Duration::from_secs(10)
 }
 
 fn claim(name: &str, allocated: bool) -> ResourceClaim {
@@ -40,20 +46,20 @@ async fn reads_claims_and_caches_only_allocated_ones() {
     server.create(&claim("pending", false)).unwrap();
     let source = source(&server, config()).await;
 
-    let got = source.get("ns", "a").await.unwrap().unwrap();
+    let got = source.get("ns", "a", soon()).await.unwrap().unwrap();
     assert_eq!(got.metadata.uid, created.metadata.uid);
-    assert!(source.get("ns", "missing").await.unwrap().is_none());
-    assert!(source.get("ns", "pending").await.unwrap().unwrap().status.is_none());
+    assert!(source.get("ns", "missing", soon()).await.unwrap().is_none());
+    assert!(source.get("ns", "pending", soon()).await.unwrap().unwrap().status.is_none());
     assert_eq!(source.cached(), 1);
 
     // A second lookup of the allocated claim is served from the cache; the
     // pending one is read again (its allocation may appear any moment).
-    source.get("ns", "a").await.unwrap();
-    source.get("ns", "pending").await.unwrap();
+    source.get("ns", "a", soon()).await.unwrap();
+    source.get("ns", "pending", soon()).await.unwrap();
     let gets = |name: &str| server.faults().count(&Matcher::new("GET", &format!("{CLAIM_GETS}{name}")), 200);
     assert_eq!((gets("a"), gets("pending")), (1, 2));
     source.forget("ns", "a");
-    source.get("ns", "a").await.unwrap();
+    source.get("ns", "a", soon()).await.unwrap();
     assert_eq!(gets("a"), 2);
 }
 
@@ -63,20 +69,24 @@ async fn transient_errors_are_retried_and_others_are_not() {
     server.create_with_status(&claim("a", true)).unwrap();
     let source = source(&server, config()).await;
     server.faults().fail_next(Matcher::new("GET", CLAIM_GETS), 3, 500);
-    assert!(source.get("ns", "a").await.unwrap().is_some());
+    assert!(source.get("ns", "a", soon()).await.unwrap().is_some());
     assert_eq!(server.faults().count(&Matcher::new("GET", CLAIM_GETS), 500), 3);
 
     source.forget("ns", "a");
-    // (kube's own retry policy already retries 503 and 429; 500 reaches us.)
-    server.faults().fail_next(Matcher::new("GET", CLAIM_GETS), 10, 500);
-    match source.get("ns", "a").await {
-        Err(ClaimLookupError::Unavailable { attempts, .. }) => assert_eq!(attempts, 4),
-        other => panic!("expected Unavailable, got {other:?}"),
-    }
+    // Failing for good: retried with backoff until the deadline, and the
+    // error says so in words with the last cause.
+    server.faults().fail_next(Matcher::new("GET", CLAIM_GETS), 1000, 503);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(2);
+    let err = source.get("ns", "a", deadline).await.unwrap_err();
+    assert!(tokio::time::Instant::now() < deadline + Duration::from_millis(500), "answered at the deadline");
+    let CallError::Deadline { attempts, last: Some(last), .. } = &err.0 else { panic!("{err:?}") };
+    assert!(*attempts >= 3, "{err}");
+    assert!(last.starts_with("the API server is unavailable (HTTP 503"), "{err}");
+    assert!(err.to_string().starts_with("reading ResourceClaim ns/a: no answer within"), "{err}");
     server.faults().clear();
 
     // A client error (here 403) is not retried.
     server.faults().fail_next(Matcher::new("GET", CLAIM_GETS), 10, 403);
-    assert!(matches!(source.get("ns", "a").await, Err(ClaimLookupError::Api { .. })));
+    assert!(matches!(source.get("ns", "a", soon()).await, Err(e) if matches!(e.0, CallError::Failed { .. })));
     assert_eq!(server.faults().count(&Matcher::new("GET", CLAIM_GETS), 403), 1);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use gpu_dra_driver::inventory::fake;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_kubelet_plugin::grpc::serve::{self, ServeConfig};
-use gpu_kubelet_plugin::grpc::{ClaimOutcome, ClaimRef, DraService, PreparedDevice};
+use gpu_kubelet_plugin::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
 use gpu_kubelet_plugin::metrics::Metrics;
 use gpu_kubelet_plugin::sockets::SocketPaths;
 use integration_tests::kubelet::{DraVersion, Kubelet, KubeletConfig, KubeletError, claim};
@@ -25,11 +25,13 @@ const FLAKY: &str = "55555555-5555-4555-8555-555555555555";
 #[derive(Default)]
 struct Scripted {
     calls: Mutex<Vec<Vec<ClaimRef>>>,
+    deadlines: Mutex<Vec<Deadline>>,
 }
 
 impl DraService for Scripted {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+    async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
         self.calls.lock().unwrap().push(claims.clone());
+        self.deadlines.lock().unwrap().push(deadline);
         let mut out = HashMap::new();
         for c in claims {
             match c.uid.as_str() {
@@ -62,7 +64,8 @@ impl DraService for Scripted {
         out
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+        self.deadlines.lock().unwrap().push(deadline);
         claims.into_iter().filter(|c| c.uid != FORGOTTEN).map(|c| (c.uid, Ok(()))).collect()
     }
 }
@@ -107,6 +110,23 @@ async fn v1_answers_with_base_request_names_and_share_id() {
     let calls = s.service.calls.lock().unwrap().clone();
     assert_eq!(calls, [vec![ClaimRef { namespace: "ns".into(), name: "c".into(), uid: OK.into() }]]);
     assert!(s.servers.registration_state().is_registered());
+}
+
+#[tokio::test]
+async fn the_kubelets_deadline_reaches_the_service() {
+    let s = setup().await;
+    let mut config = s.kubelet_config.clone();
+    config.call_timeout = Duration::from_secs(7);
+    let kubelet = Kubelet::new(config);
+    let plugin = kubelet.wait_and_register(Duration::from_secs(10)).await.unwrap();
+    kubelet.prepare(&plugin, &[claim("ns", "c", OK)]).await.unwrap();
+    kubelet.unprepare(&plugin, &[claim("ns", "c", OK)]).await.unwrap();
+    let deadlines = s.service.deadlines.lock().unwrap().clone();
+    // Sent as grpc-timeout; tonic's client may round it down a little.
+    assert_eq!(deadlines.len(), 2);
+    for d in deadlines {
+        assert!(d.timeout <= Duration::from_secs(7) && d.timeout > Duration::from_secs(6), "{:?}", d.timeout);
+    }
 }
 
 #[tokio::test]

@@ -137,7 +137,7 @@ fn each_bad_claim_gets_its_own_error_and_good_ones_still_prepare() {
         (&missing, "default/missing not found"),
         (&mismatch, "the claim was deleted and re-created"),
         (&pending, "is not allocated"),
-        (&elsewhere, "pool node-b"),
+        (&elsewhere, "pool \"node-b\""),
         (&phantom, "\"gpu-9\", which is not in this node's GPU inventory"),
         (&contender, "gpu-2 is already prepared for ResourceClaim default/holder"),
     ] {

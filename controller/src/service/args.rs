@@ -75,6 +75,12 @@ pub struct RunArgs {
     /// name, plus a random suffix).
     #[arg(long, env = "CONTROLLER_IDENTITY")]
     pub identity: Option<String>,
+    /// The longest one API call may take (`100ms` to `5m`): a write or read
+    /// that gets no complete answer in this time fails and the next pass
+    /// retries; a list or watch whose answer stalls this long is cut and
+    /// resumed. Also the client's read timeout.
+    #[arg(long, env = "API_TIMEOUT", default_value = "30s", value_parser = |t: &str| duration::API_TIMEOUT.parse(t))]
+    pub api_timeout: Duration,
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
@@ -119,5 +125,12 @@ mod tests {
         assert_eq!(cli.run.explain_after, Duration::from_millis(1500));
         let cli = parse("--deallocate-after", "0.5h").unwrap();
         assert_eq!(cli.run.deallocate_after, Duration::from_secs(1800));
+    }
+
+    #[test]
+    fn the_api_timeout_is_bounded() {
+        assert_eq!(duration::API_TIMEOUT.parse("2s"), Ok(Duration::from_secs(2)));
+        assert!(duration::API_TIMEOUT.parse("0s").unwrap_err().contains("100ms to 5m"));
+        assert!(duration::API_TIMEOUT.parse("1h").unwrap_err().contains("100ms to 5m"));
     }
 }

@@ -41,6 +41,8 @@ pub const LEASE_DURATION: DurationRange =
     DurationRange { flag: "--leader-elect-lease-duration", min: secs(1), max: secs(3600) };
 pub const RENEW_DEADLINE: DurationRange =
     DurationRange { flag: "--leader-elect-renew-deadline", min: Duration::from_millis(500), max: secs(3600) };
+pub const API_TIMEOUT: DurationRange =
+    DurationRange { flag: "--api-timeout", min: Duration::from_millis(100), max: secs(300) };
 pub const RETRY_PERIOD: DurationRange =
     DurationRange { flag: "--leader-elect-retry-period", min: Duration::from_millis(100), max: secs(600) };
 

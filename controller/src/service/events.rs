@@ -17,6 +17,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
 use super::cluster::Verdict;
+use super::leadership::{WriteError, Writes};
 
 /// The `reportingController` of our events.
 pub const REPORTING_CONTROLLER: &str = "gpu.nvidia.com/controller";
@@ -64,6 +65,8 @@ impl RateLimit {
 
 pub struct EventWriter {
     client: Client,
+    /// Every write checks leadership and is bounded in time.
+    writes: Writes,
     instance: String,
     /// The event written for each object, and its answer.
     written: HashMap<Regarding, (String, Verdict)>,
@@ -72,10 +75,11 @@ pub struct EventWriter {
 
 impl EventWriter {
     /// Writes at most `qps` events per second, `5 × qps` at once.
-    pub fn new(client: Client, instance: &str, qps: f64) -> Self {
+    pub fn new(client: Client, instance: &str, qps: f64, writes: Writes) -> Self {
         let qps = qps.max(0.1);
         EventWriter {
             client,
+            writes,
             instance: instance.to_owned(),
             written: HashMap::new(),
             limit: RateLimit::new(qps, qps * 5.0),
@@ -84,7 +88,7 @@ impl EventWriter {
 
     /// Makes `verdict` the object's event; nothing when it already is.
     /// Returns whether an event was written.
-    pub async fn ensure(&mut self, regarding: &Regarding, verdict: &Verdict) -> Result<bool, kube::Error> {
+    pub async fn ensure(&mut self, regarding: &Regarding, verdict: &Verdict) -> Result<bool, WriteError> {
         if self.written.get(regarding).is_some_and(|(_, v)| v == verdict) {
             return Ok(false);
         }
@@ -115,10 +119,10 @@ impl EventWriter {
         };
         self.limit.acquire().await;
         let api: Api<Event> = Api::namespaced(self.client.clone(), &regarding.namespace);
-        match api.create(&PostParams::default(), &event).await {
+        match self.writes.run(api.create(&PostParams::default(), &event)).await {
             Ok(_) => {}
             // Written by an earlier leader: the same answer, keep it.
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(error) if error.is_conflict() => {}
             Err(error) => return Err(error),
         }
         self.written.insert(regarding.clone(), (name, verdict.clone()));
@@ -126,15 +130,18 @@ impl EventWriter {
     }
 
     /// Deletes the object's event, if this controller wrote one.
-    pub async fn clear(&mut self, regarding: &Regarding) -> Result<(), kube::Error> {
-        let Some((name, _)) = self.written.remove(regarding) else { return Ok(()) };
+    /// A failed delete keeps the entry, so a later pass retries it.
+    pub async fn clear(&mut self, regarding: &Regarding) -> Result<(), WriteError> {
+        let Some((name, _)) = self.written.get(regarding).cloned() else { return Ok(()) };
         self.limit.acquire().await;
         let api: Api<Event> = Api::namespaced(self.client.clone(), &regarding.namespace);
-        match api.delete(&name, &DeleteParams::default()).await {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-            Err(error) => Err(error),
+        match self.writes.run(api.delete(&name, &DeleteParams::default())).await {
+            Ok(_) => {}
+            Err(error) if error.is_not_found() => {}
+            Err(error) => return Err(error),
         }
+        self.written.remove(regarding);
+        Ok(())
     }
 
     /// Objects with an event, for clearing those no longer explained.

@@ -5,20 +5,25 @@
 //! stayed unchanged, so clock skew between replicas does not matter); every
 //! write carries the resourceVersion it read, so two candidates cannot both
 //! win (the second gets 409). A leader that cannot renew within the renew
-//! deadline stops leading before anyone else may take over.
+//! deadline stops leading before anyone else may take over: its
+//! [`Leadership`] lapses by the clock, even while an attempt hangs on an
+//! API server that never answers (each attempt is cut off too).
 //!
 //! Written here rather than taken from a crate: we found no maintained one
 //! that follows client-go's rules (expiry timed on the candidate's own
 //! clock, a renew deadline shorter than the lease), and these rules are
 //! what makes two leaders impossible. It is small and tested.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use gpu_dra_driver::service::api_call;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::PostParams;
-use tokio::sync::watch;
+use tokio::time::Instant;
+
+use super::leadership::Leadership;
 
 /// How a lease is held.
 #[derive(Debug, Clone)]
@@ -54,8 +59,6 @@ struct Observed {
     /// The record last read, and when it was first seen so.
     record: Option<(Option<String>, Option<MicroTime>)>,
     since: Option<Instant>,
-    /// When this replica last renewed successfully as the leader.
-    renewed: Option<Instant>,
 }
 
 /// The decision for one attempt, from the lease as read (pure).
@@ -82,34 +85,58 @@ fn now() -> MicroTime {
     MicroTime(k8s_openapi::jiff::Timestamp::now())
 }
 
-/// Runs the election until the process ends, publishing whether this
-/// replica leads on `leading`.
-pub async fn run(api: Api<Lease>, config: LeaseConfig, leading: watch::Sender<bool>) {
+/// What one attempt found.
+#[derive(Debug, PartialEq, Eq)]
+enum Outcome {
+    /// This replica holds the lease (acquired or renewed).
+    Held,
+    /// Another replica holds it.
+    Other,
+    /// No answer, or an error: nothing learned.
+    Failed,
+}
+
+/// Runs the election until the process ends, keeping `leadership` current.
+/// Each attempt is cut off after half the renew deadline (client-go's
+/// leader-election clients time out within the renew deadline too), so a
+/// hung call leaves time for a second try before leadership lapses.
+pub async fn run(api: Api<Lease>, config: LeaseConfig, leadership: Leadership) {
     let mut observed = Observed::default();
+    let attempt_timeout = config.renew_deadline / 2;
+    let mut was_leading = false;
     loop {
-        let is_leader = attempt(&api, &config, &mut observed).await;
-        // Step down when renewals failed for the renew deadline.
-        let still =
-            is_leader || observed.renewed.is_some_and(|t| t.elapsed() < config.renew_deadline && *leading.borrow());
-        if *leading.borrow() != still {
-            if still {
+        let started = Instant::now();
+        let outcome =
+            tokio::time::timeout(attempt_timeout, attempt(&api, &config, &mut observed)).await.unwrap_or_else(|_| {
+                tracing::debug!(timeout = ?attempt_timeout, "the lease call did not answer");
+                Outcome::Failed
+            });
+        match outcome {
+            Outcome::Held => leadership.renewed(started),
+            Outcome::Other => leadership.lost(),
+            // Leadership lapses by itself at the renew deadline.
+            Outcome::Failed => {}
+        }
+        let leading = leadership.is_leading();
+        if leading != was_leading {
+            if leading {
                 tracing::info!(identity = %config.identity, lease = %config.name, "leading");
             } else {
                 tracing::warn!(identity = %config.identity, lease = %config.name, "no longer leading");
             }
-            let _ = leading.send(still);
+            was_leading = leading;
         }
         tokio::time::sleep(config.retry_period).await;
     }
 }
 
-/// One attempt: true when this replica holds the lease after it.
-async fn attempt(api: &Api<Lease>, config: &LeaseConfig, observed: &mut Observed) -> bool {
+/// One attempt: whether this replica holds the lease after it.
+async fn attempt(api: &Api<Lease>, config: &LeaseConfig, observed: &mut Observed) -> Outcome {
     let current = match api.get_opt(&config.name).await {
         Ok(current) => current,
         Err(error) => {
-            tracing::debug!(%error, "reading the lease failed");
-            return false;
+            tracing::debug!(error = %api_call::describe(&error), "reading the lease failed");
+            return Outcome::Failed;
         }
     };
     let Some(lease) = current else {
@@ -122,11 +149,9 @@ async fn attempt(api: &Api<Lease>, config: &LeaseConfig, observed: &mut Observed
             spec: Some(held_spec(None, config, true)),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => {
-                observed.renewed = Some(Instant::now());
-                true
-            }
-            Err(_) => false,
+            Ok(_) => Outcome::Held,
+            Err(error) if api_call::is_conflict(&error) => Outcome::Other,
+            Err(_) => Outcome::Failed,
         };
     };
     let record = lease.spec.as_ref().map(|s| (s.holder_identity.clone(), s.renew_time.clone()));
@@ -137,20 +162,19 @@ async fn attempt(api: &Api<Lease>, config: &LeaseConfig, observed: &mut Observed
     let unchanged_for = observed.since.map_or(Duration::ZERO, |t| t.elapsed());
     let step = decide(lease.spec.as_ref(), &config.identity, unchanged_for, config.duration);
     if step == Step::Follow {
-        return false;
+        return Outcome::Other;
     }
     let mut updated = lease.clone();
     updated.spec = Some(held_spec(lease.spec.as_ref(), config, step == Step::Acquire));
     // The resourceVersion read makes this a compare-and-swap: a candidate
     // that lost the race gets 409 and stays a follower.
     match api.replace(&config.name, &PostParams::default(), &updated).await {
-        Ok(_) => {
-            observed.renewed = Some(Instant::now());
-            true
-        }
+        Ok(_) => Outcome::Held,
+        // Another replica wrote first: it holds the lease now.
+        Err(error) if api_call::is_conflict(&error) => Outcome::Other,
         Err(error) => {
-            tracing::debug!(%error, "writing the lease failed");
-            false
+            tracing::debug!(error = %api_call::describe(&error), "writing the lease failed");
+            Outcome::Failed
         }
     }
 }

@@ -11,7 +11,9 @@ pub mod args;
 mod cluster;
 mod duration;
 mod events;
+mod leadership;
 mod lease;
+mod log_limit;
 mod metrics;
 mod reconcile;
 mod watch;
@@ -23,31 +25,45 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use gpu_dra_driver::selector::{CelEnvironment, NEWEST_MINOR};
+use gpu_dra_driver::service::api_call;
 use gpu_dra_driver::service::http::{HttpState, ReadyCheck};
 use gpu_dra_driver::service::kube_client;
 use kube::Api;
-use tokio::sync::{mpsc, watch as signal};
+use tokio::sync::mpsc;
 
 pub use args::RunArgs;
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let (client, source) =
-        kube_client::client(args.kubeconfig.as_deref(), concat!("gpu-dra-controller/", env!("CARGO_PKG_VERSION")))
-            .await
-            .context("connecting to the API server")?;
-    let minor = match client.apiserver_version().await {
-        Ok(info) => info.minor.trim_end_matches('+').parse().unwrap_or(NEWEST_MINOR),
-        Err(error) => {
-            tracing::warn!(%error, "cannot read the server version; evaluating selectors as Kubernetes 1.{NEWEST_MINOR}");
+    let identity = args.identity.clone().unwrap_or_else(default_identity);
+    let timeouts = kube_client::ApiTimeouts::with_read(args.api_timeout);
+    let (client, source) = kube_client::client(args.kubeconfig.as_deref(), &user_agent(&identity), timeouts)
+        .await
+        .context("connecting to the API server")?;
+    let minor = match tokio::time::timeout(args.api_timeout, client.apiserver_version()).await {
+        Ok(Ok(info)) => info.minor.trim_end_matches('+').parse().unwrap_or(NEWEST_MINOR),
+        Ok(Err(error)) => {
+            tracing::warn!(
+                error = %api_call::describe(&error),
+                "cannot read the server version; evaluating selectors as Kubernetes 1.{NEWEST_MINOR}"
+            );
+            NEWEST_MINOR
+        }
+        Err(_) => {
+            tracing::warn!(
+                "the server version did not arrive in time; evaluating selectors as Kubernetes 1.{NEWEST_MINOR}"
+            );
             NEWEST_MINOR
         }
     };
-    let identity = args.identity.clone().unwrap_or_else(default_identity);
     tracing::info!(%source, server_minor = minor, %identity, "starting");
     let metrics = Arc::new(metrics::Metrics::new());
 
-    let (leading_tx, leading) = signal::channel(!args.leader_elect);
+    let leadership = if args.leader_elect {
+        leadership::Leadership::elected(args.leader_elect_renew_deadline)
+    } else {
+        leadership::Leadership::sole()
+    };
     if args.leader_elect {
         let leases = Api::namespaced(client.clone(), &args.namespace);
         if args.leader_elect_renew_deadline >= args.leader_elect_lease_duration {
@@ -61,9 +77,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             retry_period: args.leader_elect_retry_period,
             ..lease::LeaseConfig::new(&args.namespace, &identity)
         };
-        tokio::spawn(lease::run(leases, config, leading_tx));
-    } else {
-        drop(leading_tx);
+        tokio::spawn(lease::run(leases, config, leadership.clone()));
     }
 
     let synced = Arc::new(AtomicBool::new(false));
@@ -83,7 +97,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let (changes_tx, changes) = mpsc::channel(4096);
-    watch::spawn_all(&client, changes_tx);
+    watch::spawn_all(&client, changes_tx, timeouts.watch_timeout_seconds());
     let state = Arc::new(std::sync::Mutex::new(cluster::ClusterState::new(
         &args.driver_name,
         CelEnvironment::stored_expressions(minor),
@@ -107,14 +121,24 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             }
         });
     }
-    let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced);
+    let writes = leadership::Writes { leadership, call_timeout: args.api_timeout };
+    let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced, writes);
     tokio::select! {
-        result = owner.run(changes, leading) => result,
+        result = owner.run(changes) => result,
         _ = shutdown() => {
             tracing::info!("stopping");
             Ok(())
         }
     }
+}
+
+/// `gpu-dra-controller/VERSION (IDENTITY)`: the API server's audit log
+/// tells the replicas apart (client-go's agents add a comment the same way);
+/// the plain form when the identity cannot be a header value.
+fn user_agent(identity: &str) -> String {
+    let plain = concat!("gpu-dra-controller/", env!("CARGO_PKG_VERSION"));
+    let printable = identity.len() <= 128 && identity.bytes().all(|b| b.is_ascii_graphic());
+    if printable { format!("{plain} ({identity})") } else { plain.to_owned() }
 }
 
 fn default_identity() -> String {

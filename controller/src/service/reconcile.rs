@@ -19,12 +19,14 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim};
 use kube::api::PostParams;
 use kube::{Api, Client};
-use tokio::sync::{mpsc, watch as signal};
+use tokio::sync::mpsc;
 
 use super::cluster::{
     ALLOCATE_ANNOTATION, ClaimKey, ClusterState, DoubleAllocation, FINALIZER, PodClaims, Verdict, claim_key, key_of,
 };
 use super::events::{EventWriter, Regarding};
+use super::leadership::{WriteError, Writes};
+use super::log_limit::LogLimit;
 use super::metrics::Metrics;
 use super::watch::{Change, Event};
 use super::{RunArgs, TICK};
@@ -34,6 +36,11 @@ const KINDS: usize = 5;
 
 pub struct Owner {
     client: Client,
+    /// The gate of every write: leadership, checked by the clock, and a
+    /// time bound.
+    writes: Writes,
+    /// Warnings of failed writes, at most one per kind per interval.
+    log_limit: LogLimit,
     /// Shared with the webhook, which reads it to warn about selectors;
     /// locked per call, never across an `.await`.
     state: Arc<Mutex<ClusterState>>,
@@ -94,10 +101,8 @@ fn pod_regarding(key: &str, uid: &str) -> Regarding {
     }
 }
 
-/// Whether an API error is a 409 (someone else wrote first).
-fn conflict(error: &kube::Error) -> bool {
-    matches!(error, kube::Error::Api(status) if status.code == 409)
-}
+/// How often one kind of failed write is logged at most.
+const LOG_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Owner {
     fn state(&self) -> MutexGuard<'_, ClusterState> {
@@ -113,9 +118,12 @@ impl Owner {
         identity: &str,
         metrics: Arc<Metrics>,
         synced: Arc<AtomicBool>,
+        writes: Writes,
     ) -> Self {
         Owner {
-            events: EventWriter::new(client.clone(), identity, args.event_qps),
+            events: EventWriter::new(client.clone(), identity, args.event_qps, writes.clone()),
+            writes,
+            log_limit: LogLimit::new(LOG_INTERVAL),
             client,
             state,
             metrics,
@@ -133,11 +141,7 @@ impl Owner {
     }
 
     /// Applies changes as they come and acts every tick while leading.
-    pub async fn run(
-        &mut self,
-        mut changes: mpsc::Receiver<Change>,
-        leading: signal::Receiver<bool>,
-    ) -> anyhow::Result<()> {
+    pub async fn run(&mut self, mut changes: mpsc::Receiver<Change>) -> anyhow::Result<()> {
         let mut tick = tokio::time::interval(TICK);
         loop {
             tokio::select! {
@@ -150,7 +154,7 @@ impl Owner {
                     }
                 }
                 _ = tick.tick() => {
-                    let leader = *leading.borrow();
+                    let leader = self.writes.leadership.is_leading();
                     self.metrics.leader.set(i64::from(leader));
                     if leader && self.listed.len() == KINDS {
                         self.pass().await;
@@ -309,6 +313,12 @@ impl Owner {
         let mut keys = self.state().claim_keys();
         keys.sort();
         for key in &keys {
+            // Leadership can lapse in the middle of a pass: stop at once.
+            if !self.writes.leadership.is_leading() {
+                tracing::info!("leadership lapsed; the pass stops");
+                self.dirty = true;
+                return;
+            }
             self.reconcile_claim(key).await;
         }
         // Events of claims and pods that no longer exist or need none.
@@ -405,7 +415,7 @@ impl Owner {
             }
             Ok(false) => {}
             Err(error) => {
-                tracing::warn!(claim = key, %error, "writing the explanation event failed");
+                self.warn("event", key, "writing the explanation event failed", &error);
                 self.metrics.error("event");
             }
         }
@@ -414,13 +424,25 @@ impl Owner {
         for (pod, uid) in pods {
             let note = Verdict { reason: verdict.reason, note: format!("claim {name}: {}", verdict.note) };
             if let Err(error) = self.events.ensure(&pod_regarding(&pod, &uid), &note).await {
-                tracing::warn!(%pod, %error, "writing the pod's explanation event failed");
+                self.warn("event", &pod, "writing the pod's explanation event failed", &error);
                 self.metrics.error("event");
             }
         }
     }
 
-    async fn clear_explanations(&mut self, claim: &ResourceClaim, key: &str) -> Result<(), kube::Error> {
+    /// A warning, unless one of its kind was logged within [`LOG_INTERVAL`]
+    /// (then counted, and the next says how many were left out).
+    fn warn(&mut self, kind: &'static str, object: &str, message: &str, error: &WriteError) {
+        if matches!(error, WriteError::NotLeading) {
+            tracing::debug!(object, "{message}: not leading");
+            return;
+        }
+        if let Some(skipped) = self.log_limit.admit(kind) {
+            tracing::warn!(object, %error, skipped, "{message}");
+        }
+    }
+
+    async fn clear_explanations(&mut self, claim: &ResourceClaim, key: &str) -> Result<(), WriteError> {
         self.events.clear(&claim_regarding(claim)).await?;
         let pods = self.state().pending_pods_of(key);
         for (pod, uid) in pods {
@@ -437,13 +459,14 @@ impl Owner {
     /// current object.
     async fn reread(&mut self, claim: &ResourceClaim) {
         let name = claim.metadata.name.clone().unwrap_or_default();
-        match self.api_for(claim).get_opt(&name).await {
+        let api = self.api_for(claim);
+        match self.writes.read(api.get_opt(&name)).await {
             Ok(Some(current)) => {
                 let double = self.state().apply_claim(current);
                 self.doubles.extend(double);
             }
             Ok(None) => self.state().remove_claim(&claim_key(claim)),
-            Err(error) => tracing::warn!(%error, claim = %claim_key(claim), "re-reading the claim failed"),
+            Err(error) => self.warn("reread", &claim_key(claim), "re-reading the claim failed", &error),
         }
         self.dirty = true;
     }
@@ -458,13 +481,14 @@ impl Owner {
         let mut current = claim.clone();
         if !has_finalizer(&current) {
             current.metadata.finalizers.get_or_insert_default().push(FINALIZER.to_owned());
-            current = match api.replace(&name, &PostParams::default(), &current).await {
+            current = match self.writes.run(api.replace(&name, &PostParams::default(), &current)).await {
                 Ok(updated) => updated,
                 Err(error) => return self.write_failed(claim, "finalizer", &error).await,
             };
         }
-        current.status.get_or_insert_default().allocation = Some(result);
-        match api.replace_status(&name, &PostParams::default(), &current).await {
+        let mut allocated = current.clone();
+        allocated.status.get_or_insert_default().allocation = Some(result);
+        match self.writes.run(api.replace_status(&name, &PostParams::default(), &allocated)).await {
             Ok(written) => {
                 self.metrics.allocated.inc();
                 tracing::info!(claim = %claim_key(&written), "allocated");
@@ -472,20 +496,28 @@ impl Owner {
                 self.doubles.extend(double);
             }
             Err(error) => {
-                // The finalizer is in place; the claim is stored as it is now.
+                // The finalizer is in place; the claim is stored as it is
+                // now, without the allocation that was not written (or
+                // whose answer was lost: the re-read, or the watch, shows
+                // it, and a retry with this resourceVersion gets 409).
                 self.state().apply_claim(current);
                 self.write_failed(claim, "allocation", &error).await
             }
         }
     }
 
-    async fn write_failed(&mut self, claim: &ResourceClaim, what: &str, error: &kube::Error) {
-        if conflict(error) {
+    async fn write_failed(&mut self, claim: &ResourceClaim, what: &str, error: &WriteError) {
+        if matches!(error, WriteError::NotLeading) {
+            tracing::debug!(claim = %claim_key(claim), what, "not written: no longer leading");
+            self.dirty = true;
+            return;
+        }
+        if error.is_conflict() {
             self.metrics.error("conflict");
             tracing::debug!(claim = %claim_key(claim), what, "conflict; re-reading");
         } else {
             self.metrics.error("write");
-            tracing::warn!(claim = %claim_key(claim), what, %error, "writing the claim failed");
+            self.warn("write", &claim_key(claim), &format!("writing the claim failed ({what})"), error);
         }
         self.reread(claim).await;
     }
@@ -498,7 +530,7 @@ impl Owner {
         if let Some(status) = cleared.status.as_mut() {
             status.allocation = None;
         }
-        match api.replace_status(&name, &PostParams::default(), &cleared).await {
+        match self.writes.run(api.replace_status(&name, &PostParams::default(), &cleared)).await {
             Ok(written) => {
                 self.metrics.deallocated.inc();
                 tracing::info!(claim = %claim_key(&written), "deallocated");
@@ -517,11 +549,11 @@ impl Owner {
         if let Some(finalizers) = updated.metadata.finalizers.as_mut() {
             finalizers.retain(|f| f != FINALIZER);
         }
-        match api.replace(&name, &PostParams::default(), &updated).await {
+        match self.writes.run(api.replace(&name, &PostParams::default(), &updated)).await {
             Ok(written) => {
                 self.state().apply_claim(written);
             }
-            Err(kube::Error::Api(status)) if status.code == 404 => self.state().remove_claim(&claim_key(claim)),
+            Err(error) if error.is_not_found() => self.state().remove_claim(&claim_key(claim)),
             Err(error) => self.write_failed(claim, "finalizer removal", &error).await,
         }
     }

@@ -1,13 +1,31 @@
 //! Watches with kube-rs watchers, each object sent to the owner as it
 //! comes (no reflector store: the owner's state is the one copy).
 
+use std::time::Duration;
+
 use futures::StreamExt;
+use gpu_dra_driver::service::api_call;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
+
+use super::log_limit::LogLimit;
+
+/// A watcher's failure in words (its list or watch call's error, cut).
+fn describe(error: &watcher::Error) -> String {
+    match error {
+        watcher::Error::InitialListFailed(e) => format!("listing failed: {}", api_call::describe(e)),
+        watcher::Error::WatchStartFailed(e) => format!("starting the watch failed: {}", api_call::describe(e)),
+        watcher::Error::WatchFailed(e) => format!("the watch failed: {}", api_call::describe(e)),
+        watcher::Error::WatchError(status) => {
+            format!("the server ended the watch: {}", api_call::describe(&kube::Error::Api(status.clone())))
+        }
+        other => gpu_dra_driver::echo::text(&other.to_string()).to_string(),
+    }
+}
 
 /// One watch event, of one kind.
 #[derive(Debug)]
@@ -29,14 +47,19 @@ pub enum Change {
     Pod(Event<Pod>),
 }
 
-/// Starts one watcher per kind.
-pub fn spawn_all(client: &Client, tx: mpsc::Sender<Change>) {
-    spawn(Api::<ResourceSlice>::all(client.clone()), watcher::Config::default(), tx.clone(), Change::Slice);
-    spawn(Api::<DeviceClass>::all(client.clone()), watcher::Config::default(), tx.clone(), Change::Class);
-    spawn(Api::<Node>::all(client.clone()), watcher::Config::default(), tx.clone(), Change::Node);
-    spawn(Api::<ResourceClaim>::all(client.clone()), watcher::Config::default(), tx.clone(), Change::Claim);
+/// Starts one watcher per kind. Each watch asks the server to end it after
+/// `timeout_seconds` (less than the client's read timeout, so a quiet watch
+/// ends cleanly and resumes from its resourceVersion rather than being cut
+/// as a failure); a list or watch cut short or damaged fails, and the
+/// watcher relists or resumes with backoff.
+pub fn spawn_all(client: &Client, tx: mpsc::Sender<Change>, timeout_seconds: u32) {
+    let config = || watcher::Config::default().timeout(timeout_seconds);
+    spawn(Api::<ResourceSlice>::all(client.clone()), config(), tx.clone(), Change::Slice);
+    spawn(Api::<DeviceClass>::all(client.clone()), config(), tx.clone(), Change::Class);
+    spawn(Api::<Node>::all(client.clone()), config(), tx.clone(), Change::Node);
+    spawn(Api::<ResourceClaim>::all(client.clone()), config(), tx.clone(), Change::Claim);
     // Only pending pods wait for claims.
-    let pending = watcher::Config::default().fields("status.phase=Pending");
+    let pending = config().fields("status.phase=Pending");
     spawn(Api::<Pod>::all(client.clone()), pending, tx, Change::Pod);
 }
 
@@ -45,8 +68,10 @@ where
     K: kube::Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + 'static,
     K::DynamicType: Default,
 {
+    let kind = K::kind(&K::DynamicType::default()).into_owned();
     tokio::spawn(async move {
         let mut stream = watcher(api, config).default_backoff().boxed();
+        let mut limit = LogLimit::new(Duration::from_secs(10));
         while let Some(item) = stream.next().await {
             let event = match item {
                 Ok(watcher::Event::Apply(o) | watcher::Event::InitApply(o)) => Event::Apply(Box::new(o)),
@@ -54,7 +79,9 @@ where
                 Ok(watcher::Event::Init) => Event::Init,
                 Ok(watcher::Event::InitDone) => Event::InitDone,
                 Err(error) => {
-                    tracing::warn!(%error, "watch failed; retrying");
+                    if let Some(skipped) = limit.admit("watch") {
+                        tracing::warn!(%kind, error = %describe(&error), skipped, "watch failed; retrying with backoff");
+                    }
                     continue;
                 }
             };

@@ -4,8 +4,15 @@
 //! A kubeconfig whose server is plain `http://127.0.0.1:PORT` works: kube's
 //! rustls connector is built with `https_or_http()`, so TLS is used only
 //! for `https` URLs.
+//!
+//! Every client has connect and read timeouts ([`ApiTimeouts`]) and no
+//! retries of its own: kube's default retry layer retries 429/503/504 up to
+//! 15 times with delays growing to 1,000 s, which made one prepare against
+//! an API server answering 503 wait 700 s. Callers retry within their own
+//! deadline instead (see [`super::api_call`]).
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -45,6 +52,53 @@ pub enum KubeClientError {
     Client { source_desc: ConfigSource, error: kube::Error },
 }
 
+/// A log directive for the binaries' filters: kube's HTTP trace layer logs
+/// every failed request at ERROR with the server's status, one line per
+/// request (a server answering 503 made 96 lines in 12 s); our callers log
+/// failures themselves, in words and rate-limited. Left out when the
+/// user's filter names `kube_client` (asking for those lines).
+pub fn request_log_directive(user_filter: &str) -> Option<&'static str> {
+    (!user_filter.contains("kube_client")).then_some("kube_client::client::builder=off")
+}
+
+/// How long a client waits for the API server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ApiTimeouts {
+    /// To open a connection.
+    pub connect: Duration,
+    /// For the next bytes of a response (counted from when the request was
+    /// sent): a server that stops answering mid-body, or sends a body
+    /// shorter than its Content-Length and keeps the connection open, fails
+    /// the call after this long instead of holding it for good.
+    pub read: Duration,
+}
+
+impl Default for ApiTimeouts {
+    /// 5 s to connect (client-go's dialer uses 30 s; a server on the same
+    /// network answers in milliseconds), 30 s to read: a watch stays
+    /// quiet longer only if the server sends no bookmark, and the
+    /// watchers ask the server to end a watch before that
+    /// ([`ApiTimeouts::watch_timeout_seconds`]).
+    fn default() -> Self {
+        Self { connect: Duration::from_secs(5), read: Duration::from_secs(30) }
+    }
+}
+
+impl ApiTimeouts {
+    /// Both from one read timeout (the binaries' `--api-timeout`).
+    pub fn with_read(read: Duration) -> Self {
+        Self { connect: ApiTimeouts::default().connect.min(read), read }
+    }
+
+    /// The `timeoutSeconds` a watch asks for: the server ends a quiet watch
+    /// (and the watcher resumes it from its resourceVersion) before the
+    /// read timeout would cut it as a failure. At least 1 s.
+    pub fn watch_timeout_seconds(&self) -> u32 {
+        let secs = self.read.as_secs().saturating_mul(2) / 3;
+        u32::try_from(secs.clamp(1, 290)).unwrap_or(290)
+    }
+}
+
 /// Picks the configuration source: the flag wins, then a non-empty
 /// `KUBECONFIG`, then in-cluster.
 pub fn config_source(flag: Option<&Path>, env: Option<String>) -> ConfigSource {
@@ -71,19 +125,30 @@ pub fn install_crypto_provider() {
 pub async fn client(
     kubeconfig: Option<&Path>,
     user_agent: &str,
+    timeouts: ApiTimeouts,
 ) -> Result<(kube::Client, ConfigSource), KubeClientError> {
     let source = config_source(kubeconfig, std::env::var("KUBECONFIG").ok());
-    let client = client_for(&source, Some(user_agent)).await?;
+    let client = client_for(&source, Some(user_agent), timeouts).await?;
     Ok((client, source))
 }
 
 /// Builds a client from one kubeconfig file (tests and tools).
 pub async fn client_from_file(path: &Path) -> Result<kube::Client, KubeClientError> {
-    client_for(&ConfigSource::Flag(path.to_path_buf()), None).await
+    client_for(&ConfigSource::Flag(path.to_path_buf()), None, ApiTimeouts::default()).await
 }
 
-async fn client_for(source: &ConfigSource, user_agent: Option<&str>) -> Result<kube::Client, KubeClientError> {
+async fn client_for(
+    source: &ConfigSource,
+    user_agent: Option<&str>,
+    timeouts: ApiTimeouts,
+) -> Result<kube::Client, KubeClientError> {
     let mut config = config_for(source).await?;
+    config.connect_timeout = Some(timeouts.connect);
+    config.read_timeout = Some(timeouts.read);
+    config.write_timeout = Some(timeouts.read);
+    // Counted from the request, not from when a pooled connection went idle.
+    config.reset_reader_on_write = true;
+    config.default_retry = false;
     // A value that is not a valid header is dropped, never fatal: it only
     // labels requests.
     if let Some(value) = user_agent.and_then(|ua| axum::http::HeaderValue::from_str(ua).ok()) {
@@ -116,6 +181,14 @@ mod tests {
         assert_eq!(config_source(None, Some("/x:/y".into())), ConfigSource::Env("/x:/y".into()));
         assert_eq!(config_source(None, Some(" ".into())), ConfigSource::InCluster);
         assert_eq!(config_source(None, None), ConfigSource::InCluster);
+    }
+
+    #[test]
+    fn watches_end_before_the_read_timeout() {
+        assert_eq!(ApiTimeouts::default().watch_timeout_seconds(), 20);
+        assert_eq!(ApiTimeouts::with_read(Duration::from_secs(1)).watch_timeout_seconds(), 1);
+        assert_eq!(ApiTimeouts::with_read(Duration::from_secs(3600)).watch_timeout_seconds(), 290);
+        assert_eq!(ApiTimeouts::with_read(Duration::from_secs(2)).connect, Duration::from_secs(2));
     }
 
     #[tokio::test]

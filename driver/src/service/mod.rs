@@ -1,6 +1,8 @@
 //! What the node agent's and the controller's services share: how they
-//! reach the API server ([`kube_client`]) and their HTTP port for probes and
+//! reach the API server ([`kube_client`]), how they call it when it may
+//! misbehave ([`api_call`]), and their HTTP port for probes and
 //! metrics ([`http`]).
 
+pub mod api_call;
 pub mod http;
 pub mod kube_client;

@@ -10,6 +10,7 @@
 mod any_client;
 pub mod authority;
 mod convert;
+pub mod deadline;
 pub mod domain;
 pub mod serve;
 mod versions;
@@ -20,17 +21,26 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
+pub use deadline::Deadline;
 pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
 pub use versions::{DraPluginV1, DraPluginV1beta1};
 
 use crate::metrics::{ApiVersion, Metrics, Operation, Outcome};
 
 /// What the gRPC servers need from the core: prepare and unprepare a batch
-/// of claims, one result per claim UID. Implemented by the preparer in
-/// `run`, and by tests.
+/// of claims, one result per claim UID, answered before `deadline` (the
+/// kubelet's). Implemented by the preparer in `run`, and by tests.
 pub trait DraService: Send + Sync + 'static {
-    fn prepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = HashMap<String, ClaimOutcome>> + Send;
-    fn unprepare(&self, claims: Vec<ClaimRef>) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
+    fn prepare(
+        &self,
+        claims: Vec<ClaimRef>,
+        deadline: Deadline,
+    ) -> impl Future<Output = HashMap<String, ClaimOutcome>> + Send;
+    fn unprepare(
+        &self,
+        claims: Vec<ClaimRef>,
+        deadline: Deadline,
+    ) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
 }
 
 /// Counts prepare and unprepare batches still running, so that stopping
@@ -78,21 +88,34 @@ impl<S: DraService> DraCore<S> {
     }
 
     /// Prepares `claims`; the result has exactly the request's UIDs.
-    pub async fn prepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+    pub async fn prepare(
+        &self,
+        api: ApiVersion,
+        claims: Vec<ClaimRef>,
+        deadline: Deadline,
+    ) -> HashMap<String, ClaimOutcome> {
         let service = self.service.clone();
-        self.run(Operation::Prepare, api, claims, move |claims| async move { service.prepare(claims).await }).await
+        let batch = move |claims| async move { service.prepare(claims, deadline).await };
+        self.run(Operation::Prepare, api, claims, batch).await
     }
 
     /// Unprepares `claims`; the result has exactly the request's UIDs.
-    pub async fn unprepare(&self, api: ApiVersion, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    pub async fn unprepare(
+        &self,
+        api: ApiVersion,
+        claims: Vec<ClaimRef>,
+        deadline: Deadline,
+    ) -> HashMap<String, Result<(), String>> {
         let service = self.service.clone();
-        self.run(Operation::Unprepare, api, claims, move |claims| async move { service.unprepare(claims).await }).await
+        let batch = move |claims| async move { service.unprepare(claims, deadline).await };
+        self.run(Operation::Unprepare, api, claims, batch).await
     }
 
-    /// Runs one batch in a task of its own: when the kubelet's deadline
-    /// cancels the call, the batch still finishes (and is found done on the
-    /// retry) instead of being dropped between two of its steps. Then
-    /// completes, counts and logs it.
+    /// Runs one batch in a task of its own: the batch stops waiting (for
+    /// locks, for the API server) at its deadline and answers, but the
+    /// steps after its last wait run to their end even if the caller went
+    /// away, instead of being dropped between two of them. Then completes,
+    /// counts and logs it.
     async fn run<T, F, Fut>(
         &self,
         operation: Operation,

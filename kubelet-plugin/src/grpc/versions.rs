@@ -7,8 +7,14 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{DraCore, DraService};
+use super::{DraCore, DraService, deadline::Deadline};
 use crate::metrics::ApiVersion;
+
+/// The call's deadline from its `grpc-timeout` header.
+fn deadline_of<T>(request: &Request<T>) -> Deadline {
+    let header = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok());
+    Deadline::from_header(header, tokio::time::Instant::now())
+}
 
 macro_rules! dra_plugin_server {
     ($(#[$doc:meta])* $server:ident, $proto:ident, $api:expr) => {
@@ -22,8 +28,9 @@ macro_rules! dra_plugin_server {
                 request: Request<kubelet_proto::$proto::NodePrepareResourcesRequest>,
             ) -> Result<Response<kubelet_proto::$proto::NodePrepareResourcesResponse>, Status> {
                 use kubelet_proto::$proto::{Device, NodePrepareResourceResponse, NodePrepareResourcesResponse};
+                let deadline = deadline_of(&request);
                 let claims = request.into_inner().claims.into_iter().map(Into::into).collect();
-                let results = self.0.prepare($api, claims).await;
+                let results = self.0.prepare($api, claims, deadline).await;
                 let claims = results
                     .into_iter()
                     .map(|(uid, result)| {
@@ -45,8 +52,9 @@ macro_rules! dra_plugin_server {
                 request: Request<kubelet_proto::$proto::NodeUnprepareResourcesRequest>,
             ) -> Result<Response<kubelet_proto::$proto::NodeUnprepareResourcesResponse>, Status> {
                 use kubelet_proto::$proto::{NodeUnprepareResourceResponse, NodeUnprepareResourcesResponse};
+                let deadline = deadline_of(&request);
                 let claims = request.into_inner().claims.into_iter().map(Into::into).collect();
-                let results = self.0.unprepare($api, claims).await;
+                let results = self.0.unprepare($api, claims, deadline).await;
                 let claims = results
                     .into_iter()
                     .map(|(uid, result)| (uid, NodeUnprepareResourceResponse { error: result.err().unwrap_or_default() }))

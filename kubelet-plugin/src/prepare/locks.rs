@@ -30,15 +30,17 @@ impl KeyedLocks {
     }
 
     /// Takes the locks of `keys` in sorted order (duplicates once).
+    /// Cancel-safe: dropped while waiting, it releases what it took and
+    /// drops the unused entries, as [`Held`]'s drop does.
     pub async fn lock(&self, mut keys: Vec<String>) -> Held<'_> {
         keys.sort();
         keys.dedup();
-        let mut guards = Vec::with_capacity(keys.len());
+        let mut held = Held { owner: self, guards: Vec::with_capacity(keys.len()) };
         for key in keys {
             let guard = self.entry(&key).lock_owned().await;
-            guards.push((key, guard));
+            held.guards.push((key, guard));
         }
-        Held { owner: self, guards }
+        held
     }
 
     /// How many names have a lock object (held or waited for).
@@ -75,6 +77,19 @@ mod tests {
         assert_eq!(locks.live(), 3);
         drop(c);
         drop(a);
+        assert_eq!(locks.live(), 0);
+    }
+
+    #[tokio::test]
+    async fn giving_up_while_waiting_holds_nothing_and_leaves_no_entry() {
+        let locks = KeyedLocks::default();
+        let held = locks.lock(vec!["b".into()]).await;
+        let waited = tokio::time::timeout(Duration::from_millis(50), locks.lock(vec!["a".into(), "b".into()])).await;
+        assert!(waited.is_err(), "b is held");
+        // "a" was taken and released on cancellation; "b" is still held.
+        assert_eq!(locks.live(), 1);
+        assert!(tokio::time::timeout(Duration::from_secs(5), locks.lock(vec!["a".into()])).await.is_ok());
+        drop(held);
         assert_eq!(locks.live(), 0);
     }
 

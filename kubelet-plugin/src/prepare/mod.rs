@@ -32,14 +32,17 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
+use futures::StreamExt;
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice};
 use crate::durable;
+use crate::grpc::Deadline;
 use crate::metrics::{ErrorKind, Metrics};
 use files::Files;
 use locks::KeyedLocks;
@@ -50,6 +53,11 @@ use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
 /// CDI spec files are read by the container runtime (root); others may
 /// read them too, as with NVIDIA's toolkit.
 const CDI_FILE_MODE: u32 = 0o644;
+
+/// Claims of one batch worked on at once: a batch of 10,000 claims holds
+/// this many claim futures, not 10,000 (the API lookups have their own,
+/// smaller bound: `ClaimSourceConfig::max_in_flight`).
+const CONCURRENT_CLAIMS: usize = 64;
 
 /// Where the preparer keeps its files, and who it is.
 #[derive(Debug, Clone)]
@@ -158,36 +166,76 @@ impl<S: ClaimSource> Preparer<S> {
         self.records().values().filter(|r| r.state == PrepareState::PrepareCompleted).count()
     }
 
-    /// Prepares a batch; claims run concurrently, one result per UID.
+    /// Prepares a batch with the default deadline (see [`Self::prepare_by`]).
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
+        self.prepare_by(claims, Deadline::default_from_now()).await
+    }
+
+    /// Prepares a batch; claims run concurrently (a bounded number at a
+    /// time), one result per UID. A claim still waiting for a lock or the
+    /// API server at the deadline fails with that cause, holding nothing.
+    pub async fn prepare_by(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
+        let until = deadline.work_until();
         let work = claims.into_iter().map(|claim| async move {
-            let outcome = self.count(self.prepare_one(&claim).await);
+            let outcome = self.count(self.prepare_one(&claim, deadline, until).await);
             (claim.uid, outcome)
         });
-        futures::future::join_all(work).await.into_iter().collect()
+        futures::stream::iter(work).buffer_unordered(CONCURRENT_CLAIMS).collect().await
+    }
+
+    /// Unprepares a batch with the default deadline.
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+        self.unprepare_by(claims, Deadline::default_from_now()).await
     }
 
     /// Unprepares a batch; a claim that is not prepared succeeds.
-    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    pub async fn unprepare_by(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+        let until = deadline.work_until();
         let work = claims.into_iter().map(|claim| async move {
-            let outcome = self.count(self.unprepare_one(&claim).await);
+            let outcome = self.count(self.unprepare_one(&claim, deadline, until).await);
             (claim.uid, outcome)
         });
-        futures::future::join_all(work).await.into_iter().collect()
+        futures::stream::iter(work).buffer_unordered(CONCURRENT_CLAIMS).collect().await
+    }
+
+    /// Takes `keys` unless `until` passes first; then fails naming `what`
+    /// it waited for. Nothing is held after a failure.
+    async fn lock_until(
+        &self,
+        keys: Vec<String>,
+        deadline: Deadline,
+        until: Instant,
+        what: &str,
+    ) -> Result<locks::Held<'_>, Failure> {
+        tokio::time::timeout_at(until, self.locks.lock(keys)).await.map_err(|_| Failure {
+            kind: ErrorKind::Deadline,
+            message: format!(
+                "gave up after {:.1?} of the kubelet's {:.1?} deadline waiting for {what}; the kubelet retries",
+                deadline.received.elapsed(),
+                deadline.timeout
+            ),
+        })
     }
 
     fn records(&self) -> std::sync::MutexGuard<'_, HashMap<String, ClaimRecord>> {
         self.records.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    async fn prepare_one(&self, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, Failure> {
+    async fn prepare_one(
+        &self,
+        claim: &ClaimRef,
+        deadline: Deadline,
+        until: Instant,
+    ) -> Result<Vec<PreparedDevice>, Failure> {
         let claim = validated(claim)?;
         let uid = claim.uid.to_string();
-        let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
+        let _claim_lock =
+            self.lock_until(vec![claim_key(&uid)], deadline, until, "another call for this claim to finish").await?;
         if let Some(devices) = self.completed(&uid) {
             return Ok(devices);
         }
-        let lookup = self.source.get(&claim.namespace, &claim.name).await.map_err(kind(ErrorKind::ClaimLookup))?;
+        let lookup =
+            self.source.get(&claim.namespace, &claim.name, until).await.map_err(kind(ErrorKind::ClaimLookup))?;
         let resource_claim = lookup
             .ok_or_else(|| {
                 format!(
@@ -218,7 +266,9 @@ impl<S: ClaimSource> Preparer<S> {
         // An MPS daemon's GPUs are locked too: MIG devices of one GPU are
         // different devices, but share its compute mode.
         let keys = planned.iter().map(|d| device_key(d.device.as_str())).chain(daemon.iter().flat_map(gpu_keys));
-        let _device_locks = self.locks.lock(keys.collect()).await;
+        let _device_locks = self
+            .lock_until(keys.collect(), deadline, until, "the claim's devices (another claim's call holds them)")
+            .await?;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
         let time_sliced = slices.iter().any(Option::is_some);
         if time_sliced || daemon.is_some() {
@@ -362,15 +412,18 @@ impl<S: ClaimSource> Preparer<S> {
         }
     }
 
-    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), Failure> {
+    async fn unprepare_one(&self, claim: &ClaimRef, deadline: Deadline, until: Instant) -> Result<(), Failure> {
         let claim = validated(claim)?;
         let uid = claim.uid.to_string();
-        let _claim_lock = self.locks.lock(vec![claim_key(&uid)]).await;
+        let _claim_lock =
+            self.lock_until(vec![claim_key(&uid)], deadline, until, "another call for this claim to finish").await?;
         match self.record(&uid) {
             Some(record) => {
                 let keys = record.devices.iter().map(|d| device_key(&d.device_name));
                 let keys = keys.chain(record.mps.iter().flat_map(gpu_keys)).collect();
-                let _device_locks = self.locks.lock(keys).await;
+                let _device_locks = self
+                    .lock_until(keys, deadline, until, "the claim's devices (another claim's call holds them)")
+                    .await?;
                 self.roll_back(&claim.uid, record).await.map_err(kind(ErrorKind::Cdi))?;
                 tracing::info!(claim = %claim, "unprepared");
             }
@@ -486,12 +539,12 @@ impl<S: ClaimSource> Preparer<S> {
 }
 
 impl<S: ClaimSource> crate::grpc::DraService for Preparer<S> {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
-        Preparer::prepare(self, claims).await
+    async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
+        Preparer::prepare_by(self, claims, deadline).await
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
-        Preparer::unprepare(self, claims).await
+    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+        Preparer::unprepare_by(self, claims, deadline).await
     }
 }
 

@@ -110,7 +110,12 @@ impl MapSource {
 }
 
 impl ClaimSource for MapSource {
-    async fn get(&self, _namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
+    async fn get(
+        &self,
+        _namespace: &str,
+        name: &str,
+        _deadline: tokio::time::Instant,
+    ) -> Result<Option<ResourceClaim>, String> {
         self.gets.fetch_add(1, Ordering::SeqCst);
         if let Some(error) = self.error.lock().unwrap().clone() {
             return Err(error);

@@ -69,17 +69,27 @@ pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 /// Where the preparer reads ResourceClaims: the API server in production
 /// ([`crate::claims::KubeClaimSource`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
-    /// The claim, `None` when it does not exist. The error text is shown to
-    /// the kubelet as is.
-    fn get(&self, namespace: &str, name: &str) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
+    /// The claim, `None` when it does not exist; gives up at `deadline`.
+    /// The error text is shown to the kubelet as is.
+    fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
 
     /// Drops any cached copy (called when the cached copy's UID is stale).
     fn forget(&self, namespace: &str, name: &str);
 }
 
 impl ClaimSource for crate::claims::KubeClaimSource {
-    async fn get(&self, namespace: &str, name: &str) -> Result<Option<ResourceClaim>, String> {
-        crate::claims::KubeClaimSource::get(self, namespace, name).await.map_err(|e| e.to_string())
+    async fn get(
+        &self,
+        namespace: &str,
+        name: &str,
+        deadline: tokio::time::Instant,
+    ) -> Result<Option<ResourceClaim>, String> {
+        crate::claims::KubeClaimSource::get(self, namespace, name, deadline).await.map_err(|e| e.to_string())
     }
 
     fn forget(&self, namespace: &str, name: &str) {
