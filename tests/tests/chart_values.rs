@@ -450,6 +450,8 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
             json!({"featureGates": {"TimeSlicingSettings": true, "MPSSupport": true, "NVMLDeviceHealthCheck": true, "DynamicMIG": false, "PassthroughSupport": false}}),
         ),
         ("api-version", json!({"resourceApiVersion": "resource.k8s.io/v1"})),
+        ("consumable-shares", json!({"featureGates": {"ConsumableShares": true}, "consumableShares": "4"})),
+        ("driver-capabilities", json!({"driverCapabilities": "compute,utility", "disableCDIHooks": ["enable-cuda-compat"]})),
     ];
     let refused = [
         ("gpus-disabled", json!({"resources": {"gpus": {"enabled": false}}}), "uninstall it instead"),
@@ -473,7 +475,13 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
             json!({"webhook": {"tls": {"mode": "cert-manager", "certManager": {"issuerType": "issuer"}}}}),
             "needs webhook.tls.certManager.issuerName",
         ),
-        ("consumable-shares", json!({"featureGates": {"ConsumableShares": true}}), "ConsumableCapacity"),
+        ("shares-without-mode", json!({"featureGates": {"ConsumableShares": true}}), "needs consumableShares"),
+        ("mode-without-gate", json!({"consumableShares": "memory"}), "needs featureGates.ConsumableShares=true"),
+        (
+            "two-share-gates",
+            json!({"featureGates": {"ConsumableShares": true, "ConsumableCapacity": true, "MPSSupport": true}, "consumableShares": "4"}),
+            "turn on one of them",
+        ),
         ("dynamic-mig", json!({"featureGates": {"DynamicMIG": true}}), "published as configured on the node"),
         ("no-health", json!({"featureGates": {"NVMLDeviceHealthCheck": false}}), "additionalXidsToIgnore"),
         ("passthrough", json!({"featureGates": {"PassthroughSupport": true}}), "CDI only"),
@@ -509,6 +517,15 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     assert!(objects["selfsigned-type"].iter().any(|o| o["kind"] == "Issuer"));
     // Only this driver's gates reach the binaries.
     assert!(plugin_args("gates").contains(&"--feature-gates=MPSSupport=true,TimeSlicingSettings=true".to_string()));
+    // NVIDIA's consumable shares reach the plugin as its gate and mode.
+    let shares = plugin_args("consumable-shares");
+    assert!(shares.contains(&"--feature-gates=ConsumableShares=true".to_string()), "{shares:?}");
+    assert!(shares.contains(&"--consumable-shares=4".to_string()), "{shares:?}");
+    assert!(!plugin_args("gates").iter().any(|a| a.starts_with("--consumable-shares")));
+    let capabilities = plugin_args("driver-capabilities");
+    assert!(capabilities.contains(&"--driver-capabilities=compute,utility".to_string()), "{capabilities:?}");
+    assert!(capabilities.contains(&"--disable-cdi-hooks=enable-cuda-compat".to_string()), "{capabilities:?}");
+    assert!(plugin_args("gates").contains(&"--driver-capabilities=all".to_string()));
 }
 
 /// Flags the README documents are reachable as values or extraArgs/env.
