@@ -451,7 +451,10 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ),
         ("api-version", json!({"resourceApiVersion": "resource.k8s.io/v1"})),
         ("consumable-shares", json!({"featureGates": {"ConsumableShares": true}, "consumableShares": "4"})),
-        ("driver-capabilities", json!({"driverCapabilities": "compute,utility", "disableCDIHooks": ["enable-cuda-compat"]})),
+        (
+            "driver-capabilities",
+            json!({"driverCapabilities": "compute,utility", "disableCDIHooks": ["enable-cuda-compat"]}),
+        ),
     ];
     let refused = [
         ("gpus-disabled", json!({"resources": {"gpus": {"enabled": false}}}), "uninstall it instead"),

@@ -12,6 +12,7 @@
 //!       gpus: [{model: A100-SXM4-80GB, count: 4}]
 //!     featureGates: ConsumableCapacity=true   # this node's plugin's gates
 //! featureGates: ""               # every other node's (wrapped form only)
+//! consumableShares: "4"          # --consumable-shares, with ConsumableShares
 //! ```
 //!
 //! `featureGates` is the plugin's `--feature-gates`, for what the slices
@@ -27,6 +28,7 @@ use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
+use gpu_dra_driver::slices::consumable_shares::SharesMode;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -70,6 +72,8 @@ struct Wrapped {
     nodes: Vec<FleetNode>,
     #[serde(default, rename = "featureGates")]
     feature_gates: Option<String>,
+    #[serde(default, rename = "consumableShares")]
+    consumable_shares: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -81,6 +85,8 @@ struct FleetNode {
     inventory: InventoryRef,
     #[serde(default, rename = "featureGates")]
     feature_gates: Option<String>,
+    #[serde(default, rename = "consumableShares")]
+    consumable_shares: Option<String>,
 }
 
 /// A node's inventory: a file (a string) or the inventory itself (a mapping).
@@ -135,11 +141,12 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
             e.to_string().replace('\n', " ").replacen(".[", "nodes[", usize::from(e.to_string().starts_with(".[")))
         )
     })?;
-    let (nodes, fleet_gates) = match file {
-        FleetFile::Wrapped(w) => (w.nodes, w.feature_gates),
-        FleetFile::List(l) => (l, None),
+    let (nodes, fleet_gates, fleet_shares) = match file {
+        FleetFile::Wrapped(w) => (w.nodes, w.feature_gates, w.consumable_shares),
+        FleetFile::List(l) => (l, None, None),
     };
     let fleet_gates = gates(fleet_gates.as_deref(), &format!("{origin}: featureGates"))?;
+    let fleet_shares = shares_mode(fleet_shares.as_deref(), &format!("{origin}: consumableShares"))?;
     let mut fleet = Fleet::default();
     let mut names = std::collections::HashSet::new();
     // Inventory files by path, read and parsed once however many nodes use them.
@@ -155,7 +162,13 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
             Some(text) => gates(Some(text), &format!("{at}: featureGates"))?,
             None => fleet_gates,
         };
-        let builder = SliceBuilder::new(DriverName::nvidia_default(), node).with_gates(node_gates);
+        let node_shares = match &n.consumable_shares {
+            Some(text) => shares_mode(Some(text), &format!("{at}: consumableShares"))?,
+            None => fleet_shares,
+        };
+        let builder = SliceBuilder::new(DriverName::nvidia_default(), node)
+            .with_gates(node_gates)
+            .with_consumable_shares(node_gates, node_shares);
         let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
         fleet.slices.extend(slices);
         let mut labels = n.labels.clone();
@@ -167,6 +180,12 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
         });
     }
     Ok(fleet)
+}
+
+/// NVIDIA's `--consumable-shares` mode (used with the `ConsumableShares`
+/// gate); disabled when absent.
+fn shares_mode(text: Option<&str>, at: &str) -> Result<SharesMode> {
+    text.unwrap_or_default().parse().map_err(|e| anyhow!("{at}: {e}"))
 }
 
 /// Gates written as `--feature-gates` takes them; none when absent.
@@ -228,6 +247,31 @@ mod tests {
         let devices: Vec<usize> = fleet.slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect();
         assert_eq!(devices, [2, 1]);
         assert_eq!(fleet.slices[1].spec.node_name.as_deref(), Some("a"));
+    }
+
+    #[test]
+    fn consumable_shares_apply_with_their_gate_to_the_fleet_or_one_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let fleet = parse(
+            "featureGates: ConsumableShares=true\nconsumableShares: '4'\nnodes:\n\
+             - {name: four, inventory: {gpus: [{model: H100-80GB, count: 1}]}}\n\
+             - {name: two, consumableShares: '2', inventory: {gpus: [{model: H100-80GB, count: 1}]}}\n\
+             - {name: plain, featureGates: '', inventory: {gpus: [{model: H100-80GB, count: 1}]}}\n",
+            "fleet.yaml",
+            dir.path(),
+        )
+        .unwrap();
+        let shares: Vec<Option<String>> = fleet
+            .slices
+            .iter()
+            .map(|s| {
+                let device = &s.spec.devices.as_ref().unwrap()[0];
+                device.capacity.as_ref().unwrap().get("shares").map(|c| c.value.0.clone())
+            })
+            .collect();
+        assert_eq!(shares, [Some("4".into()), Some("2".into()), None]);
+        let err = parse("consumableShares: half\nnodes: []\n", "f.yaml", dir.path()).unwrap_err().to_string();
+        assert!(err.starts_with("f.yaml: consumableShares: --consumable-shares \"half\" is not a mode"), "{err}");
     }
 
     #[test]
