@@ -53,7 +53,8 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
         let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path)));
-        let read = read_and_sort(files, note);
+        let mut sorter = inputs::Sorter::default();
+        let read = manifests::read_each(files, &mut |m| sorter.add(m, &mut *note)).map(|()| sorter.finish());
         let loaded = fleet.map(|handle| handle.join().unwrap_or_else(|_| Err(anyhow!("loading the fleet failed"))));
         (read, loaded)
     });
@@ -95,34 +96,6 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     }
     drop_in_background((inputs, workload, outcomes, classes, nodes));
     Ok(())
-}
-
-/// Reads `files` on one thread while the objects read are sorted (typed,
-/// slices compacted into the fleet) on this one: parsing and converting a
-/// large List take about as long each, and the order is kept.
-fn read_and_sort(files: &[PathBuf], note: &mut impl Write) -> Result<inputs::Inputs> {
-    let (tx, rx) = std::sync::mpsc::sync_channel::<manifests::Manifest>(256);
-    std::thread::scope(|scope| {
-        let reader = scope.spawn(move || {
-            manifests::read_each(files, &mut |m| {
-                tx.send(m).map_err(|_| anyhow!("stopped: the objects read are no longer taken"))
-            })
-        });
-        let mut sorter = inputs::Sorter::default();
-        let mut sorted = Ok(());
-        for m in rx {
-            sorted = sorter.add(m, note);
-            if sorted.is_err() {
-                break;
-            }
-        }
-        // On a sorting error the receiver is gone here, so the reader stops
-        // at its next object; the sorting error is the one to report.
-        let read = reader.join().unwrap_or_else(|_| Err(anyhow!("reading the manifests failed")));
-        sorted?;
-        read?;
-        Ok(sorter.finish())
-    })
 }
 
 /// Frees `value` on another thread. A large fleet's objects take tens of
