@@ -112,6 +112,7 @@ fn starts_as_json(reader: &mut impl BufRead) -> std::io::Result<bool> {
 }
 
 /// Parses a YAML stream (or JSON text) into objects, unpacking `List`s.
+#[cfg(test)]
 pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
     parse_each(origin, text, &mut |m| {
         out.push(m);

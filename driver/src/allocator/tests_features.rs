@@ -432,7 +432,14 @@ fn shares_round_up_to_the_step_and_plain_claims_take_the_whole_gpu() {
     assert_eq!(consumed(&p).1, caps("1Gi", "70"));
     // Without a memory request a share takes the default, all of it.
     let e = unsatisfiable(a.place(&[&share_claim("no-memory", &[])]));
-    assert!(e.to_string().contains("memory: 80Gi requested, 77Gi of 80Gi left"), "{e}");
+    assert!(
+        e.to_string().contains(
+            "memory: none requested, so the default took the whole device (80Gi), and 77Gi of 80Gi is left; to share \
+             the device, ask for less memory in the request's capacity.requests (e.g. capacity: {requests: {memory: \
+             10Gi}})"
+        ),
+        "{e}"
+    );
     let e = unsatisfiable(a.place(&[&share_claim("more", &[("memory", "1Gi"), ("smPercent", "1")])]));
     assert!(e.to_string().contains("smPercent: 1 requested, 0 of 100 left"), "{e}");
 
