@@ -52,9 +52,7 @@ impl Verdict {
                 Verdict { reason: "SelectorError", note: fatal.to_string() }
             }
             AllocateError::Fatal(fatal) => Verdict { reason: "Unsatisfiable", note: fatal.to_string() },
-            undecided @ AllocateError::Undecided { .. } => {
-                Verdict { reason: "Undecided", note: undecided.to_string() }
-            }
+            undecided @ AllocateError::Undecided { .. } => Verdict { reason: "Undecided", note: undecided.to_string() },
         }
     }
 }

@@ -108,9 +108,9 @@ fn usable_devices(fleet: &Fleet, state: &AllocatedState, alt: &Alternative<'_>, 
             // A shareable device in use already holds its counters.
             if !consumption.is_empty() && !(shareable && state.consumed(d).is_some()) {
                 let fits = fleet.device_ref(d).is_some_and(|r| {
-                    fleet.pool_counters(r.pool).is_some_and(|pc| {
-                        counters::fits(pc, r.pool, consumption, &state.counters, &none).is_ok()
-                    })
+                    fleet
+                        .pool_counters(r.pool)
+                        .is_some_and(|pc| counters::fits(pc, r.pool, consumption, &state.counters, &none).is_ok())
                 });
                 if !fits {
                     return false;

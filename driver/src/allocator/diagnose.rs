@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use super::budget::Meter;
 use super::capacity;
 use super::compact::DeviceRecord;
 use super::constraints::{self, Kind};
@@ -16,7 +17,6 @@ use super::explain::{
 };
 use super::index::Fleet;
 use super::request::{Alternative, ClaimPlan, Mode};
-use super::budget::Meter;
 use super::search::{self, NodeOutcome, STEP_BUDGET};
 use super::selectors::{SelectorCache, Verdict};
 use super::state::AllocatedState;

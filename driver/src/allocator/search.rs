@@ -22,8 +22,8 @@ use std::sync::Arc;
 use super::budget::Meter;
 use super::capacity::{self, Consumed, Take};
 use super::constraints::Constraint;
-use super::counting;
 use super::counters::{self, CounterUse};
+use super::counting;
 use super::error::FatalError;
 use super::index::Fleet;
 use super::request::{ClaimPlan, MAX_RESULTS, Mode};
@@ -75,7 +75,9 @@ impl From<FatalError> for Stop {
 #[derive(Debug)]
 pub(crate) enum NodeOutcome {
     Fits(Solution),
-    NoFit { gave_up: bool },
+    NoFit {
+        gave_up: bool,
+    },
     /// The call's budget ran out before this node was decided.
     Undecided,
 }

@@ -29,8 +29,16 @@ fn more_requests_than_a_node_has_devices_fail_without_a_search() {
     a.set_search_budget(None);
     let placed = a.allocate_first_fit(None, &[&claim("c", one_gpu_requests(16))]).unwrap();
     assert_eq!(placed.node, "n1");
-    let devices: Vec<String> =
-        placed.allocations[0].devices.as_ref().unwrap().results.as_ref().unwrap().iter().map(|r| r.device.clone()).collect();
+    let devices: Vec<String> = placed.allocations[0]
+        .devices
+        .as_ref()
+        .unwrap()
+        .results
+        .as_ref()
+        .unwrap()
+        .iter()
+        .map(|r| r.device.clone())
+        .collect();
     let wanted: Vec<String> = (0..16).map(|i| format!("gpu-{i:02}")).collect();
     assert_eq!(devices, wanted);
 }

@@ -8,7 +8,8 @@
 //!   and its connection is closed once the answer is out; a handler may ask
 //!   for that too ([`Connection::close_after_response`]);
 //! - at most [`Limits::max_connections`] at a time: one more makes the
-//!   longest-idle connection close (or, when every one is busy, is refused);
+//!   longest-idle connection close (or, when none has been idle for
+//!   [`MIN_IDLE_TO_EVICT`], is refused);
 //! - `accept` failing (`EMFILE` at the fd limit, ...) backs off up to 1 s
 //!   and is logged once per episode, not once per attempt.
 //!
@@ -40,6 +41,9 @@ use tower::ServiceExt as _;
 pub const GRACE: Duration = Duration::from_secs(1);
 /// The longest pause between two `accept`s while they fail.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How long a connection must have been idle to be closed for room: a
+/// new one is still in its TLS handshake, and may be the apiserver's.
+const MIN_IDLE_TO_EVICT: Duration = Duration::from_secs(1);
 /// HTTP/2 streams at once on one connection.
 const MAX_STREAMS: u32 = 32;
 
@@ -186,12 +190,13 @@ impl Registry {
     }
 }
 
-/// Asks the connection idle longest to close; false when none is idle.
+/// Asks the connection idle longest (at least [`MIN_IDLE_TO_EVICT`]) to
+/// close; false when none is.
 fn evict_longest_idle(open: &HashMap<u64, Arc<Activity>>) -> bool {
     let idle = open
         .values()
         .map(|a| (a.get(), a))
-        .filter(|(s, _)| s.in_flight == 0 && !s.closing)
+        .filter(|(s, _)| s.in_flight == 0 && !s.closing && s.since.elapsed() >= MIN_IDLE_TO_EVICT)
         .min_by_key(|(s, _)| s.since);
     match idle {
         Some((_, activity)) => {
@@ -371,10 +376,8 @@ async fn handle(
         Ok(Err(infallible)) => match infallible {},
         Err(_) => {
             activity.update(|s| s.closing = true);
-            let mut response = Response::new(Body::from(format!(
-                "the request did not complete within {:?}\n",
-                limits.request
-            )));
+            let mut response =
+                Response::new(Body::from(format!("the request did not complete within {:?}\n", limits.request)));
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
             response
         }
@@ -400,13 +403,16 @@ mod tests {
         tokio::time::advance(Duration::from_millis(10)).await;
         let second = registry.admit(2).unwrap();
         second.activity.begin();
-        // At the limit: the idle first one is asked to close.
+        // At the limit: the first one is idle, but too new to be closed.
+        assert!(registry.admit(2).is_none());
+        tokio::time::advance(MIN_IDLE_TO_EVICT).await;
         let third = registry.admit(2).unwrap();
         assert!(first.activity.get().closing && !second.activity.get().closing);
         drop(first);
         third.activity.begin();
         assert!(registry.admit(2).is_none(), "both open connections are busy");
         third.activity.end();
+        tokio::time::advance(MIN_IDLE_TO_EVICT).await;
         assert!(registry.admit(2).is_some());
     }
 

@@ -67,8 +67,7 @@ impl Fleet for SharedFleet {
                 }
                 Err(TryLockError::WouldBlock) => {
                     return vec![
-                        "not checked against the cluster: the controller was busy for the whole review time"
-                            .to_owned(),
+                        "not checked against the cluster: the controller was busy for the whole review time".to_owned(),
                     ];
                 }
             }
@@ -125,11 +124,8 @@ pub async fn serve(
     tracing::info!(addr = %config.addr, "serving the validating webhook at /validate");
     // The connection layer's own bound is a backstop: `validate` answers
     // within REVIEW_TIMEOUT.
-    let limits = Limits {
-        idle: IDLE_TIMEOUT,
-        request: REVIEW_TIMEOUT + connections::GRACE,
-        max_connections: MAX_CONNECTIONS,
-    };
+    let limits =
+        Limits { idle: IDLE_TIMEOUT, request: REVIEW_TIMEOUT + connections::GRACE, max_connections: MAX_CONNECTIONS };
     connections::serve("webhook", listener, acceptor, app, limits, std::future::pending()).await;
     Ok(())
 }

@@ -48,7 +48,9 @@ fn load(cert: &PathBuf, key: &PathBuf) -> anyhow::Result<Arc<CertifiedKey>> {
         rustls::Error::InconsistentKeys(_) => {
             anyhow::anyhow!("cannot tell whether the private key is the key of the certificate in {}", cert.display())
         }
-        other => anyhow::anyhow!("the first certificate in {} is not a valid X.509 certificate: {other}", cert.display()),
+        other => {
+            anyhow::anyhow!("the first certificate in {} is not a valid X.509 certificate: {other}", cert.display())
+        }
     })?;
     Ok(Arc::new(pair))
 }
