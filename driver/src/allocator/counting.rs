@@ -106,7 +106,8 @@ fn usable_devices(fleet: &Fleet, state: &AllocatedState, alt: &Alternative<'_>, 
             let shareable = dev.allow_multiple_allocations;
             let consumption = fleet.consumption(d);
             // A shareable device in use already holds its counters.
-            if !consumption.is_empty() && !(shareable && state.consumed(d).is_some()) {
+            let holds_counters = shareable && state.consumed(d).is_some();
+            if !consumption.is_empty() && !holds_counters {
                 let fits = fleet.device_ref(d).is_some_and(|r| {
                     fleet
                         .pool_counters(r.pool)
