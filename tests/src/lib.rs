@@ -8,9 +8,11 @@ pub mod controller_process;
 pub mod fake_mps;
 pub mod fault_proxy;
 pub mod helm;
+pub mod https_client;
 pub mod kubelet;
 pub mod node;
 pub mod plugin_process;
+pub mod webhook_process;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -7,8 +7,9 @@
 //! pods only as the claims they reference.
 
 use std::collections::{HashMap, HashSet};
+use std::time::Duration;
 
-use gpu_dra_driver::allocator::{AllocateError, Allocator, FatalError};
+use gpu_dra_driver::allocator::{AllocateError, Allocator, FatalError, SearchBudget};
 use gpu_dra_driver::selector::CelEnvironment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
@@ -17,6 +18,9 @@ use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClai
 pub const ALLOCATE_ANNOTATION: &str = "gpu.nvidia.com/allocate";
 /// The finalizer on claims this controller allocated: it deallocates them.
 pub const FINALIZER: &str = "gpu.nvidia.com/delegated-allocation";
+/// How long one claim's search (explanation or delegated allocation) may
+/// hold the cluster state: the webhook waits for it at most this long.
+pub const SEARCH_BUDGET: Duration = Duration::from_secs(2);
 
 /// `namespace/name`.
 pub type ClaimKey = String;
@@ -32,7 +36,8 @@ pub fn claim_key(claim: &ResourceClaim) -> ClaimKey {
 /// Why a claim cannot be allocated now, as an event says it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Verdict {
-    /// `Unsatisfiable`, or `SelectorError` for a CEL error.
+    /// `Unsatisfiable`, `SelectorError` for a CEL error, or `Undecided`
+    /// when the search ran out of its budget.
     pub reason: &'static str,
     pub note: String,
 }
@@ -47,6 +52,7 @@ impl Verdict {
                 Verdict { reason: "SelectorError", note: fatal.to_string() }
             }
             AllocateError::Fatal(fatal) => Verdict { reason: "Unsatisfiable", note: fatal.to_string() },
+            undecided @ AllocateError::Undecided { .. } => Verdict { reason: "Undecided", note: undecided.to_string() },
         }
     }
 }
@@ -111,8 +117,10 @@ pub struct ClusterState {
 
 impl ClusterState {
     pub fn new(driver: &str, cel: CelEnvironment) -> Self {
+        let mut allocator = Allocator::new(&[], &[], &[]).with_cel_environment(cel);
+        allocator.set_search_budget(Some(SearchBudget::time(SEARCH_BUDGET)));
         ClusterState {
-            allocator: Allocator::new(&[], &[], &[]).with_cel_environment(cel),
+            allocator,
             driver: driver.to_owned(),
             our_classes: HashSet::new(),
             claims: HashMap::new(),
@@ -298,11 +306,15 @@ impl ClusterState {
     }
 
     /// Warnings for a claim being created: a request that no device in the
-    /// cluster matches today (the explainer's words), or a selector that
-    /// fails on the devices. Empty when it could be allocated, or when it
-    /// only waits for devices in use.
-    pub fn fleet_warnings(&mut self, claim: &ResourceClaim) -> Vec<String> {
-        match self.allocator.allocate_first_fit(None, &[claim]) {
+    /// cluster matches today (the explainer's words), a selector that fails
+    /// on the devices, or that the search did not finish within `within`.
+    /// Empty when it could be allocated, or when it only waits for devices
+    /// in use.
+    pub fn fleet_warnings(&mut self, claim: &ResourceClaim, within: Duration) -> Vec<String> {
+        self.allocator.set_search_budget(Some(SearchBudget::time(within.min(SEARCH_BUDGET))));
+        let outcome = self.allocator.allocate_first_fit(None, &[claim]);
+        self.allocator.set_search_budget(Some(SearchBudget::time(SEARCH_BUDGET)));
+        match outcome {
             Ok(_) => Vec::new(),
             Err(AllocateError::Unsatisfiable(explanation)) => {
                 let unmatched: Vec<&str> =
@@ -313,6 +325,9 @@ impl ClusterState {
                 vec![format!("no device in the cluster matches request {} today: {explanation}", unmatched.join(", "))]
             }
             Err(error @ AllocateError::Fatal(_)) => vec![Verdict::of(&error).note],
+            Err(AllocateError::Undecided { within, searched, nodes, .. }) => vec![format!(
+                "not checked against the cluster: the search for a node did not finish within {within} ({searched} of {nodes} nodes searched); the claim may wait long to be scheduled"
+            )],
         }
     }
 
@@ -334,6 +349,12 @@ fn renamed(error: &AllocateError, from: &str, to: &str) -> AllocateError {
             rename_fatal(&mut fatal, from, to);
             AllocateError::Fatal(fatal)
         }
+        AllocateError::Undecided { claim, within, searched, nodes } => AllocateError::Undecided {
+            claim: if claim == from { to.to_owned() } else { claim.clone() },
+            within: within.clone(),
+            searched: *searched,
+            nodes: *nodes,
+        },
     }
 }
 

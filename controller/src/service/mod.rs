@@ -110,7 +110,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         };
         let config = webhook::WebhookConfig { addr: ([0, 0, 0, 0], args.webhook_port).into(), cert, key };
         kube_client::install_crypto_provider();
-        let fleet = webhook::SharedFleet(state.clone());
+        let fleet = state.clone();
         let driver = args.driver_name.clone();
         let webhook_metrics = metrics.clone();
         let gates = args.feature_gates;

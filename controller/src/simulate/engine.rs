@@ -166,7 +166,8 @@ fn allocate_unit(
                 })
                 .collect()
         }
-        Err(AllocateError::Fatal(e)) => claims.iter().map(|_| not_allocated(true, e.to_string())).collect(),
+        // Fatal, or (with a search budget, which simulate does not set) undecided.
+        Err(e) => claims.iter().map(|_| not_allocated(e.is_fatal(), e.to_string())).collect(),
     }
 }
 

@@ -6,6 +6,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use super::budget::Meter;
 use super::capacity;
 use super::compact::DeviceRecord;
 use super::constraints::{self, Kind};
@@ -40,8 +41,11 @@ fn fits_anywhere(
     state: &AllocatedState,
     plans: &[ClaimPlan<'_>],
     nodes: &[&str],
+    meter: &mut Meter,
 ) -> bool {
-    nodes.iter().any(|n| matches!(search::search_node(fleet, selectors, state, plans, n), Ok(NodeOutcome::Fits(_))))
+    nodes
+        .iter()
+        .any(|n| matches!(search::search_node(fleet, selectors, state, plans, n, meter), Ok(NodeOutcome::Fits(_))))
 }
 
 /// The explanation, and the index of the claim it is about.
@@ -52,16 +56,17 @@ pub(crate) fn explain(
     plans: &[ClaimPlan<'_>],
     nodes: &[&str],
     gave_up: bool,
+    meter: &mut Meter,
 ) -> (usize, Explanation) {
     let mut notes = Vec::new();
     // Which claim of the pod breaks it: the first whose prefix does not fit.
     let mut culprit = 0;
     if plans.len() > 1 {
         culprit = (0..plans.len())
-            .find(|&i| !fits_anywhere(fleet, selectors, state, plans.get(..=i).unwrap_or_default(), nodes))
+            .find(|&i| !fits_anywhere(fleet, selectors, state, plans.get(..=i).unwrap_or_default(), nodes, meter))
             .unwrap_or(plans.len() - 1);
         if culprit > 0
-            && fits_anywhere(fleet, selectors, state, plans.get(culprit..=culprit).unwrap_or_default(), nodes)
+            && fits_anywhere(fleet, selectors, state, plans.get(culprit..=culprit).unwrap_or_default(), nodes, meter)
         {
             let earlier: Vec<&str> = plans.iter().take(culprit).map(|p| p.name.as_str()).collect();
             notes.push(format!(
@@ -104,10 +109,21 @@ pub(crate) fn explain(
             }
         }
     }
+    // Requests alike (a pod's 17 one-GPU requests) are counted once.
+    let mut counted: Vec<(&Alternative<'_>, RequestReport, Vec<Nearness>)> = Vec::new();
     for request in &plan.requests {
         let mut best_per_node = vec![Nearness::default(); nodes.len()];
         for (a, alt) in request.alternatives.iter().enumerate() {
-            let (report, per_node) = count(fleet, selectors, state, alt, request.result_name(a), nodes);
+            let (report, per_node) = match counted.iter().find(|(seen, _, _)| counts_alike(seen, alt)) {
+                Some((_, report, per_node)) => {
+                    (RequestReport { request: request.result_name(a), ..report.clone() }, per_node.clone())
+                }
+                None => {
+                    let (report, per_node) = count(fleet, selectors, state, alt, request.result_name(a), nodes);
+                    counted.push((alt, report.clone(), per_node.clone()));
+                    (report, per_node)
+                }
+            };
             for (b, n) in best_per_node.iter_mut().zip(per_node) {
                 *b = (*b).max(n);
             }
@@ -128,7 +144,13 @@ pub(crate) fn explain(
         && !plan.constraints.is_empty()
         && requests.iter().any(RequestReport::satisfiable_alone)
     {
-        constraint_reports = blame_constraints(fleet, selectors, state, plan, node);
+        constraint_reports = blame_constraints(fleet, selectors, state, plan, node, meter);
+    }
+    if meter.spent() {
+        notes.push(
+            "the search's time ran out while explaining: which claim or constraint is to blame may be incomplete"
+                .to_string(),
+        );
     }
     if gave_up {
         notes.push(format!(
@@ -157,6 +179,18 @@ pub(crate) fn explain(
         notes,
     };
     (culprit, explanation)
+}
+
+/// Whether two alternatives get the same counts (all but the name).
+fn counts_alike(a: &Alternative<'_>, b: &Alternative<'_>) -> bool {
+    a.set == b.set
+        && a.mode == b.mode
+        && a.admin == b.admin
+        && a.class_exprs == b.class_exprs
+        && a.exprs == b.exprs
+        && a.class.metadata.name == b.class.metadata.name
+        && a.tolerations == b.tolerations
+        && a.capacity == b.capacity
 }
 
 /// Counts for one alternative over the nodes; also the usable count per node.
@@ -382,16 +416,20 @@ fn blame_constraints(
     state: &AllocatedState,
     plan: &ClaimPlan<'_>,
     node: &str,
+    meter: &mut Meter,
 ) -> Vec<ConstraintReport> {
-    let fits_without = |selectors: &mut SelectorCache, drop: &dyn Fn(usize) -> bool| {
+    let fits_without = |selectors: &mut SelectorCache, meter: &mut Meter, drop: &dyn Fn(usize) -> bool| {
         let mut p = plan.clone();
         p.constraints =
             plan.constraints.iter().enumerate().filter(|(i, _)| !drop(*i)).map(|(_, c)| c.clone()).collect();
-        matches!(search::search_node(fleet, selectors, state, std::slice::from_ref(&p), node), Ok(NodeOutcome::Fits(_)))
+        matches!(
+            search::search_node(fleet, selectors, state, std::slice::from_ref(&p), node, meter),
+            Ok(NodeOutcome::Fits(_))
+        )
     };
     let mut blamed: Vec<usize> =
-        (0..plan.constraints.len()).filter(|&i| fits_without(selectors, &|j| j == i)).collect();
-    if blamed.is_empty() && fits_without(selectors, &|_| true) {
+        (0..plan.constraints.len()).filter(|&i| fits_without(selectors, meter, &|j| j == i)).collect();
+    if blamed.is_empty() && fits_without(selectors, meter, &|_| true) {
         blamed = (0..plan.constraints.len()).collect();
     }
     let view = fleet.view(node);

@@ -1,7 +1,8 @@
 //! Why an allocation did not produce results: the claims do not fit
 //! ([`AllocateError::Unsatisfiable`], retry elsewhere or later) or something
 //! is wrong with the input ([`AllocateError::Fatal`], retrying cannot help
-//! until a claim, class or slice changes). The scheduler makes the same cut:
+//! until a claim, class or slice changes), or the search ran out of its
+//! budget ([`AllocateError::Undecided`], ask again). The scheduler makes the same cut:
 //! "does not fit on this node" versus an error that aborts the pod's
 //! scheduling attempt.
 
@@ -16,6 +17,12 @@ pub enum AllocateError {
     /// Bad input or a selector error: no node can fix this.
     #[error(transparent)]
     Fatal(#[from] FatalError),
+    /// The call's [`super::SearchBudget`] ran out before a node was found
+    /// or all were ruled out: neither a yes nor a no.
+    #[error(
+        "claim {claim}: not decided within {within}: {searched} of {nodes} nodes searched, none fits so far (the claim's requests and constraints allow too many combinations to try)"
+    )]
+    Undecided { claim: String, within: String, searched: usize, nodes: usize },
 }
 
 impl AllocateError {
@@ -27,7 +34,7 @@ impl AllocateError {
     pub fn explanation(&self) -> Option<&Explanation> {
         match self {
             Self::Unsatisfiable(e) => Some(e),
-            Self::Fatal(_) => None,
+            Self::Fatal(_) | Self::Undecided { .. } => None,
         }
     }
 }

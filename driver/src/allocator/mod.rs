@@ -6,7 +6,7 @@
 //! device taints, partitionable devices, consumable capacity and binding
 //! conditions (list-type attributes, alpha, are off: they never match).
 //!
-//! Pure: no I/O and no clock. One [`Allocator`] holds the fleet (pools,
+//! Pure: no I/O, and no clock unless a [`SearchBudget`] gives a time. One [`Allocator`] holds the fleet (pools,
 //! device index, compiled selectors and their cached results) and the
 //! allocated state; [`Allocator::allocate`] searches one node without
 //! committing, [`Allocator::allocate_first_fit`] tries nodes in order,
@@ -39,13 +39,18 @@
 //! (`pools`, `constraints`, `counters`, `search`, `result`). Two can change
 //! an outcome for valid input: `distinctAttribute` compares devices of the
 //! same request too, and a node's search gives up after a step budget
-//! (upstream: a 10 s filter timeout).
+//! (upstream: a 10 s filter timeout). Nodes that counting rules out
+//! (`counting`) are not searched: same answer, found at once. A call may
+//! be bounded as a whole ([`SearchBudget`]): past it the answer is
+//! [`AllocateError::Undecided`], neither yes nor no.
 
 pub(crate) mod amount;
+mod budget;
 mod capacity;
 mod compact;
 mod constraints;
 mod counters;
+mod counting;
 mod diagnose;
 mod error;
 mod explain;
@@ -66,6 +71,7 @@ mod why;
 #[cfg(test)]
 mod test_support;
 
+pub use budget::SearchBudget;
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
     CapacityShortfall, ClauseCount, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount,
@@ -106,6 +112,7 @@ pub struct Allocator {
     state: state::AllocatedState,
     share_ids: Box<dyn ShareIdSource>,
     memo: placement::FirstFitMemo,
+    budget: Option<SearchBudget>,
 }
 
 impl std::fmt::Debug for Allocator {
@@ -167,6 +174,7 @@ impl Allocator {
             state: state::AllocatedState::default(),
             share_ids: Box::new(RandomShareIds),
             memo: placement::FirstFitMemo::default(),
+            budget: None,
         }
     }
 
@@ -278,6 +286,13 @@ impl Allocator {
         self
     }
 
+    /// Bounds each later allocation call (all the nodes it tries and its
+    /// explanation): past it, the call answers [`AllocateError::Undecided`].
+    /// `None` (the default) leaves only each node's own step budget.
+    pub fn set_search_budget(&mut self, budget: Option<SearchBudget>) {
+        self.budget = budget;
+    }
+
     /// Replaces the source of `shareID`s (random v4 UUIDs by default), e.g.
     /// with [`SequentialShareIds`] for reproducible output.
     pub fn with_share_ids(mut self, source: Box<dyn ShareIdSource>) -> Self {
@@ -358,6 +373,7 @@ impl Allocator {
             state: &self.state,
             share_ids: self.share_ids.as_mut(),
             memo: &mut self.memo,
+            budget: self.budget,
         }
     }
 
@@ -382,6 +398,8 @@ impl Allocator {
     }
 }
 
+#[cfg(test)]
+mod tests_budget;
 #[cfg(test)]
 mod tests_core;
 #[cfg(test)]

@@ -11,6 +11,7 @@ use std::collections::HashMap;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 
 use super::Placement;
+use super::budget::{Meter, SearchBudget};
 use super::diagnose;
 use super::error::{AllocateError, FatalError};
 use super::explain::Explanation;
@@ -43,6 +44,7 @@ pub(crate) struct Context<'a> {
     pub(crate) state: &'a AllocatedState,
     pub(crate) share_ids: &'a mut dyn ShareIdSource,
     pub(crate) memo: &'a mut FirstFitMemo,
+    pub(crate) budget: Option<SearchBudget>,
 }
 
 fn shape(claims: &[&ResourceClaim]) -> String {
@@ -64,12 +66,15 @@ impl<'a> Context<'a> {
         claims: &[&ResourceClaim],
     ) -> Result<Vec<AllocationResult>, AllocateError> {
         let plans = self.plans(claims)?;
-        match search::search_node(self.fleet, self.selectors, self.state, &plans, node)? {
+        let mut meter = Meter::start(self.budget);
+        match search::search_node(self.fleet, self.selectors, self.state, &plans, node, &mut meter)? {
             NodeOutcome::Fits(solution) => Ok(result::build(self.fleet, &plans, &solution, node, self.share_ids)?),
             NodeOutcome::NoFit { gave_up } => {
-                let (_, e) = diagnose::explain(self.fleet, self.selectors, self.state, &plans, &[node], gave_up);
+                let (_, e) =
+                    diagnose::explain(self.fleet, self.selectors, self.state, &plans, &[node], gave_up, &mut meter);
                 Err(AllocateError::Unsatisfiable(Box::new(e)))
             }
+            NodeOutcome::Undecided => Err(undecided(&plans, self.budget, 0, 1)),
         }
     }
 
@@ -91,13 +96,14 @@ impl<'a> Context<'a> {
             Some(list) => list.iter().map(|n| (fleet.node_position(n), n.as_str())).collect(),
         };
         let mut gave_up = false;
-        for &(position, node) in &order {
+        let mut meter = Meter::start(self.budget);
+        for (searched, &(position, node)) in order.iter().enumerate() {
             if let Some(p) = position
                 && memo.failed.get(p).copied().unwrap_or(false)
             {
                 continue;
             }
-            match search::search_node(fleet, self.selectors, self.state, &plans, node)? {
+            match search::search_node(fleet, self.selectors, self.state, &plans, node, &mut meter)? {
                 NodeOutcome::Fits(solution) => {
                     let allocations = result::build(fleet, &plans, &solution, node, self.share_ids)?;
                     return Ok(Placement { node: node.to_string(), allocations });
@@ -108,6 +114,7 @@ impl<'a> Context<'a> {
                         *slot = true;
                     }
                 }
+                NodeOutcome::Undecided => return Err(undecided(&plans, self.budget, searched, order.len())),
             }
         }
         let tried: Vec<&str> = order.iter().map(|(_, n)| *n).collect();
@@ -120,10 +127,20 @@ impl<'a> Context<'a> {
             e.claim = plan.name.clone();
             return Err(AllocateError::Unsatisfiable(Box::new(e)));
         }
-        let (culprit, e) = diagnose::explain(fleet, self.selectors, self.state, &plans, &tried, gave_up);
+        let (culprit, e) = diagnose::explain(fleet, self.selectors, self.state, &plans, &tried, gave_up, &mut meter);
         if nodes.is_none() {
             memo.explanation = Some((self.state.version, culprit, e.clone()));
         }
         Err(AllocateError::Unsatisfiable(Box::new(e)))
+    }
+}
+
+/// The answer when the budget ran out after `searched` of `nodes`.
+fn undecided(plans: &[ClaimPlan<'_>], budget: Option<SearchBudget>, searched: usize, nodes: usize) -> AllocateError {
+    AllocateError::Undecided {
+        claim: plans.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(", "),
+        within: budget.map(|b| b.to_string()).unwrap_or_default(),
+        searched,
+        nodes,
     }
 }

@@ -19,9 +19,11 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use super::budget::Meter;
 use super::capacity::{self, Consumed, Take};
 use super::constraints::Constraint;
 use super::counters::{self, CounterUse};
+use super::counting;
 use super::error::FatalError;
 use super::index::Fleet;
 use super::request::{ClaimPlan, MAX_RESULTS, Mode};
@@ -57,8 +59,10 @@ pub(crate) enum Stop {
     Fatal(FatalError),
     /// More than 32 results would be needed on this path.
     MaxSize,
-    /// The step budget ran out.
+    /// The node's step budget ran out.
     Budget,
+    /// The call's budget ran out.
+    Spent,
 }
 
 impl From<FatalError> for Stop {
@@ -71,7 +75,11 @@ impl From<FatalError> for Stop {
 #[derive(Debug)]
 pub(crate) enum NodeOutcome {
     Fits(Solution),
-    NoFit { gave_up: bool },
+    NoFit {
+        gave_up: bool,
+    },
+    /// The call's budget ran out before this node was decided.
+    Undecided,
 }
 
 pub(crate) struct Search<'s, 'c> {
@@ -89,6 +97,7 @@ pub(crate) struct Search<'s, 'c> {
     picks: Vec<Vec<Pick>>,
     chosen: Vec<Vec<usize>>,
     steps: u64,
+    meter: &'s mut Meter,
 }
 
 /// Prepares and runs the search of `plans` on one node.
@@ -98,7 +107,11 @@ pub(crate) fn search_node(
     state: &AllocatedState,
     plans: &[ClaimPlan<'_>],
     node: &str,
+    meter: &mut Meter,
 ) -> Result<NodeOutcome, FatalError> {
+    if !meter.step() || !meter.check_clock() {
+        return Ok(NodeOutcome::Undecided);
+    }
     let position = fleet.node_position(node);
     let view = fleet.view(node);
     if let Some(e) = &view.error {
@@ -181,6 +194,9 @@ pub(crate) fn search_node(
         }
         candidates.push(per_request);
     }
+    if counting::ruled_out(fleet, selectors, state, plans, &candidates) {
+        return Ok(NodeOutcome::NoFit { gave_up: false });
+    }
     let mut search = Search {
         fleet,
         selectors,
@@ -194,11 +210,13 @@ pub(crate) fn search_node(
         picks: vec![Vec::new(); plans.len()],
         chosen: plans.iter().map(|p| vec![0; p.requests.len()]).collect(),
         steps: 0,
+        meter,
     };
     match search.one(0, 0, None, 0, 0) {
         Ok(true) => Ok(NodeOutcome::Fits(Solution { picks: search.picks, chosen: search.chosen })),
         Ok(false) | Err(Stop::MaxSize) => Ok(NodeOutcome::NoFit { gave_up: false }),
         Err(Stop::Budget) => Ok(NodeOutcome::NoFit { gave_up: true }),
+        Err(Stop::Spent) => Ok(NodeOutcome::Undecided),
         Err(Stop::Fatal(e)) => Err(e),
     }
 }
@@ -249,6 +267,9 @@ impl Search<'_, '_> {
         self.steps += 1;
         if self.steps > STEP_BUDGET {
             return Err(Stop::Budget);
+        }
+        if !self.meter.step() {
+            return Err(Stop::Spent);
         }
         let plans = self.plans;
         let Some(plan) = plans.get(c) else { return Ok(true) };

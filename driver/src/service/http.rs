@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use tokio::net::TcpListener;
 
+use super::connections::{self, Limits, Plain};
+
 /// A service's metrics, as OpenMetrics text.
 pub trait MetricsText: Send + Sync {
     fn encode(&self) -> Result<String, std::fmt::Error>;
@@ -49,13 +51,15 @@ pub fn router(state: Arc<HttpState>) -> Router {
         .with_state(state)
 }
 
-/// Serves until `shutdown` resolves.
+/// Serves until `shutdown` resolves, with the port's connection bounds
+/// ([`Limits::PORT`]: idle 10 s, a request 5 s, 256 connections).
 pub async fn serve(
     listener: TcpListener,
     state: Arc<HttpState>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router(state)).with_graceful_shutdown(shutdown).await
+    connections::serve("metrics", listener, Plain, router(state), Limits::PORT, shutdown).await;
+    Ok(())
 }
 
 async fn metrics(State(state): State<Arc<HttpState>>) -> Response {

@@ -1,8 +1,10 @@
 //! What the node agent's and the controller's services share: how they
 //! reach the API server ([`kube_client`]), how they call it when it may
-//! misbehave ([`api_call`]), and their HTTP port for probes and
-//! metrics ([`http`]).
+//! misbehave ([`api_call`]), their HTTP port for probes and metrics
+//! ([`http`]), and serving HTTP with bounded connections ([`connections`],
+//! also the controller's webhook).
 
 pub mod api_call;
+pub mod connections;
 pub mod http;
 pub mod kube_client;

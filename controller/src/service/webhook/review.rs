@@ -149,6 +149,26 @@ fn denied(uid: &str, code: u16, message: &str) -> Value {
     envelope(json!({"uid": uid, "allowed": false, "status": {"code": code, "message": message}}))
 }
 
+/// An admission with one warning, e.g. for a review that did not finish in
+/// time (a warning is advice: a late check never refuses a claim).
+pub fn admitted_with_warning(uid: &str, warning: &str) -> Value {
+    allowed(uid, vec![truncate(warning)])
+}
+
+/// The request's uid, read before the review runs so that even a review
+/// that does not finish answers for its request ("" when not there).
+pub fn request_uid(body: &[u8]) -> String {
+    #[derive(serde::Deserialize)]
+    struct Review {
+        request: Option<Uid>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Uid {
+        uid: Option<String>,
+    }
+    serde_json::from_slice::<Review>(body).ok().and_then(|r| r.request?.uid).unwrap_or_default()
+}
+
 /// An answer to a request that is not a well-formed review. `uid` is
 /// echoed when known.
 pub fn error_review(uid: &str, message: &str) -> Value {
@@ -225,6 +245,17 @@ mod tests {
         let (response, ok) = review_of(claim_with(config, "true"), "ResourceClaim");
         assert!(ok);
         assert_eq!(response["response"]["warnings"], json!(["no H100 today"]));
+    }
+
+    #[test]
+    fn a_late_review_is_admitted_for_its_request() {
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                          "request": {"uid": "u-17", "object": {"spec": {}}}});
+        let uid = request_uid(body.to_string().as_bytes());
+        assert_eq!(uid, "u-17");
+        assert_eq!(request_uid(b"{not json"), "");
+        let answer = admitted_with_warning(&uid, "not checked in time");
+        assert_eq!(answer["response"], json!({"uid": "u-17", "allowed": true, "warnings": ["not checked in time"]}));
     }
 
     #[test]
