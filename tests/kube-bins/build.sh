@@ -57,6 +57,7 @@ build_into() {
 	if [[ ! -d $final ]]; then
 		local tmp
 		tmp=$(mktemp -d "$final.building.XXXXXX")
+		chmod 755 "$tmp"
 		echo "build.sh: building $* into $final (once per machine and version; minutes on a small machine)" >&2
 		local start=$SECONDS
 		(cd "$module" && go build -trimpath -ldflags="-s -w $ldflags" -o "$tmp/" "$@") >&2 || {

@@ -9,6 +9,7 @@ pub mod helm;
 pub mod kubelet;
 pub mod node;
 pub mod plugin_process;
+pub mod real_cluster;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

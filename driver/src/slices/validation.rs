@@ -384,7 +384,10 @@ fn validate_attribute(value: &DeviceAttribute, field: &str, errs: &mut Errors) {
     }
     let lists = value.bools.is_some() || value.ints.is_some() || value.strings.is_some() || value.versions.is_some();
     if lists {
-        errs.add(field, "list-valued attributes are alpha in Kubernetes 1.36 and 1.37 and unknown before; use a scalar value");
+        errs.add(
+            field,
+            "list-valued attributes are alpha in Kubernetes 1.36 and 1.37 and unknown before; use a scalar value",
+        );
     }
     if set != 1 && !lists {
         errs.add(field, "exactly one value must be specified");
@@ -477,7 +480,11 @@ mod tests {
         found.sort();
         assert_eq!(
             found,
-            ["spec.devices[0].consumesCounters[0].compatibilityGroups", "spec.partitionTypeAttribute", "spec.skipNodeOperations"],
+            [
+                "spec.devices[0].consumesCounters[0].compatibilityGroups",
+                "spec.partitionTypeAttribute",
+                "spec.skipNodeOperations"
+            ],
             "{errs:?}"
         );
         assert!(errs.iter().all(|e| e.rule.contains("alpha in Kubernetes 1.37")), "{errs:?}");

@@ -20,6 +20,7 @@
 
 pub mod apply;
 pub mod audit;
+mod defaults;
 pub mod errors;
 pub mod faults;
 mod handlers;
