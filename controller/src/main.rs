@@ -27,7 +27,7 @@ enum Command {
     /// election among replicas. Stops on SIGTERM or SIGINT.
     Run(Box<service::RunArgs>),
     /// Check ResourceSlices against the apiserver's validation rules (for
-    /// servers 1.34 to 1.36) without a cluster. Reads YAML or JSON files,
+    /// servers 1.34 to 1.37) without a cluster. Reads YAML or JSON files,
     /// multi-document streams and `List`s; objects of other kinds are
     /// skipped with a note. Exits 1 if any slice is invalid.
     ValidateSlices {
@@ -58,9 +58,9 @@ enum Command {
         /// allocation, output) on standard error.
         #[arg(long = "timings")]
         timings: bool,
-        /// Check CEL selectors as this Kubernetes version does (1.34, 1.35
-        /// or 1.36), with its default feature gates.
-        #[arg(long = "kubernetes-version", value_name = "1.MINOR", default_value = "1.36", value_parser = parse_minor)]
+        /// Check CEL selectors as this Kubernetes version does (1.34, 1.35,
+        /// 1.36 or 1.37), with its default feature gates.
+        #[arg(long = "kubernetes-version", value_name = "1.MINOR", default_value = "1.37", value_parser = parse_minor)]
         kubernetes_version: u32,
         /// Check selectors as the apiserver checks a claim being created
         /// (`new`: only what the version before it had, and the cost

@@ -12,6 +12,7 @@ pub mod https_client;
 pub mod kubelet;
 pub mod node;
 pub mod plugin_process;
+pub mod real_cluster;
 pub mod webhook_process;
 
 use std::path::{Path, PathBuf};

@@ -9,14 +9,18 @@
 //! binary, so that a rollback cannot strand an object. For 1.34–1.36 that
 //! makes one difference in the libraries: the lists extension v3
 //! (`sort()`, `distinct()`, ...) is introduced at 1.34, so a 1.34 apiserver
-//! refuses it in a new claim while its scheduler evaluates it.
+//! refuses it in a new claim while its scheduler evaluates it. 1.37 adds
+//! Kubernetes' lists library v1 (`includes` on any list) at 1.37: a 1.37
+//! scheduler evaluates it, a 1.37 apiserver refuses it in a new expression
+//! (its compatibility version is 1.36).
 //! The `device` variable depends on feature gates: `allowMultipleAllocations`
-//! (DRAConsumableCapacity, beta and on by default from 1.36) and `includes`
-//! (DRAListTypeAttributes, alpha in 1.36).
+//! (DRAConsumableCapacity, beta and on by default from 1.36) and DRA's own
+//! `includes` (DRAListTypeAttributes, alpha in 1.36 and 1.37, the same
+//! overload as the lists library's).
 
 /// Oldest and newest Kubernetes minor versions this driver models.
 pub const OLDEST_MINOR: u32 = 34;
-pub const NEWEST_MINOR: u32 = 36;
+pub const NEWEST_MINOR: u32 = 37;
 
 /// Which of Kubernetes' two environments: stored or new expressions.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -100,8 +104,10 @@ impl CelEnvironment {
         self.consumable_capacity
     }
 
-    /// DRA's `includes` method, introduced at 1.36 behind its gate.
+    /// `includes`: DRA's, introduced at 1.36 behind its gate, or the
+    /// lists library v1's (`list_includes_dyn_dyn`, the same overload),
+    /// introduced at 1.37 for every environment.
     pub fn has_includes(&self) -> bool {
-        self.list_type_attributes && self.options_version() >= 36
+        (self.list_type_attributes && self.options_version() >= 36) || self.options_version() >= 37
     }
 }

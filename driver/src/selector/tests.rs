@@ -530,6 +530,17 @@ fn the_environment_follows_the_kubernetes_version() {
     assert!(SelectorEnv::for_environment(with_lists).compile(includes).is_ok());
     let err = SelectorEnv::for_environment(CelEnvironment::stored_expressions(36)).compile(exists).unwrap_err();
     assert!(err.to_string().contains("expression of type 'any' cannot be range of a comprehension"), "{err}");
+
+    // 1.37: the lists library v1 brings `includes` to every list, in the
+    // scheduler's (stored) environment; the apiserver's new-expression
+    // environment is 1.36's until 1.38.
+    let list_includes = "[1, 2].includes(2)";
+    assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(37)).compile(list_includes).is_ok());
+    assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(37)).compile(includes).is_ok());
+    for refused in [CelEnvironment::new_expressions(37), CelEnvironment::stored_expressions(36)] {
+        let err = SelectorEnv::for_environment(refused).compile(list_includes).unwrap_err();
+        assert!(err.to_string().contains("undeclared reference to 'includes'"), "{refused:?}: {err}");
+    }
 }
 
 fn nested_all(levels: usize) -> String {

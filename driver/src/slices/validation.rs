@@ -2,9 +2,10 @@
 //! (`pkg/apis/resource/validation/validation.go`), run before we send one,
 //! so a bad slice fails here with the rule and field instead of as a 422.
 //!
-//! Where servers 1.34 to 1.36 differ we apply the strictest (4 taints per
+//! Where servers 1.34 to 1.37 differ we apply the strictest (4 taints per
 //! device as in 1.34; no `None` taint effect before 1.35), and we reject
-//! fields those servers do not know, since they would drop them silently.
+//! fields older servers do not know, or 1.37 has only as alpha (off by
+//! default), since a server without them drops them silently.
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -163,10 +164,16 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
     }
     // Fields newer than the servers we support would be dropped silently.
     if spec.partition_type_attribute.is_some() {
-        errs.add("spec.partitionTypeAttribute", "not supported by Kubernetes 1.34 to 1.36; leave unset");
+        errs.add(
+            "spec.partitionTypeAttribute",
+            "alpha in Kubernetes 1.37 (DRAPartitionableDevicesType, off by default) and unknown before; leave unset",
+        );
     }
     if spec.skip_node_operations.is_some() {
-        errs.add("spec.skipNodeOperations", "not supported by Kubernetes 1.34 to 1.36; leave unset");
+        errs.add(
+            "spec.skipNodeOperations",
+            "alpha in Kubernetes 1.37 (DRAOptionalNodeOperations, off by default) and unknown before; leave unset",
+        );
     }
 
     if let Some(sets) = &spec.shared_counters {
@@ -294,6 +301,12 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
             if !sets.insert(consumption.counter_set.as_str()) {
                 errs.add(format!("{cat}.counterSet"), format!("Duplicate value: {:?}", consumption.counter_set));
             }
+            if consumption.compatibility_groups.is_some() {
+                errs.add(
+                    format!("{cat}.compatibilityGroups"),
+                    "alpha in Kubernetes 1.37 (DRADeviceCompatibilityGroups, off by default) and unknown before; leave unset",
+                );
+            }
             if consumption.counters.is_empty() {
                 errs.add(format!("{cat}.counters"), "Required value");
             }
@@ -338,7 +351,10 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
         );
     }
     if device.node_allocatable_resources.is_some() {
-        errs.add(format!("{at}.nodeAllocatableResources"), "not supported by Kubernetes 1.34 to 1.36; leave unset");
+        errs.add(
+            format!("{at}.nodeAllocatableResources"),
+            "alpha in Kubernetes 1.37 (DRANodeAllocatableResources, off by default; 1.36 named it differently); leave unset",
+        );
     }
 }
 
@@ -368,7 +384,10 @@ fn validate_attribute(value: &DeviceAttribute, field: &str, errs: &mut Errors) {
     }
     let lists = value.bools.is_some() || value.ints.is_some() || value.strings.is_some() || value.versions.is_some();
     if lists {
-        errs.add(field, "list-valued attributes are alpha in Kubernetes 1.36 and unknown before; use a scalar value");
+        errs.add(
+            field,
+            "list-valued attributes are alpha in Kubernetes 1.36 and 1.37 and unknown before; use a scalar value",
+        );
     }
     if set != 1 && !lists {
         errs.add(field, "exactly one value must be specified");
@@ -440,6 +459,35 @@ mod tests {
         assert!(errs[0].rule.contains("at most 64"), "{}", errs[0]);
         tainted.pop();
         assert!(validate_slice(&slice(tainted)).is_empty());
+    }
+
+    /// Fields 1.37 has only as alpha gates (off by default) are refused:
+    /// a server with the gate off drops them silently.
+    #[test]
+    fn fields_alpha_in_1_37_are_refused() {
+        use k8s_openapi::api::resource::v1::{Counter, DeviceCounterConsumption};
+        let mut d = device("gpu-0");
+        d.consumes_counters = Some(vec![DeviceCounterConsumption {
+            counter_set: "gpu-0".into(),
+            counters: BTreeMap::from([("memory".into(), Counter { value: Quantity("1Gi".into()) })]),
+            compatibility_groups: Some(vec!["full".into()]),
+        }]);
+        let mut s = slice(vec![d]);
+        s.spec.partition_type_attribute = Some("gpu.nvidia.com/profile".into());
+        s.spec.skip_node_operations = Some(vec!["*".into()]);
+        let errs = validate_slice(&s);
+        let mut found: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "spec.devices[0].consumesCounters[0].compatibilityGroups",
+                "spec.partitionTypeAttribute",
+                "spec.skipNodeOperations"
+            ],
+            "{errs:?}"
+        );
+        assert!(errs.iter().all(|e| e.rule.contains("alpha in Kubernetes 1.37")), "{errs:?}");
     }
 
     #[test]

@@ -21,6 +21,7 @@
 
 pub mod apply;
 pub mod audit;
+mod defaults;
 mod discovery;
 pub mod errors;
 pub mod faults;

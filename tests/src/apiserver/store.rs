@@ -13,7 +13,7 @@ use super::apply::{self, Managers};
 use super::errors::ApiError;
 use super::kinds::Kind;
 use super::selectors::{FieldSelector, LabelSelector};
-use super::validate;
+use super::{defaults, validate};
 
 /// Events a watch can still start from; older resourceVersions get 410.
 /// The real watch cache keeps a size- and time-bounded window likewise.
@@ -293,6 +293,7 @@ impl Store {
         set_meta(&mut object, "resourceVersion", Value::Null);
         set_meta(&mut object, "managedFields", Value::Null);
         set_type(kind, &mut object);
+        defaults::apply(kind, &mut object);
         validate::check(kind, &name, &object, None)?;
         if managers.is_empty() {
             apply::record_update(&mut managers, manager, &Value::Null, &object);
@@ -404,6 +405,7 @@ impl Store {
                 ));
             }
         }
+        defaults::apply(kind, &mut new);
         validate::check(kind, write.name, &new, Some(&old))?;
         apply::record_update(&mut managers, write.manager, &old, &new);
         let rv = inner.rv + 1;

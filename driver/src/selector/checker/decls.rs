@@ -1,4 +1,4 @@
-//! The functions the selector environment declares, as Kubernetes 1.34–1.36
+//! The functions the selector environment declares, as Kubernetes 1.34–1.37
 //! declares them (cel-go's standard library and the extensions and
 //! Kubernetes libraries its `environment` package enables), written as a
 //! table: one overload per line, `g` for a global function and `m` for a

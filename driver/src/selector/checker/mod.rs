@@ -401,7 +401,7 @@ impl Checker<'_> {
                 let mut message = format!("found no matching overload for '{name}' applied to '{signature}'");
                 if name == "reverse" && signature == "string.()" {
                     message.push_str(
-                        " (strings have no reverse() in Kubernetes 1.34–1.36, which pin cel-go's strings extension at version 2)",
+                        " (strings have no reverse() in Kubernetes 1.34–1.37, which pin cel-go's strings extension at version 2)",
                     );
                 }
                 self.error(id, message);
