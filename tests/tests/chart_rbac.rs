@@ -179,6 +179,14 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
 
     let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
     for (agent, call) in demo_calls().into_iter().chain(fault_path_calls()) {
+        // The real authorizer (1.36+, DRAResourceClaimGranularStatusAuthorization)
+        // also checks `update` on resourceclaims/binding for a status write
+        // that sets status.allocation, as the controller's do; the stand-in
+        // records the status write alone.
+        if call.verb == "update" && call.resource == "resourceclaims/status" {
+            let binding = ApiCall { resource: "resourceclaims/binding".into(), ..call.clone() };
+            made.entry(agent.clone()).or_default().insert(binding);
+        }
         made.entry(agent).or_default().insert(call);
     }
     for (agent, account) in accounts {

@@ -258,9 +258,13 @@ async fn real_scheduler_allocates_from_our_slices(release: Release) {
 
     let logs = || format!("{}\n{}\n{}", cluster.logs(), dgx.process.log(), mig.process.log());
     let mut placed = BTreeMap::new();
-    for (pod, node, devices) in
-        [("notebook", "dgx-h100-a", 1), ("trainer", "dgx-h100-a", 2), ("tiny-llm", "hgx-a100-mig", 1)]
-    {
+    // The scheduler scores the nodes that fit: an NVLink pair fits the DGX
+    // and the HGX's two whole GPUs alike, so either is right for trainer.
+    for (pod, nodes, devices) in [
+        ("notebook", &["dgx-h100-a"][..], 1),
+        ("trainer", &["dgx-h100-a", "hgx-a100-mig"][..], 2),
+        ("tiny-llm", &["hgx-a100-mig"][..], 1),
+    ] {
         let (bound_to, claim) = eventually(
             &format!("pod {pod} bound with its claim allocated"),
             || async {
@@ -271,10 +275,10 @@ async fn real_scheduler_allocates_from_our_slices(release: Release) {
             logs,
         )
         .await;
-        assert_eq!(bound_to, node, "{pod}");
+        assert!(nodes.contains(&bound_to.as_str()), "{pod} bound to {bound_to}, expected one of {nodes:?}");
         let allocated = allocation(&claim);
         assert_eq!(allocated.len(), devices, "{pod}: {allocated:?}");
-        assert!(allocated.iter().all(|(pool, _)| pool == node), "{pod}: {allocated:?}");
+        assert!(allocated.iter().all(|(pool, _)| *pool == bound_to), "{pod}: {allocated:?}");
         let reserved = claim.status.as_ref().and_then(|s| s.reserved_for.as_ref()).map_or(0, Vec::len);
         assert_eq!(reserved, 1, "{pod}: the scheduler reserves the claim for the pod");
         placed.insert(pod, claim);
@@ -340,26 +344,6 @@ async fn start_controller(cluster: &Cluster, identity: &str, node: &str) -> Cont
     ControllerProcess::spawn(&kubeconfig, identity, &["--explain-after", "0s"]).unwrap()
 }
 
-/// What the chart's controller ClusterRole lacks on 1.36+, found by this
-/// test: with DRAResourceClaimGranularStatusAuthorization (beta, on, since
-/// 1.36) writing `status.allocation` also needs `update` on
-/// `resourceclaims/binding`, which the chart does not grant, so delegated
-/// allocation is refused ("changing status.allocation or status.reservedFor
-/// requires resource=\"resourceclaims/binding\""). Granted here until the
-/// chart has it (then this goes).
-async fn grant_claim_binding(cluster: &Cluster) {
-    let objects = [
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "test-claim-binding"},
-            "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/binding"], "verbs": ["update"]}]}),
-        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "test-claim-binding"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "test-claim-binding"},
-            "subjects": [{"kind": "ServiceAccount", "name": CONTROLLER_ACCOUNT, "namespace": NAMESPACE}]}),
-    ];
-    create_all(&cluster.admin(), &objects).await.unwrap();
-}
-
 async fn lease_holder(cluster: &Cluster) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(cluster.admin(), NAMESPACE);
     leases.get("gpu-dra-controller").await.ok()?.spec?.holder_identity
@@ -372,7 +356,6 @@ async fn lease_holder(cluster: &Cluster) -> Option<String> {
 async fn controller_explains_allocates_and_fails_over(release: Release) {
     let cluster = Cluster::start(release).await;
     install(&cluster, &chart_without_webhook()).await;
-    grant_claim_binding(&cluster).await;
     let inventories = workspace_root().join("examples/inventories");
     let dgx = start_plugin(&cluster, "dgx-h100-a", &inventories.join("dgx-h100.yaml")).await;
     let mut controllers: BTreeMap<String, ControllerProcess> = BTreeMap::new();
