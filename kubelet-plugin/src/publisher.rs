@@ -276,7 +276,7 @@ impl Publisher {
     fn drifted(&self, event: &watcher::Event<ResourceSlice>) -> bool {
         match event {
             watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
-                s.metadata.name.as_ref().and_then(|n| self.desired.get(n)) != Some(&s.spec)
+                s.metadata.name.as_ref().and_then(|n| self.desired.get(n)).is_none_or(|d| !as_published(&s.spec, d))
             }
             watcher::Event::Delete(_) => true,
             // A re-list may have missed deletions: compare after it.
@@ -372,7 +372,9 @@ impl Publisher {
         {
             let same = self.builder.build(inventory, generation)?;
             let unchanged = same.len() == existing.len()
-                && same.iter().all(|d| existing.iter().any(|e| e.metadata.name == d.metadata.name && e.spec == d.spec));
+                && same.iter().all(|d| {
+                    existing.iter().any(|e| e.metadata.name == d.metadata.name && as_published(&e.spec, &d.spec))
+                });
             if unchanged {
                 return Ok(generation);
             }
@@ -391,7 +393,7 @@ impl Publisher {
         for _ in 0..CONFLICT_RETRIES {
             let result = match &current {
                 Some(cur)
-                    if cur.spec == desired.spec
+                    if as_published(&cur.spec, &desired.spec)
                         && cur.metadata.owner_references == desired.metadata.owner_references =>
                 {
                     return Ok(());
@@ -430,9 +432,52 @@ fn server_rules(minor: &str) -> ServerRules {
     ServerRules { minor: minor.max(ServerRules::STRICTEST.minor) }
 }
 
+/// Whether the server's copy of a slice says what we published: equal but
+/// for what the server fills in on every write (a taint's `timeAdded`,
+/// ResourceSlice strategy's defaulting). Compared exactly, a tainted slice
+/// would look changed after every write and be rewritten forever, and a
+/// restarted plugin would never keep its generation.
+fn as_published(server: &ResourceSliceSpec, desired: &ResourceSliceSpec) -> bool {
+    if server == desired {
+        return true;
+    }
+    let mut server = server.clone();
+    for (device, wanted) in server.devices.iter_mut().flatten().zip(desired.devices.iter().flatten()) {
+        for (taint, wanted) in device.taints.iter_mut().flatten().zip(wanted.taints.iter().flatten()) {
+            if wanted.time_added.is_none() {
+                taint.time_added = None;
+            }
+        }
+    }
+    server == *desired
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_taint_the_server_stamped_is_what_we_published() {
+        use k8s_openapi::api::resource::v1::{Device, DeviceTaint};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let spec = |time: Option<Time>, effect: &str| ResourceSliceSpec {
+            devices: Some(vec![Device {
+                name: "gpu-0".into(),
+                taints: Some(vec![DeviceTaint {
+                    key: "gpu.nvidia.com/xid".into(),
+                    value: Some("79".into()),
+                    effect: effect.into(),
+                    time_added: time,
+                }]),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let stamped = Some(Time("2026-11-26T10:00:00Z".parse().unwrap()));
+        assert!(as_published(&spec(stamped.clone(), "NoSchedule"), &spec(None, "NoSchedule")));
+        assert!(!as_published(&spec(stamped.clone(), "NoExecute"), &spec(None, "NoSchedule")), "a real change");
+        assert!(!as_published(&spec(None, "NoSchedule"), &spec(stamped, "NoSchedule")), "a time we set is ours");
+    }
 
     #[test]
     fn server_rules_come_from_the_minor_version() {
