@@ -31,7 +31,7 @@ pub enum Command {
     /// Run an MPS control daemon with a claim's tmpfs as its /dev/shm (the
     /// plugin runs this itself).
     #[command(hide = true)]
-    MpsLaunch(crate::mps_launch::MpsLaunchArgs),
+    MpsLaunch(crate::prepare::mps::launch::MpsLaunchArgs),
     /// Launch MPS control daemons the plugin asks for (`run
     /// --mps-supervisor`), so that they live in this process's container
     /// and outlive the plugin's restarts. Runs until stopped.

@@ -1,23 +1,18 @@
 //! The node agent of the GPU DRA driver, as a library so that the binary is
 //! only wiring and the integration suite can reach the same code.
+//!
+//! Grouped by concern: what the kubelet talks to (`kubelet_api`), what the
+//! cluster is told (`publish`), what a claim does to the node (`prepare`),
+//! what survives a crash (`state`), the node's driver installation
+//! (`host`), and what an operator reads (`observe`).
 
-pub mod checkpoint;
-pub mod claims;
 pub mod cli;
-pub mod device_nodes;
-pub mod driver_files;
-pub mod durable;
-pub mod grpc;
-pub mod health_service;
+pub mod host;
 pub use gpu_dra_driver::service::http;
-pub mod inspect;
-pub mod instance_lock;
-pub mod inventory_watch;
 pub use gpu_dra_driver::service::kube_client;
-pub mod metrics;
-pub mod mps_launch;
+pub mod kubelet_api;
+pub mod observe;
 pub mod prepare;
-pub mod publisher;
-pub mod registration;
+pub mod publish;
 pub mod run;
-pub mod sockets;
+pub mod state;

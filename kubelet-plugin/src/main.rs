@@ -7,7 +7,8 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use gpu_kubelet_plugin::cli::{Cli, Command, LogFormat, LoggingArgs};
-use gpu_kubelet_plugin::{inspect, run};
+use gpu_kubelet_plugin::observe::inspect;
+use gpu_kubelet_plugin::run;
 
 fn main() -> ExitCode {
     limit_malloc_arenas();
@@ -19,8 +20,8 @@ fn main() -> ExitCode {
         Command::PrintSlices(args) => inspect::print_slices(args, &mut stdout.lock()),
         Command::PrintCdi(args) => inspect::print_cdi(args, &mut stdout.lock(), &mut stderr.lock()),
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run::run(args))),
-        Command::MpsLaunch(args) => gpu_kubelet_plugin::mps_launch::exec(args),
-        Command::MpsSupervisor(args) => gpu_kubelet_plugin::mps_launch::supervise(args),
+        Command::MpsLaunch(args) => gpu_kubelet_plugin::prepare::mps::launch::exec(args),
+        Command::MpsSupervisor(args) => gpu_kubelet_plugin::prepare::mps::launch::supervise(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

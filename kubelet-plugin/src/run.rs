@@ -11,18 +11,19 @@ use gpu_dra_driver::inventory::Inventory;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
-use crate::checkpoint;
-use crate::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::cli::{MetricsAddr, RunArgs};
-use crate::durable;
-use crate::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::http::{HttpState, ReadyCheck};
-use crate::instance_lock;
-use crate::metrics::Metrics;
+use crate::kube_client;
+use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
+use crate::kubelet_api::sockets::SocketPaths;
+use crate::observe::metrics::Metrics;
+use crate::prepare::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::prepare::{Preparer, PreparerConfig};
-use crate::publisher::{self, PublishStatus, PublisherConfig};
-use crate::sockets::SocketPaths;
-use crate::{inventory_watch, kube_client};
+use crate::publish::inventory_watch;
+use crate::publish::publisher::{self, PublishStatus, PublisherConfig};
+use crate::state::checkpoint;
+use crate::state::durable;
+use crate::state::instance_lock;
 
 /// Period of the health stream's re-sends when nothing changes.
 const HEALTH_RESEND: Duration = Duration::from_secs(20);
@@ -110,7 +111,7 @@ fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Invento
             Ok(inventory_watch::watch_fake_file(file.clone(), node, interval)?)
         }
         None => {
-            let source = crate::driver_files::nvml_source(&args.driver_root, &args.host);
+            let source = crate::host::driver_files::nvml_source(&args.driver_root, &args.host);
             Ok(inventory_watch::watch_nvml(source)
                 .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
         }
@@ -129,13 +130,13 @@ fn open_preparer(
     })?;
     let driver_edits = {
         let snapshot = Arc::clone(&inventory.borrow());
-        crate::driver_files::SharedDriverEdits::new(crate::driver_files::driver_edits(
+        crate::host::driver_files::SharedDriverEdits::new(crate::host::driver_files::driver_edits(
             &args.driver_root,
             &args.node,
             &snapshot,
         )?)
     };
-    tokio::spawn(crate::driver_files::follow_driver_version(
+    tokio::spawn(crate::host::driver_files::follow_driver_version(
         args.driver_root.clone(),
         args.node.clone(),
         inventory.clone(),
@@ -154,14 +155,14 @@ fn open_preparer(
             (None, None) => Some("/".into()),
         },
         gates: args.feature_gates,
-        gpu_control: crate::driver_files::gpu_control(&args.driver_root, &args.node)
+        gpu_control: crate::host::driver_files::gpu_control(&args.driver_root, &args.node)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
         mps_dir: args.state_dir().join("mps"),
         mps_host: {
             use gpu_dra_driver::feature_gates::Gate;
             let wanted =
                 [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
-            crate::driver_files::mps_host(&args.driver_root, &args.node, wanted)
+            crate::host::driver_files::mps_host(&args.driver_root, &args.node, wanted)
                 .map(|host| if args.mps_supervisor { host.supervised() } else { host })
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
         },

@@ -13,7 +13,7 @@
 use std::time::{Duration, Instant};
 
 use gpu_dra_driver::driver_root::{LIBRARIES, fake_tree};
-use gpu_kubelet_plugin::durable;
+use gpu_kubelet_plugin::state::durable;
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, RunningNode};
 use integration_tests::plugin_process::PluginOptions;

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use gpu_kubelet_plugin::checkpoint::{CheckpointDir, ClaimRecord};
+use gpu_kubelet_plugin::state::checkpoint::{CheckpointDir, ClaimRecord};
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use kubelet_proto::dra_v1::{Claim, Device};
 

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use gpu_dra_driver::service::api_call::CallError;
-use gpu_kubelet_plugin::claims::{ClaimSourceConfig, KubeClaimSource};
+use gpu_kubelet_plugin::prepare::claims::{ClaimSourceConfig, KubeClaimSource};
 use integration_tests::apiserver::{ApiServer, Matcher};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;

@@ -15,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gpu_kubelet_plugin::checkpoint::{CheckpointDir, PrepareState};
+use gpu_kubelet_plugin::state::checkpoint::{CheckpointDir, PrepareState};
 use integration_tests::apiserver::ApiServer;
 use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
 use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};

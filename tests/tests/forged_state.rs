@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use gpu_kubelet_plugin::checkpoint::{
+use gpu_kubelet_plugin::prepare::mps::host::parse_stat;
+use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDir, ClaimRecord, DaemonProcess, MAX_RECORD_BYTES, MpsDaemon, PrepareState, boot_id,
 };
-use gpu_kubelet_plugin::prepare::mps::host::parse_stat;
 use integration_tests::claim_fixtures::{Allocated, opaque_config};
 use integration_tests::fake_mps::{self, Cleanup, mps_calls};
 use integration_tests::kubelet::KubeletConfig;

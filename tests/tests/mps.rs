@@ -13,7 +13,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpu_kubelet_plugin::checkpoint::MpsDaemon;
+use gpu_kubelet_plugin::state::checkpoint::MpsDaemon;
 use integration_tests::claim_fixtures::{Allocated, opaque_config};
 use integration_tests::fake_mps::{self, Cleanup, mounts_under, mps_calls, running_daemons, smi_calls};
 use integration_tests::kubelet::KubeletConfig;

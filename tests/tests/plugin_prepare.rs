@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 
 use container_device_interface::cache::new_cache;
 use container_device_interface::spec_dirs::with_spec_dirs;
-use gpu_kubelet_plugin::checkpoint::PrepareState;
+use gpu_kubelet_plugin::state::checkpoint::PrepareState;
 use integration_tests::claim_fixtures::Allocated;
 use integration_tests::kubelet::{KubeletConfig, claim};
 use integration_tests::node::{DRIVER, NODE, RunningNode};

@@ -5,8 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_dra_driver::names::{DriverName, NodeName};
-use gpu_kubelet_plugin::inventory_watch::watch_fake_file;
-use gpu_kubelet_plugin::publisher::{self, PublishStatus, PublisherConfig};
+use gpu_kubelet_plugin::publish::inventory_watch::watch_fake_file;
+use gpu_kubelet_plugin::publish::publisher::{self, PublishStatus, PublisherConfig};
 use integration_tests::apiserver::{ApiServer, Matcher};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;

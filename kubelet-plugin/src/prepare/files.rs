@@ -6,9 +6,9 @@ use std::path::PathBuf;
 use gpu_dra_driver::names::ClaimUid;
 
 use super::CDI_FILE_MODE;
-use crate::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
-use crate::durable;
-use crate::metrics::ErrorKind;
+use crate::observe::metrics::ErrorKind;
+use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use crate::state::durable;
 
 /// The checkpoint and the CDI directory.
 #[derive(Debug, Clone)]

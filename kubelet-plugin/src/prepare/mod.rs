@@ -19,6 +19,7 @@
 //! spec file is never written without a record that names it, so start-up
 //! can delete any spec file no record owns.
 
+pub mod claims;
 pub mod configs;
 mod files;
 pub mod locks;
@@ -40,10 +41,12 @@ use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::checkpoint::{CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice};
-use crate::durable;
-use crate::grpc::Deadline;
-use crate::metrics::{ErrorKind, Metrics};
+use crate::kubelet_api::grpc::Deadline;
+use crate::observe::metrics::{ErrorKind, Metrics};
+use crate::state::checkpoint::{
+    CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice,
+};
+use crate::state::durable;
 use files::Files;
 use locks::KeyedLocks;
 use plan::{PlanError, PlannedDevice};
@@ -71,7 +74,7 @@ pub struct PreparerConfig {
     /// The node's current boot id; records from another boot are void.
     pub boot_id: String,
     /// What every spec gets from the driver installation.
-    pub driver_edits: crate::driver_files::SharedDriverEdits,
+    pub driver_edits: crate::host::driver_files::SharedDriverEdits,
     /// Where the host's `/` is, to create device nodes a fresh node lacks;
     /// `None`: leave `/dev` alone (fake inventories).
     pub dev_root: Option<PathBuf>,
@@ -307,7 +310,7 @@ impl<S: ClaimSource> Preparer<S> {
         let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
         if let Some(dev_root) = &self.config.dev_root {
             let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
-            crate::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
+            crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
         }
         let mut record = self.started_record(&claim, &planned, &spec);
         for (device, slice) in record.devices.iter_mut().zip(slices) {
@@ -370,7 +373,7 @@ impl<S: ClaimSource> Preparer<S> {
             }
             if let (Some(mut daemon), Some(host)) = (started.mps.clone(), host) {
                 let mut progress = started.clone();
-                let mut save = |d: &crate::checkpoint::MpsDaemon| {
+                let mut save = |d: &crate::state::checkpoint::MpsDaemon| {
                     progress.mps = Some(d.clone());
                     files.record_started(&owned_uid, &progress)
                 };
@@ -538,7 +541,7 @@ impl<S: ClaimSource> Preparer<S> {
     }
 }
 
-impl<S: ClaimSource> crate::grpc::DraService for Preparer<S> {
+impl<S: ClaimSource> crate::kubelet_api::grpc::DraService for Preparer<S> {
     async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
         Preparer::prepare_by(self, claims, deadline).await
     }
@@ -563,7 +566,7 @@ fn device_key(device: &str) -> String {
     format!("device:{device}")
 }
 
-fn gpu_keys(daemon: &crate::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
+fn gpu_keys(daemon: &crate::state::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
     daemon.gpus.iter().map(|gpu| format!("gpu:{gpu}"))
 }
 

@@ -10,7 +10,7 @@
 //! - a damaged record is set aside (`*.damaged`) and its spec file kept, as
 //!   the claim may be in use; unprepare removes that spec later. A record
 //!   that names a spec file or MPS directory other than the ones derived
-//!   from its UID (see [`crate::checkpoint::derived`]) is damaged too:
+//!   from its UID (see [`crate::state::checkpoint::derived`]) is damaged too:
 //!   start-up acts only on names it made;
 //! - a spec file of ours that no record owns is deleted, as are leftover
 //!   temporary files.
@@ -24,8 +24,8 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
 use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
-use crate::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
-use crate::durable;
+use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
+use crate::state::durable;
 
 /// What start-up found and did, for the log.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -163,7 +163,7 @@ fn settle_mps(
         tracing::warn!(claim_uid = %record.uid, "the MPS daemon of a prepared claim is gone; starting it again");
         let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
         let mut progress = record.clone();
-        let mut save = |d: &crate::checkpoint::MpsDaemon| {
+        let mut save = |d: &crate::state::checkpoint::MpsDaemon| {
             progress.mps = Some(d.clone());
             checkpoint.write(&uid, &progress).map_err(|e| e.to_string())
         };
@@ -199,7 +199,7 @@ fn sweep_mps_dir(
             tracing::warn!(path = %entry.path().display(), "not an MPS daemon directory the plugin made (a directory named by a claim UID); left alone");
             continue;
         }
-        let orphan = crate::checkpoint::MpsDaemon {
+        let orphan = crate::state::checkpoint::MpsDaemon {
             root: config.mps_dir.join(&name),
             devices: Vec::new(),
             visible: Vec::new(),

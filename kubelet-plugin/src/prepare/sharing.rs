@@ -15,7 +15,7 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::opaque_config::{DeviceConfig, INTERVALS, ResolvedConfig};
 
 use super::plan::PlannedDevice;
-use crate::checkpoint::{ClaimRecord, TimeSlice};
+use crate::state::checkpoint::{ClaimRecord, TimeSlice};
 
 /// What changes a GPU's scheduling: `nvidia-smi` on a node, a recorder in
 /// tests.
@@ -196,7 +196,7 @@ pub(crate) mod test_support {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::test_support::record;
+    use crate::state::checkpoint::test_support::record;
 
     fn sliced(uid: &str, gpu: &str, interval: u8) -> ClaimRecord {
         let mut r = record(uid, &["gpu-0"]);

@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::test_support::{Harness, allocated, claim_config, claim_ref};
-use crate::checkpoint::{CheckpointDir, ClaimRecord, PrepareState, envelope};
+use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState, envelope};
 use gpu_dra_driver::names::ClaimUid;
 
 const A: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
@@ -131,7 +131,7 @@ async fn claims_on_other_devices_do_not_wait() {
 
 fn write_record(h: &Harness, uid: &str, state: PrepareState, boot: &str, devices: &[&str]) {
     let dir = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap();
-    let mut record: ClaimRecord = crate::checkpoint::test_support::record(uid, devices);
+    let mut record: ClaimRecord = crate::state::checkpoint::test_support::record(uid, devices);
     record.state = state;
     record.boot_id = boot.into();
     dir.write(&ClaimUid::new(uid).unwrap(), &record).unwrap();
@@ -194,7 +194,7 @@ async fn a_damaged_record_is_set_aside_and_its_spec_kept_until_unprepare() {
     let h = Harness::new();
     drop(h.open());
     let dir = h.dir.path().join("state/checkpoint");
-    let mut bytes = envelope::encode(&crate::checkpoint::test_support::record(A, &["gpu-0"])).unwrap();
+    let mut bytes = envelope::encode(&crate::state::checkpoint::test_support::record(A, &["gpu-0"])).unwrap();
     bytes.truncate(bytes.len() - 5);
     std::fs::write(dir.join(format!("{A}.json")), bytes).unwrap();
     std::fs::write(h.dir.path().join("cdi").join(spec_file(A)), b"{}").unwrap();
@@ -224,7 +224,7 @@ async fn records_naming_other_files_are_set_aside_and_nothing_they_name_goes() {
     let dir = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap();
     let forged = |n: u8, name: String, boot: &str| {
         let uid = format!("{n}c4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a");
-        let mut record = crate::checkpoint::test_support::record(&uid, &["gpu-1"]);
+        let mut record = crate::state::checkpoint::test_support::record(&uid, &["gpu-1"]);
         record.state = PrepareState::PrepareStarted;
         record.boot_id = boot.into();
         record.cdi_spec_file = Some(name);
@@ -248,7 +248,7 @@ async fn records_naming_other_files_are_set_aside_and_nothing_they_name_goes() {
 #[tokio::test]
 async fn failures_are_counted_by_kind() {
     let h = Harness::new();
-    let metrics = std::sync::Arc::new(crate::metrics::Metrics::new());
+    let metrics = std::sync::Arc::new(crate::observe::metrics::Metrics::new());
     let (p, _) = h.open();
     let p = p.with_metrics(metrics.clone());
     p.prepare(vec![claim_ref("bad", "x"), claim_ref(B, "missing")]).await;

@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use super::mps::lifecycle::test_support::FakeHost;
 use super::sharing::test_support::Recorder;
 use super::test_support::{Harness, allocated, claim_config, claim_ref};
-use crate::checkpoint::{CheckpointDir, PrepareState};
+use crate::state::checkpoint::{CheckpointDir, PrepareState};
 use gpu_dra_driver::names::ClaimUid;
 
 const A: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
@@ -48,7 +48,7 @@ fn take(calls: &std::sync::Mutex<Vec<String>>) -> Vec<String> {
     std::mem::take(&mut *calls.lock().unwrap())
 }
 
-fn records(h: &Harness) -> Vec<crate::checkpoint::ClaimRecord> {
+fn records(h: &Harness) -> Vec<crate::state::checkpoint::ClaimRecord> {
     CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap().load().unwrap().records
 }
 

@@ -67,7 +67,7 @@ pub struct PreparedDevice {
 pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 
 /// Where the preparer reads ResourceClaims: the API server in production
-/// ([`crate::claims::KubeClaimSource`]), a map in tests.
+/// ([`crate::prepare::claims::KubeClaimSource`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
     /// The claim, `None` when it does not exist; gives up at `deadline`.
     /// The error text is shown to the kubelet as is.
@@ -82,18 +82,18 @@ pub trait ClaimSource: Send + Sync + 'static {
     fn forget(&self, namespace: &str, name: &str);
 }
 
-impl ClaimSource for crate::claims::KubeClaimSource {
+impl ClaimSource for crate::prepare::claims::KubeClaimSource {
     async fn get(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
     ) -> Result<Option<ResourceClaim>, String> {
-        crate::claims::KubeClaimSource::get(self, namespace, name, deadline).await.map_err(|e| e.to_string())
+        crate::prepare::claims::KubeClaimSource::get(self, namespace, name, deadline).await.map_err(|e| e.to_string())
     }
 
     fn forget(&self, namespace: &str, name: &str) {
-        crate::claims::KubeClaimSource::forget(self, namespace, name);
+        crate::prepare::claims::KubeClaimSource::forget(self, namespace, name);
     }
 }
 

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_driver::bounded_file::{self, Links};
 
-use crate::checkpoint::{DaemonProcess, MpsDaemon};
+use crate::state::checkpoint::{DaemonProcess, MpsDaemon};
 
 /// The pid file `nvidia-cuda-mps-control -d` writes in its pipe directory.
 pub const PID_FILE: &str = "nvidia-cuda-mps-control.pid";

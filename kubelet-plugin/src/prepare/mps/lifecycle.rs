@@ -8,8 +8,8 @@
 use std::time::{Duration, Instant};
 
 use super::host::MpsHost;
-use crate::checkpoint::MpsDaemon;
 use crate::prepare::sharing::{ComputeMode, GpuControl};
+use crate::state::checkpoint::MpsDaemon;
 
 /// How long prepare waits for a daemon to answer, and unprepare for it to
 /// exit after `quit`.
@@ -125,7 +125,7 @@ pub(crate) mod test_support {
     use std::sync::Mutex;
 
     use super::*;
-    use crate::checkpoint::DaemonProcess;
+    use crate::state::checkpoint::DaemonProcess;
 
     /// Records every call as text and keeps the daemon's state in memory;
     /// `fail` makes the named step fail.

@@ -15,6 +15,7 @@
 //! This module decides (pure); [`lifecycle`] does, through [`host`].
 
 pub mod host;
+pub mod launch;
 pub mod lifecycle;
 pub mod supervisor;
 
@@ -28,7 +29,7 @@ use gpu_dra_driver::opaque_config::{ConfigSource, DeviceConfig, ResolvedConfig};
 use gpu_dra_driver::selector::Quantity;
 
 use super::plan::PlannedDevice;
-use crate::checkpoint::{ClaimRecord, MpsDaemon, PinnedLimit};
+use crate::state::checkpoint::{ClaimRecord, MpsDaemon, PinnedLimit};
 
 /// Where containers find the daemon's pipe directory (as NVIDIA's).
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";

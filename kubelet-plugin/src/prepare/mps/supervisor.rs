@@ -29,8 +29,8 @@ use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::names::ClaimUid;
 
 use super::host::{LocalMps, MpsHost};
-use crate::checkpoint::{CheckpointDir, MpsDaemon};
-use crate::durable;
+use crate::state::checkpoint::{CheckpointDir, MpsDaemon};
+use crate::state::durable;
 
 const REQUEST: &str = "launch.request";
 const RESULT: &str = "launch.result";
@@ -197,7 +197,7 @@ pub fn run(host: &LocalMps, state_dir: &Path) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::test_support::record;
+    use crate::state::checkpoint::test_support::record;
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 

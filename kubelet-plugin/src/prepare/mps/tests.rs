@@ -7,8 +7,8 @@ use serde_json::json;
 
 use super::lifecycle::limit_commands;
 use super::*;
-use crate::checkpoint::test_support::record;
 use crate::prepare::test_support::{claim_config, two_gpu_inventory};
+use crate::state::checkpoint::test_support::record;
 
 const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 
@@ -170,7 +170,7 @@ fn the_last_daemon_on_a_gpu_resets_it_and_mps_excludes_time_slicing() {
     let err = check_compatible("c", "ns", "c", None, &["GPU-0".into()], [&a].into_iter()).unwrap_err();
     assert!(err.contains("GPU GPU-0 is MPS for ResourceClaim default/claim and would be time-sliced"), "{err}");
     let mut sliced = record("s", &["gpu-0"]);
-    sliced.devices[0].time_slice = Some(crate::checkpoint::TimeSlice { gpu_uuid: "GPU-0".into(), interval: 1 });
+    sliced.devices[0].time_slice = Some(crate::state::checkpoint::TimeSlice { gpu_uuid: "GPU-0".into(), interval: 1 });
     let err = check_compatible("a", "ns", "a", a.mps.as_ref(), &[], [&sliced].into_iter()).unwrap_err();
     assert!(err.contains("is time-sliced for ResourceClaim default/claim and would be MPS"), "{err}");
     assert!(check_compatible("b", "ns", "b", b.mps.as_ref(), &[], [&a].into_iter()).is_ok());

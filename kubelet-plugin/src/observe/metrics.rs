@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::publisher::{PublishError, PublishObserver};
+use crate::publish::publisher::{PublishError, PublishObserver};
 
 /// What the kubelet asked for.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]

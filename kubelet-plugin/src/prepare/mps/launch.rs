@@ -64,7 +64,7 @@ pub fn exec(args: &MpsLaunchArgs) -> anyhow::Result<()> {
 
 /// `mps-supervisor`: serves the plugin's launch requests until stopped.
 pub fn supervise(args: &crate::cli::MpsSupervisorArgs) -> anyhow::Result<()> {
-    let host = crate::driver_files::local_mps(args.driver_root.clone(), true)
+    let host = crate::host::driver_files::local_mps(args.driver_root.clone(), true)
         .context("no nvidia-cuda-mps-control in --driver-root: nothing to supervise")?;
     crate::prepare::mps::supervisor::run(&host, &args.state_dir).map_err(anyhow::Error::msg)
 }

@@ -15,7 +15,7 @@ use kubelet_proto::registration::{InfoRequest, PluginInfo, RegistrationStatus, R
 use kubelet_proto::{DRA_PLUGIN_TYPE, versions};
 use tonic::{Request, Response, Status};
 
-use crate::metrics::{ErrorKind, Metrics};
+use crate::observe::metrics::{ErrorKind, Metrics};
 
 /// The services the plugin serves on dra.sock, in the order the kubelet
 /// reads them: it uses the first DRAPlugin version it knows, so v1 comes

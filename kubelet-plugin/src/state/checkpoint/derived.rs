@@ -72,8 +72,8 @@ pub fn quoted(value: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::MpsDaemon;
-    use crate::checkpoint::test_support::record;
+    use crate::state::checkpoint::MpsDaemon;
+    use crate::state::checkpoint::test_support::record;
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 

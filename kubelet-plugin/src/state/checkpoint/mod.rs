@@ -18,8 +18,8 @@ use std::path::{Path, PathBuf};
 use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::names::ClaimUid;
 
-use crate::durable;
 use crate::prepare::types::PreparedDevice;
+use crate::state::durable;
 
 /// Where a claim is in its prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

@@ -8,7 +8,7 @@
 use tonic::{Request, Response, Status};
 
 use super::{DraCore, DraService, deadline::Deadline};
-use crate::metrics::ApiVersion;
+use crate::observe::metrics::ApiVersion;
 
 /// The call's deadline from its `grpc-timeout` header.
 fn deadline_of<T>(request: &Request<T>) -> Deadline {

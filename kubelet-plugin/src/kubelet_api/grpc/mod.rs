@@ -25,7 +25,7 @@ pub use deadline::Deadline;
 pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
 pub use versions::{DraPluginV1, DraPluginV1beta1};
 
-use crate::metrics::{ApiVersion, Metrics, Operation, Outcome};
+use crate::observe::metrics::{ApiVersion, Metrics, Operation, Outcome};
 
 /// What the gRPC servers need from the core: prepare and unprepare a batch
 /// of claims, one result per claim UID, answered before `deadline` (the

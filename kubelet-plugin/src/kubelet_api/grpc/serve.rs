@@ -20,10 +20,10 @@ use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{DraCore, DraPluginV1, DraPluginV1beta1, DraService, InFlight};
-use crate::health_service::HealthService;
-use crate::metrics::Metrics;
-use crate::registration::{RegistrationService, RegistrationState};
-use crate::sockets::{self, SocketError, SocketPaths};
+use crate::kubelet_api::health_service::HealthService;
+use crate::kubelet_api::registration::{RegistrationService, RegistrationState};
+use crate::kubelet_api::sockets::{self, SocketError, SocketPaths};
+use crate::observe::metrics::Metrics;
 
 /// How long in-flight kubelet calls may run after a stop was asked for.
 /// Less than the kubelet's 45 s deadline and the usual 30 s grace period.

@@ -22,7 +22,7 @@ pub fn inventory_source(
 ) -> Box<dyn InventorySource> {
     match &node.fake_inventory {
         Some(path) => Box::new(FakeSource::new(path, node.node_name.clone())),
-        None => Box::new(crate::driver_files::nvml_source(driver_root, host)),
+        None => Box::new(crate::host::driver_files::nvml_source(driver_root, host)),
     }
 }
 
@@ -65,7 +65,7 @@ struct SliceList<'a> {
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
     let inventory = discover(&args.node, &args.driver_root, &args.host)?;
-    let edits = crate::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
+    let edits = crate::host::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
     let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;
     match args.output {

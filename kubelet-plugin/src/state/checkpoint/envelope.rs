@@ -109,7 +109,7 @@ fn canonical(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::checkpoint::test_support::record;
+    use crate::state::checkpoint::test_support::record;
 
     #[test]
     fn round_trip() {
