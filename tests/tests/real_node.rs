@@ -296,4 +296,9 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     let left: Vec<_> = std::fs::read_dir(node.cdi_dir()).unwrap().flatten().map(|e| e.file_name()).collect();
     assert!(left.is_empty(), "CDI specs left: {left:?}");
     assert!(!plugin.log().contains("ERROR"), "{}", plugin.log());
+    // The kubelet, on its node credential, was refused nothing it needed
+    // for the claim (the Node authorizer lets it read its pods' claims).
+    let kubelet = node.log("kubelet");
+    let refused: Vec<&str> = kubelet.lines().filter(|l| l.contains("forbidden") && l.contains("resource")).collect();
+    assert!(refused.is_empty(), "the kubelet was refused: {refused:#?}");
 }

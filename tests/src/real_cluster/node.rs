@@ -135,8 +135,10 @@ const LOG_LINKS_DIR: &str = "/var/log/containers";
 
 impl RealNode {
     /// Starts containerd, imports the images, and starts the kubelet as
-    /// node `name` of `cluster` (authenticating with the admin
-    /// credential); returns once the Node object exists. Panics with the
+    /// node `name` of `cluster`, authenticating as the node
+    /// (`system:node:<name>` in `system:nodes`, a client certificate from
+    /// the cluster's CA): the real Node authorizer decides what it may
+    /// read (its pods' claims). Returns once the Node object exists. Panics with the
     /// logs when something does not come up.
     pub async fn start(cluster: &Cluster, name: &str) -> Self {
         let bins = node_binaries(cluster.release().minor);
@@ -207,6 +209,11 @@ impl RealNode {
             self.dir.path().join("pod-logs").join(format!("{namespace}_{name}_{uid}")).join(container).join("0.log");
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         text.lines().filter_map(|line| line.splitn(4, ' ').nth(3)).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The whole log of `component` (`kubelet` or `containerd`).
+    pub fn log(&self, component: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{component}.log"))).unwrap_or_default()
     }
 
     /// The last lines of the kubelet's and containerd's logs.
@@ -393,15 +400,42 @@ fileCheckFrequency: 5s
                 std::fs::create_dir(&dir).unwrap_or_else(|e| panic!("making cgroup {}: {e}", dir.display()));
             }
         }
+        let kubeconfig = self.write_node_kubeconfig(cluster);
         let kubelet = self.bins.kubelet.clone();
         let args = vec![
             format!("--config={}", config.display()),
-            format!("--kubeconfig={}", cluster.admin_kubeconfig().display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", self.kubelet_root().display()),
             format!("--hostname-override={}", self.name),
             "--v=2".into(),
         ];
         self.spawn("kubelet", &kubelet, args);
+    }
+
+    /// A kubeconfig with the node's client certificate.
+    fn write_node_kubeconfig(&self, cluster: &Cluster) -> PathBuf {
+        let user = format!("system:node:{}", self.name);
+        let (cert, key) = cluster
+            .pki
+            .client_certificate(&user, "system:nodes")
+            .unwrap_or_else(|e| panic!("certificate for {user}: {e}"));
+        let (cert_file, key_file) =
+            (self.dir.path().join("kubelet-client.crt"), self.dir.path().join("kubelet-client.key"));
+        std::fs::write(&cert_file, cert).expect("kubelet certificate");
+        std::fs::write(&key_file, key).expect("kubelet key");
+        let path = self.dir.path().join("kubelet.kubeconfig");
+        let yaml = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: real\n  cluster:\n    server: {}\n    \
+             certificate-authority: {}\nusers:\n- name: node\n  user:\n    client-certificate: {}\n    \
+             client-key: {}\ncontexts:\n- name: real\n  context:\n    cluster: real\n    user: node\n\
+             current-context: real\n",
+            cluster.url,
+            cluster.pki.ca_cert.display(),
+            cert_file.display(),
+            key_file.display()
+        );
+        std::fs::write(&path, yaml).expect("kubelet kubeconfig");
+        path
     }
 
     async fn wait_registered(&mut self, cluster: &Cluster) {
