@@ -125,13 +125,22 @@ pub struct RealNode {
     processes: Vec<ControlPlaneProcess>,
     /// Each tunable's value before the kubelet started.
     sysctls: Vec<(PathBuf, String)>,
-    /// `/var/log/containers`, where the kubelet links container logs
-    /// (a path it does not let us change), if it did not exist before.
-    made_log_links_dir: bool,
+    /// Of [`FIXED_DIRS`], those that did not exist before the node.
+    made_fixed_dirs: Vec<&'static Path>,
     dir: tempfile::TempDir,
 }
 
+/// Where the kubelet links container logs (a path it does not let us
+/// change).
 const LOG_LINKS_DIR: &str = "/var/log/containers";
+/// Where the kubelet's device manager always makes its socket.
+const DEVICE_PLUGINS_DIR: &str = "/var/lib/kubelet/device-plugins";
+/// The directories outside the node's own that the kubelet writes to
+/// whatever its flags, children before parents: on drop, our entries in
+/// them are removed, and the directories themselves if the node made them.
+const FIXED_DIRS: [&str; 3] = [LOG_LINKS_DIR, DEVICE_PLUGINS_DIR, "/var/lib/kubelet"];
+/// containerd's limit on its shims' socket directory (`socket_dir`).
+const MAX_SOCKET_DIR_LEN: usize = 42;
 
 impl RealNode {
     /// Starts containerd, imports the images, and starts the kubelet as
@@ -152,10 +161,12 @@ impl RealNode {
             cgroup_root: format!("/gpu-dra-realnode-{}", unique()),
             processes: Vec::new(),
             sysctls: Vec::new(),
-            made_log_links_dir: !Path::new(LOG_LINKS_DIR).exists(),
+            made_fixed_dirs: FIXED_DIRS.iter().map(Path::new).filter(|d| !d.exists()).collect(),
             dir,
         };
-        for sub in ["cdi", "cni", "kubelet", "pod-logs", "containerd-root", "containerd-state", "opt"] {
+        for sub in
+            ["cdi", "cni", "kubelet", "kubelet-pki", "pod-logs", "containerd-root", "containerd-state", "opt", "s"]
+        {
             std::fs::create_dir_all(node.dir.path().join(sub)).expect("node directory");
         }
         node.start_containerd();
@@ -274,6 +285,7 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.zf
 
 [plugins."io.containerd.internal.v1.opt"]
   path = "{opt}"
+{shim_sockets}
 [plugins."io.containerd.cri.v1.images"]
   snapshotter = "overlayfs"
 [plugins."io.containerd.cri.v1.images".pinned_images]
@@ -298,6 +310,13 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.zf
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
 "#,
+            // The shims' sockets (else under /run/containerd/s, left
+            // behind by killed shims), if the path is short enough.
+            shim_sockets = if d("s").len() <= MAX_SOCKET_DIR_LEN {
+                format!("[plugins.\"io.containerd.shim.v1.manager\"]\n  socket_dir = \"{}\"", d("s"))
+            } else {
+                String::new()
+            },
             root = d("containerd-root"),
             state = d("containerd-state"),
             opt = d("opt"),
@@ -406,6 +425,7 @@ fileCheckFrequency: 5s
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
             format!("--root-dir={}", self.kubelet_root().display()),
+            format!("--cert-dir={}", self.dir.path().join("kubelet-pki").display()),
             format!("--hostname-override={}", self.name),
             "--v=2".into(),
         ];
@@ -537,16 +557,21 @@ fileCheckFrequency: 5s
         }
     }
 
-    /// Removes the kubelet's links to this node's container logs.
-    fn remove_log_links(&self) {
-        let Ok(entries) = std::fs::read_dir(LOG_LINKS_DIR) else { return };
-        for entry in entries.flatten() {
+    /// Removes what the kubelet wrote outside the node's directory: its
+    /// links to this node's container logs, its device manager's socket
+    /// (when the node made that directory), and the directories the node
+    /// made, if empty.
+    fn remove_fixed_paths(&self) {
+        for entry in std::fs::read_dir(LOG_LINKS_DIR).into_iter().flatten().flatten() {
             if std::fs::read_link(entry.path()).is_ok_and(|target| target.starts_with(self.dir.path())) {
                 let _ = std::fs::remove_file(entry.path());
             }
         }
-        if self.made_log_links_dir {
-            let _ = std::fs::remove_dir(LOG_LINKS_DIR);
+        if self.made_fixed_dirs.contains(&Path::new(DEVICE_PLUGINS_DIR)) {
+            let _ = std::fs::remove_file(Path::new(DEVICE_PLUGINS_DIR).join("kubelet.sock"));
+        }
+        for dir in &self.made_fixed_dirs {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }
@@ -565,7 +590,7 @@ impl Drop for RealNode {
         self.kill_shims();
         self.unmount_all();
         self.remove_cgroups();
-        self.remove_log_links();
+        self.remove_fixed_paths();
         for (path, value) in &self.sysctls {
             let _ = std::fs::write(path, value);
         }
