@@ -116,6 +116,15 @@ fn edits<'a>(spec: &'a Value, kind: &str) -> Vec<&'a Value> {
     all
 }
 
+/// The kernel tunables the kubelet sets at start.
+fn kernel_tunables() -> Vec<(String, String)> {
+    let names = ["vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops"];
+    names
+        .iter()
+        .map(|n| (n.to_string(), std::fs::read_to_string(format!("/proc/sys/{n}")).unwrap_or_default()))
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     if !rustix::process::geteuid().is_root() {
@@ -124,6 +133,7 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     let cluster = Cluster::start(V1_37).await;
     install_chart(&cluster).await;
     let token = plugin_token(&cluster).await;
+    let tunables_before = kernel_tunables();
     let node = RealNode::start(&cluster, NODE).await;
 
     // The plugin on the kubelet's sockets, the CDI directory containerd
@@ -301,4 +311,52 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     let kubelet = node.log("kubelet");
     let refused: Vec<&str> = kubelet.lines().filter(|l| l.contains("forbidden") && l.contains("resource")).collect();
     assert!(refused.is_empty(), "the kubelet was refused: {refused:#?}");
+
+    // A running pod deleted: the kubelet kills its container and
+    // unprepares its claim before the pod goes.
+    let mut sleeper = objects[1].clone();
+    sleeper["metadata"]["name"] = json!("sleeper");
+    sleeper["spec"]["containers"][0]["command"] = json!(["sleep", "3600"]);
+    // Graceful: the API server keeps the pod until the kubelet has killed
+    // it and unprepared its claim (a grace period of 0 would delete it at
+    // once).
+    sleeper["spec"]["terminationGracePeriodSeconds"] = json!(1);
+    create_all(&cluster.admin(), &[sleeper]).await.unwrap_or_else(|e| panic!("{e}"));
+    let spec_of_sleeper = eventually(
+        "the sleeper's container to run with its spec written",
+        || async {
+            let pod = pods.get("sleeper").await.ok()?;
+            let running = pod.status.as_ref()?.container_statuses.as_ref()?.first()?.state.as_ref()?.running.is_some();
+            let claim = pod.status?.resource_claim_statuses?.first()?.resource_claim_name.clone()?;
+            let uid = claims.get(&claim).await.ok()?.metadata.uid?;
+            let spec = node.cdi_dir().join(format!("k8s.gpu.nvidia.com-claim_{uid}.json"));
+            (running && spec.exists()).then_some(spec)
+        },
+        logs,
+    )
+    .await;
+    pods.delete("sleeper", &DeleteParams::default()).await.unwrap();
+    eventually(
+        "the sleeper to be gone",
+        || async { pods.get_opt("sleeper").await.ok()?.is_none().then_some(()) },
+        logs,
+    )
+    .await;
+    assert!(!spec_of_sleeper.exists(), "deleting the pod left its spec\n{}", logs());
+
+    // Everything torn down: no mount, cgroup or directory of the node
+    // left, the kernel tunables the kubelet changed restored.
+    let (node_dir, cgroup_root) = (node.dir().to_path_buf(), node.cgroup_root().to_string());
+    drop(plugin);
+    drop(node);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&*node_dir.to_string_lossy()), "{mounts}");
+    assert!(!node_dir.exists());
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .map(|h| h.path().join(cgroup_root.trim_start_matches('/')));
+    let left: Vec<_> = cgroups.filter(|c| c.exists()).collect();
+    assert!(left.is_empty(), "cgroups left: {left:?}");
+    assert_eq!(kernel_tunables(), tunables_before);
 }

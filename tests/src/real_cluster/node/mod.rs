@@ -121,6 +121,11 @@ impl RealNode {
         self.kubelet_root().join("plugins_registry")
     }
 
+    /// The node's cgroup (the kubelet's `cgroupRoot`), in every hierarchy.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
     /// A directory inside the node's, removed with it.
     pub fn dir(&self) -> &Path {
         self.dir.path()
