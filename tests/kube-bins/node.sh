@@ -87,7 +87,9 @@ if [[ ! -d $images ]]; then
 		tar --sort=name --owner=0 --group=0 --numeric-owner --mtime=@0 -C layout -cf images.tar .
 		mkdir out && mv images.tar out/ && rm -rf rootfs layout layer.tar config.json manifest.json
 	) || { rm -rf "$tmp"; echo "build.sh: making the node's images failed" >&2; exit 1; }
-	mv "$tmp/out" "$images" && rm -rf "$tmp"
+	# -T: a concurrent build that finished first keeps its (identical) copy.
+	mv -T "$tmp/out" "$images" 2>/dev/null || true
+	rm -rf "$tmp"
 	echo "build.sh: made the pause and test images in $images/images.tar" >&2
 fi
 
