@@ -10,13 +10,20 @@
 # place at the end, so an interrupted build leaves nothing half-made, and a
 # lock keeps two test runs from building the same version twice.
 #
-#   usage: build.sh <minor, e.g. 1.37>
+#   usage: build.sh <minor, e.g. 1.37> [node]
 # On success the last two lines of stdout are
 #   kube-bin-dir=<dir>
 #   etcd-bin-dir=<dir>
+# With `node`, the pieces of one real node are made too and printed before
+# those two lines (see the end of this file): the release's kubelet,
+# containerd (pinned in ./containerd), runc from Debian (installed with
+# apt-get when missing), and the pause and test images as an OCI archive
+# made from Debian's busybox-static.
 # Progress goes to stderr.
 set -euo pipefail
-minor=${1:?usage: build.sh <kubernetes minor, e.g. 1.37>}
+minor=${1:?usage: build.sh <kubernetes minor, e.g. 1.37> [node]}
+with_node=${2:-}
+[[ -z $with_node || $with_node == node ]] || { echo "build.sh: unknown second argument '$with_node' (allowed: node)" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
 kube_module=$here/k8s-$minor
 [[ -f $kube_module/go.mod ]] || {
@@ -46,6 +53,7 @@ cache=${GPU_DRA_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra-driver}
 mkdir -p "$cache"
 
 # build_into <final dir> <module dir> <ldflags> <packages...>
+# (build tags from $tags when set)
 # (a package path ending in /vN builds a binary named after the element
 # before it: etcd's server/v3 becomes "server", renamed "etcd" here)
 build_into() {
@@ -60,7 +68,7 @@ build_into() {
 		chmod 755 "$tmp"
 		echo "build.sh: building $* into $final (once per machine and version; minutes on a small machine)" >&2
 		local start=$SECONDS
-		(cd "$module" && go build -trimpath -ldflags="-s -w $ldflags" -o "$tmp/" "$@") >&2 || {
+		(cd "$module" && go build -trimpath ${tags:+-tags "$tags"} -ldflags="-s -w $ldflags" -o "$tmp/" "$@") >&2 || {
 			rm -rf "$tmp"
 			echo "build.sh: building $* failed" >&2
 			exit 1
@@ -85,5 +93,6 @@ build_into "$cache/kube/$kube_version/bin" "$kube_module" "$stamp" \
 	k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
 build_into "$cache/etcd/$etcd_version/bin" "$here/etcd" "" go.etcd.io/etcd/server/v3
 
+if [[ $with_node == node ]]; then source "$here/node.sh"; fi
 echo "kube-bin-dir=$cache/kube/$kube_version/bin"
 echo "etcd-bin-dir=$cache/etcd/$etcd_version/bin"

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates (or re-creates) the Go module that pins one Kubernetes release's
-# commands: tests/kube-bins/k8s-<minor>/go.mod with a `replace` for every
+# commands (the control plane's and the kubelet, which `build.sh <minor>
+# node` builds): tests/kube-bins/k8s-<minor>/go.mod with a `replace` for every
 # staging module the release's own go.mod points at ./staging (a consumer
 # does not inherit those), and the commands as `tool` directives.
 # Run once per new release by a developer; the result (go.mod, go.sum) is
@@ -35,6 +36,7 @@ for m in $staging; do
 done
 go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$version" \
 	"k8s.io/kubernetes/cmd/kube-controller-manager@$version" \
-	"k8s.io/kubernetes/cmd/kube-scheduler@$version"
+	"k8s.io/kubernetes/cmd/kube-scheduler@$version" \
+	"k8s.io/kubernetes/cmd/kubelet@$version"
 go mod tidy
 echo "pinned $version in $dir"

@@ -42,6 +42,20 @@ pub fn cargo_build(artifact: Artifact<'_>, profile: Option<&str>) -> PathBuf {
     if let Some(profile) = profile {
         cmd.args(["--profile", profile]);
     }
+    // What cargo sets for the running test (its package's name, version and
+    // directory): build scripts such as ring's rerun when these change, so
+    // inheriting them would rebuild ring, rustls, kube ... here, and again
+    // in the next `cargo test`, which runs without them.
+    for (key, _) in std::env::vars_os() {
+        let key = key.to_string_lossy();
+        let set_for_the_test = ["CARGO_PKG_", "CARGO_MANIFEST_", "CARGO_CRATE_", "CARGO_BIN_"]
+            .iter()
+            .any(|prefix| key.starts_with(prefix))
+            || ["CARGO_PRIMARY_PACKAGE", "CARGO_TARGET_TMPDIR", "OUT_DIR"].contains(&&*key);
+        if set_for_the_test {
+            cmd.env_remove(&*key);
+        }
+    }
     eprintln!("building {} (cargo build; the first build on a machine takes minutes)", artifact.name());
     let mut child = cmd
         .stdout(Stdio::piped())

@@ -16,6 +16,7 @@
 //!   schedulable (no `not-ready` taint) and pods are bound but never run.
 
 mod binaries;
+pub mod node;
 pub mod objects;
 mod pki;
 mod process;

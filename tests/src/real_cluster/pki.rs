@@ -1,6 +1,7 @@
 //! The cluster's keys, made fresh by each test: a CA, the API server's
 //! serving certificate (loopback names), and the service-account token
-//! signing key pair.
+//! signing key pair. The CA also signs client certificates (the real
+//! node's kubelet authenticates as `system:node:<name>`).
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +14,8 @@ pub struct Pki {
     pub serving_key: PathBuf,
     pub service_account_public: PathBuf,
     pub service_account_private: PathBuf,
+    /// The CA, for [`Pki::client_certificate`].
+    issuer: Issuer<'static, KeyPair>,
 }
 
 impl Pki {
@@ -41,6 +44,7 @@ impl Pki {
             serving_key: dir.join("apiserver.key"),
             service_account_public: dir.join("sa.pub"),
             service_account_private: dir.join("sa.key"),
+            issuer,
         };
         std::fs::write(&pki.ca_cert, ca_cert.pem())?;
         std::fs::write(&pki.serving_cert, serving_cert.pem())?;
@@ -48,5 +52,17 @@ impl Pki {
         std::fs::write(&pki.service_account_public, service_account.public_key_pem())?;
         std::fs::write(&pki.service_account_private, service_account.serialize_pem())?;
         Ok(pki)
+    }
+
+    /// A client certificate for `user` in `group` (the API server takes
+    /// the common name as the user and the organization as the group), as
+    /// PEM (certificate, key).
+    pub fn client_certificate(&self, user: &str, group: &str) -> Result<(String, String), rcgen::Error> {
+        let key = KeyPair::generate()?;
+        let mut params = CertificateParams::new(Vec::<String>::new())?;
+        params.distinguished_name.push(DnType::CommonName, user);
+        params.distinguished_name.push(DnType::OrganizationName, group);
+        let cert = params.signed_by(&key, &self.issuer)?;
+        Ok((cert.pem(), key.serialize_pem()))
     }
 }

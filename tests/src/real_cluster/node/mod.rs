@@ -1,0 +1,309 @@
+//! One real node for the tests: containerd (CDI on, reading the directory
+//! the plugin writes its specs to) running containers with Debian's runc,
+//! and the release's kubelet registered with a [`Cluster`]'s API server.
+//! Built by `tests/kube-bins/build.sh <minor> node` into the same
+//! per-machine cache as the control plane.
+//!
+//! Everything the node makes stays under one temporary directory
+//! (containerd's root and state, runc's state, the kubelet's root and pod
+//! logs, the CDI directory), under one cgroup of its own in every
+//! hierarchy, and is removed on drop: processes killed (the kubelet,
+//! containerd, its shims and the containers in the node's cgroup), mounts
+//! under the directory detached, the cgroups removed. The kubelet sets six
+//! kernel tunables when it starts (`vm.overcommit_memory`,
+//! `kernel.panic`, ...; `protectKernelDefaults: true` would refuse to
+//! start instead); their values are restored on drop. Pods run with the
+//! host's network: containerd has no CNI configuration, so the node
+//! reports `NetworkReady=false` and test pods tolerate its taints.
+//! Must run as root (mounts, cgroups, device nodes).
+
+mod binaries;
+mod cleanup;
+mod config;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use kube::api::Api;
+
+pub use binaries::{NodeBinaries, node_binaries};
+
+use super::process::ControlPlaneProcess;
+use super::{Cluster, free_ports, unique};
+
+/// The sandbox ("pause") image: a shell that sleeps until SIGTERM.
+pub const PAUSE_IMAGE: &str = "localhost/gpu-dra-driver/pause:busybox";
+/// The test containers' image: Debian's busybox-static, entrypoint `sh`.
+pub const TEST_IMAGE: &str = "localhost/gpu-dra-driver/busybox:test";
+
+/// Start-up wait for containerd and the kubelet's registration.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// The kernel tunables the kubelet's container manager sets
+/// (`setupKernelTunables`), restored on drop.
+const KUBELET_SYSCTLS: [&str; 6] = [
+    "vm/overcommit_memory",
+    "vm/panic_on_oom",
+    "kernel/panic",
+    "kernel/panic_on_oops",
+    "kernel/keys/root_maxkeys",
+    "kernel/keys/root_maxbytes",
+];
+
+/// A running node. Dropping it tears everything down (see the module's
+/// documentation).
+pub struct RealNode {
+    name: String,
+    bins: NodeBinaries,
+    /// `/gpu-dra-realnode-<unique>`: the kubelet's `cgroupRoot`, under
+    /// which every pod's cgroup is made, in every hierarchy.
+    cgroup_root: String,
+    /// The kubelet first, then containerd: stopped in this order.
+    processes: Vec<ControlPlaneProcess>,
+    /// Each tunable's value before the kubelet started.
+    sysctls: Vec<(PathBuf, String)>,
+    /// Of [`cleanup::FIXED_DIRS`], those that did not exist before the node.
+    made_fixed_dirs: Vec<&'static Path>,
+    dir: tempfile::TempDir,
+}
+
+impl RealNode {
+    /// Starts containerd, imports the images, and starts the kubelet as
+    /// node `name` of `cluster`, authenticating as the node
+    /// (`system:node:<name>` in `system:nodes`, a client certificate from
+    /// the cluster's CA): the real Node authorizer decides what it may
+    /// read (its pods' claims). Returns once the Node object exists.
+    /// Panics with the logs when something does not come up.
+    pub async fn start(cluster: &Cluster, name: &str) -> Self {
+        let bins = node_binaries(cluster.release().minor);
+        let dir = tempfile::Builder::new().prefix("real-node-").tempdir().expect("temporary directory");
+        let mut node = Self {
+            name: name.to_string(),
+            bins,
+            cgroup_root: format!("/gpu-dra-realnode-{}", unique()),
+            processes: Vec::new(),
+            sysctls: Vec::new(),
+            made_fixed_dirs: cleanup::FIXED_DIRS.iter().map(Path::new).filter(|d| !d.exists()).collect(),
+            dir,
+        };
+        for sub in
+            ["cdi", "cni", "kubelet", "kubelet-pki", "pod-logs", "containerd-root", "containerd-state", "opt", "s"]
+        {
+            std::fs::create_dir_all(node.dir.path().join(sub)).expect("node directory");
+        }
+        node.start_containerd();
+        node.import_images();
+        node.save_sysctls();
+        node.start_kubelet(cluster);
+        node.wait_registered(cluster).await;
+        node
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The directory containerd reads CDI specs from (the plugin's
+    /// `--cdi-dir`).
+    pub fn cdi_dir(&self) -> PathBuf {
+        self.dir.path().join("cdi")
+    }
+
+    /// The kubelet's plugin directory (the plugin's `--plugins-dir`).
+    pub fn plugins_dir(&self) -> PathBuf {
+        self.kubelet_root().join("plugins")
+    }
+
+    /// The kubelet's plugin registry (the plugin's `--registry-dir`).
+    pub fn registry_dir(&self) -> PathBuf {
+        self.kubelet_root().join("plugins_registry")
+    }
+
+    /// The node's cgroup (the kubelet's `cgroupRoot`), in every hierarchy.
+    pub fn cgroup_root(&self) -> &str {
+        &self.cgroup_root
+    }
+
+    /// A directory inside the node's, removed with it.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn kubelet_root(&self) -> PathBuf {
+        self.dir.path().join("kubelet")
+    }
+
+    fn containerd_socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// What container `container` of pod `namespace/name` (uid `uid`)
+    /// wrote, read from the kubelet's pod log directory (the CRI log
+    /// format: time, stream and tag before each line). The API server
+    /// cannot reach this kubelet's port to serve `pods/log`: the kubelet
+    /// listens on loopback, and a node's address may not be loopback.
+    pub fn container_log(&self, namespace: &str, name: &str, uid: &str, container: &str) -> String {
+        let file =
+            self.dir.path().join("pod-logs").join(format!("{namespace}_{name}_{uid}")).join(container).join("0.log");
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        text.lines().filter_map(|line| line.splitn(4, ' ').nth(3)).collect::<Vec<_>>().join("\n")
+    }
+
+    /// The whole log of `component` (`kubelet` or `containerd`).
+    pub fn log(&self, component: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(format!("{component}.log"))).unwrap_or_default()
+    }
+
+    /// The last lines of the kubelet's and containerd's logs.
+    pub fn logs(&self) -> String {
+        self.processes
+            .iter()
+            .map(|p| format!("---- {} ({})\n{}", p.name(), p.log_path().display(), p.log_tail(60)))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Panics (with the logs) if the kubelet or containerd has exited.
+    pub fn assert_running(&mut self) {
+        if let Some(exit) = self.processes.iter_mut().find_map(ControlPlaneProcess::exited) {
+            panic!("{exit}\n{}", self.logs());
+        }
+    }
+
+    fn spawn(&mut self, name: &'static str, program: &Path, args: Vec<String>) {
+        let log = self.dir.path().join(format!("{name}.log"));
+        let process = ControlPlaneProcess::spawn(name, program, &args, log).unwrap_or_else(|e| panic!("{e}"));
+        self.processes.push(process);
+    }
+
+    fn start_containerd(&mut self) {
+        let config = self.dir.path().join("containerd.toml");
+        std::fs::write(&config, config::containerd(self.dir.path(), &self.containerd_socket(), &self.bins))
+            .expect("containerd config");
+        let containerd = self.bins.containerd.clone();
+        self.spawn("containerd", &containerd, vec!["--config".into(), config.display().to_string()]);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !self.ctr(&["version"]).status.success() {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "containerd did not answer\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// `ctr --address <socket> args...`.
+    fn ctr(&self, args: &[&str]) -> std::process::Output {
+        Command::new(&self.bins.ctr)
+            .arg("--address")
+            .arg(self.containerd_socket())
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", self.bins.ctr.display()))
+    }
+
+    /// The pause and test images, into the namespace the CRI uses.
+    fn import_images(&mut self) {
+        let archive = self.bins.images.display().to_string();
+        let out = self.ctr(&["-n", "k8s.io", "images", "import", "--local", &archive]);
+        assert!(
+            out.status.success(),
+            "ctr images import {archive}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        let listed = self.ctr(&["-n", "k8s.io", "images", "list", "-q"]);
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        for image in [PAUSE_IMAGE, TEST_IMAGE] {
+            assert!(listed.lines().any(|l| l == image), "{image} not imported: {listed}");
+        }
+    }
+
+    fn save_sysctls(&mut self) {
+        for name in KUBELET_SYSCTLS {
+            let path = Path::new("/proc/sys").join(name);
+            if let Ok(value) = std::fs::read_to_string(&path) {
+                self.sysctls.push((path, value.trim().to_string()));
+            }
+        }
+    }
+
+    fn start_kubelet(&mut self, cluster: &Cluster) {
+        let [port, healthz] = free_ports();
+        let config = self.dir.path().join("kubelet.yaml");
+        let yaml = config::kubelet(&config::KubeletSettings {
+            containerd_socket: &self.containerd_socket(),
+            cgroup_root: &self.cgroup_root,
+            port,
+            healthz_port: healthz,
+            pod_logs: &self.dir.path().join("pod-logs"),
+        });
+        std::fs::write(&config, yaml).expect("kubelet config");
+        // The kubelet requires its cgroupRoot to exist in every hierarchy.
+        cleanup::make_cgroups(&self.cgroup_root).unwrap_or_else(|e| panic!("{e}"));
+        let kubeconfig = self.write_node_kubeconfig(cluster);
+        let kubelet = self.bins.kubelet.clone();
+        let args = vec![
+            format!("--config={}", config.display()),
+            format!("--kubeconfig={}", kubeconfig.display()),
+            format!("--root-dir={}", self.kubelet_root().display()),
+            format!("--cert-dir={}", self.dir.path().join("kubelet-pki").display()),
+            format!("--hostname-override={}", self.name),
+            "--v=2".into(),
+        ];
+        self.spawn("kubelet", &kubelet, args);
+    }
+
+    /// A kubeconfig with the node's client certificate.
+    fn write_node_kubeconfig(&self, cluster: &Cluster) -> PathBuf {
+        let user = format!("system:node:{}", self.name);
+        let (cert, key) = cluster
+            .pki
+            .client_certificate(&user, "system:nodes")
+            .unwrap_or_else(|e| panic!("certificate for {user}: {e}"));
+        let (cert_file, key_file) =
+            (self.dir.path().join("kubelet-client.crt"), self.dir.path().join("kubelet-client.key"));
+        std::fs::write(&cert_file, cert).expect("kubelet certificate");
+        std::fs::write(&key_file, key).expect("kubelet key");
+        let path = self.dir.path().join("kubelet.kubeconfig");
+        let yaml = config::client_certificate_kubeconfig(&cluster.url, &cluster.pki.ca_cert, &cert_file, &key_file);
+        std::fs::write(&path, yaml).expect("kubelet kubeconfig");
+        path
+    }
+
+    async fn wait_registered(&mut self, cluster: &Cluster) {
+        let nodes: Api<Node> = Api::all(cluster.admin());
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if nodes.get_opt(&self.name).await.ok().flatten().is_some() {
+                return;
+            }
+            self.assert_running();
+            assert!(Instant::now() < deadline, "the kubelet did not register node {}\n{}", self.name, self.logs());
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        // The kubelet first (it would restart what is killed), then the
+        // pods' processes, containerd and its shims.
+        while let Some(mut process) = self.processes.pop() {
+            if process.name() == "containerd" {
+                cleanup::kill_cgroup_processes(&self.cgroup_root);
+            }
+            process.kill();
+        }
+        cleanup::kill_cgroup_processes(&self.cgroup_root);
+        cleanup::kill_shims(&self.containerd_socket());
+        cleanup::unmount_under(self.dir.path());
+        cleanup::remove_cgroups(&self.cgroup_root);
+        cleanup::remove_fixed_paths(self.dir.path(), &self.made_fixed_dirs);
+        for (path, value) in &self.sysctls {
+            let _ = std::fs::write(path, value);
+        }
+    }
+}
