@@ -55,11 +55,12 @@ const JOB_COMPLETION_INDEX: &str = "batch.kubernetes.io/job-completion-index";
 /// A workload read from the input.
 #[derive(Debug, Clone)]
 pub enum Workload {
-    Deployment(Deployment),
-    ReplicaSet(ReplicaSet),
-    StatefulSet(StatefulSet),
-    Job(Job),
-    CronJob(CronJob),
+    // Boxed: each is kilobytes of optional fields.
+    Deployment(Box<Deployment>),
+    ReplicaSet(Box<ReplicaSet>),
+    StatefulSet(Box<StatefulSet>),
+    Job(Box<Job>),
+    CronJob(Box<CronJob>),
 }
 
 /// A pod a controller would create, and what made it (`Deployment ns/name`).
@@ -265,11 +266,11 @@ mod tests {
     fn workload(kind: &str, yaml: &str) -> Workload {
         let text = format!("metadata: {{name: w, namespace: ml}}\n{yaml}");
         match kind {
-            "Deployment" => Workload::Deployment(serde_yaml_ng::from_str(&text).unwrap()),
-            "ReplicaSet" => Workload::ReplicaSet(serde_yaml_ng::from_str(&text).unwrap()),
-            "StatefulSet" => Workload::StatefulSet(serde_yaml_ng::from_str(&text).unwrap()),
-            "Job" => Workload::Job(serde_yaml_ng::from_str(&text).unwrap()),
-            _ => Workload::CronJob(serde_yaml_ng::from_str(&text).unwrap()),
+            "Deployment" => Workload::Deployment(Box::new(serde_yaml_ng::from_str(&text).unwrap())),
+            "ReplicaSet" => Workload::ReplicaSet(Box::new(serde_yaml_ng::from_str(&text).unwrap())),
+            "StatefulSet" => Workload::StatefulSet(Box::new(serde_yaml_ng::from_str(&text).unwrap())),
+            "Job" => Workload::Job(Box::new(serde_yaml_ng::from_str(&text).unwrap())),
+            _ => Workload::CronJob(Box::new(serde_yaml_ng::from_str(&text).unwrap())),
         }
     }
 

@@ -210,11 +210,11 @@ impl Sorter {
             _ => {
                 let api = workload_api.unwrap_or_default();
                 let mut workload = match kind.as_str() {
-                    "Deployment" => Workload::Deployment(decode(m, api)?),
-                    "ReplicaSet" => Workload::ReplicaSet(decode(m, api)?),
-                    "StatefulSet" => Workload::StatefulSet(decode(m, api)?),
-                    "Job" => Workload::Job(decode(m, api)?),
-                    _ => Workload::CronJob(decode(m, api)?),
+                    "Deployment" => Workload::Deployment(Box::new(decode(m, api)?)),
+                    "ReplicaSet" => Workload::ReplicaSet(Box::new(decode(m, api)?)),
+                    "StatefulSet" => Workload::StatefulSet(Box::new(decode(m, api)?)),
+                    "Job" => Workload::Job(Box::new(decode(m, api)?)),
+                    _ => Workload::CronJob(Box::new(decode(m, api)?)),
                 };
                 default_namespace(workload.meta_mut());
                 let pods = workload.pods().map_err(|e| anyhow::anyhow!("{origin}: {}: {e}", workload.describe()))?;
