@@ -23,6 +23,9 @@
 //! with the allocation phase alone (the allocator built from the slices and
 //! placing every claim). Target (issue 10): simulate within 1.5× of the
 //! allocator.
+//!
+//! `--write FLEET DIR` only writes part 1's files for FLEET (e.g.
+//! `h100-partitionable`) into DIR, to profile `simulate` on them.
 
 use std::error::Error;
 use std::fmt::Write as _;
@@ -307,6 +310,19 @@ fn phase_ms(timings: &str, name: &str) -> Option<f64> {
 fn main() -> Result<()> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--write") {
+        // `--write FLEET DIR`: keep the fleet and claims files, to profile
+        // `simulate` on them.
+        let fleet = args.get(i + 1).and_then(|n| FileFleet::parse(n)).ok_or("--write FLEET DIR")?;
+        let dir = Path::new(args.get(i + 2).ok_or("--write FLEET DIR")?);
+        let bytes = write_files(
+            fleet,
+            &dir.join(format!("{}.json", fleet.name())),
+            &dir.join(format!("{}-claims.json", fleet.name())),
+        )?;
+        println!("wrote {} MiB of JSON to {}", bytes >> 20, dir.display());
+        return Ok(());
+    }
     if let Some(i) = args.iter().position(|a| a == "--case") {
         let fleet = args.get(i + 2).and_then(|n| FileFleet::parse(n)).ok_or("--case allocator FLEET CLASSES")?;
         let classes = args.get(i + 3).ok_or("--case allocator FLEET CLASSES")?;

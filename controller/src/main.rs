@@ -68,6 +68,12 @@ enum Command {
         /// stored one (`stored`, the default).
         #[arg(long = "selectors-as", value_enum, default_value_t = SelectorsAs::Stored)]
         selectors_as: SelectorsAs,
+        /// The webhook's feature gates (as the node agents'), for checking
+        /// opaque configs as the webhook does: `MPSSupport=true` lets MPS
+        /// configs through to their range checks. Default: the fleet
+        /// file's `featureGates`, or none.
+        #[arg(long = "feature-gates", value_name = "A=true,B=false", value_parser = parse_gates)]
+        feature_gates: Option<gpu_dra_driver::feature_gates::FeatureGates>,
     },
 }
 
@@ -76,6 +82,11 @@ enum Command {
 enum SelectorsAs {
     Stored,
     New,
+}
+
+/// Gates as the node agents' `--feature-gates` take them.
+fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
+    text.parse().map_err(|e: gpu_dra_driver::feature_gates::FeatureGateError| e.to_string())
 }
 
 /// `1.34` → 34; only the versions the driver models.
@@ -125,7 +136,7 @@ fn main() -> ExitCode {
         Command::ValidateSlices { files } => {
             validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
-        Command::Simulate { files, output, fleet, timings, kubernetes_version, selectors_as } => {
+        Command::Simulate { files, output, fleet, timings, kubernetes_version, selectors_as, feature_gates } => {
             let mut buffer = Vec::new();
             let cel = match selectors_as {
                 SelectorsAs::Stored => {
@@ -133,7 +144,15 @@ fn main() -> ExitCode {
                 }
                 SelectorsAs::New => gpu_dra_driver::selector::CelEnvironment::new_expressions(*kubernetes_version),
             };
-            let options = simulate::Options { fleet: fleet.as_deref(), format: *output, timings: *timings, cel };
+            let options = simulate::Options {
+                fleet: fleet.as_deref(),
+                format: *output,
+                timings: *timings,
+                cel,
+                // DRAExtendedResource: alpha (off) in 1.34 and 1.35, on from 1.36.
+                extended_resources: *kubernetes_version >= 36,
+                gates: *feature_gates,
+            };
             simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
                 // Nothing on stdout unless the whole run succeeded.
                 std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;

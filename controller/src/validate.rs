@@ -26,7 +26,7 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
             return Ok(());
         }
         checked += 1;
-        let slice: ResourceSlice = match serde_path_to_error::deserialize(&manifest.object) {
+        let slice: ResourceSlice = match manifest.decode() {
             Ok(slice) => slice,
             Err(e) => {
                 all_valid = false;
@@ -35,8 +35,8 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
                     "{}: ResourceSlice {:?}: cannot be read as resource.k8s.io/v1: {}: {}",
                     manifest.origin,
                     manifest.name(),
-                    e.path(),
-                    e.inner()
+                    e.path,
+                    e.message
                 )?;
                 return Ok(());
             }

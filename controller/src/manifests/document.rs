@@ -9,10 +9,11 @@
 
 use std::fmt;
 
-use anyhow::{Result, anyhow};
+use anyhow::{Result, anyhow, bail};
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::split::{Piece, Splitter};
 use super::{Manifest, Sink};
 
 /// The sink's error, kept aside while serde unwinds with a placeholder.
@@ -35,21 +36,54 @@ impl Reader<'_, '_> {
     }
 }
 
-/// A stream of JSON values (usually one), read from `input` as it comes.
-pub(super) fn json_stream(origin: &str, input: impl std::io::Read, sink: &mut Sink<'_>) -> Result<()> {
-    let mut de = serde_json::Deserializer::from_reader(input);
+/// A stream of JSON values (usually one), read from `input` as it comes:
+/// split into documents and List items by [`Splitter`], each parsed from
+/// memory (a List's items straight into [`Manifest`]s of text).
+pub(super) fn json_stream(origin: &str, input: impl std::io::BufRead, sink: &mut Sink<'_>) -> Result<()> {
     let mut reader = Reader { sink, failed: None };
-    for i in 0usize.. {
-        let at = if i == 0 { origin.to_string() } else { format!("{origin}#{}", i + 1) };
-        let result = DocumentSeed { origin: &at, reader: &mut reader }.deserialize(&mut de);
-        if let Err(e) = result {
-            return Err(reader.error(|| json_error(origin, i, &e)));
+    let (mut document, mut item) = (0usize, 0usize);
+    let at = |document: usize| if document == 0 { origin.to_string() } else { format!("{origin}#{}", document + 1) };
+    let mut handle = |piece: Piece<'_>| -> Result<()> {
+        match piece {
+            Piece::Item(bytes) => {
+                let item_origin = format!("{} items[{item}]", at(document));
+                let malformed = |e: &dyn std::fmt::Display| {
+                    anyhow!(
+                        "{origin}: document {} items[{item}]: malformed JSON: {e} (within the item); fix the syntax \
+                         there",
+                        document + 1
+                    )
+                };
+                if bytes.first() != Some(&b'{') {
+                    bail!("{item_origin}: expected a Kubernetes object (a mapping with apiVersion and kind)");
+                }
+                let text = std::str::from_utf8(bytes).map_err(|e| malformed(&e))?;
+                let manifest = Manifest::json(item_origin, text.into()).map_err(|e| {
+                    if e.to_string().starts_with("recursion limit exceeded") {
+                        let too_deep = gpu_dra_driver::nesting::TooDeep { line: e.line() };
+                        anyhow!("{origin}: document {} items[{item}]: {too_deep}", document + 1)
+                    } else {
+                        malformed(&e)
+                    }
+                })?;
+                item += 1;
+                (reader.sink)(manifest)
+            }
+            Piece::Document(bytes) => {
+                let mut de = serde_json::Deserializer::from_slice(bytes);
+                let result = DocumentSeed { origin: &at(document), reader: &mut reader }
+                    .deserialize(&mut de)
+                    .and_then(|()| de.end());
+                if let Err(e) = result {
+                    return Err(reader.error(|| json_error(origin, document, &e)));
+                }
+                document += 1;
+                item = 0;
+                Ok(())
+            }
         }
-        if de.end().is_ok() {
-            break;
-        }
-    }
-    Ok(())
+    };
+    Splitter::default().run(input, &mut handle, |e| anyhow!("{origin}: cannot read: {e}"))
 }
 
 fn json_error(origin: &str, i: usize, e: &serde_json::Error) -> anyhow::Error {
@@ -172,7 +206,7 @@ impl<'de> Visitor<'de> for DocumentSeed<'_, '_, '_> {
             return Err(de::Error::custom("stopped"));
         }
         let origin = self.origin.to_string();
-        self.reader.give(Manifest { origin, object: Value::Object(object) }).map_err(de::Error::custom)
+        self.reader.give(Manifest::tree(origin, Value::Object(object))).map_err(de::Error::custom)
     }
 }
 
@@ -182,6 +216,7 @@ enum Items {
     Other(Value),
 }
 
+/// (A JSON List's items were split out before: only YAML's arrive here.)
 struct ItemsSeed<'r, 's, 'a> {
     origin: &'r str,
     reader: &'r mut Reader<'s, 'a>,
@@ -236,7 +271,7 @@ impl<'de> Visitor<'de> for ItemsSeed<'_, '_, '_> {
                     Some(anyhow!("{origin}: expected a Kubernetes object (a mapping with apiVersion and kind)"));
                 return Err(de::Error::custom("stopped"));
             }
-            self.reader.give(Manifest { origin, object }).map_err(de::Error::custom)?;
+            self.reader.give(Manifest::tree(origin, object)).map_err(de::Error::custom)?;
             j += 1;
         }
         Ok(Items::Streamed)

@@ -17,7 +17,7 @@ mod log_limit;
 mod metrics;
 mod reconcile;
 mod watch;
-mod webhook;
+pub(crate) mod webhook;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -120,6 +120,8 @@ impl<'de> Deserialize<'de> for InventoryRef {
 pub struct Fleet {
     pub nodes: Vec<Node>,
     pub slices: Vec<ResourceSlice>,
+    /// The fleet-wide `featureGates` (the node agents' and so the webhook's).
+    pub gates: FeatureGates,
 }
 
 /// Reads the fleet file at `path`.
@@ -147,7 +149,7 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
     };
     let fleet_gates = gates(fleet_gates.as_deref(), &format!("{origin}: featureGates"))?;
     let fleet_shares = shares_mode(fleet_shares.as_deref(), &format!("{origin}: consumableShares"))?;
-    let mut fleet = Fleet::default();
+    let mut fleet = Fleet { gates: fleet_gates, ..Fleet::default() };
     let mut names = std::collections::HashSet::new();
     // Inventory files by path, read and parsed once however many nodes use them.
     let mut files: std::collections::HashMap<std::path::PathBuf, fake::FakeInventory> = Default::default();

@@ -1,8 +1,10 @@
 //! Sorting the objects read from `-f` into the kinds `simulate` uses, in
 //! their real `resource.k8s.io/v1` / `v1` shapes, each remembering where it
-//! was read. Other kinds are skipped with a note so users can feed their
-//! real manifests; an object of a used kind that cannot be read is an error
-//! naming the file and the object.
+//! was read. Workloads (Deployment, ReplicaSet, StatefulSet, Job, CronJob)
+//! become the pods their controllers would create ([`controllers`]). Other
+//! kinds are skipped with a note so users can feed their real manifests; an
+//! object of a used kind that cannot be read is an error naming the file
+//! and the object.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -11,8 +13,10 @@ use anyhow::{Result, bail};
 use gpu_dra_driver::allocator::AllocatorBuilder;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 
+use super::controllers::{self, Workload};
 use super::versions;
 use crate::manifests::Manifest;
 
@@ -24,6 +28,15 @@ pub const DEFAULT_NAMESPACE: &str = "default";
 pub struct Located<T> {
     pub origin: String,
     pub object: T,
+}
+
+/// A pod: written as one, or made by a workload's controller.
+#[derive(Debug, Clone)]
+pub struct PodInput {
+    pub origin: String,
+    pub object: Pod,
+    /// `Deployment ns/name` for a pod a workload's controller makes.
+    pub workload: Option<String>,
 }
 
 /// Claims, templates and pods in input order: the order claims are allocated.
@@ -42,7 +55,7 @@ pub struct Inputs {
     pub classes: Vec<Located<DeviceClass>>,
     pub claims: Vec<Located<ResourceClaim>>,
     pub templates: Vec<Located<ResourceClaimTemplate>>,
-    pub pods: Vec<Located<Pod>>,
+    pub pods: Vec<PodInput>,
     pub nodes: Vec<Located<Node>>,
     pub order: Vec<Item>,
 }
@@ -52,8 +65,8 @@ pub fn key(namespace: Option<&str>, name: &str) -> String {
     format!("{}/{name}", namespace.unwrap_or(DEFAULT_NAMESPACE))
 }
 
-fn decode<T: DeserializeOwned>(m: Manifest, want_api: &str) -> Result<T> {
-    let api = m.object.get("apiVersion").and_then(|v| v.as_str()).unwrap_or("");
+fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {
+    let api = m.api_version();
     if api != want_api {
         bail!(
             "{}: {} {:?}: apiVersion {api:?} is not supported; fix: write it as {want_api} (v1beta1 and v1beta2 are converted too)",
@@ -62,14 +75,14 @@ fn decode<T: DeserializeOwned>(m: Manifest, want_api: &str) -> Result<T> {
             m.name()
         );
     }
-    let (origin, kind, name) = (m.origin.clone(), m.kind().to_string(), m.name().to_string());
-    serde_path_to_error::deserialize(m.object).map_err(|e| {
-        let path = e.path().to_string();
-        let schema = explain_path(&kind, &path);
+    m.decode().map_err(|e| {
+        let (origin, kind, name) = (&m.origin, m.kind(), m.name());
+        let schema = explain_path(kind, &e.path);
         anyhow::anyhow!(
-            "{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {path}: {}; fix that field (what it \
+            "{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {}: {}; fix that field (what it \
              takes: kubectl explain {schema})",
-            allowed(&e.into_inner().to_string())
+            e.path,
+            allowed(&e.message)
         )
     })
 }
@@ -106,14 +119,14 @@ fn explain_path(kind: &str, path: &str) -> String {
 
 /// Namespaced objects get the default namespace when they name none, so
 /// every later step sees `namespace/name`.
-fn default_namespace(meta: &mut k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta) {
+fn default_namespace(meta: &mut ObjectMeta) {
     if meta.namespace.as_deref().is_none_or(str::is_empty) {
         meta.namespace = Some(DEFAULT_NAMESPACE.to_string());
     }
 }
 
 fn require_name(m: &Manifest) -> Result<()> {
-    match m.object.pointer("/metadata/name").and_then(|n| n.as_str()) {
+    match m.given_name() {
         Some(n) if !n.is_empty() => Ok(()),
         _ => bail!("{}: {} without metadata.name; fix: give it a name", m.origin, m.kind()),
     }
@@ -148,23 +161,27 @@ impl Sorter {
         const RESOURCE: &str = "resource.k8s.io/v1";
         let inputs = &mut self.inputs;
         let kind = m.kind().to_string();
-        if !matches!(
-            kind.as_str(),
-            "ResourceSlice" | "DeviceClass" | "ResourceClaim" | "ResourceClaimTemplate" | "Pod" | "Node"
-        ) {
+        let workload_api = controllers::KINDS.iter().find(|(k, _)| *k == kind).map(|(_, api)| *api);
+        if workload_api.is_none()
+            && !matches!(
+                kind.as_str(),
+                "ResourceSlice" | "DeviceClass" | "ResourceClaim" | "ResourceClaimTemplate" | "Pod" | "Node"
+            )
+        {
             writeln!(note, "{}: skipping {} {:?}: not used by simulate", m.origin, kind, m.name())?;
             return Ok(());
         }
         require_name(&m)?;
-        let namespaced = matches!(kind.as_str(), "ResourceClaim" | "ResourceClaimTemplate" | "Pod");
-        let ns = m.object.pointer("/metadata/namespace").and_then(|n| n.as_str()).filter(|n| !n.is_empty());
+        let namespaced =
+            workload_api.is_some() || matches!(kind.as_str(), "ResourceClaim" | "ResourceClaimTemplate" | "Pod");
+        let ns = m.namespace().filter(|n| !n.is_empty());
         let id = if namespaced { key(ns, m.name()) } else { m.name().to_string() };
         if let Some(first) = self.seen.insert((kind.clone(), id.clone()), m.origin.clone()) {
             bail!("{}: {kind} {id} is defined twice (first in {first}); fix: remove one or rename it", m.origin);
         }
         let origin = m.origin.clone();
-        let mut m = m;
-        versions::to_v1(&kind, &mut m.object);
+        let m = if versions::convertible(m.api_version()) { m.converted(|o| versions::to_v1(&kind, o)) } else { m };
+        let m = &m;
         match kind.as_str() {
             "ResourceSlice" => {
                 let slice: ResourceSlice = decode(m, RESOURCE)?;
@@ -187,10 +204,41 @@ impl Sorter {
                 let mut object: Pod = decode(m, "v1")?;
                 default_namespace(&mut object.metadata);
                 inputs.order.push(Item::Pod(inputs.pods.len()));
-                inputs.pods.push(Located { origin, object });
+                inputs.pods.push(PodInput { origin, object, workload: None });
             }
-            _ => inputs.nodes.push(Located { origin, object: decode(m, "v1")? }),
+            "Node" => inputs.nodes.push(Located { origin, object: decode(m, "v1")? }),
+            _ => {
+                let api = workload_api.unwrap_or_default();
+                let mut workload = match kind.as_str() {
+                    "Deployment" => Workload::Deployment(Box::new(decode(m, api)?)),
+                    "ReplicaSet" => Workload::ReplicaSet(Box::new(decode(m, api)?)),
+                    "StatefulSet" => Workload::StatefulSet(Box::new(decode(m, api)?)),
+                    "Job" => Workload::Job(Box::new(decode(m, api)?)),
+                    _ => Workload::CronJob(Box::new(decode(m, api)?)),
+                };
+                default_namespace(workload.meta_mut());
+                let pods = workload.pods().map_err(|e| anyhow::anyhow!("{origin}: {}: {e}", workload.describe()))?;
+                for controlled in pods {
+                    self.add_pod(&origin, controlled)?;
+                }
+            }
         }
+        Ok(())
+    }
+
+    /// A pod a workload's controller makes, refused if its name is taken.
+    fn add_pod(&mut self, origin: &str, controlled: controllers::ControlledPod) -> Result<()> {
+        let id = key(
+            controlled.pod.metadata.namespace.as_deref(),
+            controlled.pod.metadata.name.as_deref().unwrap_or_default(),
+        );
+        let origin = format!("{origin} ({})", controlled.workload);
+        if let Some(first) = self.seen.insert(("Pod".to_string(), id.clone()), origin.clone()) {
+            bail!("{origin}: Pod {id} would exist twice (first in {first}); fix: rename the workload or the pod");
+        }
+        let inputs = &mut self.inputs;
+        inputs.order.push(Item::Pod(inputs.pods.len()));
+        inputs.pods.push(PodInput { origin, object: controlled.pod, workload: Some(controlled.workload) });
         Ok(())
     }
 }
@@ -211,7 +259,7 @@ mod tests {
     #[test]
     fn kinds_are_sorted_in_order_and_others_skipped() {
         let (inputs, note) = sort_text(
-            "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n---\n\
+            "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: web}\n---\n\
              apiVersion: v1\nkind: Pod\nmetadata: {name: p}\nspec: {containers: []}\n---\n\
              apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: c, namespace: ml}\nspec: {}\n",
         );
@@ -220,7 +268,7 @@ mod tests {
         assert_eq!(inputs.pods[0].object.metadata.namespace.as_deref(), Some("default"));
         assert_eq!(inputs.claims[0].object.metadata.namespace.as_deref(), Some("ml"));
         assert_eq!(inputs.claims[0].origin, "in.yaml#3");
-        assert!(note.contains("in.yaml: skipping Deployment \"web\""), "{note}");
+        assert!(note.contains("in.yaml: skipping DaemonSet \"web\""), "{note}");
     }
 
     #[test]

@@ -1,14 +1,20 @@
 //! `simulate`: would these claims fit this fleet, which devices would they
 //! get, and if not, why not, with no cluster at all.
 //!
-//! Data flow: manifests (`-f`) → [`inputs`] (typed objects with origins) →
-//! [`workload`] (pods' claims instantiated, grouped per pod, checked against
-//! the apiserver's claim rules) → [`engine`] (the driver's allocator, unit by
-//! unit) → [`output`]. `--fleet` adds nodes whose slices come from the
+//! Data flow: manifests (`-f`) → [`inputs`] (typed objects with origins;
+//! workloads expanded to their pods by [`controllers`]) → [`configs`]
+//! (opaque configs checked as the webhook does) → [`workload`] (pods'
+//! claims instantiated, extended resources turned into the scheduler's
+//! claim by [`extended`], grouped per pod, checked against the apiserver's
+//! claim rules) → [`engine`] (the driver's allocator, unit by unit) →
+//! [`output`]. `--fleet` adds nodes whose slices come from the
 //! plugin's own slice builder ([`fleet`]).
 
 mod claim_rules;
+mod configs;
+mod controllers;
 mod engine;
+mod extended;
 mod fleet;
 mod inputs;
 mod node_match;
@@ -43,6 +49,12 @@ pub struct Options<'a> {
     pub timings: bool,
     /// Which Kubernetes' CEL environment selectors are checked in.
     pub cel: gpu_dra_driver::selector::CelEnvironment,
+    /// The scheduler serves extended resources through DeviceClasses
+    /// (`DRAExtendedResource`, on by default from 1.36).
+    pub extended_resources: bool,
+    /// The webhook's feature gates, for opaque configs; `None`: the fleet
+    /// file's `featureGates` (the node agents'), or none.
+    pub gates: Option<gpu_dra_driver::feature_gates::FeatureGates>,
 }
 
 /// Runs the simulation. Returns an error (exit 1) for input that cannot be
@@ -60,8 +72,10 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     });
     let mut inputs = read?;
     phases.mark("read");
+    let mut gates = options.gates;
     if let (Some(path), Some(fleet)) = (options.fleet, loaded) {
         let fleet = fleet?;
+        gates = gates.or(Some(fleet.gates));
         for node in fleet.nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             if let Some(dup) = inputs.nodes.iter().find(|n| n.object.metadata.name.as_deref() == Some(name.as_str())) {
@@ -74,8 +88,16 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
         }
     }
     phases.mark("fleet");
+    configs::check(&inputs, &gates.unwrap_or_default())?;
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
-    let workload = workload::build(&inputs, &|name| class_names.iter().any(|c| c == name))?;
+    let extended = workload::ExtendedResources {
+        enabled: options.extended_resources,
+        classes: extended::Classes::new(inputs.classes.iter().map(|c| &c.object)),
+    };
+    let workload = workload::build(&inputs, &|name| class_names.iter().any(|c| c == name), &extended)?;
+    for line in &workload.notes {
+        writeln!(note, "{line}")?;
+    }
     if workload.claims.is_empty() {
         writeln!(note, "no ResourceClaim, ResourceClaimTemplate or Pod with resourceClaims found")?;
     }

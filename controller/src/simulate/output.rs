@@ -15,6 +15,10 @@ use super::workload::SimClaim;
 struct Entry<'a> {
     namespace: Option<&'a str>,
     name: Option<&'a str>,
+    /// `namespace/name` of the pod the claim was made for or first used by.
+    pod: Option<&'a str>,
+    /// The workload that made the pod (`Deployment namespace/name`).
+    workload: Option<&'a str>,
     allocated: bool,
     node: Option<&'a str>,
     /// As it would be written to `status.allocation`.
@@ -35,6 +39,8 @@ fn document<'a>(claims: &'a [SimClaim], outcomes: &'a [Outcome]) -> Document<'a>
         .map(|(c, o)| Entry {
             namespace: c.claim.metadata.namespace.as_deref(),
             name: c.claim.metadata.name.as_deref(),
+            pod: c.pod.as_deref(),
+            workload: c.workload.as_deref(),
             allocated: o.allocated(),
             node: o.node.as_deref(),
             allocation: o.allocation.as_ref(),
@@ -101,23 +107,36 @@ fn spaces(out: &mut impl Write, mut n: usize) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Aligned columns NAMESPACE/NAME, NODE, DEVICES, REASON, then a summary.
+/// The POD cell: the pod's name, and the kind and name of its workload.
+fn pod_cell(c: &SimClaim) -> String {
+    let name = |key: &str| key.split_once('/').map_or(key, |(_, n)| n).to_string();
+    match (c.pod.as_deref(), c.workload.as_deref()) {
+        (None, _) => "-".to_string(),
+        (Some(pod), None) => name(pod),
+        (Some(pod), Some(workload)) => {
+            let (kind, key) = workload.split_once(' ').unwrap_or(("", workload));
+            format!("{} ({kind} {})", name(pod), name(key))
+        }
+    }
+}
+
+/// Aligned columns NAMESPACE/NAME, POD, NODE, DEVICES, REASON, then a summary.
 pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
-    let mut rows = vec![["NAMESPACE/NAME".to_string(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
+    let mut rows = vec![["NAMESPACE/NAME".to_string(), "POD".into(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
     for (c, o) in claims.iter().zip(outcomes) {
         let reason = match (&o.reason, o.error) {
             (None, _) => "-".to_string(),
             (Some(r), true) => format!("error: {r}"),
             (Some(r), false) => r.clone(),
         };
-        rows.push([c.key.clone(), o.node.clone().unwrap_or_else(|| "-".into()), devices(o), reason]);
+        rows.push([c.key.clone(), pod_cell(c), o.node.clone().unwrap_or_else(|| "-".into()), devices(o), reason]);
     }
     let width = |col: usize| rows.iter().map(|r| r.get(col).map_or(0, |s| s.chars().count())).max().unwrap_or(0);
-    let widths = [width(0), width(1), width(2)];
-    for [name, node, devices, reason] in &rows {
+    let widths = [width(0), width(1), width(2), width(3)];
+    for [name, pod, node, devices, reason] in &rows {
         // Padded by hand: `{:<w$}` panics for widths past u16::MAX, and a
         // cell (a long reason, hundreds of devices) can be that wide.
-        for (cell, width) in [name, node, devices].into_iter().zip(widths) {
+        for (cell, width) in [name, pod, node, devices].into_iter().zip(widths) {
             out.write_all(cell.as_bytes())?;
             spaces(out, width.saturating_sub(cell.chars().count()) + 2)?;
         }
@@ -138,7 +157,14 @@ mod tests {
     use super::*;
 
     fn claim(key: &str) -> SimClaim {
-        SimClaim { claim: Default::default(), key: key.to_string(), preallocated: false, origin: "in.yaml".to_string() }
+        SimClaim {
+            claim: Default::default(),
+            key: key.to_string(),
+            preallocated: false,
+            origin: "in.yaml".to_string(),
+            pod: None,
+            workload: None,
+        }
     }
 
     #[test]
@@ -152,8 +178,8 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         let node = lines[0].find("NODE").unwrap();
-        assert_eq!(node, 70_002);
-        assert_eq!(lines[2].find('-'), Some(node), "the short row's node column lines up");
+        assert_eq!(node, 70_002 + "POD".len() + 2);
+        assert_eq!(lines[2].get(node..node + 1), Some("-"), "the short row's node column lines up");
         assert!(lines[1].ends_with(&"r".repeat(66_000)));
         assert_eq!(lines.last().copied(), Some("0 of 2 claims allocated"));
     }

@@ -36,7 +36,7 @@ fn simulate_in(docs: &[String], gpus: u32, format: Format, cel: CelEnvironment) 
     std::fs::write(&fleet_file, fleet(gpus)).unwrap();
     let (mut out, mut note) = (Vec::new(), Vec::new());
     let files: Vec<PathBuf> = vec![input];
-    let options = Options { fleet: Some(&fleet_file), format, timings: false, cel };
+    let options = Options { fleet: Some(&fleet_file), format, timings: false, cel, ..Options::default() };
     let result = run(&files, &options, &mut out, &mut note);
     (result, String::from_utf8(out).unwrap(), String::from_utf8(note).unwrap())
 }
@@ -162,10 +162,10 @@ fn table_is_aligned_with_a_summary() {
 
 #[test]
 fn other_kinds_are_noted_and_fleet_nodes_must_be_unique() {
-    let deployment = "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n".to_string();
-    let (result, _, note) = simulate(&[deployment], 1, Format::Json);
+    let daemons = "apiVersion: apps/v1\nkind: DaemonSet\nmetadata: {name: web}\n".to_string();
+    let (result, _, note) = simulate(&[daemons], 1, Format::Json);
     result.unwrap();
-    assert!(note.contains("skipping Deployment \"web\""), "{note}");
+    assert!(note.contains("skipping DaemonSet \"web\""), "{note}");
     let node = "apiVersion: v1\nkind: Node\nmetadata: {name: a-node}\n".to_string();
     let (result, out, _) = simulate(&[node], 1, Format::Json);
     let err = result.unwrap_err().to_string();
@@ -306,7 +306,7 @@ fn closest_is_the_node_that_came_nearest_for_the_request() {
     let input = dir.path().join("in.yaml");
     std::fs::write(&input, format!("{mig_class}---\n{claim}")).unwrap();
     let (mut out, mut note) = (Vec::new(), Vec::new());
-    let options = Options { fleet: Some(&fleet_file), format: Format::Json, timings: false, cel: Default::default() };
+    let options = Options { fleet: Some(&fleet_file), format: Format::Json, ..Options::default() };
     run(&[input], &options, &mut out, &mut note).unwrap();
     let doc: serde_json::Value = serde_json::from_slice(&out).unwrap();
     let reason = doc["results"][0]["reason"].as_str().unwrap();

@@ -9,7 +9,10 @@
 //!   pods is allocated once, with the first pod that uses it;
 //! - all claims of a pod form one unit: allocated together, on one node;
 //! - a claim or template no pod references is allocated on its own (a
-//!   template instantiated once, named after the template).
+//!   template instantiated once, named after the template);
+//! - a pod asking for extended resources a DeviceClass serves gets the
+//!   scheduler's special claim for them ([`super::extended`]), allocated
+//!   with its other claims.
 //!
 //! Claims without a UID get a deterministic one, so output is reproducible.
 
@@ -22,7 +25,8 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
 use super::claim_rules;
-use super::inputs::{Inputs, Item, Located, key};
+use super::extended;
+use super::inputs::{Inputs, Item, PodInput, key};
 
 /// Annotation the resourceclaim controller puts on generated claims.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
@@ -40,6 +44,10 @@ pub struct SimClaim {
     pub preallocated: bool,
     /// Where the claim (or the pod or template that made it) was read.
     pub origin: String,
+    /// `namespace/name` of the pod it was made for or first used by.
+    pub pod: Option<String>,
+    /// The workload that made that pod (`Deployment ns/name`).
+    pub workload: Option<String>,
 }
 
 /// Claims allocated together: a pod's, or a lone claim.
@@ -59,6 +67,17 @@ pub struct Unit {
 pub struct Workload {
     pub claims: Vec<SimClaim>,
     pub units: Vec<Unit>,
+    /// What the user should know that is not a result (extended resources
+    /// no class serves).
+    pub notes: Vec<String>,
+}
+
+/// How pods' extended resources are served.
+#[derive(Debug, Default)]
+pub struct ExtendedResources {
+    /// The scheduler serves them through DRA (`DRAExtendedResource`).
+    pub enabled: bool,
+    pub classes: extended::Classes,
 }
 
 fn uid_for(kind: &str, key: &str) -> String {
@@ -70,7 +89,7 @@ fn meta_key(meta: &ObjectMeta) -> String {
 }
 
 /// Builds the workload from `inputs`; `class_exists` checks class names.
-pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool) -> Result<Workload> {
+pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool, extended: &ExtendedResources) -> Result<Workload> {
     for c in &inputs.claims {
         claim_rules::check(c.object.spec.as_ref(), "spec", class_exists)
             .map_err(|e| anyhow!("{}: ResourceClaim {}: {e}", c.origin, meta_key(&c.object.metadata)))?;
@@ -100,19 +119,19 @@ pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool) -> Result<Wor
         }
     }
 
-    let mut b = Builder::default();
+    let mut b = Builder { extended, w: Workload::default(), emitted: HashMap::new() };
     for item in &inputs.order {
         match *item {
             Item::Claim(i) if !referenced_claims.contains(&i) => {
                 let Some(c) = inputs.claims.get(i) else { continue };
-                let index = b.emit(c.object.clone(), &c.origin)?;
+                let index = b.emit(c.object.clone(), &c.origin, None)?;
                 b.lone(index);
             }
             Item::Template(i) if !referenced_templates.contains(&i) => {
                 let Some(t) = inputs.templates.get(i) else { continue };
                 let name = t.object.metadata.name.clone().unwrap_or_default();
                 let claim = instantiate(&t.object, &name, t.object.metadata.namespace.as_deref(), None);
-                let index = b.emit(claim, &t.origin)?;
+                let index = b.emit(claim, &t.origin, None)?;
                 b.lone(index);
             }
             Item::Pod(i) => {
@@ -128,15 +147,15 @@ pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool) -> Result<Wor
     Ok(b.w)
 }
 
-#[derive(Default)]
-struct Builder {
+struct Builder<'e> {
+    extended: &'e ExtendedResources,
     w: Workload,
     /// Claim key -> index in `w.claims`, to refuse name clashes and share claims.
     emitted: HashMap<String, usize>,
 }
 
-impl Builder {
-    fn emit(&mut self, mut claim: ResourceClaim, origin: &str) -> Result<usize> {
+impl Builder<'_> {
+    fn emit(&mut self, mut claim: ResourceClaim, origin: &str, pod: Option<&PodInput>) -> Result<usize> {
         let k = meta_key(&claim.metadata);
         if self.emitted.contains_key(&k) {
             bail!(
@@ -147,7 +166,14 @@ impl Builder {
         if claim.metadata.uid.as_deref().is_none_or(str::is_empty) {
             claim.metadata.uid = Some(uid_for("ResourceClaim", &k));
         }
-        self.w.claims.push(SimClaim { claim, key: k.clone(), preallocated, origin: origin.to_string() });
+        self.w.claims.push(SimClaim {
+            claim,
+            key: k.clone(),
+            preallocated,
+            origin: origin.to_string(),
+            pod: pod.map(|p| meta_key(&p.object.metadata)),
+            workload: pod.and_then(|p| p.workload.clone()),
+        });
         let index = self.w.claims.len() - 1;
         self.emitted.insert(k, index);
         Ok(index)
@@ -168,7 +194,7 @@ impl Builder {
 
     fn pod_unit(
         &mut self,
-        p: &Located<Pod>,
+        p: &PodInput,
         inputs: &Inputs,
         claims_by_key: &HashMap<String, usize>,
         templates_by_key: &HashMap<String, usize>,
@@ -199,7 +225,7 @@ impl Builder {
                             "{at}: ResourceClaim {k} is not among the inputs; fix: pass it with -f or correct resourceClaimName"
                         )
                     })?;
-                    self.emit(c.object.clone(), &c.origin)?
+                    self.emit(c.object.clone(), &c.origin, Some(p))?
                 }
                 (None, Some(template)) => {
                     let k = key(ns, template);
@@ -213,13 +239,29 @@ impl Builder {
                         anyhow!("{at}: generated claim name {name:?}: {e}; fix: shorten the pod or entry name")
                     })?;
                     let claim = instantiate(&t.object, &name, ns, Some((pod, entry.name.as_str())));
-                    self.emit(claim, &p.origin)?
+                    self.emit(claim, &p.origin, Some(p))?
                 }
                 _ => bail!("{at}: must set exactly one of resourceClaimName and resourceClaimTemplateName"),
             };
             if self.is_preallocated(index) {
                 unit.bound.push(index);
             } else {
+                unit.claims.push(index);
+            }
+        }
+        if self.extended.enabled {
+            let pod_uid = pod.metadata.uid.clone().unwrap_or_else(|| uid_for("Pod", &pod_key));
+            let extended = extended::for_pod(pod, &pod_uid, &self.extended.classes);
+            for resource in &extended.unserved {
+                self.w.notes.push(format!(
+                    "{}: Pod {pod_key} asks for {resource}, which no DeviceClass serves (spec.extendedResourceName \
+                     or {}<class>); left to device plugins, which simulate does not model",
+                    p.origin,
+                    extended::IMPLICIT_PREFIX
+                ));
+            }
+            if let Some(claim) = extended.claim {
+                let index = self.emit(claim, &p.origin, Some(p))?;
                 unit.claims.push(index);
             }
         }

@@ -14,7 +14,7 @@
 //! 10 s, and with `failurePolicy: Fail` a late answer would refuse the
 //! claim).
 
-mod review;
+pub(crate) mod review;
 mod tls;
 
 use std::net::SocketAddr;

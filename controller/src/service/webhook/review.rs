@@ -81,8 +81,9 @@ pub fn review(body: &[u8], driver: &str, gates: &FeatureGates, cel: &SelectorEnv
     (allowed(&uid, warnings), true)
 }
 
-/// Every opaque config entry for our driver must decode strictly.
-fn check_configs(
+/// Every opaque config entry for our driver must decode strictly (also
+/// `simulate`'s check, so both refuse with the same message).
+pub(crate) fn check_configs(
     spec: &ResourceClaimSpec,
     spec_path: &str,
     driver: &str,

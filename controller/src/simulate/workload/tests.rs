@@ -32,7 +32,7 @@ fn build_docs(docs: &[String]) -> Result<Workload> {
     let mut manifests = Vec::new();
     parse_into("w.yaml", &docs.join("---\n"), &mut manifests).unwrap();
     let inputs = inputs::sort(manifests, &mut Vec::new()).unwrap();
-    build(&inputs, &|c| c == CLASS)
+    build(&inputs, &|c| c == CLASS, &ExtendedResources::default())
 }
 
 fn keys(w: &Workload) -> Vec<&str> {
