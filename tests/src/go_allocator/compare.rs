@@ -215,8 +215,9 @@ mod tests {
     #[test]
     fn an_error_is_not_the_same_as_no_fit() {
         let ours = choices(SIMULATE).unwrap();
-        let go = choices(&GO.replace("\"allocation\": null, \"error\": false", "\"allocation\": null, \"error\": true"))
-            .unwrap();
+        let go =
+            choices(&GO.replace("\"allocation\": null, \"error\": false", "\"allocation\": null, \"error\": true"))
+                .unwrap();
         assert_eq!(compare(&ours, &go).mismatches.len(), 1);
     }
 }

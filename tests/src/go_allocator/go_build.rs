@@ -31,11 +31,10 @@ pub fn go_allocator() -> Result<PathBuf> {
             output.status
         )));
     }
-    let path = stdout
-        .lines()
-        .find_map(|l| l.strip_prefix("go-allocator-bin="))
-        .map(PathBuf::from)
-        .ok_or_else(|| Error::Failed(format!("{} printed no go-allocator-bin= line: {stdout}", script.display())))?;
+    let path =
+        stdout.lines().find_map(|l| l.strip_prefix("go-allocator-bin=")).map(PathBuf::from).ok_or_else(|| {
+            Error::Failed(format!("{} printed no go-allocator-bin= line: {stdout}", script.display()))
+        })?;
     if !path.is_file() {
         return Err(Error::Failed(format!("{} is missing after the build", path.display())));
     }

@@ -139,7 +139,8 @@ mod tests {
 
     #[test]
     fn phases_are_read_from_either_timings_line() {
-        let ours = "timings: read 812.4 ms, fleet 0.0 ms, workload 0.2 ms, allocate 35.1 ms, output 1.5 ms (700 claims)";
+        let ours =
+            "timings: read 812.4 ms, fleet 0.0 ms, workload 0.2 ms, allocate 35.1 ms, output 1.5 ms (700 claims)";
         let go = "timings: read 2310.7 ms, allocate 4120.0 ms, output 20.3 ms (700 claims)";
         assert_eq!(phase_ms(ours, "allocate"), Some(35.1));
         assert_eq!(phase_ms(ours, "output"), Some(1.5));
