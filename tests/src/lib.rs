@@ -7,6 +7,7 @@ pub mod claim_fixtures;
 pub mod controller_process;
 pub mod fake_mps;
 pub mod fault_proxy;
+pub mod go_allocator;
 pub mod helm;
 pub mod https_client;
 pub mod kubelet;
