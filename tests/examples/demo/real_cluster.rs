@@ -36,6 +36,10 @@ pub fn run(minor: &str) -> anyhow::Result<()> {
         bail!("--real-cluster {minor}: the tested releases are {}", known.join(", "));
     };
     let binaries = cached_binaries(minor).map_err(anyhow::Error::msg)?;
+    // Our binaries first (a first run compiles them), so the control plane
+    // does not idle meanwhile.
+    integration_tests::kubelet_plugin();
+    integration_tests::controller();
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build()?;
     let cluster = runtime.block_on(Cluster::start(release));
     println!(
