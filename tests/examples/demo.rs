@@ -10,6 +10,12 @@
 //! unprepares, deletes and stops everything. Nothing is left behind.
 //!
 //! `cargo run -p integration-tests --example demo`
+//!
+//! With `-- --real-cluster [1.34|1.37]` the same nodes, controller and
+//! workload run against the real control plane of that release (etcd,
+//! kube-apiserver, kube-controller-manager, kube-scheduler, built once by
+//! `tests/kube-bins/build.sh`): the real controller manager makes the
+//! claims and the real scheduler allocates them (see `demo/real_cluster.rs`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -31,6 +37,12 @@ use serde_json::json;
 const DRIVER: &str = "gpu.nvidia.com";
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The demo's two nodes and their fake inventories.
+const NODES: [(&str, &str); 2] = [
+    ("dgx-h100-a", include_str!("../../examples/inventories/dgx-h100.yaml")),
+    ("hgx-a100-mig", include_str!("../../examples/inventories/a100-mig.yaml")),
+];
+
 struct DemoNode {
     name: &'static str,
     dirs: PluginDirs,
@@ -39,7 +51,21 @@ struct DemoNode {
     plugin: Option<Plugin>,
 }
 
+#[path = "demo/real_cluster.rs"]
+mod real_cluster;
+
 fn main() -> anyhow::Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>()[..] {
+        [] => standin(),
+        ["--real-cluster"] => real_cluster::run("1.37"),
+        ["--real-cluster", minor] => real_cluster::run(minor),
+        _ => bail!("usage: demo [--real-cluster [1.34|1.37]]"),
+    }
+}
+
+/// The demo on the API-server stand-in (the default: no Go, seconds).
+fn standin() -> anyhow::Result<()> {
     let started = Instant::now();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let server = ApiServer::start_in_thread().context("starting the API-server stand-in")?;
@@ -49,11 +75,8 @@ fn main() -> anyhow::Result<()> {
     println!("== the cluster: API-server stand-in on {}", server.url());
 
     let mut nodes = Vec::new();
-    for (name, inventory) in [
-        ("dgx-h100-a", include_str!("../../examples/inventories/dgx-h100.yaml")),
-        ("hgx-a100-mig", include_str!("../../examples/inventories/a100-mig.yaml")),
-    ] {
-        nodes.push(start_node(&server, &runtime, name, inventory)?);
+    for (name, inventory) in NODES {
+        nodes.push(start_node(&kubeconfig, &runtime, name, inventory)?);
     }
     let mut controller = ControllerProcess::spawn(
         &kubeconfig,
@@ -109,15 +132,16 @@ fn write_api_calls(server: &ApiServer, path: &Path) -> anyhow::Result<()> {
     std::fs::write(path, lines).with_context(|| format!("writing {}", path.display()))
 }
 
-/// A fake driver install for the node, and its plugin, registered.
+/// A fake driver install for the node, and its plugin (using a copy of
+/// `kubeconfig`), registered.
 fn start_node(
-    server: &ApiServer,
+    kubeconfig: &Path,
     runtime: &tokio::runtime::Runtime,
     name: &'static str,
     inventory: &str,
 ) -> anyhow::Result<DemoNode> {
     let dirs = PluginDirs::new(inventory).context("plugin directories")?;
-    server.write_kubeconfig(&dirs.kubeconfig)?;
+    std::fs::copy(kubeconfig, &dirs.kubeconfig).with_context(|| format!("copying {}", kubeconfig.display()))?;
     let version = inventory
         .lines()
         .find_map(|l| l.strip_prefix("driverVersion:"))

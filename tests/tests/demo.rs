@@ -26,3 +26,29 @@ fn the_whole_system_demo_runs_end_to_end() {
         assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
     }
 }
+
+/// `demo -- --real-cluster 1.37`, as the README shows it: the real
+/// controller manager makes the claims, the real scheduler binds the pods
+/// with devices from our slices, the controller explains the one that
+/// cannot fit, the nodes prepare, and everything is removed.
+#[test]
+fn the_demo_runs_against_the_real_control_plane() {
+    // The demo never builds the control plane itself; the tests do.
+    integration_tests::real_cluster::binaries("1.37");
+    let demo = cargo_build(Artifact::Example { package: "integration-tests", example: "demo" }, None);
+    let output = Command::new(demo).args(["--real-cluster", "1.37"]).output().expect("running the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&output.stderr));
+    for expected in [
+        "Kubernetes 1.37: etcd, kube-apiserver, kube-controller-manager, kube-scheduler",
+        "pod notebook   bound to dgx-h100-a; claim notebook-gpu-",
+        "pod tiny-llm   bound to hgx-a100-mig; claim tiny-llm-mig-",
+        "pod big-model  unschedulable; claim big-model-gpus-",
+        "cannot be allocated on any of 2 nodes (closest: dgx-h100-a)",
+        "-> CDI k8s.gpu.nvidia.com/claim=",
+        "every claim deallocated and gone",
+        "removed every file",
+    ] {
+        assert!(stdout.contains(expected), "missing {expected:?} in:\n{stdout}");
+    }
+}

@@ -246,7 +246,7 @@ fn publishes_the_same(example: &str, expected_devices: usize) {
 
 /// A running plugin on the mock NVML: an injected XID 79 (fallen off the
 /// bus) takes its GPU out of service; XID 43 (an application fault) leaves
-/// its GPU allocatable, published with effect None on this 1.36 server.
+/// its GPU allocatable, published with effect None on this 1.37 server.
 #[test]
 fn injected_xids_reach_a_running_plugin_through_nvml_events() {
     use integration_tests::apiserver::ApiServer;

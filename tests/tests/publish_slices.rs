@@ -169,7 +169,7 @@ async fn a_fault_in_the_fake_file_bumps_the_generation_and_taints() {
 }
 
 /// An application XID (43: a user's kernel stopped) leaves the GPU
-/// allocatable: on this 1.36 server it is published with effect None; XID
+/// allocatable: on this 1.37 server it is published with effect None; XID
 /// 79 (fallen off the bus) blocks it; a cleared fault takes its taint away.
 #[tokio::test]
 async fn application_xids_do_not_block_and_cleared_faults_untaint() {

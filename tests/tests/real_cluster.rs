@@ -6,50 +6,28 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
 
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{self, render_all, rendered};
 use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
-use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::real_cluster::driver::{
+    NAMESPACE, PLUGIN_ACCOUNT, WAIT, allocation, eventually, install, pod_claim, start_controller,
+    start_controller_through, start_plugin, yaml_documents,
+};
+use integration_tests::real_cluster::host_address::HostAddress;
+use integration_tests::real_cluster::intercept::Trap;
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::{example_inventories, kubelet_plugin, run, stdout_ok, workspace_root};
 use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
-
-const WAIT: Duration = Duration::from_secs(90);
-const NAMESPACE: &str = helm::NAMESPACE;
-const PLUGIN_ACCOUNT: &str = "gpu-dra-driver-kubelet-plugin";
-const CONTROLLER_ACCOUNT: &str = "gpu-dra-driver-controller";
 
 fn tmp_dir() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
-}
-
-/// Polls `check` until it gives `Some`, panicking with `context()` after `WAIT`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F, context: impl Fn() -> String) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-fn yaml_documents(path: &Path) -> Vec<Value> {
-    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    helm::documents(&path.display().to_string(), &text)
 }
 
 /// The chart as `helm install` renders it with `values`.
@@ -62,50 +40,6 @@ fn chart(values: Value) -> Vec<Value> {
 /// claim would be refused).
 fn chart_without_webhook() -> Vec<Value> {
     chart(json!({"webhook": {"enabled": false}}))
-}
-
-/// `helm install --create-namespace`: the namespace, then the objects.
-async fn install(cluster: &Cluster, objects: &[Value]) {
-    let namespaces: Api<Namespace> = Api::all(cluster.admin());
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).unwrap();
-    namespaces.create(&PostParams::default(), &namespace).await.unwrap();
-    if let Err(e) = create_all(&cluster.admin(), objects).await {
-        panic!("the real API server refused the chart: {e}");
-    }
-}
-
-/// A node's plugin on its own ServiceAccount token (bound to a pod on the
-/// node), publishing `inventory`'s slices.
-struct NodePlugin {
-    node: String,
-    dirs: PluginDirs,
-    process: PluginProcess,
-}
-
-async fn start_plugin(cluster: &Cluster, node: &str, inventory: &Path) -> NodePlugin {
-    cluster.create_node(node).await;
-    let token = cluster.pod_bound_token(NAMESPACE, PLUGIN_ACCOUNT, node).await;
-    let dirs = PluginDirs::new(&std::fs::read_to_string(inventory).unwrap()).unwrap();
-    cluster.write_kubeconfig(&dirs.kubeconfig, &token);
-    let options = PluginOptions { node: node.to_string(), ..PluginOptions::default() };
-    let process = PluginProcess::spawn(&dirs, &options).unwrap();
-    let plugin = NodePlugin { node: node.to_string(), dirs, process };
-    let slices: Api<ResourceSlice> = Api::all(cluster.admin());
-    let selector = format!("spec.nodeName={node}");
-    eventually(
-        &format!("{node}'s slices"),
-        || {
-            let slices = slices.clone();
-            let selector = selector.clone();
-            async move {
-                let list = slices.list(&ListParams::default().fields(&selector)).await.ok()?;
-                (!list.items.is_empty()).then_some(())
-            }
-        },
-        || plugin.process.log(),
-    )
-    .await;
-    plugin
 }
 
 // ------------------------------------------------------------------ slices
@@ -227,19 +161,6 @@ async fn chart_installs_and_plugins_publish_on_their_own_tokens(release: Release
 
 // ------------------------------------------------- the real kube-scheduler
 
-fn allocation(claim: &ResourceClaim) -> Vec<(String, String)> {
-    let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
-    results.and_then(|d| d.results.as_ref()).into_iter().flatten().map(|r| (r.pool.clone(), r.device.clone())).collect()
-}
-
-/// The claim a pod's `resourceClaims[name]` became.
-async fn pod_claim(cluster: &Cluster, pod: &str) -> Option<ResourceClaim> {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin(), "default");
-    let pod = pods.get(pod).await.ok()?;
-    let name = pod.status?.resource_claim_statuses?.first()?.resource_claim_name.clone()?;
-    Api::<ResourceClaim>::namespaced(cluster.admin(), "default").get(&name).await.ok()
-}
-
 /// The demo's workload (`examples/demo/workload.yaml`, applied as it is):
 /// the real kube-controller-manager makes the pods' claims from their
 /// templates, the real kube-scheduler allocates them from the slices our
@@ -269,7 +190,7 @@ async fn real_scheduler_allocates_from_our_slices(release: Release) {
             &format!("pod {pod} bound with its claim allocated"),
             || async {
                 let bound = Api::<Pod>::namespaced(cluster.admin(), "default").get(pod).await.ok()?.spec?.node_name?;
-                let claim = pod_claim(&cluster, pod).await?;
+                let claim = pod_claim(&cluster, "default", pod).await?;
                 (!allocation(&claim).is_empty()).then_some((bound, claim))
             },
             logs,
@@ -333,17 +254,6 @@ async fn real_scheduler_allocates_from_our_slices(release: Release) {
 
 // ------------------------------------------------------------ the controller
 
-/// The controller on its own token (bound to a pod on a node, as the
-/// chart's Deployment runs it).
-async fn start_controller(cluster: &Cluster, identity: &str, node: &str) -> ControllerProcess {
-    let token = cluster.pod_bound_token(NAMESPACE, CONTROLLER_ACCOUNT, node).await;
-    let dir = cluster.dir().join(format!("controller-{identity}"));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    cluster.write_kubeconfig(&kubeconfig, &token);
-    ControllerProcess::spawn(&kubeconfig, identity, &["--explain-after", "0s"]).unwrap()
-}
-
 async fn lease_holder(cluster: &Cluster) -> Option<String> {
     let leases: Api<Lease> = Api::namespaced(cluster.admin(), NAMESPACE);
     leases.get("gpu-dra-controller").await.ok()?.spec?.holder_identity
@@ -352,15 +262,31 @@ async fn lease_holder(cluster: &Cluster) -> Option<String> {
 /// Two controllers on their own tokens elect a leader on a real Lease; the
 /// leader explains an unsatisfiable claim with an Event the real API
 /// server stores, allocates a delegated claim through the real status
-/// subresource; when it is killed the other takes the Lease over.
+/// subresource, meeting a real 409 on its first write and retrying; when
+/// it is killed the other takes the Lease over.
 async fn controller_explains_allocates_and_fails_over(release: Release) {
     let cluster = Cluster::start(release).await;
     install(&cluster, &chart_without_webhook()).await;
     let inventories = workspace_root().join("examples/inventories");
     let dgx = start_plugin(&cluster, "dgx-h100-a", &inventories.join("dgx-h100.yaml")).await;
+    // Both replicas call through a front that, before the first status
+    // write of the claim "delegated", labels the claim as another client
+    // would: that write carries a stale resourceVersion and the real API
+    // server answers 409.
+    let claims_api: Api<ResourceClaim> = Api::namespaced(cluster.admin(), "default");
+    let trap = Trap::new("PUT", "/namespaces/default/resourceclaims/delegated/status", move || {
+        let claims = claims_api.clone();
+        async move {
+            let label = json!({"metadata": {"labels": {"example.com/touched": "meanwhile"}}});
+            claims.patch("delegated", &PatchParams::default(), &Patch::Merge(&label)).await.expect("labelling");
+        }
+    });
     let mut controllers: BTreeMap<String, ControllerProcess> = BTreeMap::new();
+    let mut fronts = Vec::new();
     for identity in ["replica-a", "replica-b"] {
-        controllers.insert(identity.to_string(), start_controller(&cluster, identity, "dgx-h100-a").await);
+        let (controller, front) = start_controller_through(&cluster, identity, "dgx-h100-a", trap.clone()).await;
+        controllers.insert(identity.to_string(), controller);
+        fronts.push(front);
     }
     let logs = |controllers: &BTreeMap<String, ControllerProcess>| {
         let mut text = format!("{}\n{}", cluster.logs(), dgx.process.log());
@@ -415,6 +341,16 @@ async fn controller_explains_allocates_and_fails_over(release: Release) {
     .await;
     assert_eq!(allocated.len(), 1);
     assert_eq!(allocated[0].0, "dgx-h100-a");
+    // The first status write met the real conflict; the controller read
+    // the claim again and wrote the allocation over the label, keeping it.
+    let answers = trap.answers();
+    assert_eq!(answers.first(), Some(&409), "{answers:?}\n{}", logs(&controllers));
+    assert_eq!(answers.last(), Some(&200), "{answers:?}");
+    let claim = claims.get("delegated").await.unwrap();
+    let labels = claim.metadata.labels.clone().unwrap_or_default();
+    assert_eq!(labels.get("example.com/touched").map(String::as_str), Some("meanwhile"));
+    let finalizers = claim.metadata.finalizers.clone().unwrap_or_default();
+    assert!(finalizers.iter().any(|f| f == "gpu.nvidia.com/delegated-allocation"), "{finalizers:?}");
 
     // The leader dies: the other takes the Lease over.
     controllers.get_mut(&leader).unwrap().kill();
@@ -428,6 +364,106 @@ async fn controller_explains_allocates_and_fails_over(release: Release) {
     for (id, controller) in &controllers {
         assert!(!controller.log().contains("Forbidden"), "controller {id} was refused a call:\n{}", controller.log());
     }
+}
+
+// ------------------------------------------------------------- the webhook
+
+/// `kubectl create -f -` of `object` as the admin (`--dry-run=server` when
+/// `dry_run`): its exit status and standard error, where kubectl prints
+/// the server's warnings and refusals.
+fn kubectl_create(cluster: &Cluster, object: &Value, dry_run: bool) -> (bool, String) {
+    let mut args = vec!["--kubeconfig", cluster.admin_kubeconfig().to_str().unwrap(), "create", "-f", "-"];
+    if dry_run {
+        args.push("--dry-run=server");
+    }
+    let out = run(&helm::kubectl(tmp_dir()), &args, Some(object.to_string().as_bytes()));
+    (out.status.success(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+fn claim_with(name: &str, selector: &str, parameters: Value) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                                                     "selectors": [{"cel": {"expression": selector}}]}}],
+            "config": [{"requests": ["gpu"], "opaque": {"driver": "gpu.nvidia.com", "parameters": parameters}}]}}})
+}
+
+/// The chart with its webhook, applied as rendered (the Service, the
+/// Secret Helm generated, the ValidatingWebhookConfiguration with its CA
+/// bundle); the controller serves the webhook with that Secret's
+/// certificate, on a non-loopback address of this machine published as the
+/// Service's EndpointSlice (no kube-proxy: the API server runs with
+/// `--enable-aggregator-routing`). The real API server calls it: a
+/// selector that matches no device today is admitted with the webhook's
+/// warning, which kubectl prints; a config that does not decode is denied
+/// with the webhook's message, naming the field.
+async fn webhook_warnings_and_denials_reach_the_client(release: Release) {
+    let cluster = Cluster::start(release).await;
+    let objects = chart(json!({}));
+    install(&cluster, &objects).await;
+    let dgx = start_plugin(&cluster, "dgx-h100-a", &workspace_root().join("examples/inventories/dgx-h100.yaml")).await;
+
+    let secret: Secret = serde_json::from_value(helm::one(&objects, "Secret", "-webhook-tls").clone()).unwrap();
+    let data = secret.data.unwrap();
+    let dir = cluster.dir().join("webhook-tls");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("tls.crt"), &data["tls.crt"].0).unwrap();
+    std::fs::write(dir.join("tls.key"), &data["tls.key"].0).unwrap();
+    let port = std::net::TcpListener::bind("0.0.0.0:0").unwrap().local_addr().unwrap().port().to_string();
+    let (crt, key) = (dir.join("tls.crt"), dir.join("tls.key"));
+    let args =
+        ["--webhook-port", &port, "--tls-cert-file", crt.to_str().unwrap(), "--tls-key-file", key.to_str().unwrap()];
+    let controller = start_controller(&cluster, "webhook", "dgx-h100-a", &args).await;
+
+    let service = helm::one(&objects, "Service", "-webhook");
+    let service_name = service["metadata"]["name"].as_str().unwrap();
+    assert_eq!(service["spec"]["ports"][0]["name"], "https", "{service}");
+    let address = HostAddress::acquire();
+    let endpoints = json!({"apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": format!("{service_name}-test"), "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": service_name}},
+        "addressType": "IPv4",
+        "endpoints": [{"addresses": [address.ip().to_string()], "conditions": {"ready": true}}],
+        "ports": [{"name": "https", "port": port.parse::<u16>().unwrap(), "protocol": "TCP"}]});
+    create_all(&cluster.admin(), &[endpoints]).await.unwrap_or_else(|e| panic!("{e}"));
+
+    // A selector no device matches today: admitted, with the warning. The
+    // controller first needs the fleet and the API server the endpoints.
+    let h200 = r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA H200""#;
+    let gpu_config = || json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"});
+    let logs = || format!("{}\n{}\n---- controller\n{}", cluster.logs(), dgx.process.log(), controller.log());
+    eventually(
+        "the webhook's warning on a dry run",
+        || async {
+            let (ok, stderr) = kubectl_create(&cluster, &claim_with("h200", h200, gpu_config()), true);
+            (ok && stderr.contains("no device in the cluster matches request gpu today")).then_some(())
+        },
+        logs,
+    )
+    .await;
+    let (created, stderr) = kubectl_create(&cluster, &claim_with("h200", h200, gpu_config()), false);
+    assert!(created, "{stderr}");
+    assert!(stderr.starts_with("Warning: no device in the cluster matches request gpu today"), "{stderr}\n{}", logs());
+    let stored = Api::<ResourceClaim>::namespaced(cluster.admin(), "default").get_opt("h200").await.unwrap();
+    assert!(stored.is_some(), "a warned claim is stored");
+
+    // An opaque config with a field GpuConfig does not have: denied.
+    let mut bad = gpu_config();
+    bad["sharing"] = json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}, "typo": true});
+    let (created, stderr) = kubectl_create(&cluster, &claim_with("bad-config", "true", bad), false);
+    assert!(!created, "{stderr}");
+    assert!(
+        stderr.contains(r#"admission webhook "resourceclaims.gpu.nvidia.com" denied the request: spec.devices.config[0].opaque.parameters.sharing"#),
+        "{stderr}"
+    );
+    let stored = Api::<ResourceClaim>::namespaced(cluster.admin(), "default").get_opt("bad-config").await.unwrap();
+    assert!(stored.is_none(), "a denied claim was stored");
+
+    // A claim that fits: admitted without a warning.
+    let (created, stderr) = kubectl_create(&cluster, &claim_with("fits", "true", gpu_config()), false);
+    assert!(created && !stderr.contains("Warning"), "{stderr}");
+    assert!(!controller.log().contains("Forbidden"), "{}", controller.log());
 }
 
 macro_rules! on_release {
@@ -453,6 +489,11 @@ macro_rules! on_release {
             #[tokio::test(flavor = "multi_thread")]
             async fn controller_explains_allocates_and_fails_over() {
                 super::controller_explains_allocates_and_fails_over($release).await
+            }
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn webhook_warnings_and_denials_reach_the_client() {
+                super::webhook_warnings_and_denials_reach_the_client($release).await
             }
         }
     };

@@ -82,9 +82,10 @@ async fn dispatch(
     watch: bool,
 ) -> Response {
     if path == "/version" {
+        let minor = shared.store.server_minor();
         return json_response(
             200,
-            &json!({"major": "1", "minor": super::SERVER_MINOR.to_string(), "gitVersion": format!("v1.{}.0-standin", super::SERVER_MINOR), "platform": "linux/amd64"}),
+            &json!({"major": "1", "minor": minor.to_string(), "gitVersion": format!("v1.{minor}.0-standin"), "platform": "linux/amd64"}),
         );
     }
     if *method == Method::GET

@@ -50,12 +50,13 @@ use kinds::Kind;
 use selectors::{FieldSelector, LabelSelector};
 pub use store::Store;
 
+/// The Kubernetes release the stand-in is unless a test sets another
+/// ([`ApiServer::set_server_minor`]): its `/version`, and the ResourceSlice
+/// rules it validates with. The newest release the real-cluster tests run.
+pub const DEFAULT_SERVER_MINOR: u32 = 37;
+
 /// How often an idle watch that allows bookmarks gets one (the real server
 /// sends them about once a minute; tests want them sooner).
-/// The Kubernetes release the stand-in is (its `/version`, and the
-/// ResourceSlice rules it validates with).
-pub const SERVER_MINOR: u32 = 36;
-
 pub const DEFAULT_BOOKMARK_INTERVAL: Duration = Duration::from_secs(2);
 
 /// A running stand-in; stops when dropped.
@@ -128,6 +129,12 @@ impl ApiServer {
 
     pub fn addr(&self) -> SocketAddr {
         self.addr
+    }
+
+    /// Makes the stand-in report (`/version`) and validate ResourceSlices as
+    /// Kubernetes 1.`minor`, e.g. 34 for the oldest supported release's rules.
+    pub fn set_server_minor(&self, minor: u32) {
+        self.shared.store.set_server_minor(minor);
     }
 
     /// Fault injection and the request log.

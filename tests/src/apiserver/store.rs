@@ -4,6 +4,7 @@
 //! and becomes an event in a bounded history that watches replay from.
 
 use std::collections::{BTreeMap, VecDeque};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
@@ -80,6 +81,9 @@ pub struct Store {
     inner: Mutex<Inner>,
     events: broadcast::Sender<Arc<StoreEvent>>,
     server_id: u128,
+    /// The Kubernetes minor release the stand-in is (its `/version`, and the
+    /// ResourceSlice rules it validates with).
+    server_minor: AtomicU32,
 }
 
 /// A request's identity for an object write.
@@ -124,6 +128,16 @@ impl Default for Store {
 }
 
 impl Store {
+    /// The Kubernetes minor release the stand-in reports and validates as.
+    pub fn server_minor(&self) -> u32 {
+        self.server_minor.load(Ordering::Relaxed)
+    }
+
+    /// Makes the stand-in report and validate as Kubernetes 1.`minor`.
+    pub fn set_server_minor(&self, minor: u32) {
+        self.server_minor.store(minor, Ordering::Relaxed);
+    }
+
     pub fn new() -> Self {
         let server_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Self {
@@ -137,6 +151,7 @@ impl Store {
             }),
             events: broadcast::channel(4096).0,
             server_id,
+            server_minor: AtomicU32::new(super::DEFAULT_SERVER_MINOR),
         }
     }
 
@@ -294,7 +309,7 @@ impl Store {
         set_meta(&mut object, "managedFields", Value::Null);
         set_type(kind, &mut object);
         defaults::apply(kind, &mut object);
-        validate::check(kind, &name, &object, None)?;
+        validate::check(kind, &name, &object, None, self.server_minor())?;
         if managers.is_empty() {
             apply::record_update(&mut managers, manager, &Value::Null, &object);
         }
@@ -406,7 +421,7 @@ impl Store {
             }
         }
         defaults::apply(kind, &mut new);
-        validate::check(kind, write.name, &new, Some(&old))?;
+        validate::check(kind, write.name, &new, Some(&old), self.server_minor())?;
         apply::record_update(&mut managers, write.manager, &old, &new);
         let rv = inner.rv + 1;
         inner.rv = rv;

@@ -24,8 +24,9 @@ fn decode<T: DeserializeOwned>(kind: &Kind, name: &str, object: &Value) -> Resul
     })
 }
 
-/// Checks `object` (and, on update, that it keeps what `old` fixed).
-pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Result<(), ApiError> {
+/// Checks `object` (and, on update, that it keeps what `old` fixed) as
+/// Kubernetes 1.`minor` does.
+pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>, minor: u32) -> Result<(), ApiError> {
     check_dns1123_subdomain(name)
         .map_err(|e| ApiError::invalid(kind, name, &format!("metadata.name: Invalid value: \"{name}\": {e}")))?;
     match kind.kind {
@@ -33,7 +34,7 @@ pub fn check(kind: &Kind, name: &str, object: &Value, old: Option<&Value>) -> Re
             let slice: ResourceSlice = decode(kind, name, object)?;
             // As the release it reports at /version validates (1.35+ takes
             // taint effect None and 16 taints per device).
-            let errors = validate_slice_for(&slice, ServerRules { minor: super::SERVER_MINOR });
+            let errors = validate_slice_for(&slice, ServerRules { minor });
             if !errors.is_empty() {
                 let causes = errors.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ");
                 return Err(ApiError::invalid(kind, name, &format!("[{causes}]")));

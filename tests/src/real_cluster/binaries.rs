@@ -64,3 +64,55 @@ pub fn binaries(minor: &str) -> Binaries {
     built.insert(minor.to_string(), found.clone());
     found
 }
+
+/// The release's binaries if the cache already holds them, without
+/// building anything (`tests/kube-bins/build.sh` decides the same paths:
+/// the versions pinned in its `go.mod` files, under `$GPU_DRA_KUBE_CACHE`,
+/// else `${XDG_CACHE_HOME:-~/.cache}/gpu-dra-driver`). The error says what
+/// is missing and the command that builds it.
+pub fn cached_binaries(minor: &str) -> Result<Binaries, String> {
+    let here = workspace_root().join("tests/kube-bins");
+    let pinned = |module: &str, path: &str| -> Result<String, String> {
+        let file = here.join(module).join("go.mod");
+        let text = std::fs::read_to_string(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        text.lines()
+            .find_map(|l| {
+                let version = l.trim().strip_prefix(path)?.split_whitespace().next()?;
+                version.starts_with('v').then(|| version.to_string())
+            })
+            .ok_or_else(|| format!("{} pins no {path}", file.display()))
+    };
+    let kube_version = pinned(&format!("k8s-{minor}"), "k8s.io/kubernetes ")?;
+    let etcd_version = pinned("etcd", "go.etcd.io/etcd/server/v3 ")?;
+    let cache = match std::env::var_os("GPU_DRA_KUBE_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache")))
+            .ok_or("neither GPU_DRA_KUBE_CACHE, XDG_CACHE_HOME nor HOME is set")?
+            .join("gpu-dra-driver"),
+    };
+    let kube = cache.join("kube").join(&kube_version).join("bin");
+    let etcd = cache.join("etcd").join(&etcd_version).join("bin");
+    let found = Binaries {
+        kube_apiserver: kube.join("kube-apiserver"),
+        kube_controller_manager: kube.join("kube-controller-manager"),
+        kube_scheduler: kube.join("kube-scheduler"),
+        etcd: etcd.join("etcd"),
+    };
+    let missing: Vec<String> =
+        [&found.kube_apiserver, &found.kube_controller_manager, &found.kube_scheduler, &found.etcd]
+            .into_iter()
+            .filter(|p| !p.is_file())
+            .map(|p| p.display().to_string())
+            .collect();
+    if missing.is_empty() {
+        return Ok(found);
+    }
+    Err(format!(
+        "the Kubernetes {minor} control plane is not built (missing {}); build it once with `{} {minor}` \
+         (needs Go and the Go module proxy; about 10 minutes of CPU per release on a small machine)",
+        missing.join(", "),
+        here.join("build.sh").display()
+    ))
+}

@@ -16,6 +16,9 @@
 //!   schedulable (no `not-ready` taint) and pods are bound but never run.
 
 mod binaries;
+pub mod driver;
+pub mod host_address;
+pub mod intercept;
 pub mod node;
 pub mod objects;
 mod pki;
@@ -30,7 +33,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
-pub use binaries::{Binaries, binaries};
+pub use binaries::{Binaries, binaries, cached_binaries};
 use pki::Pki;
 use process::ControlPlaneProcess;
 
@@ -163,6 +166,10 @@ impl Cluster {
                 // The `kubernetes` Service's endpoints would be 127.0.0.1,
                 // which endpoint validation refuses.
                 "--endpoint-reconciler-type=none".into(),
+                // No kube-proxy routes Service IPs: the API server calls a
+                // Service-based webhook at an address of its EndpointSlices
+                // (buildServiceResolver: NewEndpointServiceResolver).
+                "--enable-aggregator-routing=true".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
                 format!("--feature-gates={gates}"),

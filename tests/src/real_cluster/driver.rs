@@ -1,0 +1,222 @@
+//! The driver's pieces on a real cluster, shared by the real-cluster test
+//! files: the chart's objects installed as they are, each node's plugin on
+//! its own ServiceAccount token, the controller on its own token, and
+//! reading back what the real scheduler allocated.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use kube::api::{Api, ListParams, PostParams};
+use serde_json::{Value, json};
+
+use super::Cluster;
+use super::intercept::{Intercept, Trap};
+use super::objects::create_all;
+use crate::controller_process::ControllerProcess;
+use crate::helm;
+use crate::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+
+/// How long a test waits for the cluster to act (the scheduler, the
+/// controllers, a plugin's first publish) on a busy 2-core machine.
+pub const WAIT: Duration = Duration::from_secs(90);
+pub const NAMESPACE: &str = helm::NAMESPACE;
+pub const PLUGIN_ACCOUNT: &str = "gpu-dra-driver-kubelet-plugin";
+pub const CONTROLLER_ACCOUNT: &str = "gpu-dra-driver-controller";
+
+/// Polls `check` until it gives `Some`, panicking with `context()` after `WAIT`.
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F, context: impl Fn() -> String) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + WAIT;
+    loop {
+        if let Some(found) = check().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The chart as `helm install` renders it with `values` (Helm's engine,
+/// from a virtual environment under `tmp_dir`).
+pub fn chart(tmp_dir: &Path, values: Value) -> Vec<Value> {
+    helm::rendered(&helm::render_all(tmp_dir, &[("real", values)]), "real").0
+}
+
+/// The documents of a YAML file, as `kubectl apply -f` reads them.
+pub fn yaml_documents(path: &Path) -> Vec<Value> {
+    let text = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    helm::documents(&path.display().to_string(), &text)
+}
+
+/// `helm install --create-namespace`: the namespace, then the objects.
+pub async fn install(cluster: &Cluster, objects: &[Value]) {
+    let namespaces: Api<Namespace> = Api::all(cluster.admin());
+    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": NAMESPACE}})).expect("Namespace");
+    namespaces.create(&PostParams::default(), &namespace).await.expect("creating the release's namespace");
+    if let Err(e) = create_all(&cluster.admin(), objects).await {
+        panic!("the real API server refused the chart: {e}");
+    }
+}
+
+/// A node's plugin on its own ServiceAccount token (bound to a pod on the
+/// node), publishing its fake inventory's slices.
+pub struct NodePlugin {
+    pub node: String,
+    pub dirs: PluginDirs,
+    pub process: PluginProcess,
+}
+
+/// Makes the Node, starts its plugin with `inventory` and waits for its
+/// first slices.
+pub async fn start_plugin(cluster: &Cluster, node: &str, inventory: &Path) -> NodePlugin {
+    start_plugin_with(cluster, node, inventory, &[]).await
+}
+
+/// [`start_plugin`] with more flags (feature gates, sharing modes).
+pub async fn start_plugin_with(cluster: &Cluster, node: &str, inventory: &Path, extra_args: &[&str]) -> NodePlugin {
+    cluster.create_node(node).await;
+    let token = cluster.pod_bound_token(NAMESPACE, PLUGIN_ACCOUNT, node).await;
+    let text = std::fs::read_to_string(inventory).unwrap_or_else(|e| panic!("{}: {e}", inventory.display()));
+    let dirs = PluginDirs::new(&text).unwrap_or_else(|e| panic!("plugin directories: {e}"));
+    cluster.write_kubeconfig(&dirs.kubeconfig, &token);
+    let options = PluginOptions {
+        node: node.to_string(),
+        extra_args: extra_args.iter().map(ToString::to_string).collect(),
+        ..PluginOptions::default()
+    };
+    let process = PluginProcess::spawn(&dirs, &options).unwrap_or_else(|e| panic!("starting the plugin: {e}"));
+    let plugin = NodePlugin { node: node.to_string(), dirs, process };
+    let slices: Api<ResourceSlice> = Api::all(cluster.admin());
+    let selector = format!("spec.nodeName={node}");
+    eventually(
+        &format!("{node}'s slices"),
+        || {
+            let slices = slices.clone();
+            let selector = selector.clone();
+            async move {
+                let list = slices.list(&ListParams::default().fields(&selector)).await.ok()?;
+                (!list.items.is_empty()).then_some(())
+            }
+        },
+        || plugin.process.log(),
+    )
+    .await;
+    plugin
+}
+
+/// The controller on its own token (bound to a pod on `node`, as the
+/// chart's Deployment runs it), explaining at once, with `extra_args`.
+pub async fn start_controller(cluster: &Cluster, identity: &str, node: &str, extra_args: &[&str]) -> ControllerProcess {
+    let token = cluster.pod_bound_token(NAMESPACE, CONTROLLER_ACCOUNT, node).await;
+    let dir = cluster.dir().join(format!("controller-{identity}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let kubeconfig = dir.join("kubeconfig");
+    cluster.write_kubeconfig(&kubeconfig, &token);
+    let mut args = vec!["--explain-after", "0s"];
+    args.extend_from_slice(extra_args);
+    ControllerProcess::spawn(&kubeconfig, identity, &args).unwrap_or_else(|e| panic!("starting the controller: {e}"))
+}
+
+/// [`start_controller`] behind an [`Intercept`] front that springs `trap`
+/// (the controller still calls with its own token, added by the front).
+pub async fn start_controller_through(
+    cluster: &Cluster,
+    identity: &str,
+    node: &str,
+    trap: Arc<Trap>,
+) -> (ControllerProcess, Intercept) {
+    let token = cluster.pod_bound_token(NAMESPACE, CONTROLLER_ACCOUNT, node).await;
+    let front = Intercept::start(cluster.client_with_token(&token).await, trap)
+        .await
+        .unwrap_or_else(|e| panic!("starting the front: {e}"));
+    let dir = cluster.dir().join(format!("controller-{identity}"));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    let kubeconfig = dir.join("kubeconfig");
+    front.write_kubeconfig(&kubeconfig).unwrap_or_else(|e| panic!("{}: {e}", kubeconfig.display()));
+    let process = ControllerProcess::spawn(&kubeconfig, identity, &["--explain-after", "0s"])
+        .unwrap_or_else(|e| panic!("starting the controller: {e}"));
+    (process, front)
+}
+
+/// `(pool, device)` of each result of the claim's allocation.
+pub fn allocation(claim: &ResourceClaim) -> Vec<(String, String)> {
+    results(claim).iter().map(|r| (r["pool"].as_str().unwrap_or_default().into(), device_of(r))).collect()
+}
+
+fn device_of(result: &Value) -> String {
+    result["device"].as_str().unwrap_or_default().to_string()
+}
+
+/// The allocation's device results as JSON (request, pool, device,
+/// shareID, consumedCapacity).
+pub fn results(claim: &ResourceClaim) -> Vec<Value> {
+    let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+    results
+        .and_then(|d| d.results.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|r| serde_json::to_value(r).unwrap_or_default())
+        .collect()
+}
+
+/// The claim of a pod's first `resourceClaims` entry: the one it names, or
+/// the one the controller manager made from its template (recorded in
+/// the pod's status).
+pub async fn pod_claim(cluster: &Cluster, namespace: &str, pod: &str) -> Option<ResourceClaim> {
+    let pods: Api<Pod> = Api::namespaced(cluster.admin(), namespace);
+    let pod = pods.get(pod).await.ok()?;
+    let named = pod.spec.as_ref()?.resource_claims.as_ref()?.first()?.resource_claim_name.clone();
+    let name = match named {
+        Some(name) => name,
+        None => pod.status?.resource_claim_statuses?.first()?.resource_claim_name.clone()?,
+    };
+    Api::<ResourceClaim>::namespaced(cluster.admin(), namespace).get(&name).await.ok()
+}
+
+/// The node a pod is bound to, once it is.
+pub async fn bound_node(cluster: &Cluster, namespace: &str, pod: &str) -> Option<String> {
+    Api::<Pod>::namespaced(cluster.admin(), namespace).get(pod).await.ok()?.spec?.node_name
+}
+
+/// Whether the scheduler marked the pod unschedulable.
+pub async fn unschedulable(cluster: &Cluster, namespace: &str, pod: &str) -> bool {
+    let Ok(pod) = Api::<Pod>::namespaced(cluster.admin(), namespace).get(pod).await else {
+        return false;
+    };
+    let conditions = pod.status.and_then(|s| s.conditions).unwrap_or_default();
+    conditions
+        .iter()
+        .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+}
+
+/// A published device's attribute (`{"string": ...}`, `{"int": ...}`, ...).
+pub async fn device_attribute(cluster: &Cluster, pool: &str, device: &str, attribute: &str) -> Option<Value> {
+    let slices = Api::<ResourceSlice>::all(cluster.admin()).list(&ListParams::default()).await.ok()?;
+    let device = slices
+        .items
+        .iter()
+        .filter(|s| s.spec.pool.name == pool)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)?
+        .clone();
+    serde_json::to_value(device.attributes.as_ref()?.get(attribute)?).ok()
+}
+
+/// A published device's capacity value (e.g. "80Gi").
+pub async fn device_capacity(cluster: &Cluster, pool: &str, device: &str, capacity: &str) -> Option<String> {
+    let slices = Api::<ResourceSlice>::all(cluster.admin()).list(&ListParams::default()).await.ok()?;
+    let device = slices
+        .items
+        .iter()
+        .filter(|s| s.spec.pool.name == pool)
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .find(|d| d.name == device)?
+        .clone();
+    Some(device.capacity.as_ref()?.get(capacity)?.value.0.clone())
+}
