@@ -128,10 +128,21 @@ impl MigCapabilities {
         self.profiles.iter().find(|p| p.profile.gi_profile_id == gi_profile_id)
     }
 
-    /// Every (profile, placement) a device is published for, by profile id
-    /// then start.
+    /// Every (profile, placement) a device is published for, in the order
+    /// a first-fit scheduler should try them: smallest profiles first (by
+    /// compute slices, memory slices, memory; media extensions last), so
+    /// "a 2g or bigger" gets a 2g, not the 7g; and each profile's
+    /// placements from the highest start down, so small instances fill the
+    /// GPU from its end and leave slice 0, where the large profiles start,
+    /// free longest (out-of-order placement fragmented NVIDIA's GPUs, their
+    /// #933).
     pub fn devices(&self) -> impl Iterator<Item = (&MigCapableProfile, Placement)> {
-        self.profiles.iter().flat_map(|p| p.placements.iter().map(move |&pl| (p, pl)))
+        let mut profiles: Vec<&MigCapableProfile> = self.profiles.iter().collect();
+        profiles.sort_by_key(|p| {
+            let media = p.profile.jpeg_engines + p.profile.ofa_engines;
+            (p.compute_slices, p.memory_slices, p.profile.memory_bytes, media, p.profile.gi_profile_id)
+        });
+        profiles.into_iter().flat_map(|p| p.placements.iter().rev().map(move |&pl| (p, pl)))
     }
 
     /// The GPU's counters: what the whole GPU consumes.

@@ -120,7 +120,13 @@ fn a_dynamic_gpu_publishes_every_profile_and_placement() {
     let names: Vec<String> = inv.published_devices().iter().map(|d| d.name().unwrap().to_string()).collect();
     // H100: the whole GPU (MIG mode switchable) + 7+7+4+3+2+1+1 devices; A100: 25, no whole GPU.
     assert_eq!(names.len(), 1 + 25 + 25);
-    assert_eq!(names[0], "gpu-0");
+    assert_eq!(names[0], "gpu-0-mig-1g10gb-19-6", "smallest profile first, from the GPU's end");
+    assert_eq!(names[25], "gpu-0", "the whole GPU after its MIG devices");
+    assert_eq!(
+        names[26..30],
+        ["gpu-1-mig-1g5gb-19-6", "gpu-1-mig-1g5gb-19-5", "gpu-1-mig-1g5gb-19-4", "gpu-1-mig-1g5gb-19-3"]
+    );
+    assert_eq!(names[50], "gpu-1-mig-7g40gb-0-0");
     assert!(names.contains(&"gpu-0-mig-1g10gb-19-6".to_string()));
     assert!(names.contains(&"gpu-1-mig-7g40gb-0-0".to_string()));
     assert!(!names.contains(&"gpu-1".to_string()), "an A100 in MIG mode does not offer the whole GPU");

@@ -269,8 +269,9 @@ impl<'a> PublishedDevice<'a> {
 impl Inventory {
     /// The devices this node offers, in a stable order: per GPU (by minor),
     /// the whole GPU when MIG is off, otherwise its MIG devices by placement;
-    /// for a dynamic GPU, the whole GPU where MIG mode can be switched, then
-    /// one device per profile (by id) and placement (by start).
+    /// for a dynamic GPU, one device per profile and placement (smallest
+    /// first, see [`dynamic_mig::MigCapabilities::devices`]), then the
+    /// whole GPU where MIG mode can be switched.
     pub fn published_devices(&self) -> Vec<PublishedDevice<'_>> {
         let mut out = Vec::new();
         for gpu in &self.gpus {
@@ -284,14 +285,14 @@ impl Inventory {
                 MigMode::Dynamic(_) => {
                     // Without a profile table there is nothing to offer (`select` never does this).
                     let Some(caps) = &gpu.mig_capabilities else { continue };
-                    if caps.mig_mode_switchable {
-                        out.push(PublishedDevice::Gpu(gpu));
-                    }
                     out.extend(caps.devices().map(|(profile, placement)| PublishedDevice::DynamicMig {
                         parent: gpu,
                         profile,
                         placement,
                     }));
+                    if caps.mig_mode_switchable {
+                        out.push(PublishedDevice::Gpu(gpu));
+                    }
                 }
             }
         }
