@@ -4,13 +4,14 @@
 //! Grouped by concern: what the kubelet talks to (`kubelet_api`), what the
 //! cluster is told (`publish`), what a claim does to the node (`prepare`),
 //! what survives a crash (`state`), the node's driver installation
-//! (`host`), and what an operator reads (`observe`).
+//! (`host`), what an operator reads (`observe`), and dynamic MIG (`mig`).
 
 pub mod cli;
 pub mod host;
 pub use gpu_dra_driver::service::http;
 pub use gpu_dra_driver::service::kube_client;
 pub mod kubelet_api;
+pub mod mig;
 pub mod observe;
 pub mod prepare;
 pub mod publish;

@@ -24,7 +24,8 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail};
-use gpu_dra_driver::feature_gates::FeatureGates;
+use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
+use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus};
 use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
@@ -159,11 +160,15 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
         if !names.insert(n.name.clone()) {
             bail!("{at}: node {} is listed twice; fix: give each node a distinct name", n.name);
         }
-        let inventory = inventory(&n.inventory, &node, dir, &at, &mut files)?;
+        let mut inventory = inventory(&n.inventory, &node, dir, &at, &mut files)?;
         let node_gates = match &n.feature_gates {
             Some(text) => gates(Some(text), &format!("{at}: featureGates"))?,
             None => fleet_gates,
         };
+        // As the plugin's default --dynamic-mig-gpus=auto selects them.
+        if node_gates.enabled(Gate::DynamicMig) {
+            dynamic_mig::select(&mut inventory, &DynamicMigGpus::Auto, &|_| false);
+        }
         let node_shares = match &n.consumable_shares {
             Some(text) => shares_mode(Some(text), &format!("{at}: consumableShares"))?,
             None => fleet_shares,
