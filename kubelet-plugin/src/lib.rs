@@ -11,6 +11,7 @@ pub mod host;
 pub use gpu_dra_driver::service::http;
 pub use gpu_dra_driver::service::kube_client;
 pub mod kubelet_api;
+pub mod mig;
 pub mod observe;
 pub mod prepare;
 pub mod publish;

@@ -497,6 +497,8 @@ impl<S: ClaimSource> Preparer<S> {
                     share_id: d.share_id.clone(),
                     admin_access: d.admin_access,
                     time_slice: None,
+                    dynamic_mig: None,
+                    mig_mode_off: None,
                 })
                 .collect(),
             mps: None,
