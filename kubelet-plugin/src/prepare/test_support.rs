@@ -167,6 +167,7 @@ impl Harness {
                 ready: std::time::Duration::from_millis(300),
                 exit: std::time::Duration::from_millis(300),
             },
+            mig: None,
         }
     }
 
