@@ -141,6 +141,10 @@ pub enum CdiError {
         "MIG device {0} has no access capability in /proc/driver/nvidia-caps/mig-minors: check that the MIG instance still exists (nvidia-smi mig -lgi)"
     )]
     MissingMigCaps(DeviceName),
+    /// A dynamic MIG device names a profile and placement, not an
+    /// instance: prepare creates the instance and writes the spec for it.
+    #[error("dynamic MIG device {0} has no MIG instance yet: the instance is created when the claim is prepared")]
+    NotCreated(DeviceName),
     #[error("a claim needs at least one device")]
     NoDevices,
 }
@@ -220,6 +224,9 @@ fn device_nodes(
     name: &DeviceName,
     device: &PublishedDevice<'_>,
 ) -> Result<Vec<DeviceNode>, CdiError> {
+    if let PublishedDevice::DynamicMig { .. } = device {
+        return Err(CdiError::NotCreated(name.clone()));
+    }
     let gpu = device.gpu();
     let mut nodes = vec![DeviceNode::char(format!("/dev/nvidia{}", gpu.minor), NVIDIA_MAJOR, gpu.minor)];
     if let PublishedDevice::Mig { mig, .. } = device {

@@ -12,6 +12,8 @@
 //!     mig:
 //!       - gpus: [0]                 # which GPUs of this entry (default: all)
 //!         instances: [3g.40gb, {profile: 1g.10gb, start: 6}]
+//!       - gpus: [1, 2]              # MIG mode on, no instances: made by the
+//!         dynamic: true             # driver at prepare (gate DynamicMIG)
 //!     faults:
 //!       - {gpu: 3, xid: 79}
 //!       - {gpu: 0, migInstance: 1, xid: 94}
@@ -30,6 +32,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::catalog::{Catalog, GpuModel};
+use super::dynamic_mig::MigCapabilities;
 use super::mig_layout::{self, RequestedInstance};
 use super::{
     CliqueId, DeviceMajors, DiscoveryError, Fault, Gpu, Inventory, InventorySource, MigCapMinors, MigDevice, MigMode,
@@ -156,7 +159,7 @@ fn yaml_error(e: serde_yaml_ng::Error) -> Located {
         _ => (String::new(), msg),
     };
     let fix = if problem.contains("unknown field") {
-        "remove or correct that field (fields: driverVersion, cudaDriverVersion, deviceMajors, gpus; per GPU entry: model, count, numaNode, nvlinkGroups, clique, addressingMode, mig, faults)"
+        "remove or correct that field (fields: driverVersion, cudaDriverVersion, deviceMajors, gpus; per GPU entry: model, count, numaNode, nvlinkGroups, clique, addressingMode, mig (gpus, instances, dynamic), faults)"
     } else {
         "correct the YAML there; examples/inventories/ has files in the expected format"
     };
@@ -213,7 +216,11 @@ struct FakeClique {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct FakeMigLayout {
     gpus: Option<Vec<u32>>,
+    #[serde(default)]
     instances: Vec<FakeMigInstance>,
+    /// MIG mode on with no instances, for dynamic MIG ([`super::dynamic_mig`]).
+    #[serde(default)]
+    dynamic: bool,
 }
 
 /// `1g.10gb` or `{profile: 1g.10gb, start: 6}`, told apart by shape (an
@@ -340,6 +347,7 @@ fn build(file: &FakeInventoryFile, node: &NodeName) -> Result<Inventory, Located
             gpu.addressing_mode = entry.addressing_mode;
             if let Some(instances) = mig_by_gpu.get(&local) {
                 gpu.mig = MigMode::Enabled(fake_mig_devices(node, &gpu, instances));
+                gpu.mig_capabilities = MigCapabilities::from_model(model);
             }
             gpus.push(gpu);
         }
@@ -389,6 +397,20 @@ fn entry_mig_layouts<'m>(
 ) -> Result<BTreeMap<u32, Vec<mig_layout::PlacedInstance<'m>>>, Located> {
     let mut requested: BTreeMap<u32, (usize, Vec<RequestedInstance>)> = BTreeMap::new();
     for (l, layout) in entry.mig.iter().enumerate() {
+        if model.mig_profiles.is_empty() {
+            return Err((
+                at(&format!("mig[{l}]")),
+                format!("{} does not support MIG", model.product_name),
+                "remove the mig section for this model".into(),
+            ));
+        }
+        if layout.dynamic && !layout.instances.is_empty() {
+            return Err((
+                at(&format!("mig[{l}].instances")),
+                "a dynamic layout has no instances: the driver makes them when claims are prepared".into(),
+                "drop instances, or drop dynamic: true to cut these instances once".into(),
+            ));
+        }
         let targets: Vec<u32> = layout.gpus.clone().unwrap_or_else(|| (0..entry.count).collect());
         for &g in &targets {
             if g >= entry.count {
@@ -500,6 +522,7 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
         numa_node: Some(numa.unwrap_or(if total >= 2 && index >= total / 2 { 1 } else { 0 })),
         memory_bytes: model.memory_mib << 20,
         mig: MigMode::Disabled,
+        mig_capabilities: None,
         nvlink_group: None,
         clique: None,
         addressing_mode: None,
@@ -610,6 +633,22 @@ mod tests {
         assert_eq!(migs[0].profile.memory_bytes, 40192 << 20);
         assert_eq!(migs[0].caps, Some(MigCapMinors { gpu_instance: 3 + 135 + 9, compute_instance: 3 + 135 + 10 }));
         assert!(migs[0].uuid.starts_with("MIG-"));
+    }
+
+    #[test]
+    fn dynamic_layouts_are_mig_gpus_without_instances_and_with_the_profile_table() {
+        let inv = ok("gpus: [{model: A100-SXM4-40GB, count: 3, mig: [{gpus: [1, 2], dynamic: true}]}]");
+        assert_eq!(inv.gpus[0].mig, MigMode::Disabled);
+        assert_eq!(inv.gpus[0].mig_capabilities, None);
+        assert_eq!(inv.gpus[1].mig, MigMode::Enabled(vec![]), "dynamic once selected (gate DynamicMIG)");
+        let caps = inv.gpus[2].mig_capabilities.as_ref().expect("profile table");
+        assert_eq!(caps.devices().count(), 25);
+        let (field, problem, _) = err("gpus: [{model: H100-80GB, mig: [{dynamic: true, instances: [1g.10gb]}]}]");
+        assert_eq!(field, "gpus[0].mig[0].instances");
+        assert!(problem.contains("a dynamic layout has no instances"), "{problem}");
+        let (field, problem, _) = err("gpus: [{model: L4-24GB, mig: [{dynamic: true}]}]");
+        assert_eq!(field, "gpus[0].mig[0]");
+        assert!(problem.contains("does not support MIG"), "{problem}");
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! (slices, CDI, health) reads only this model.
 
 pub mod catalog;
+pub mod dynamic_mig;
 pub mod fake;
 pub mod mig_layout;
 pub mod nvlink;
@@ -64,6 +65,9 @@ pub struct Gpu {
     pub numa_node: Option<u32>,
     pub memory_bytes: u64,
     pub mig: MigMode,
+    /// The MIG profiles and placements the GPU supports, read for GPUs in
+    /// MIG mode (dynamic MIG publishes them); `None` otherwise.
+    pub mig_capabilities: Option<dynamic_mig::MigCapabilities>,
     /// GPUs that reach each other over NVLink share a group; the value is the
     /// lowest minor number in the group. `None` without active NVLink peers.
     pub nvlink_group: Option<u32>,
@@ -116,6 +120,10 @@ pub enum MigMode {
     /// MIG mode is on; only these instances are usable, never the whole GPU.
     /// An empty list is a stranded GPU: nothing to publish.
     Enabled(Vec<MigDevice>),
+    /// MIG mode is on and the driver makes instances when claims are
+    /// prepared ([`dynamic_mig`]): these exist now, all made by us. Set only
+    /// by [`dynamic_mig::select`], for GPUs with `mig_capabilities`.
+    Dynamic(Vec<MigDevice>),
 }
 
 /// One MIG device: a GPU instance with one compute instance spanning it.
@@ -200,11 +208,14 @@ pub enum Fault {
     Lost,
 }
 
-/// A device the node publishes: a whole GPU or one MIG device of it.
+/// A device the node publishes: a whole GPU, one MIG device of it, or
+/// (dynamic MIG) one profile at one placement, which exists only once
+/// prepared.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PublishedDevice<'a> {
     Gpu(&'a Gpu),
     Mig { parent: &'a Gpu, mig: &'a MigDevice },
+    DynamicMig { parent: &'a Gpu, profile: &'a dynamic_mig::MigCapableProfile, placement: Placement },
 }
 
 impl Gpu {
@@ -219,21 +230,7 @@ impl MigDevice {
     /// the profile lowered to a DNS label the way NVIDIA's driver does it
     /// (`1g.10gb+me` becomes `1g10gb-me`).
     pub fn device_name(&self, parent: &Gpu) -> Result<DeviceName, InvalidName> {
-        let profile: String = self
-            .profile
-            .name
-            .chars()
-            .filter(|&c| c != '.')
-            .map(|c| {
-                let c = c.to_ascii_lowercase();
-                if c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' { c } else { '-' }
-            })
-            .collect();
-        let profile = profile.trim_matches('-');
-        DeviceName::new(format!(
-            "gpu-{}-mig-{}-{}-{}",
-            parent.minor, profile, self.profile.gi_profile_id, self.placement.start
-        ))
+        dynamic_mig::mig_device_name(parent.minor, &self.profile.name, self.profile.gi_profile_id, self.placement.start)
     }
 }
 
@@ -242,6 +239,12 @@ impl<'a> PublishedDevice<'a> {
         match self {
             PublishedDevice::Gpu(gpu) => gpu.device_name(),
             PublishedDevice::Mig { parent, mig } => mig.device_name(parent),
+            PublishedDevice::DynamicMig { parent, profile, placement } => dynamic_mig::mig_device_name(
+                parent.minor,
+                &profile.profile.name,
+                profile.profile.gi_profile_id,
+                placement.start,
+            ),
         }
     }
 
@@ -249,7 +252,7 @@ impl<'a> PublishedDevice<'a> {
     pub fn gpu(&self) -> &'a Gpu {
         match self {
             PublishedDevice::Gpu(gpu) => gpu,
-            PublishedDevice::Mig { parent, .. } => parent,
+            PublishedDevice::Mig { parent, .. } | PublishedDevice::DynamicMig { parent, .. } => parent,
         }
     }
 
@@ -258,13 +261,16 @@ impl<'a> PublishedDevice<'a> {
         match self {
             PublishedDevice::Gpu(gpu) => gpu.faults.clone(),
             PublishedDevice::Mig { parent, mig } => parent.faults.iter().chain(&mig.faults).copied().collect(),
+            PublishedDevice::DynamicMig { parent, .. } => parent.faults.clone(),
         }
     }
 }
 
 impl Inventory {
     /// The devices this node offers, in a stable order: per GPU (by minor),
-    /// the whole GPU when MIG is off, otherwise its MIG devices by placement.
+    /// the whole GPU when MIG is off, otherwise its MIG devices by placement;
+    /// for a dynamic GPU, the whole GPU where MIG mode can be switched, then
+    /// one device per profile (by id) and placement (by start).
     pub fn published_devices(&self) -> Vec<PublishedDevice<'_>> {
         let mut out = Vec::new();
         for gpu in &self.gpus {
@@ -274,6 +280,18 @@ impl Inventory {
                     let mut migs: Vec<&MigDevice> = migs.iter().collect();
                     migs.sort_by_key(|m| (m.placement.start, m.profile.gi_profile_id));
                     out.extend(migs.into_iter().map(|mig| PublishedDevice::Mig { parent: gpu, mig }));
+                }
+                MigMode::Dynamic(_) => {
+                    // Without a profile table there is nothing to offer (`select` never does this).
+                    let Some(caps) = &gpu.mig_capabilities else { continue };
+                    if caps.mig_mode_switchable {
+                        out.push(PublishedDevice::Gpu(gpu));
+                    }
+                    out.extend(caps.devices().map(|(profile, placement)| PublishedDevice::DynamicMig {
+                        parent: gpu,
+                        profile,
+                        placement,
+                    }));
                 }
             }
         }
@@ -321,6 +339,7 @@ pub(crate) mod test_support {
             numa_node: Some(0),
             memory_bytes: 80 << 30,
             mig: MigMode::Disabled,
+            mig_capabilities: None,
             nvlink_group: None,
             clique: None,
             addressing_mode: None,

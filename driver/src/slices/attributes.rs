@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, DeviceTaint};
 
-use crate::inventory::{Fault, Gpu, Inventory, MigDevice, PublishedDevice};
+use crate::inventory::{Fault, Gpu, Inventory, MigDevice, MigProfile, PublishedDevice};
 use crate::names::{DriverName, InvalidName};
 use crate::quantity;
 
@@ -136,14 +136,31 @@ fn mig_device(
     parent: &Gpu,
     mig: &MigDevice,
 ) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
+    let (mut attrs, mut caps) = mig_profile_device(inv, parent, &mig.profile);
+    attrs.insert(name::UUID.into(), string(&mig.uuid));
+    // Which memory slices the instance occupies, as NVIDIA's static MIG
+    // devices publish them.
+    for slice in mig.placement.slices() {
+        caps.insert(format!("{}{slice}", name::MEMORY_SLICE_PREFIX), capacity(quantity::count(1)));
+    }
+    (attrs, caps)
+}
+
+/// What a MIG device of `profile` on `parent` publishes whether or not it
+/// exists yet: a dynamic MIG device has no `uuid` before it is prepared,
+/// and, as in NVIDIA's driver, says its placement only through the
+/// counters it consumes (no `memorySlice<N>` capacities).
+fn mig_profile_device(
+    inv: &Inventory,
+    parent: &Gpu,
+    p: &MigProfile,
+) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
     let mut attrs = BTreeMap::new();
     attrs.insert(name::TYPE.into(), string(name::TYPE_MIG));
-    attrs.insert(name::UUID.into(), string(&mig.uuid));
     attrs.insert(name::PARENT_UUID.into(), string(&parent.uuid));
-    attrs.insert(name::PROFILE.into(), string(&mig.profile.name));
+    attrs.insert(name::PROFILE.into(), string(&p.name));
     gpu_common_attributes(inv, parent, &mut attrs);
-    let p = &mig.profile;
-    let mut caps = BTreeMap::from([
+    let caps = BTreeMap::from([
         (name::MULTIPROCESSORS.to_string(), capacity(quantity::count(p.multiprocessors.into()))),
         (name::COPY_ENGINES.to_string(), capacity(quantity::count(p.copy_engines.into()))),
         (name::DECODERS.to_string(), capacity(quantity::count(p.decoders.into()))),
@@ -152,11 +169,6 @@ fn mig_device(
         (name::OFA_ENGINES.to_string(), capacity(quantity::count(p.ofa_engines.into()))),
         (name::MEMORY.to_string(), capacity(quantity::bytes(p.memory_bytes))),
     ]);
-    // Which memory slices the instance occupies, as NVIDIA's static MIG
-    // devices publish them.
-    for slice in mig.placement.slices() {
-        caps.insert(format!("{}{slice}", name::MEMORY_SLICE_PREFIX), capacity(quantity::count(1)));
-    }
     (attrs, caps)
 }
 
@@ -231,6 +243,7 @@ pub fn to_api_device(
     let (attributes, capacity) = match device {
         PublishedDevice::Gpu(gpu) => gpu_device(inv, gpu),
         PublishedDevice::Mig { parent, mig } => mig_device(inv, parent, mig),
+        PublishedDevice::DynamicMig { parent, profile, .. } => mig_profile_device(inv, parent, &profile.profile),
     };
     let taints = taints(driver, &device.faults(), policy);
     Ok(Device {

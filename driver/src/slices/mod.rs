@@ -115,6 +115,7 @@ impl SliceBuilder {
                 let memory = match d {
                     PublishedDevice::Gpu(gpu) => gpu.memory_bytes,
                     PublishedDevice::Mig { mig, .. } => mig.profile.memory_bytes,
+                    PublishedDevice::DynamicMig { profile, .. } => profile.profile.memory_bytes,
                 };
                 consumable_shares::apply(&mut device, memory, self.consumable_shares);
                 Ok(device)

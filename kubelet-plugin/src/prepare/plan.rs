@@ -159,7 +159,7 @@ fn planned(
         request: result.request.clone(),
         pool: result.pool.clone(),
         device,
-        is_mig: matches!(published, PublishedDevice::Mig { .. }),
+        is_mig: matches!(published, PublishedDevice::Mig { .. } | PublishedDevice::DynamicMig { .. }),
         admin_access: result.admin_access.unwrap_or(false),
         share_id: result.share_id.clone(),
         consumed_capacity: result

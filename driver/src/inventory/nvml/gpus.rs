@@ -103,6 +103,7 @@ fn read_gpu(device: &Device<'_>, index: u32, sys_root: &Path, mig_minors: &MigMi
         numa_node: None,
         memory_bytes: 0,
         mig: MigMode::Disabled,
+        mig_capabilities: None,
         nvlink_group: None,
         clique: None,
         addressing_mode: None,

@@ -73,6 +73,9 @@ pub fn plan_daemon(
         let (uuid, parent) = match published {
             PublishedDevice::Gpu(gpu) => (gpu.uuid.clone(), gpu.uuid.clone()),
             PublishedDevice::Mig { parent, mig } => (mig.uuid.clone(), parent.uuid.clone()),
+            PublishedDevice::DynamicMig { .. } => {
+                return Err(format!("device {} is a dynamic MIG device with no instance yet", device.device));
+            }
         };
         let group = group_uuids(planned, resolved, inventory, config.source);
         let Some(settings) = device_mps(device, config, &uuid, &group, gates)? else { continue };
@@ -119,9 +122,10 @@ fn group_uuids(
         .zip(resolved)
         .filter(|(_, c)| c.source == source)
         .filter_map(|(d, _)| inventory.find_device(&d.device))
-        .map(|p| match p {
-            PublishedDevice::Gpu(gpu) => gpu.uuid.clone(),
-            PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
+        .filter_map(|p| match p {
+            PublishedDevice::Gpu(gpu) => Some(gpu.uuid.clone()),
+            PublishedDevice::Mig { mig, .. } => Some(mig.uuid.clone()),
+            PublishedDevice::DynamicMig { .. } => None,
         })
         .collect()
 }
