@@ -170,6 +170,7 @@ fn open_preparer(
             ready: Duration::from_millis(args.mps_ready_timeout_ms),
             ..Default::default()
         },
+        mig: mig_host(args),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
@@ -183,6 +184,31 @@ fn open_preparer(
         "checkpoint reconciled"
     );
     Ok(preparer)
+}
+
+/// NVML for dynamic MIG (one session for the process's life), unless the
+/// inventory is fake.
+#[cfg(target_os = "linux")]
+fn mig_host(args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
+    if args.node.fake_inventory.is_some() {
+        return None;
+    }
+    let source = crate::host::driver_files::nvml_source(&args.driver_root, &args.host);
+    match source.init_nvml() {
+        Ok(nvml) => Some(crate::mig::lifecycle::MigHost {
+            control: Arc::new(crate::mig::nvml::NvmlMigControl::new(nvml)),
+            proc_root: args.host.proc_root.clone(),
+        }),
+        Err(error) => {
+            tracing::warn!(%error, "NVML cannot be opened for dynamic MIG; claims for dynamic MIG devices will fail");
+            None
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn mig_host(_args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
+    None
 }
 
 type HttpTask = Option<tokio::task::JoinHandle<()>>;

@@ -27,7 +27,10 @@ impl DynamicPlan {
 
     /// The GPUs it touches (for the per-GPU locks).
     pub fn gpus(&self) -> impl Iterator<Item = &str> {
-        self.devices.iter().map(|(_, i)| i.gpu_uuid.as_str()).chain(self.whole_gpus.iter().map(|(_, w)| w.gpu_uuid.as_str()))
+        self.devices
+            .iter()
+            .map(|(_, i)| i.gpu_uuid.as_str())
+            .chain(self.whole_gpus.iter().map(|(_, w)| w.gpu_uuid.as_str()))
     }
 }
 
@@ -177,7 +180,8 @@ pub fn overlay_record(inventory: &Inventory, record: &ClaimRecord) -> Inventory 
         .filter_map(|d| d.dynamic_mig.as_ref())
         .filter_map(|m| m.made.as_ref().map(|made| (&m.intent, made)))
         .collect();
-    let whole: Vec<&str> = record.devices.iter().filter_map(|d| d.mig_mode_off.as_ref()).map(|w| w.gpu_uuid.as_str()).collect();
+    let whole: Vec<&str> =
+        record.devices.iter().filter_map(|d| d.mig_mode_off.as_ref()).map(|w| w.gpu_uuid.as_str()).collect();
     if made.is_empty() && whole.is_empty() {
         return inventory.clone();
     }
@@ -201,6 +205,22 @@ fn profile_of(gpu: &gpu_dra_driver::inventory::Gpu, intent: &MigIntent) -> MigPr
             ofa_engines: 0,
             memory_bytes: 0,
         })
+}
+
+/// Names each made MIG device's UUID in its CDI device's environment,
+/// `GPU_DRA_MIG_UUID_<DEVICE>=MIG-...` (the device name upper-cased, `-`
+/// as `_`): a dynamic device's UUID exists only once prepared, so the
+/// container is told which instance it got (e.g. for
+/// `CUDA_VISIBLE_DEVICES`, or to match `nvidia-smi -L`).
+pub fn add_uuid_env(spec: &mut gpu_dra_driver::cdi::Spec, uid: &str, record: &ClaimRecord) {
+    for device in &record.devices {
+        let Some(made) = device.dynamic_mig.as_ref().and_then(|m| m.made.as_ref()) else { continue };
+        let cdi_name = format!("{uid}-{}", device.device_name);
+        if let Some(cdi) = spec.devices.iter_mut().find(|d| d.name == cdi_name) {
+            let var = device.device_name.to_ascii_uppercase().replace('-', "_");
+            cdi.container_edits.env.push(format!("GPU_DRA_MIG_UUID_{var}={}", made.uuid));
+        }
+    }
 }
 
 /// Whether `gpu_uuid` is a GPU the plugin manages dynamically now: only

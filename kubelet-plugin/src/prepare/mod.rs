@@ -23,13 +23,14 @@ pub mod claims;
 pub mod configs;
 pub mod dynamic_mig;
 mod files;
-mod with_mig;
 pub mod locks;
 pub mod mps;
 pub mod plan;
 pub mod reconcile;
+mod reconcile_mig;
 pub mod sharing;
 pub mod types;
+mod with_mig;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -611,5 +612,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_mig;
 #[cfg(test)]
 mod tests_mps;

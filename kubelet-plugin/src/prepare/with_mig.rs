@@ -19,7 +19,6 @@ use std::sync::Arc;
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 
-use gpu_dra_driver::opaque_config::ResolvedConfig;
 use super::dynamic_mig::{self, DynamicPlan};
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
@@ -28,6 +27,7 @@ use crate::mig::kill_point::{self, Step};
 use crate::mig::{MigIntent, lifecycle};
 use crate::observe::metrics::ErrorKind;
 use crate::state::checkpoint::{ClaimRecord, DynamicMigDevice};
+use gpu_dra_driver::opaque_config::ResolvedConfig;
 
 /// What the prepare planned before the dynamic MIG steps.
 pub(super) struct Context<'a> {
@@ -133,6 +133,7 @@ impl<S: ClaimSource> Preparer<S> {
         if let Some(daemon) = &record.mps {
             mps::add_edits(&mut spec.spec, daemon, claim.uid.as_str());
         }
+        dynamic_mig::add_uuid_env(&mut spec.spec, claim.uid.as_str(), record);
         if let Some(dev_root) = &self.config.dev_root {
             let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
             crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
@@ -173,7 +174,8 @@ impl<S: ClaimSource> Preparer<S> {
             tracing::warn!(claim_uid = %record.uid, gpu = %intent.gpu_uuid, "the record names a MIG device on a GPU not managed dynamically; its instances are left alone");
         }
         // (Once out of MIG mode, a GPU is no longer listed as dynamic.)
-        let whole: Vec<String> = whole.into_iter().filter(|gpu| inventory.gpus.iter().any(|g| &g.uuid == gpu)).collect();
+        let whole: Vec<String> =
+            whole.into_iter().filter(|gpu| inventory.gpus.iter().any(|g| &g.uuid == gpu)).collect();
         blocking(move || {
             let refs: Vec<&MigIntent> = ours.iter().collect();
             lifecycle::unmake_all(&host, &refs)?;
