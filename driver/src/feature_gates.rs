@@ -9,6 +9,7 @@
 //! | `MPSSupport` | off | the `MPS` sharing strategy (a control daemon per claim) |
 //! | `ConsumableCapacity` | off | whole GPUs published for several claims at once, shared by memory (and optionally compute), each share's limit enforced through MPS: needs `MPSSupport` |
 //! | `ConsumableShares` | off | NVIDIA's unenforced sharing: GPUs and MIG devices published for several claims, by memory, without limit, or as N shares (`--consumable-shares`); nothing holds a claim to its share, as in NVIDIA's driver |
+//! | `DynamicMIG` | off | MIG devices made at prepare: MIG-mode GPUs the plugin manages (`--dynamic-mig-gpus`) are published as one device per MIG profile and placement plus the whole GPU (Hopper+), sharing counters (KEP-4815); the server needs `DRAPartitionableDevices` (on by default from 1.36) |
 
 use std::fmt;
 use std::str::FromStr;
@@ -20,11 +21,17 @@ pub enum Gate {
     MpsSupport,
     ConsumableCapacity,
     ConsumableShares,
+    DynamicMig,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 4] =
-        [Gate::TimeSlicingSettings, Gate::MpsSupport, Gate::ConsumableCapacity, Gate::ConsumableShares];
+    pub const ALL: [Gate; 5] = [
+        Gate::TimeSlicingSettings,
+        Gate::MpsSupport,
+        Gate::ConsumableCapacity,
+        Gate::ConsumableShares,
+        Gate::DynamicMig,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -32,6 +39,7 @@ impl Gate {
             Gate::MpsSupport => "MPSSupport",
             Gate::ConsumableCapacity => "ConsumableCapacity",
             Gate::ConsumableShares => "ConsumableShares",
+            Gate::DynamicMig => "DynamicMIG",
         }
     }
 }
@@ -43,13 +51,14 @@ pub struct FeatureGates {
     mps: bool,
     consumable_capacity: bool,
     consumable_shares: bool,
+    dynamic_mig: bool,
 }
 
 /// A `--feature-gates` value that cannot be used, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeatureGateError {
     #[error(
-        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity and ConsumableShares"
+        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity, ConsumableShares and DynamicMIG"
     )]
     Unknown(String),
     #[error("feature gate {gate}: {value:?} is not true or false")]
@@ -65,6 +74,7 @@ impl FeatureGates {
             Gate::MpsSupport => self.mps,
             Gate::ConsumableCapacity => self.consumable_capacity,
             Gate::ConsumableShares => self.consumable_shares,
+            Gate::DynamicMig => self.dynamic_mig,
         }
     }
 
@@ -98,6 +108,7 @@ impl FeatureGates {
             Gate::MpsSupport => self.mps = on,
             Gate::ConsumableCapacity => self.consumable_capacity = on,
             Gate::ConsumableShares => self.consumable_shares = on,
+            Gate::DynamicMig => self.dynamic_mig = on,
         }
         self
     }

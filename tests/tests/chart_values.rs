@@ -450,6 +450,7 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
             json!({"featureGates": {"TimeSlicingSettings": true, "MPSSupport": true, "NVMLDeviceHealthCheck": true, "DynamicMIG": false, "PassthroughSupport": false}}),
         ),
         ("api-version", json!({"resourceApiVersion": "resource.k8s.io/v1"})),
+        ("dynamic-mig", json!({"featureGates": {"DynamicMIG": true}})),
         ("consumable-shares", json!({"featureGates": {"ConsumableShares": true}, "consumableShares": "4"})),
         (
             "driver-capabilities",
@@ -485,7 +486,6 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
             json!({"featureGates": {"ConsumableShares": true, "ConsumableCapacity": true, "MPSSupport": true}, "consumableShares": "4"}),
             "turn on one of them",
         ),
-        ("dynamic-mig", json!({"featureGates": {"DynamicMIG": true}}), "published as configured on the node"),
         ("no-health", json!({"featureGates": {"NVMLDeviceHealthCheck": false}}), "additionalXidsToIgnore"),
         ("passthrough", json!({"featureGates": {"PassthroughSupport": true}}), "CDI only"),
         ("imex", json!({"featureGates": {"IMEXDaemonsWithDNSNames": true}}), "ComputeDomains"),

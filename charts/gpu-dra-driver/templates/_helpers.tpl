@@ -53,7 +53,7 @@ NVIDIA's other gates are checked in validate.yaml and never passed on. */ -}}
 {{- define "gpu-dra-driver.featureGates" -}}
 {{- $gates := list -}}
 {{- range $name, $on := .Values.featureGates -}}
-{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares") -}}
+{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG") -}}
 {{- $gates = append $gates (printf "%s=%t" $name $on) -}}
 {{- end -}}
 {{- end -}}

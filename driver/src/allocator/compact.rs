@@ -205,7 +205,7 @@ pub(crate) struct CompactSlice {
     pub(crate) all_nodes: Option<bool>,
     pub(crate) node_selector: Option<NodeSelector>,
     pub(crate) per_device_node_selection: bool,
-    /// Counter slices' sets, parsed (empty for device slices).
+    /// The slice's counter sets, parsed (empty for device-only slices).
     pub(crate) counter_sets: SliceCounterSets,
     /// Some device has binding conditions.
     pub(crate) binding_conditions: bool,
@@ -213,8 +213,14 @@ pub(crate) struct CompactSlice {
 }
 
 impl CompactSlice {
-    /// Carries counters rather than devices (1.35+: one or the other).
+    /// Carries counters and no devices (1.35+: one or the other).
     pub(crate) fn is_counter_slice(&self) -> bool {
+        self.has_counters() && self.devices.is_empty()
+    }
+
+    /// Defines counter sets: a counter slice, or (1.34) a slice with both
+    /// counter sets and the devices consuming them.
+    pub(crate) fn has_counters(&self) -> bool {
         !self.counter_sets.is_empty()
     }
 }

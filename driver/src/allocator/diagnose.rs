@@ -12,8 +12,8 @@ use super::compact::DeviceRecord;
 use super::constraints::{self, Kind};
 use super::counters::{self, CounterUse};
 use super::explain::{
-    CapacityShortfall, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount, PoolIssue,
-    RequestReport, TaintedDevice, ValueCount, Wanted,
+    CapacityShortfall, ConstraintKind, ConstraintReport, CounterShortfall, Explanation, MAX_OWNERS, OtherOwners,
+    OwnerCount, PoolIssue, RequestReport, TaintedDevice, ValueCount, Wanted,
 };
 use super::index::Fleet;
 use super::request::{Alternative, ClaimPlan, Mode};
@@ -241,6 +241,7 @@ fn count(
         tainted: vec![],
         capacity_exhausted: 0,
         capacity_shortfalls: vec![],
+        counter_shortfalls: vec![],
         counters_exhausted: 0,
         available: 0,
         selector_breakdown: None,
@@ -335,14 +336,22 @@ fn count(
             // A shareable device already in use consumes its counters already.
             let counts_counters = !(shareable && state.consumed(d).is_some());
             let consumption = fleet.consumption(d);
-            if counts_counters
-                && !consumption.is_empty()
-                && fleet
-                    .pool_counters(dref.pool)
-                    .is_none_or(|pc| counters::fits(pc, dref.pool, consumption, &state.counters, &no_use).is_err())
-            {
-                report.counters_exhausted += usize::from(first_time);
-                continue;
+            if counts_counters && !consumption.is_empty() {
+                let misfit = match fleet.pool_counters(dref.pool) {
+                    None => Some(None),
+                    Some(pc) => counters::fits(pc, dref.pool, consumption, &state.counters, &no_use)
+                        .err()
+                        .map(|(set, counter)| Some(format!("{set}/{counter}"))),
+                };
+                if let Some(counter) = misfit {
+                    if first_time {
+                        report.counters_exhausted += 1;
+                        if let Some(counter) = counter.filter(|_| report.counter_shortfalls.len() < MAX_SHORTFALLS) {
+                            report.counter_shortfalls.push(CounterShortfall { device: fleet.describe(d), counter });
+                        }
+                    }
+                    continue;
+                }
             }
             if let Some(t) = taints::blocking_taint(dev, alt.tolerations) {
                 if first_time {

@@ -53,6 +53,15 @@ pub struct CapacityShortfall {
     pub reason: String,
 }
 
+/// A matching device blocked by a shared counter other devices used up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CounterShortfall {
+    /// `<driver>/<pool>/<device>`.
+    pub device: String,
+    /// `<counter set>/<counter>`: the first counter it needs that is used up.
+    pub counter: String,
+}
+
 /// How many owners an explanation lists by name.
 pub const MAX_OWNERS: usize = 10;
 
@@ -87,6 +96,8 @@ pub struct RequestReport {
     pub capacity_shortfalls: Vec<CapacityShortfall>,
     /// Matching devices whose shared counters are used up by other devices.
     pub counters_exhausted: usize,
+    /// The first few of them, with the counter that is used up.
+    pub counter_shortfalls: Vec<CounterShortfall>,
     /// Matching devices that are usable right now.
     pub available: usize,
     /// The first request selector that matched nothing, broken down: which
@@ -261,6 +272,15 @@ impl fmt::Display for RequestReport {
                 "; {} blocked by shared counters (overlapping partitions in use)",
                 plural(self.counters_exhausted, "device", "devices")
             )?;
+            let list: Vec<String> =
+                self.counter_shortfalls.iter().map(|s| format!("{} ({} used up)", s.device, s.counter)).collect();
+            if !list.is_empty() {
+                write!(f, ": {}", list.join(", "))?;
+            }
+            let more = self.counters_exhausted.saturating_sub(list.len());
+            if more > 0 && !list.is_empty() {
+                write!(f, " and {more} more")?;
+            }
         }
         if self.selector_errors > 0 {
             write!(f, "; selectors failed on {}", plural(self.selector_errors, "device", "devices"))?;
@@ -346,6 +366,7 @@ mod tests {
             capacity_exhausted: 0,
             capacity_shortfalls: vec![],
             counters_exhausted: 0,
+            counter_shortfalls: vec![],
             available: 0,
             selector_breakdown: None,
         }

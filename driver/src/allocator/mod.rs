@@ -74,8 +74,9 @@ mod test_support;
 pub use budget::SearchBudget;
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
-    CapacityShortfall, ClauseCount, ConstraintKind, ConstraintReport, Explanation, MAX_OWNERS, OtherOwners, OwnerCount,
-    PoolIssue, PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount, Wanted,
+    CapacityShortfall, ClauseCount, ConstraintKind, ConstraintReport, CounterShortfall, Explanation, MAX_OWNERS,
+    OtherOwners, OwnerCount, PoolIssue, PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount,
+    Wanted,
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 

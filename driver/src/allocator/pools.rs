@@ -10,8 +10,9 @@
 //!   or a device consumes a counter set or counter that does not exist;
 //! - slices are ordered by name and pools by (driver, pool), so first-fit
 //!   picks are deterministic and drivers can steer them by naming;
-//! - a slice with `sharedCounters` only contributes counters (1.35+ rule:
-//!   one slice holds devices or counters, not both).
+//! - counter sets come from every slice of the pool: counter slices (1.35+:
+//!   one slice holds devices or counters, not both) and, as 1.34 lays them
+//!   out, slices holding both counter sets and the devices consuming them.
 //!
 //! One deliberate difference: upstream checks device names only among the
 //! slices a node can see; we check all slices of the pool's generation, so a
@@ -155,8 +156,7 @@ fn check(
 
 /// The pool's counter sets; the memo's when built from the same slices.
 fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<CounterSets>, String> {
-    let from: Vec<&SliceCounterSets> =
-        slices.iter().filter(|s| s.is_counter_slice()).map(|s| &s.counter_sets).collect();
+    let from: Vec<&SliceCounterSets> = slices.iter().filter(|s| s.has_counters()).map(|s| &s.counter_sets).collect();
     if from.len() == checked.built_from.len() && from.iter().zip(&checked.built_from).all(|(a, b)| Arc::ptr_eq(a, b)) {
         return Ok(Arc::clone(&checked.sets));
     }
@@ -174,7 +174,7 @@ fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<C
 
 fn check_devices(slices: &[CompactSlice], sets: &Arc<CounterSets>, checked: &mut CheckedDraws) -> Result<(), String> {
     if !Arc::ptr_eq(&checked.sets, sets) {
-        let built_from = slices.iter().filter(|s| s.is_counter_slice()).map(|s| Arc::clone(&s.counter_sets)).collect();
+        let built_from = slices.iter().filter(|s| s.has_counters()).map(|s| Arc::clone(&s.counter_sets)).collect();
         if *checked.sets == **sets {
             // Equal sets from new slices: the draws found valid stay valid.
             checked.sets = Arc::clone(sets);

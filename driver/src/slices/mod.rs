@@ -3,15 +3,18 @@
 //! One pool per node, named after the node, with `spec.nodeName` set. Devices
 //! are split across as many slices as the API's per-slice limit needs; every
 //! slice of a pool carries the same generation and the pool's slice count, so
-//! consumers know when they have seen the whole pool.
+//! consumers know when they have seen the whole pool. With `DynamicMIG`, the
+//! dynamic GPUs' counter sets join them, laid out as the server's release
+//! requires ([`partitionable`]).
 
 pub mod attributes;
 pub mod consumable_shares;
+pub mod partitionable;
 mod request_policy;
 pub mod shares;
 pub mod validation;
 
-use k8s_openapi::api::resource::v1::{Device, ResourcePool, ResourceSlice, ResourceSliceSpec};
+use k8s_openapi::api::resource::v1::{ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::feature_gates::{FeatureGates, Gate};
@@ -33,6 +36,9 @@ pub struct SliceBuilder {
     /// GPUs and MIG devices are published as NVIDIA's `ConsumableShares`
     /// does ([`consumable_shares`]).
     consumable_shares: consumable_shares::SharesMode,
+    /// Dynamic MIG GPUs are published as partitionable devices
+    /// (`DynamicMIG`); without the gate they publish nothing.
+    dynamic_mig: bool,
 }
 
 /// Why slices could not be built.
@@ -59,6 +65,7 @@ impl SliceBuilder {
             rules: ServerRules::STRICTEST,
             shares: false,
             consumable_shares: consumable_shares::SharesMode::Disabled,
+            dynamic_mig: false,
         }
     }
 
@@ -66,6 +73,7 @@ impl SliceBuilder {
     /// `ConsumableCapacity`, whole GPUs are shareable ([`shares`]).
     pub fn with_gates(mut self, gates: FeatureGates) -> Self {
         self.shares = gates.enabled(Gate::ConsumableCapacity);
+        self.dynamic_mig = gates.enabled(Gate::DynamicMig);
         self
     }
 
@@ -104,43 +112,54 @@ impl SliceBuilder {
     /// apiserver's rules. A node without devices publishes one empty slice, so
     /// the pool exists and says "nothing here" rather than "not yet known".
     pub fn build(&self, inventory: &Inventory, generation: i64) -> Result<Vec<ResourceSlice>, SliceError> {
-        let devices = inventory
-            .published_devices()
-            .iter()
-            .map(|d| {
-                let mut device = attributes::to_api_device(&self.driver, inventory, d, &self.taints)?;
-                if let (true, PublishedDevice::Gpu(gpu)) = (self.shares, d) {
-                    shares::make_shareable(&mut device, gpu);
-                }
-                let memory = match d {
-                    PublishedDevice::Gpu(gpu) => gpu.memory_bytes,
-                    PublishedDevice::Mig { mig, .. } => mig.profile.memory_bytes,
-                    PublishedDevice::DynamicMig { profile, .. } => profile.profile.memory_bytes,
-                };
-                consumable_shares::apply(&mut device, memory, self.consumable_shares);
-                Ok(device)
-            })
-            .collect::<Result<Vec<Device>, InvalidName>>()?;
-        let per_slice = devices_per_slice(&devices);
-        let mut chunks: Vec<Vec<Device>> = Vec::new();
-        let mut devices = devices.into_iter().peekable();
-        while devices.peek().is_some() {
-            chunks.push(devices.by_ref().take(per_slice).collect());
+        let mut entries = Vec::new();
+        let mut sets = Vec::new();
+        for gpu in &inventory.gpus {
+            if let (true, Some((caps, _))) = (self.dynamic_mig, gpu.dynamic_mig()) {
+                sets.push((gpu.minor, partitionable::counter_set(gpu, caps)));
+            }
         }
-        if chunks.is_empty() {
-            chunks.push(Vec::new());
+        for d in inventory.published_devices() {
+            let dynamic = d.gpu().dynamic_mig().is_some();
+            if dynamic && !self.dynamic_mig {
+                // A dynamic GPU without the gate is a MIG GPU without
+                // instances: nothing to offer.
+                continue;
+            }
+            let mut device = attributes::to_api_device(&self.driver, inventory, &d, &self.taints)?;
+            if dynamic {
+                // Made per claim: never shared between claims.
+                device.consumes_counters = partitionable::consumption(&d).map(|c| vec![c]);
+                entries.push(partitionable::Entry { device, counter_gpu: Some(d.gpu().minor) });
+                continue;
+            }
+            if let (true, PublishedDevice::Gpu(gpu)) = (self.shares, &d) {
+                shares::make_shareable(&mut device, gpu);
+            }
+            let memory = match d {
+                PublishedDevice::Gpu(gpu) => gpu.memory_bytes,
+                PublishedDevice::Mig { mig, .. } => mig.profile.memory_bytes,
+                PublishedDevice::DynamicMig { profile, .. } => profile.profile.memory_bytes,
+            };
+            consumable_shares::apply(&mut device, memory, self.consumable_shares);
+            entries.push(partitionable::Entry { device, counter_gpu: None });
         }
-        let count = chunks.len() as i64;
-        let slices: Vec<ResourceSlice> = chunks
+        let mut contents = partitionable::layout(self.rules, entries, sets);
+        if contents.is_empty() {
+            contents.push(partitionable::SliceContent { devices: Some(Vec::new()), counter_sets: None });
+        }
+        let count = contents.len() as i64;
+        let slices: Vec<ResourceSlice> = contents
             .into_iter()
             .enumerate()
-            .map(|(i, devices)| ResourceSlice {
+            .map(|(i, content)| ResourceSlice {
                 metadata: ObjectMeta { name: Some(self.slice_name(i)), ..Default::default() },
                 spec: ResourceSliceSpec {
                     driver: self.driver.to_string(),
                     node_name: Some(self.node.to_string()),
                     pool: ResourcePool { name: self.node.to_string(), generation, resource_slice_count: count },
-                    devices: Some(devices),
+                    devices: content.devices,
+                    shared_counters: content.counter_sets,
                     ..Default::default()
                 },
             })
@@ -171,15 +190,6 @@ impl SliceBuilder {
         }
         format!("{prefix}{suffix}")
     }
-}
-
-/// The API's per-slice device limit for these devices: halved when any
-/// device has taints or consumes counters.
-fn devices_per_slice(devices: &[Device]) -> usize {
-    let advanced = devices.iter().any(|d| {
-        d.taints.as_ref().is_some_and(|t| !t.is_empty()) || d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty())
-    });
-    if advanced { validation::MAX_DEVICES_WITH_TAINTS_OR_COUNTERS } else { validation::MAX_DEVICES }
 }
 
 fn fnv1a(bytes: &[u8]) -> u64 {

@@ -27,6 +27,12 @@ const MAX_POOL_NAME: usize = 253;
 const MAX_COUNTER_SETS: usize = 8;
 const MAX_COUNTERS_PER_SET: usize = 32;
 const MAX_COUNTER_CONSUMPTIONS_PER_DEVICE: usize = 2;
+/// 1.34: counters in all sets of a slice together.
+pub const MAX_SHARED_COUNTERS_134: usize = 32;
+/// 1.34: counters a device consumes, over all its consumptions.
+pub const MAX_COUNTERS_PER_DEVICE_134: usize = 32;
+/// 1.34: counters consumed by all devices of a slice together.
+pub const MAX_DEVICE_COUNTERS_PER_SLICE_134: usize = 1024;
 const MAX_BINDING_CONDITIONS: usize = 4;
 
 /// One broken rule: the field path as the apiserver prints it and the rule.
@@ -79,6 +85,13 @@ impl ServerRules {
     /// Most taints per device: 4 on 1.34, 16 from 1.35.
     pub fn max_taints(self) -> usize {
         if self.minor >= 35 { 16 } else { MAX_TAINTS_PER_DEVICE }
+    }
+
+    /// Counter sets live in slices of their own (1.35+), referenced from
+    /// the pool's device slices; on 1.34 a device consumes only from sets
+    /// in its own slice.
+    pub fn counters_in_own_slices(self) -> bool {
+        self.minor >= 35
     }
 }
 
@@ -159,7 +172,7 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
         _ => errs.add("spec", format!("exactly one of `nodeName`, `nodeSelector`, `allNodes`, `perDeviceNodeSelection` is required, but multiple fields are set: {}", access.join(", "))),
     }
 
-    if spec.shared_counters.is_some() && spec.devices.is_some() {
+    if errs.rules.counters_in_own_slices() && spec.shared_counters.is_some() && spec.devices.is_some() {
         errs.add("spec", "only one of `sharedCounters` or `devices` is allowed");
     }
     // Fields newer than the servers we support would be dropped silently.
@@ -177,7 +190,16 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
     }
 
     if let Some(sets) = &spec.shared_counters {
-        if sets.len() > MAX_COUNTER_SETS {
+        let total: usize = sets.iter().map(|s| s.counters.len()).sum();
+        if !errs.rules.counters_in_own_slices() && total > MAX_SHARED_COUNTERS_134 {
+            errs.add(
+                "spec.sharedCounters",
+                format!(
+                    "Invalid value: {total}: the total number of shared counters must not exceed {MAX_SHARED_COUNTERS_134}"
+                ),
+            );
+        }
+        if errs.rules.counters_in_own_slices() && sets.len() > MAX_COUNTER_SETS {
             errs.add(
                 "spec.sharedCounters",
                 format!("Too many: {}: must have at most {MAX_COUNTER_SETS} items", sets.len()),
@@ -192,7 +214,7 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
             }
             if set.counters.is_empty() {
                 errs.add(format!("{at}.counters"), "Required value");
-            } else if set.counters.len() > MAX_COUNTERS_PER_SET {
+            } else if errs.rules.counters_in_own_slices() && set.counters.len() > MAX_COUNTERS_PER_SET {
                 errs.add(
                     format!("{at}.counters"),
                     format!("Too many: {}: must have at most {MAX_COUNTERS_PER_SET} items", set.counters.len()),
@@ -222,6 +244,60 @@ fn validate_spec(spec: &ResourceSliceSpec, errs: &mut Errors) {
             errs.add(&at, format!("Duplicate value: {:?}", device.name));
         }
         validate_device(device, &at, per_device, errs);
+    }
+    if !errs.rules.counters_in_own_slices() {
+        validate_counters_134(spec, devices, errs);
+    }
+}
+
+/// 1.34's rules on consumed counters: a device consumes from the sets of
+/// its own slice, counters those sets define, at most 32 counters per
+/// device and 1024 per slice.
+fn validate_counters_134(spec: &ResourceSliceSpec, devices: &[Device], errs: &mut Errors) {
+    let sets = spec.shared_counters.as_deref().unwrap_or_default();
+    let mut slice_total = 0;
+    for (i, device) in devices.iter().enumerate() {
+        let Some(consumes) = &device.consumes_counters else { continue };
+        let at = format!("spec.devices[{i}]");
+        let device_total: usize = consumes.iter().map(|c| c.counters.len()).sum();
+        slice_total += device_total;
+        if device_total > MAX_COUNTERS_PER_DEVICE_134 {
+            errs.add(
+                &at,
+                format!(
+                    "Invalid value: {device_total}: the total number of counters must not exceed {MAX_COUNTERS_PER_DEVICE_134}"
+                ),
+            );
+        }
+        for (c, consumption) in consumes.iter().enumerate() {
+            let cat = format!("{at}.consumesCounters[{c}]");
+            let Some(set) = sets.iter().find(|s| s.name == consumption.counter_set) else {
+                errs.add(
+                    format!("{cat}.counterSet"),
+                    format!(
+                        "Invalid value: {:?}: must reference a counterSet defined in the ResourceSlice sharedCounters",
+                        consumption.counter_set
+                    ),
+                );
+                continue;
+            };
+            for key in consumption.counters.keys().filter(|k| !set.counters.contains_key(*k)) {
+                errs.add(
+                    format!("{cat}.counters"),
+                    format!(
+                        "Invalid value: {key:?}: must reference a counter defined in the ResourceSlice sharedCounters"
+                    ),
+                );
+            }
+        }
+    }
+    if slice_total > MAX_DEVICE_COUNTERS_PER_SLICE_134 {
+        errs.add(
+            "spec.devices",
+            format!(
+                "Invalid value: {slice_total}: the total number of counters in devices must not exceed {MAX_DEVICE_COUNTERS_PER_SLICE_134}"
+            ),
+        );
     }
 }
 
@@ -288,7 +364,7 @@ fn validate_device(device: &Device, at: &str, per_device_node_selection: bool, e
         }
     }
     if let Some(consumes) = &device.consumes_counters {
-        if consumes.len() > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE {
+        if errs.rules.counters_in_own_slices() && consumes.len() > MAX_COUNTER_CONSUMPTIONS_PER_DEVICE {
             errs.add(
                 format!("{at}.consumesCounters"),
                 format!("Too many: {}: must have at most {MAX_COUNTER_CONSUMPTIONS_PER_DEVICE} items", consumes.len()),
@@ -475,7 +551,7 @@ mod tests {
         let mut s = slice(vec![d]);
         s.spec.partition_type_attribute = Some("gpu.nvidia.com/profile".into());
         s.spec.skip_node_operations = Some(vec!["*".into()]);
-        let errs = validate_slice(&s);
+        let errs = validate_slice_for(&s, ServerRules { minor: 37 });
         let mut found: Vec<&str> = errs.iter().map(|e| e.field.as_str()).collect();
         found.sort();
         assert_eq!(
@@ -488,6 +564,80 @@ mod tests {
             "{errs:?}"
         );
         assert!(errs.iter().all(|e| e.rule.contains("alpha in Kubernetes 1.37")), "{errs:?}");
+    }
+
+    /// 1.34 keeps a device's counter sets in its own slice and counts
+    /// counters per slice; 1.35+ wants them in slices of their own.
+    #[test]
+    fn counter_rules_follow_the_server_release() {
+        use k8s_openapi::api::resource::v1::{Counter, CounterSet, DeviceCounterConsumption};
+        let one = || Counter { value: Quantity("1".into()) };
+        let set = |name: &str, n: usize| CounterSet {
+            name: name.into(),
+            counters: (0..n).map(|i| (format!("memory-slice-{i}"), one())).collect(),
+        };
+        let consuming = |name: &str, set: &str, n: usize| {
+            let mut d = device(name);
+            d.consumes_counters = Some(vec![DeviceCounterConsumption {
+                counter_set: set.into(),
+                counters: (0..n).map(|i| (format!("memory-slice-{i}"), one())).collect(),
+                compatibility_groups: None,
+            }]);
+            d
+        };
+        let (v134, v137) = (ServerRules { minor: 34 }, ServerRules { minor: 37 });
+        let field_rules = |s: &ResourceSlice, r| -> Vec<String> {
+            validate_slice_for(s, r).iter().map(|e| format!("{}: {}", e.field, e.rule)).collect()
+        };
+
+        // Together in one slice: 1.34's layout.
+        let mut together = slice(vec![consuming("gpu-0-mig-a", "gpu-0-counter-set", 2)]);
+        together.spec.shared_counters = Some(vec![set("gpu-0-counter-set", 8)]);
+        assert!(field_rules(&together, v134).is_empty());
+        assert_eq!(field_rules(&together, v137), ["spec: only one of `sharedCounters` or `devices` is allowed"]);
+
+        // Apart: 1.35's layout; on 1.34 the device's set is not in its slice.
+        let devices = slice(vec![consuming("gpu-0-mig-a", "gpu-0-counter-set", 2)]);
+        let mut counters = slice(vec![]);
+        counters.spec.devices = None;
+        counters.spec.shared_counters = Some(vec![set("gpu-0-counter-set", 8)]);
+        assert!(field_rules(&devices, v137).is_empty() && field_rules(&counters, v137).is_empty());
+        assert!(field_rules(&counters, v134).is_empty());
+        assert_eq!(
+            field_rules(&devices, v134),
+            [
+                "spec.devices[0].consumesCounters[0].counterSet: Invalid value: \"gpu-0-counter-set\": must reference a counterSet defined in the ResourceSlice sharedCounters"
+            ]
+        );
+
+        // 1.34 counts counters over all sets of a slice (32); 1.35+ per set (32) with 8 sets.
+        let mut three = slice(vec![]);
+        three.spec.devices = None;
+        three.spec.shared_counters = Some((0..3).map(|g| set(&format!("gpu-{g}-counter-set"), 14)).collect());
+        assert_eq!(
+            field_rules(&three, v134),
+            ["spec.sharedCounters: Invalid value: 42: the total number of shared counters must not exceed 32"]
+        );
+        assert!(field_rules(&three, v137).is_empty());
+        let mut nine = three.clone();
+        nine.spec.shared_counters = Some((0..9).map(|g| set(&format!("gpu-{g}-counter-set"), 1)).collect());
+        assert_eq!(field_rules(&nine, v137), ["spec.sharedCounters: Too many: 9: must have at most 8 items"]);
+
+        // 1.34: an undefined counter, and the 1024 counters a slice's devices may consume.
+        let mut unknown = together.clone();
+        unknown.spec.shared_counters = Some(vec![set("gpu-0-counter-set", 1)]);
+        assert_eq!(
+            field_rules(&unknown, v134),
+            [
+                "spec.devices[0].consumesCounters[0].counters: Invalid value: \"memory-slice-1\": must reference a counter defined in the ResourceSlice sharedCounters"
+            ]
+        );
+        let mut heavy = slice((0..33).map(|i| consuming(&format!("d{i}"), "s", 32)).collect());
+        heavy.spec.shared_counters = Some(vec![set("s", 32)]);
+        assert_eq!(
+            field_rules(&heavy, v134),
+            ["spec.devices: Invalid value: 1056: the total number of counters in devices must not exceed 1024"]
+        );
     }
 
     #[test]
