@@ -210,3 +210,39 @@ async fn start_up_rolls_back_sweeps_remakes_and_never_touches_the_static_gpu() {
     assert_eq!(p.unprepare(vec![claim_ref(B, "claim")]).await[B], Ok(()));
     assert_eq!(n.control.count(&n.gpu0), 0);
 }
+
+/// MPS on a dynamic MIG device, as on a static one: the daemon serves the
+/// instance just made (its UUID), its GPU goes to `EXCLUSIVE_PROCESS`, and
+/// unprepare stops the daemon before it destroys the instance.
+#[tokio::test]
+async fn mps_runs_on_a_dynamic_mig_device() {
+    use super::mps::lifecycle::test_support::FakeHost;
+    use super::sharing::test_support::Recorder;
+    use super::test_support::claim_config;
+
+    let mut n = node_with_mig();
+    n.h.gates = "MPSSupport=true".parse().unwrap();
+    let (gpu, host) = (Arc::new(Recorder::default()), Arc::new(FakeHost::default()));
+    n.h.gpu = Some(gpu.clone());
+    n.h.mps = Some(host.clone());
+    let mut claim = allocated(A, "a", &[TWO]);
+    let devices = claim.status.as_mut().unwrap().allocation.as_mut().unwrap().devices.as_mut().unwrap();
+    devices.config = Some(vec![claim_config(serde_json::json!({
+        "apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+    }))]);
+    n.h.source.put(claim);
+    let (p, _) = n.h.open();
+    p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    let record = records(&n.h).remove(0);
+    let made = record.devices[0].dynamic_mig.as_ref().unwrap().made.clone().unwrap();
+    let daemon = record.mps.clone().unwrap();
+    assert_eq!(daemon.visible, [made.uuid.clone()], "the daemon serves the new instance");
+    assert_eq!(daemon.gpus, [n.gpu0.clone()]);
+    assert!(host.calls.lock().unwrap().iter().any(|c| c == &format!("start {}", made.uuid)), "{:?}", host.calls);
+    let spec = spec(&n.h, A).to_string();
+    assert!(spec.contains("CUDA_MPS_PIPE_DIRECTORY") && spec.contains(&made.uuid), "{spec}");
+    p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert_eq!(n.control.count(&n.gpu0), 0);
+    assert!(gpu.calls.lock().unwrap().iter().any(|c| c.contains("DEFAULT")), "{:?}", gpu.calls);
+}
