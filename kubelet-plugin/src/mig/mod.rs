@@ -22,6 +22,7 @@ pub mod lifecycle;
 #[cfg(target_os = "linux")]
 pub mod nvml;
 pub mod order;
+pub mod ownership;
 
 pub use control::{MigControl, MigControlError, ObservedInstance};
 
