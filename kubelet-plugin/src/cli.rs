@@ -95,6 +95,13 @@ pub struct NodeArgs {
     /// by default.
     #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled", value_name = "MODE")]
     pub consumable_shares: gpu_dra_driver::slices::consumable_shares::SharesMode,
+    /// With the DynamicMIG gate: which GPUs in MIG mode get their MIG
+    /// devices made per claim. `auto`: those with no MIG instances (or only
+    /// the plugin's own); `none`; or a comma-separated list of minor numbers
+    /// and `GPU-` UUIDs. A GPU with instances an administrator made always
+    /// stays as configured.
+    #[arg(long, env = "DYNAMIC_MIG_GPUS", default_value = "auto", value_name = "auto|none|GPUS")]
+    pub dynamic_mig_gpus: gpu_dra_driver::inventory::dynamic_mig::DynamicMigGpus,
 }
 
 impl NodeArgs {
@@ -294,6 +301,26 @@ pub struct PrintSlicesArgs {
     /// is shown, so gates `run` would refuse are accepted here.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_known_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
+    /// The Kubernetes release the slices are for, `1.34` to `1.37`: where
+    /// releases differ (taint effect None, and with DynamicMIG whether
+    /// counter sets sit beside their devices (1.34) or in slices of their
+    /// own (1.35+)), the plugin publishes for its API server's.
+    #[arg(long, default_value = "1.34", value_name = "1.MINOR", value_parser = parse_kubernetes_version)]
+    pub kubernetes_version: gpu_dra_driver::slices::ServerRules,
+}
+
+/// `1.34` .. `1.37` (a patch or `v` prefix is accepted) as the server's rules.
+fn parse_kubernetes_version(value: &str) -> Result<gpu_dra_driver::slices::ServerRules, String> {
+    let text = value.trim().trim_start_matches('v');
+    let minor = text
+        .strip_prefix("1.")
+        .and_then(|rest| rest.split('.').next())
+        .and_then(|m| m.parse::<u32>().ok())
+        .ok_or_else(|| format!("{value:?} is not a Kubernetes version; write one such as 1.34 or 1.37"))?;
+    if !(34..=37).contains(&minor) {
+        return Err(format!("Kubernetes 1.{minor} is not supported; the driver supports 1.34 to 1.37"));
+    }
+    Ok(gpu_dra_driver::slices::ServerRules { minor })
 }
 
 #[derive(Debug, Args)]

@@ -4,7 +4,7 @@
 //! Grouped by concern: what the kubelet talks to (`kubelet_api`), what the
 //! cluster is told (`publish`), what a claim does to the node (`prepare`),
 //! what survives a crash (`state`), the node's driver installation
-//! (`host`), and what an operator reads (`observe`).
+//! (`host`), what an operator reads (`observe`), and dynamic MIG (`mig`).
 
 pub mod cli;
 pub mod host;

@@ -16,6 +16,7 @@ use crate::http::{HttpState, ReadyCheck};
 use crate::kube_client;
 use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::kubelet_api::sockets::SocketPaths;
+use crate::mig::selection::DynamicMigSelection;
 use crate::observe::metrics::Metrics;
 use crate::prepare::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::prepare::{Preparer, PreparerConfig};
@@ -50,7 +51,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
     };
 
-    let inventory = watch_inventory(args)?;
+    // Shared with prepare, which tells it the instances it made.
+    let dynamic_mig = DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone());
+    let inventory = watch_inventory(args, &dynamic_mig)?;
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
 
     let user_agent = concat!("gpu-kubelet-plugin/", env!("CARGO_PKG_VERSION"));
@@ -103,16 +106,19 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 
 /// The inventory as a stream of snapshots: the fake file (re-read when it
 /// changes), else NVML with critical XID events.
-fn watch_inventory(args: &RunArgs) -> anyhow::Result<watch::Receiver<Arc<Inventory>>> {
+fn watch_inventory(
+    args: &RunArgs,
+    dynamic_mig: &Arc<DynamicMigSelection>,
+) -> anyhow::Result<watch::Receiver<Arc<Inventory>>> {
     let node = args.node.node_name.clone();
     match &args.node.fake_inventory {
         Some(file) => {
             let interval = Duration::from_millis(args.fake_inventory_poll_ms);
-            Ok(inventory_watch::watch_fake_file(file.clone(), node, interval)?)
+            Ok(inventory_watch::watch_fake_file(file.clone(), node, interval, Arc::clone(dynamic_mig))?)
         }
         None => {
             let source = crate::host::driver_files::nvml_source(&args.driver_root, &args.host);
-            Ok(inventory_watch::watch_nvml(source)
+            Ok(inventory_watch::watch_nvml(source, dynamic_mig)
                 .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
         }
     }

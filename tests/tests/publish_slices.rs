@@ -53,7 +53,13 @@ async fn spawn_publisher(
     server.write_kubeconfig(&kubeconfig).unwrap();
     let client = gpu_kubelet_plugin::kube_client::client_from_file(&kubeconfig).await.unwrap();
     let node = NodeName::new(NODE).unwrap();
-    let inventory = watch_fake_file(inventory_file.to_path_buf(), node.clone(), Duration::from_millis(100)).unwrap();
+    let inventory = watch_fake_file(
+        inventory_file.to_path_buf(),
+        node.clone(),
+        Duration::from_millis(100),
+        gpu_kubelet_plugin::mig::selection::DynamicMigSelection::disabled(),
+    )
+    .unwrap();
     let mut config = PublisherConfig::new(node, DriverName::nvidia_default());
     config.min_backoff = Duration::from_millis(20);
     config.max_backoff = Duration::from_millis(200);

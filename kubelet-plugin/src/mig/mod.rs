@@ -8,7 +8,10 @@
 //! - [`caps`] reads the new instance's `/dev/nvidia-caps` minors;
 //! - [`lifecycle`] runs the steps with the checkpoint discipline of
 //!   [`crate::prepare`]: record the intent, make, record the result;
-//! - [`kill_point`] lets the crash tests stop the process between steps.
+//! - [`kill_point`] lets the crash tests stop the process between steps;
+//! - [`selection`] decides which MIG-mode GPUs are dynamic (used by
+//!   publishing and prepare alike), [`ownership`] tells it which instances
+//!   are the plugin's.
 //!
 //! A dynamic MIG device is identified by its GPU and placement: no two GPU
 //! instances of one GPU overlap, so (GPU, profile, placement) names exactly
@@ -23,6 +26,7 @@ pub mod lifecycle;
 pub mod nvml;
 pub mod order;
 pub mod ownership;
+pub mod selection;
 
 pub use control::{MigControl, MigControlError, ObservedInstance};
 

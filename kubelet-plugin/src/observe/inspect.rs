@@ -12,6 +12,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
 use crate::cli::{DriverRootArgs, HostRootsArgs, NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::mig::selection::DynamicMigSelection;
 
 /// The inventory source the flags select: the fake file, else NVML (from
 /// the driver root's library when it has one).
@@ -31,9 +32,11 @@ fn discover(node: &NodeArgs, driver_root: &DriverRootArgs, host: &HostRootsArgs)
 }
 
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node, &args.driver_root, &args.host)?;
+    let mut inventory = discover(&args.node, &args.driver_root, &args.host)?;
+    DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
     let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
         .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied())
+        .for_server(args.kubernetes_version)
         .with_gates(args.feature_gates)
         .with_consumable_shares(args.feature_gates, args.node.consumable_shares);
     args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
@@ -64,7 +67,11 @@ struct SliceList<'a> {
 }
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
-    let inventory = discover(&args.node, &args.driver_root, &args.host)?;
+    let mut inventory = discover(&args.node, &args.driver_root, &args.host)?;
+    // Which GPUs are dynamic does not depend on the gate here: a dynamic
+    // MIG device has no spec before prepare creates its instance.
+    let gates = "DynamicMIG=true".parse().unwrap_or_default();
+    DynamicMigSelection::new(gates, args.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
     let edits = crate::host::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
     let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;

@@ -20,6 +20,8 @@ use gpu_dra_driver::inventory::{DiscoveryError, Inventory, InventorySource};
 use gpu_dra_driver::names::NodeName;
 use tokio::sync::watch;
 
+use crate::mig::selection::DynamicMigSelection;
+
 /// How often the fake file is checked by default.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(2);
 
@@ -31,11 +33,13 @@ pub fn watch_fake_file(
     path: PathBuf,
     node: NodeName,
     interval: Duration,
+    selection: Arc<DynamicMigSelection>,
 ) -> Result<watch::Receiver<Arc<Inventory>>, FakeInventoryError> {
     let text = read(&path);
-    let first = fake::load(&path, &node)?;
+    let mut first = fake::load(&path, &node)?;
+    selection.apply(&mut first);
     let (tx, rx) = watch::channel(Arc::new(first));
-    tokio::spawn(follow_file(path, node, interval, text, tx));
+    tokio::spawn(follow_file(path, node, interval, text, tx, selection));
     Ok(rx)
 }
 
@@ -52,6 +56,7 @@ async fn follow_file(
     interval: Duration,
     mut last_text: Option<Vec<u8>>,
     tx: watch::Sender<Arc<Inventory>>,
+    selection: Arc<DynamicMigSelection>,
 ) {
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -68,7 +73,8 @@ async fn follow_file(
         }
         last_text = text;
         match fake::load(&path, &node) {
-            Ok(inventory) => {
+            Ok(mut inventory) => {
+                selection.apply(&mut inventory);
                 let changed = tx.send_if_modified(|current| {
                     if **current == inventory {
                         return false;
@@ -89,8 +95,12 @@ async fn follow_file(
 
 /// Discovers through NVML, then follows critical XID events in a blocking
 /// thread. Must be called inside a tokio runtime.
-pub fn watch_nvml(source: NvmlSource) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
-    let first = source.discover()?;
+pub fn watch_nvml(
+    source: NvmlSource,
+    selection: &DynamicMigSelection,
+) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
+    let mut first = source.discover()?;
+    selection.apply(&mut first);
     let (tx, rx) = watch::channel(Arc::new(first));
     std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(&source, tx)).map_err(
         |e| {
@@ -218,7 +228,8 @@ mod tests {
         let path = dir.path().join("inv.yaml");
         std::fs::write(&path, TWO_GPUS).unwrap();
         let node = NodeName::new("n1").unwrap();
-        let mut rx = watch_fake_file(path.clone(), node, Duration::from_millis(100)).unwrap();
+        let mut rx =
+            watch_fake_file(path.clone(), node, Duration::from_millis(100), DynamicMigSelection::disabled()).unwrap();
         assert!(rx.borrow_and_update().gpus.iter().all(|g| g.faults.is_empty()));
 
         std::fs::write(&path, format!("{TWO_GPUS}    faults:\n      - {{gpu: 1, xid: 79}}\n")).unwrap();
@@ -239,7 +250,12 @@ mod tests {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let err = rt
             .block_on(async {
-                watch_fake_file("/nonexistent.yaml".into(), NodeName::new("n").unwrap(), DEFAULT_POLL_INTERVAL)
+                watch_fake_file(
+                    "/nonexistent.yaml".into(),
+                    NodeName::new("n").unwrap(),
+                    DEFAULT_POLL_INTERVAL,
+                    DynamicMigSelection::disabled(),
+                )
             })
             .unwrap_err();
         assert!(err.to_string().contains("/nonexistent.yaml"));

@@ -153,6 +153,30 @@ pub enum PublishError {
          fix: enable it on the apiserver and scheduler, or turn this driver's ConsumableCapacity off"
     )]
     ConsumableCapacityOff(String),
+    #[error(
+        "the apiserver dropped the dynamic MIG devices' shared counters from ResourceSlice {0} (deleted again: \
+         without counters, overlapping MIG devices could be allocated together): its DRAPartitionableDevices \
+         feature gate is off (default before Kubernetes 1.36); fix: enable it on the apiserver and scheduler, or \
+         turn this driver's DynamicMIG off"
+    )]
+    PartitionableDevicesOff(String),
+}
+
+/// Whether the server kept a slice but not its counter sets or its devices'
+/// counter consumptions, as an apiserver without `DRAPartitionableDevices`
+/// does: dynamic MIG devices without counters would let overlapping
+/// placements be allocated together.
+fn dropped_counters(desired: &ResourceSlice, written: &ResourceSlice) -> bool {
+    let counted = |s: &ResourceSlice| {
+        s.spec.shared_counters.as_ref().map_or(0, Vec::len)
+            + s.spec
+                .devices
+                .iter()
+                .flatten()
+                .filter(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
+                .count()
+    };
+    counted(written) < counted(desired)
 }
 
 /// Whether the server kept a slice but not its devices'
@@ -409,6 +433,12 @@ impl Publisher {
                 Ok(written) if dropped_multiple_allocations(desired, &written) => {
                     return Err(PublishError::ConsumableCapacityOff(name.to_string()));
                 }
+                Ok(written) if dropped_counters(desired, &written) => {
+                    if let Err(error) = self.api.delete(name, &DeleteParams::default()).await {
+                        tracing::error!(slice = name, %error, "cannot delete a slice whose counters the server dropped");
+                    }
+                    return Err(PublishError::PartitionableDevicesOff(name.to_string()));
+                }
                 Ok(_) => return Ok(()),
                 // 409: AlreadyExists on create or Conflict on a stale
                 // resourceVersion. Re-read and try again.
@@ -507,5 +537,39 @@ mod tests {
         assert!(!dropped_multiple_allocations(&slice(None), &slice(None)));
         let text = PublishError::ConsumableCapacityOff("s".into()).to_string();
         assert!(text.contains("DRAConsumableCapacity feature gate is off"), "{text}");
+    }
+
+    #[test]
+    fn a_server_dropping_counters_is_noticed() {
+        use k8s_openapi::api::resource::v1::{Counter, CounterSet, Device, DeviceCounterConsumption};
+        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+        let with = |counters: bool| ResourceSlice {
+            spec: ResourceSliceSpec {
+                devices: Some(vec![Device {
+                    name: "gpu-0-mig-1g10gb-19-0".into(),
+                    consumes_counters: counters.then(|| {
+                        vec![DeviceCounterConsumption {
+                            counter_set: "gpu-0-counter-set".into(),
+                            counters: [("memory-slice-0".to_string(), Counter { value: Quantity("1".into()) })].into(),
+                            compatibility_groups: None,
+                        }]
+                    }),
+                    ..Default::default()
+                }]),
+                shared_counters: counters.then(|| {
+                    vec![CounterSet {
+                        name: "gpu-0-counter-set".into(),
+                        counters: [("memory-slice-0".to_string(), Counter { value: Quantity("1".into()) })].into(),
+                    }]
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(dropped_counters(&with(true), &with(false)));
+        assert!(!dropped_counters(&with(true), &with(true)));
+        assert!(!dropped_counters(&with(false), &with(false)));
+        let text = PublishError::PartitionableDevicesOff("s".into()).to_string();
+        assert!(text.contains("DRAPartitionableDevices") && text.contains("deleted again"), "{text}");
     }
 }
