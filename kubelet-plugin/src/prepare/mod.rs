@@ -95,6 +95,9 @@ pub struct PreparerConfig {
     /// Makes and destroys dynamic MIG devices (NVML); `None` on a fake
     /// inventory, where dynamic MIG devices are refused at prepare.
     pub mig: Option<crate::mig::lifecycle::MigHost>,
+    /// Told the MIG instances prepared claims own after every change, so a
+    /// re-read inventory keeps their GPUs dynamic.
+    pub selection: Option<Arc<crate::mig::selection::DynamicMigSelection>>,
 }
 
 /// Why the preparer could not start.
@@ -152,6 +155,7 @@ impl<S: ClaimSource> Preparer<S> {
             locks: KeyedLocks::default(),
             metrics: None,
         };
+        preparer.tell_selection();
         Ok((preparer, report))
     }
 
@@ -570,6 +574,9 @@ impl<S: ClaimSource> Preparer<S> {
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());
+        if record.devices.iter().any(|d| d.dynamic_mig.is_some()) {
+            self.tell_selection();
+        }
         Ok(())
     }
 }

@@ -174,6 +174,7 @@ impl Harness {
                 .mig
                 .clone()
                 .map(|control| crate::mig::lifecycle::MigHost { control, proc_root: self.dir.path().join("proc") }),
+            selection: None,
         }
     }
 

@@ -93,7 +93,9 @@ impl<S: ClaimSource> Preparer<S> {
             Err(failure) => return Err(self.undo(claim, failure).await),
         };
         if record.mps.is_some() || record.devices.iter().any(|d| d.time_slice.is_some()) {
-            return self.prepare_shared(claim, record, bytes).await;
+            let prepared = self.prepare_shared(claim, record, bytes).await;
+            self.tell_selection();
+            return prepared;
         }
         let (files, owned_uid) = (self.files.clone(), claim.uid.clone());
         let completed = blocking(move || files.complete(&owned_uid, record, &bytes))
@@ -104,6 +106,7 @@ impl<S: ClaimSource> Preparer<S> {
             Ok(record) => {
                 let devices = record.prepared_devices();
                 self.records().insert(uid, record);
+                self.tell_selection();
                 tracing::info!(claim = %claim, devices = devices.len(), "prepared (dynamic MIG)");
                 Ok(devices)
             }
@@ -139,6 +142,18 @@ impl<S: ClaimSource> Preparer<S> {
             crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
         }
         spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))
+    }
+
+    /// Tells the dynamic GPU selection which MIG instances the records hold.
+    pub(super) fn tell_selection(&self) {
+        let Some(selection) = &self.config.selection else { return };
+        let owned: Vec<String> = self
+            .records()
+            .values()
+            .flat_map(|r| r.devices.iter())
+            .filter_map(|d| d.dynamic_mig.as_ref()?.made.as_ref().map(|m| m.uuid.clone()))
+            .collect();
+        selection.set_ours(owned);
     }
 
     /// Rolls a failed dynamic prepare back; returns the failure to report.
