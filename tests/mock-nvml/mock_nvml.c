@@ -560,7 +560,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfo_v3_t 
  * the file does not exist yet, the table's `mig|` and `migmode|` lines are
  * the starting point. Lines:
  *   mode|<minor>|<current>|<pending>
- *   gi|<minor>|<gi id>|<profile id>|<start>|<size>|<has ci>|<ci id>|<ci profile id>|<uuid>
+ *   gi|<minor>|<gi id>|<profile id>|<start>|<size>|<has ci>|<ci id>|<ci profile id>|<uuid or ->
  *   generation|<n>                       (makes every new MIG UUID unique)
  *
  * Capabilities: with MOCK_NVML_PROC_ROOT set, each GPU instance has
@@ -716,8 +716,9 @@ static int save_state(void) {
         fprintf(f, "mode|%u|%d|%d\n", g->minor, g->mig_mode, g->mig_pending);
         for (unsigned int j = 0; j < g->mig_count; j++) {
             mock_gpu *m = g->migs[j];
+            /* "-" for no UUID yet: strtok would skip an empty field. */
             fprintf(f, "gi|%u|%u|%u|%u|%u|%d|%u|%u|%s\n", g->minor, m->gi_id, m->profile_id, m->start, m->size,
-                    m->has_ci, m->ci_id, ci_profile_of(m), m->uuid);
+                    m->has_ci, m->ci_id, ci_profile_of(m), m->uuid[0] ? m->uuid : "-");
         }
     }
     int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
@@ -788,7 +789,7 @@ static void lifecycle_restore(void) {
             m->has_ci = atoi(fields[6]);
             m->ci_id = (unsigned int)strtoul(fields[7], NULL, 10);
             m->ci_profile_id = (unsigned int)strtoul(fields[8], NULL, 10);
-            snprintf(m->uuid, sizeof m->uuid, "%s", fields[9]);
+            snprintf(m->uuid, sizeof m->uuid, "%s", strcmp(fields[9], "-") ? fields[9] : "");
         }
     }
     fclose(f);

@@ -148,7 +148,7 @@ impl MockGpuNode {
                     start: n(4),
                     size: n(5),
                     has_compute_instance: f[6] == "1",
-                    uuid: f[9].to_string(),
+                    uuid: if f[9] == "-" { String::new() } else { f[9].to_string() },
                 });
             }
         }

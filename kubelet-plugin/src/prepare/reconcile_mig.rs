@@ -47,8 +47,13 @@ pub(super) fn roll_back(config: &PreparerConfig, inventory: &Inventory, record: 
         return Ok(());
     }
     let Some(host) = &config.mig else { return Ok(()) };
-    let ours: Vec<&MigIntent> = intents(record).into_iter().filter(|i| is_dynamic(inventory, &i.gpu_uuid)).collect();
+    let (ours, elsewhere): (Vec<&MigIntent>, Vec<&MigIntent>) =
+        intents(record).into_iter().partition(|i| is_dynamic(inventory, &i.gpu_uuid));
+    if !elsewhere.is_empty() {
+        tracing::warn!(claim_uid = %record.uid, devices = elsewhere.len(), "the record names MIG devices on GPUs not managed dynamically; their instances are left alone");
+    }
     lifecycle::unmake_all(host, &ours)?;
+    tracing::info!(claim_uid = %record.uid, devices = ours.len(), "removed the MIG devices of an interrupted prepare");
     for off in record.devices.iter().filter_map(|d| d.mig_mode_off.as_ref()) {
         if inventory.gpus.iter().any(|g| g.uuid == off.gpu_uuid) {
             lifecycle::switch_mig_mode(host, &off.gpu_uuid, true)?;
