@@ -34,6 +34,11 @@ enum Command {
         /// Files or directories to read; `-` reads standard input.
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
         files: Vec<PathBuf>,
+        /// The release whose rules apply (1.34 to 1.37): they differ on
+        /// taints and on partitionable devices, whose counter sets sit beside
+        /// their devices on 1.34 and in slices of their own from 1.35.
+        #[arg(long = "kubernetes-version", value_name = "1.MINOR", default_value = "1.34", value_parser = parse_minor)]
+        kubernetes_version: u32,
     },
     /// Would these claims fit this fleet, which devices would they get, and
     /// if not, why not. Reads ResourceSlices, DeviceClasses, ResourceClaims,
@@ -122,8 +127,9 @@ fn main() -> ExitCode {
                 Err(error) => Err(anyhow::anyhow!("cannot start the async runtime: {error}")),
             }
         }
-        Command::ValidateSlices { files } => {
-            validate::run(files, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
+        Command::ValidateSlices { files, kubernetes_version } => {
+            let rules = gpu_dra_driver::slices::ServerRules { minor: *kubernetes_version };
+            validate::run(files, rules, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
         Command::Simulate { files, output, fleet, timings, kubernetes_version, selectors_as } => {
             let mut buffer = Vec::new();

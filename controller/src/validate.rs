@@ -1,18 +1,32 @@
-//! `validate-slices`: the apiserver's ResourceSlice rules, offline.
+//! `validate-slices`: the apiserver's ResourceSlice rules, offline, and
+//! (1.35+, where counter sets live in slices of their own) that every
+//! counter a device consumes is defined somewhere in its pool.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use gpu_dra_driver::slices::validate_slice;
+use std::collections::{BTreeMap, BTreeSet};
+
+use gpu_dra_driver::slices::{ServerRules, validate_slice_for};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
 use crate::manifests;
 
-/// Validates every ResourceSlice in `files`; returns whether all are valid.
-pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Result<bool> {
+/// A pool at one generation: the counters its slices define, and the
+/// counters its devices consume (where, which set, which counter).
+#[derive(Default)]
+struct PoolCounters {
+    defined: BTreeMap<String, BTreeSet<String>>,
+    consumed: Vec<(String, String, String, String)>,
+}
+
+/// Validates every ResourceSlice in `files` for a server with `rules`;
+/// returns whether all are valid.
+pub fn run(files: &[PathBuf], rules: ServerRules, out: &mut impl Write, note: &mut impl Write) -> Result<bool> {
     let mut all_valid = true;
     let mut checked = 0;
+    let mut pools: BTreeMap<(String, String, i64), PoolCounters> = BTreeMap::new();
     // Checked as read: a large List is never held whole.
     manifests::read_each(files, &mut |manifest| {
         if manifest.kind() != "ResourceSlice" {
@@ -41,7 +55,22 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
                 return Ok(());
             }
         };
-        let errors = validate_slice(&slice);
+        let pool = pools
+            .entry((slice.spec.driver.clone(), slice.spec.pool.name.clone(), slice.spec.pool.generation))
+            .or_default();
+        for set in slice.spec.shared_counters.iter().flatten() {
+            pool.defined.entry(set.name.clone()).or_default().extend(set.counters.keys().cloned());
+        }
+        let at = format!("{}: ResourceSlice {:?}", manifest.origin, manifest.name());
+        for (i, device) in slice.spec.devices.iter().flatten().enumerate() {
+            for (c, consumption) in device.consumes_counters.iter().flatten().enumerate() {
+                for counter in consumption.counters.keys() {
+                    let field = format!("{at}: spec.devices[{i}].consumesCounters[{c}]");
+                    pool.consumed.push((field, device.name.clone(), consumption.counter_set.clone(), counter.clone()));
+                }
+            }
+        }
+        let errors = validate_slice_for(&slice, rules);
         if errors.is_empty() {
             writeln!(out, "{}: ResourceSlice {:?}: valid", manifest.origin, manifest.name())?;
         } else {
@@ -55,6 +84,24 @@ pub fn run(files: &[PathBuf], out: &mut impl Write, note: &mut impl Write) -> Re
     if checked == 0 {
         writeln!(note, "no ResourceSlice found")?;
     }
+    if rules.counters_in_own_slices() {
+        for ((driver, pool, generation), counters) in &pools {
+            for (field, device, set, counter) in &counters.consumed {
+                let problem = match counters.defined.get(set) {
+                    None => format!("counter set {set:?} is not defined in any slice of pool {driver}/{pool}"),
+                    Some(names) if !names.contains(counter) => {
+                        format!("counter {counter:?} is not in counter set {set:?} of pool {driver}/{pool}")
+                    }
+                    Some(_) => continue,
+                };
+                all_valid = false;
+                writeln!(
+                    out,
+                    "{field}: device {device:?}: {problem} at generation {generation} (a scheduler treats the pool as invalid)"
+                )?;
+            }
+        }
+    }
     Ok(all_valid)
 }
 
@@ -67,7 +114,7 @@ mod tests {
         let file = dir.path().join("s.yaml");
         std::fs::write(&file, text).unwrap();
         let (mut out, mut note) = (Vec::new(), Vec::new());
-        let ok = run(&[file], &mut out, &mut note).unwrap();
+        let ok = run(&[file], ServerRules { minor: 34 }, &mut out, &mut note).unwrap();
         (ok, String::from_utf8(out).unwrap(), String::from_utf8(note).unwrap())
     }
 
@@ -79,6 +126,35 @@ mod tests {
         assert!(ok);
         assert!(out.contains("ResourceSlice \"s\": valid"), "{out}");
         assert!(note.contains("skipping Node \"n\""), "{note}");
+    }
+
+    /// 1.35+: counter sets in slices of their own, checked across the pool.
+    #[test]
+    fn counters_are_checked_across_the_pool_from_1_35() {
+        let counters = "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: c}\nspec: {driver: gpu.nvidia.com, nodeName: n, pool: {name: n, generation: 1, resourceSliceCount: 2}, sharedCounters: [{name: gpu-0-counter-set, counters: {memory-slice-0: {value: '1'}}}]}\n";
+        let devices = |counter: &str| {
+            format!(
+                "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {{name: d}}\nspec: {{driver: gpu.nvidia.com, nodeName: n, pool: {{name: n, generation: 1, resourceSliceCount: 2}}, devices: [{{name: gpu-0-mig-1g10gb-19-0, consumesCounters: [{{counterSet: gpu-0-counter-set, counters: {{{counter}: {{value: '1'}}}}}}]}}]}}\n"
+            )
+        };
+        let run_for = |text: &str, minor| {
+            let dir = tempfile::tempdir().unwrap();
+            let file = dir.path().join("s.yaml");
+            std::fs::write(&file, text).unwrap();
+            let (mut out, mut note) = (Vec::new(), Vec::new());
+            let ok = run(&[file], ServerRules { minor }, &mut out, &mut note).unwrap();
+            (ok, String::from_utf8(out).unwrap())
+        };
+        let (ok, out) = run_for(&format!("{counters}---\n{}", devices("memory-slice-0")), 37);
+        assert!(ok, "{out}");
+        let (ok, out) = run_for(&format!("{counters}---\n{}", devices("memory-slice-1")), 37);
+        assert!(!ok);
+        assert!(
+            out.contains("device \"gpu-0-mig-1g10gb-19-0\": counter \"memory-slice-1\" is not in counter set \"gpu-0-counter-set\" of pool gpu.nvidia.com/n"),
+            "{out}"
+        );
+        let (ok, out) = run_for(&format!("{counters}---\n{}", devices("memory-slice-0")), 34);
+        assert!(!ok, "1.34 wants the set in the device's own slice: {out}");
     }
 
     #[test]

@@ -15,6 +15,9 @@
  *   migmode|<minor>                       MIG mode is on
  *   profile|<minor>|<index>|<id>|<slices>|<instances>|<SMs>|<CEs>|<decoders>|<encoders>|<jpeg>|<ofa>|<memory MiB>|<name>
  *   mig|<parent minor>|<uuid>|<gpu instance id>|<compute instance id>|<profile id>|<start>|<size>
+ *   placement|<minor>|<profile id>|<start>|<size>
+ *                                         a possible placement of a profile
+ *                                         (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
  *
  * Compute-instance calls are absent: discovery then assumes the compute
  * instance spans its GPU instance (and says so in a warning).
@@ -124,6 +127,65 @@ static mock_gpu *by_minor(unsigned int minor) {
     return NULL;
 }
 
+/* ==== dynmig: MIG profile placements (queries only) ====
+ * One table of every placement NVML offers per (GPU, profile id), and
+ * nvmlDeviceGetGpuInstancePossiblePlacements_v2 answering from it. Instance
+ * creation and destruction are elsewhere. */
+#define MAX_PLACEMENTS (MAX_GPUS * 32)
+
+typedef struct {
+    unsigned int start;
+    unsigned int size;
+} nvmlGpuInstancePlacement_t;
+
+typedef struct {
+    unsigned int minor, profile_id;
+    nvmlGpuInstancePlacement_t placement;
+} mock_placement;
+
+static mock_placement placements[MAX_PLACEMENTS];
+static unsigned int placement_count;
+
+/* placement|<minor>|<profile id>|<start>|<size> */
+static void load_placement(char **fields) {
+    if (placement_count >= MAX_PLACEMENTS) return;
+    mock_placement *p = &placements[placement_count++];
+    p->minor = (unsigned int)strtoul(fields[1], NULL, 10);
+    p->profile_id = (unsigned int)strtoul(fields[2], NULL, 10);
+    p->placement.start = (unsigned int)strtoul(fields[3], NULL, 10);
+    p->placement.size = (unsigned int)strtoul(fields[4], NULL, 10);
+}
+
+/* As NVML: a NULL array asks for the count; too small an array is
+ * NVML_ERROR_INSUFFICIENT_SIZE with the count needed; a profile the GPU
+ * lacks is NVML_ERROR_NOT_SUPPORTED; a MIG device handle is refused. */
+nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsigned int profileId,
+                                                           nvmlGpuInstancePlacement_t *out, unsigned int *count) {
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    if (d->parent || !d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    int known = 0;
+    for (unsigned int i = 0; i < d->profile_count; i++)
+        if (d->profiles[i].id == profileId) known = 1;
+    if (!known) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int n = 0;
+    for (unsigned int i = 0; i < placement_count; i++)
+        if (placements[i].minor == d->minor && placements[i].profile_id == profileId) n++;
+    if (!out) {
+        *count = n;
+        return NVML_SUCCESS;
+    }
+    if (*count < n) {
+        *count = n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    unsigned int k = 0;
+    for (unsigned int i = 0; i < placement_count; i++)
+        if (placements[i].minor == d->minor && placements[i].profile_id == profileId) out[k++] = placements[i].placement;
+    *count = n;
+    return NVML_SUCCESS;
+}
+/* ==== end dynmig ==== */
+
 static int load_table(void) {
     const char *path = getenv("MOCK_NVML_TABLE");
     if (!path) return 0;
@@ -199,6 +261,8 @@ static int load_table(void) {
                 m->ci_profile_id = NO_CI_PROFILE;
                 parent->migs[parent->mig_count++] = m;
             }
+        } else if (n == 5 && !strcmp(fields[0], "placement")) {
+            load_placement(fields);
         } else if (n == 4 && !strcmp(fields[0], "link")) {
             mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
             unsigned int link = (unsigned int)strtoul(fields[2], NULL, 10);

@@ -108,6 +108,9 @@ fn mig_lines(t: &mut String, g: &Gpu, migs: &[MigDevice]) {
             p.name
         )
         .unwrap();
+        for [start, size] in &p.placements {
+            writeln!(t, "placement|{}|{}|{start}|{size}", g.minor, p.gi_profile_id).unwrap();
+        }
     }
     for m in migs {
         writeln!(
@@ -221,18 +224,7 @@ fn nvml_discovery_publishes_what_the_fake_inventories_do() {
 
 fn publishes_the_same(example: &str, expected_devices: usize) {
     let node = MockNode::new(example);
-    let print = |extra: &[String], table: Option<&Path>| {
-        let mut cmd = Command::new(kubelet_plugin());
-        cmd.args(["print-slices", "--node-name", "node-a", "-o", "json"]).args(extra);
-        if let Some(table) = table {
-            cmd.env("MOCK_NVML_TABLE", table);
-        }
-        let out = cmd.output().unwrap();
-        let json: serde_json::Value = serde_json::from_str(&stdout_ok(&out)).unwrap();
-        json
-    };
-    let from_fake = print(&["--fake-inventory".to_string(), node.example.display().to_string()], None);
-    let from_nvml = print(&node.args(), Some(&node.table()));
+    let (from_nvml, from_fake) = print_both(&node, &[]);
     let devices = |v: &serde_json::Value| -> usize {
         v["items"].as_array().unwrap().iter().map(|s| s["spec"]["devices"].as_array().map_or(0, Vec::len)).sum()
     };
@@ -242,6 +234,115 @@ fn publishes_the_same(example: &str, expected_devices: usize) {
         assert!(!first[key].is_null(), "{key} missing: {first}");
     }
     assert_eq!(from_nvml, from_fake, "{example}: NVML through the mock publishes what the fake inventory publishes");
+}
+
+/// `print-slices` of `node` through the mock NVML and from its fake
+/// inventory, with `extra` flags.
+fn print_both(node: &MockNode, extra: &[&str]) -> (serde_json::Value, serde_json::Value) {
+    let print = |source: &[String], table: Option<&Path>| {
+        let mut cmd = Command::new(kubelet_plugin());
+        cmd.args(["print-slices", "--node-name", "node-a", "-o", "json"]).args(extra).args(source);
+        if let Some(table) = table {
+            cmd.env("MOCK_NVML_TABLE", table);
+        }
+        let out = cmd.output().unwrap();
+        let json: serde_json::Value = serde_json::from_str(&stdout_ok(&out)).unwrap();
+        json
+    };
+    let from_fake = print(&["--fake-inventory".to_string(), node.example.display().to_string()], None);
+    let from_nvml = print(&node.args(), Some(&node.table()));
+    (from_nvml, from_fake)
+}
+
+/// The first device or counter set two `print-slices` outputs disagree on.
+fn difference(a: &serde_json::Value, b: &serde_json::Value) -> String {
+    let entries = |v: &serde_json::Value| -> Vec<serde_json::Value> {
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| {
+                let devices = s["spec"]["devices"].as_array().cloned().unwrap_or_default();
+                let sets = s["spec"]["sharedCounters"].as_array().cloned().unwrap_or_default();
+                devices.into_iter().chain(sets)
+            })
+            .collect()
+    };
+    let (x, y) = (entries(a), entries(b));
+    match x.iter().zip(&y).find(|(p, q)| p != q) {
+        Some((p, q)) => format!("\n{p}\n{q}"),
+        None => format!("{} against {} entries, or the slice layout", x.len(), y.len()),
+    }
+}
+
+/// Dynamic MIG through NVML: the mock reports each model's profiles and
+/// placements (A100-40GB, A100-80GB, A30, H100, H200, B200), and
+/// `print-slices` with DynamicMIG offers every one of them, for 1.34 and
+/// 1.37, exactly as from the fake inventory; the slices pass
+/// `validate-slices` for the same release.
+#[test]
+fn nvml_discovery_offers_every_mig_profile_and_placement() {
+    let node = MockNode::new("dynamic-mig.yaml");
+    for version in ["1.34", "1.37"] {
+        let (from_nvml, from_fake) =
+            print_both(&node, &["--feature-gates", "DynamicMIG=true", "--kubernetes-version", version]);
+        assert!(
+            from_nvml == from_fake,
+            "{version}: NVML and fake inventory differ: {}",
+            difference(&from_nvml, &from_fake)
+        );
+        let names: std::collections::BTreeSet<String> = from_nvml["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .map(|d| d["name"].as_str().unwrap().to_string())
+            .collect();
+        let mut expected = std::collections::BTreeSet::new();
+        let catalog = Catalog::embedded().unwrap();
+        for g in &node.inventory.gpus {
+            let model = catalog.models.values().find(|m| m.product_name == g.product_name).unwrap();
+            match g.minor {
+                0..=5 => {
+                    if !g.architecture.starts_with("Ampere") {
+                        expected.insert(format!("gpu-{}", g.minor));
+                    }
+                    for p in &model.mig_profiles {
+                        for [start, _] in &p.placements {
+                            let label = p.name.replace('.', "").replace('+', "-");
+                            expected.insert(format!("gpu-{}-mig-{label}-{}-{start}", g.minor, p.gi_profile_id));
+                        }
+                    }
+                }
+                6 => {
+                    expected.insert("gpu-6-mig-3g40gb-9-0".into());
+                    expected.insert("gpu-6-mig-3g40gb-9-4".into());
+                }
+                _ => {
+                    expected.insert(format!("gpu-{}", g.minor));
+                }
+            }
+        }
+        assert_eq!(names, expected, "{version}");
+        let counter_sets: Vec<String> = from_nvml["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .flat_map(|s| s["spec"]["sharedCounters"].as_array().cloned().unwrap_or_default())
+            .map(|c| c["name"].as_str().unwrap().to_string())
+            .collect();
+        assert_eq!(counter_sets.len(), 6, "{version}: the static and the whole GPU have no counters: {counter_sets:?}");
+
+        let file = node.dir.path().join(format!("slices-{version}.json"));
+        std::fs::write(&file, from_nvml.to_string()).unwrap();
+        let out = Command::new(integration_tests::controller())
+            .args(["validate-slices", "--kubernetes-version", version, "-f"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        let text = stdout_ok(&out);
+        assert!(text.lines().all(|l| l.ends_with(": valid")), "{version}: {text}");
+    }
 }
 
 /// A running plugin on the mock NVML: an injected XID 79 (fallen off the

@@ -129,6 +129,23 @@ mod tests {
         }
     }
 
+    /// NVML names profiles by go-nvlib's formula from their memory and the
+    /// GPU's: the table's memory must give the table's names, or a node
+    /// read through NVML would publish other device names than its fake
+    /// inventory.
+    #[test]
+    fn profile_names_follow_from_their_memory() {
+        use crate::inventory::nvml::names::mig_memory_gb;
+        let catalog = Catalog::embedded().unwrap();
+        for (key, model) in &catalog.models {
+            for p in &model.mig_profiles {
+                let gb = mig_memory_gb(p.memory_mib, model.memory_mib << 20);
+                let base = p.name.split(['+', '-']).next().unwrap();
+                assert_eq!(base, format!("{}g.{gb}gb", p.compute_slices), "{key}: {} has {} MiB", p.name, p.memory_mib);
+            }
+        }
+    }
+
     #[test]
     fn architecture_is_capitalized_like_nvidia() {
         let catalog = Catalog::embedded().unwrap();

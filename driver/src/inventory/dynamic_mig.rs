@@ -89,9 +89,10 @@ pub struct MigCapabilities {
 pub struct MigCapableProfile {
     /// Name, NVML profile id (`nvidia-smi mig -cgi <id>`), SMs, engines, memory.
     pub profile: MigProfile,
-    /// The `NVML_GPU_INSTANCE_PROFILE_*` index the profile was read with:
-    /// what `nvmlDeviceGetGpuInstanceProfileInfo` (and so instance
-    /// creation) takes, not the profile id.
+    /// The `NVML_GPU_INSTANCE_PROFILE_*` index the profile was read with
+    /// (`nvmlDeviceGetGpuInstanceProfileInfo` takes it). Placements and
+    /// instance creation (`nvmlDeviceCreateGpuInstanceWithPlacement`, via
+    /// the profile info) use the profile id, `profile.gi_profile_id`.
     pub profile_index: u32,
     /// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a compute instance
     /// spanning the whole GPU instance (the only shape published).

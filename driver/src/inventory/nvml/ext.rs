@@ -122,6 +122,31 @@ fn raw(device: &Device<'_>) -> nvmlDevice_t {
     unsafe { device.handle() }
 }
 
+/// Most placements read for one profile: a GPU has at most 8 memory slices,
+/// so anything larger is a broken answer, not a reason to allocate.
+const MAX_PLACEMENTS: u32 = 64;
+
+/// Every placement NVML offers for GPU-instance profile id `profile_id`
+/// on a physical GPU (`nvmlDeviceGetGpuInstancePossiblePlacements_v2`,
+/// asked for the count first). nvml-wrapper's `possible_placements` never
+/// sets its vector's length and so always answers none.
+pub fn possible_placements(device: &Device<'_>, profile_id: u32) -> Result<Vec<Placement>, NvmlError> {
+    let sym = nvml_sym(device.nvml().lib().nvmlDeviceGetGpuInstancePossiblePlacements_v2.as_ref())?;
+    let mut count: u32 = 0;
+    // SAFETY: a live device handle; a null array with a valid count pointer
+    // asks NVML for the number of placements only.
+    nvml_try(unsafe { sym(raw(device), profile_id, std::ptr::null_mut(), &mut count) })?;
+    if count > MAX_PLACEMENTS {
+        return Err(NvmlError::Unknown);
+    }
+    let mut placements = vec![nvmlGpuInstancePlacement_t { start: 0, size: 0 }; count as usize];
+    // SAFETY: a live device handle and an array of `count` placements we own,
+    // with `count` saying its length.
+    nvml_try(unsafe { sym(raw(device), profile_id, placements.as_mut_ptr(), &mut count) })?;
+    placements.truncate(count as usize);
+    Ok(placements.iter().map(|p| Placement { start: p.start, size: p.size }).collect())
+}
+
 /// The GPU-instance id of a MIG device handle (`nvmlDeviceGetGpuInstanceId`).
 pub fn gpu_instance_id(mig_device: &Device<'_>) -> Result<u32, NvmlError> {
     let sym = nvml_sym(mig_device.nvml().lib().nvmlDeviceGetGpuInstanceId.as_ref())?;

@@ -115,6 +115,7 @@ fn read_gpu(device: &Device<'_>, index: u32, sys_root: &Path, mig_minors: &MigMi
             tracing::warn!(index, minor, uuid = %gpu.uuid, "NVML reports the GPU as lost; keeping it with a Lost fault");
             // Whatever was read before the loss stays; the rest are placeholders.
             gpu.mig = MigMode::Disabled;
+            gpu.mig_capabilities = None;
             gpu.clique = None;
             gpu.faults.push(Fault::Lost);
             Some(gpu)
@@ -148,7 +149,9 @@ fn fill_gpu(gpu: &mut Gpu, device: &Device<'_>, sys_root: &Path, mig_minors: &Mi
     };
     gpu.pcie_root = procfs::read_pcie_root(sys_root, &bus_id);
     gpu.numa_node = numa_node(device, sys_root, &bus_id, gpu.minor);
-    gpu.mig = mig::read(device, gpu.minor, gpu.memory_bytes, mig_minors)?;
+    let mig = mig::read(device, gpu.minor, &gpu.architecture, gpu.memory_bytes, mig_minors)?;
+    gpu.mig = mig.mode;
+    gpu.mig_capabilities = mig.capabilities;
     gpu.clique = match ext::gpu_fabric_info(device) {
         Ok(info) => clique_from_fabric(&info),
         Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => None,

@@ -1,9 +1,11 @@
-//! A GPU's MIG mode and MIG devices.
+//! A GPU's MIG mode, MIG devices and MIG capabilities.
 //!
 //! For each MIG device NVML lists, we find its GPU instance (placement,
 //! profile) and compute instance, and publish it only when the compute
 //! instance spans the whole GPU instance, the only shape NVIDIA's driver
-//! advertises. `/dev/nvidia-caps` minors come from `mig-minors`.
+//! advertises. `/dev/nvidia-caps` minors come from `mig-minors`. For a GPU
+//! in MIG mode we also read every GPU-instance profile with its possible
+//! placements, for dynamic MIG.
 
 use nvml_wrapper::Device;
 use nvml_wrapper::error::NvmlError;
@@ -13,7 +15,15 @@ use super::ext::{self, GpuInstance, GpuInstanceProfile};
 use super::gpus::GpuError;
 use super::names;
 use super::procfs::MigMinors;
+use crate::inventory::dynamic_mig::{self, MigCapabilities, MigCapableProfile};
 use crate::inventory::{MigDevice, MigMode, MigProfile};
+
+/// What [`read`] finds: the mode with its devices, and for a GPU in MIG
+/// mode the profiles and placements it supports.
+pub(super) struct MigState {
+    pub mode: MigMode,
+    pub capabilities: Option<MigCapabilities>,
+}
 
 /// `NVML_GPU_INSTANCE_PROFILE_COUNT` of NVML 13's nvml.h (nvml-wrapper-sys
 /// 0.10 says 17). Older drivers answer `InvalidArg` for indices they lack.
@@ -27,26 +37,29 @@ const COMPUTE_INSTANCE_PROFILE_COUNT: u32 = 0x9;
 pub(super) fn read(
     parent: &Device<'_>,
     parent_minor: u32,
+    architecture: &str,
     total_memory_bytes: u64,
     minors: &MigMinors,
-) -> Result<MigMode, GpuError> {
+) -> Result<MigState, GpuError> {
+    let disabled = MigState { mode: MigMode::Disabled, capabilities: None };
     let mode = match parent.mig_mode() {
         Ok(mode) => mode,
-        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => return Ok(MigMode::Disabled),
+        Err(NvmlError::NotSupported | NvmlError::FailedToLoadSymbol(_)) => return Ok(disabled),
         Err(error) => return Err(GpuError::nvml("MIG mode", error)),
     };
     if mode.current != NVML_DEVICE_MIG_ENABLE {
-        return Ok(MigMode::Disabled);
+        return Ok(disabled);
     }
+    let mut parent_gpu = ParentGpu { device: parent, minor: parent_minor, total_memory_bytes, profiles: None };
+    let capabilities = capabilities(&mut parent_gpu, architecture);
     let count = match parent.mig_device_count() {
         Ok(count) => count,
         Err(NvmlError::GpuLost) => return Err(GpuError::Lost),
         Err(error) => {
             tracing::warn!(minor = parent_minor, %error, "MIG is enabled but NVML cannot count MIG devices; publishing none");
-            return Ok(MigMode::Enabled(Vec::new()));
+            return Ok(MigState { mode: MigMode::Enabled(Vec::new()), capabilities: None });
         }
     };
-    let mut parent_gpu = ParentGpu { device: parent, minor: parent_minor, total_memory_bytes, profiles: None };
     let mut devices = Vec::new();
     for index in 0..count {
         let mig = match parent.mig_device_by_index(index) {
@@ -63,7 +76,62 @@ pub(super) fn read(
             Err(reason) => tracing::warn!(minor = parent_minor, index, %reason, "skipping MIG device"),
         }
     }
-    Ok(MigMode::Enabled(devices))
+    Ok(MigState { mode: MigMode::Enabled(devices), capabilities })
+}
+
+/// Every GPU-instance profile of the GPU with its possible placements,
+/// named as NVIDIA's driver names them; `None` when NVML offers none.
+fn capabilities(parent: &mut ParentGpu<'_, '_>, architecture: &str) -> Option<MigCapabilities> {
+    let (device, minor, total_memory_bytes) = (parent.device, parent.minor, parent.total_memory_bytes);
+    let mut profiles = Vec::new();
+    for (index, p) in parent.profiles().to_vec() {
+        let placements = match ext::possible_placements(device, p.id) {
+            Ok(placements) => placements,
+            Err(error) => {
+                tracing::debug!(minor, profile = p.id, %error, "cannot read the profile's placements; not offered");
+                continue;
+            }
+        };
+        let Some(memory_slices) = placements.first().map(|pl| pl.size) else { continue };
+        let Some(ci_index) = dynamic_mig::compute_instance_profile_index(p.slice_count) else {
+            tracing::debug!(minor, profile = p.id, slices = p.slice_count, "no compute-instance profile spans it");
+            continue;
+        };
+        if placements.iter().any(|pl| pl.size != memory_slices || pl.size == 0) {
+            tracing::warn!(minor, profile = p.id, ?placements, "placements of unequal sizes; profile not offered");
+            continue;
+        }
+        let mut placements = placements;
+        placements.sort_by_key(|pl| pl.start);
+        profiles.push(MigCapableProfile {
+            profile: MigProfile {
+                name: names::mig_profile_name(index, p.slice_count, p.memory_size_mib, total_memory_bytes),
+                gi_profile_id: p.id,
+                multiprocessors: p.multiprocessor_count,
+                copy_engines: p.copy_engine_count,
+                decoders: p.decoder_count,
+                encoders: p.encoder_count,
+                jpeg_engines: p.jpeg_count,
+                ofa_engines: p.ofa_count,
+                memory_bytes: p.memory_size_mib.saturating_mul(1 << 20),
+            },
+            profile_index: index,
+            compute_instance_profile_index: ci_index,
+            compute_slices: p.slice_count,
+            memory_slices,
+            max_count: p.instance_count,
+            placements,
+        });
+    }
+    profiles.sort_by_key(|p| p.profile.gi_profile_id);
+    let memory_slices = profiles.iter().flat_map(|p| &p.placements).map(|pl| pl.start + pl.size).max()?;
+    let compute_slices = profiles.iter().map(|p| p.compute_slices).max()?;
+    Some(MigCapabilities {
+        memory_slices,
+        compute_slices,
+        mig_mode_switchable: dynamic_mig::mig_mode_switchable(architecture),
+        profiles,
+    })
 }
 
 /// The parent GPU and its GPU-instance profiles, read on first need.
