@@ -664,10 +664,7 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfo_v3_t 
 
 static unsigned long long uuid_generation;
 
-typedef struct {
-    unsigned int start;
-    unsigned int size;
-} nvmlGpuInstancePlacement_t;
+/* nvmlGpuInstancePlacement_t: in the placements block (dynmig) above. */
 
 typedef struct {
     nvmlDevice_t device;
