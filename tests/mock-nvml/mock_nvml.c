@@ -19,8 +19,9 @@
  *                                         a possible placement of a profile
  *                                         (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
  *
- * Compute-instance calls are absent: discovery then assumes the compute
- * instance spans its GPU instance (and says so in a warning).
+ * Each `mig` line is a GPU instance with one compute instance spanning it;
+ * instances are created and destroyed through NVML too (the lifecycle block
+ * at the end), with their state in MOCK_NVML_STATE.
  *
  * XID events: lines `<minor>|<xid>` appended to `<table>.events` are
  * delivered, in order, by nvmlEventSetWait_v2.
