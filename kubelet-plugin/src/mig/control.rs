@@ -86,12 +86,15 @@ pub(crate) mod fake {
 
     use super::*;
 
+    /// A GPU instance: profile id, placement, compute instance and its UUID.
+    pub type FakeInstance = (u32, Placement, Option<(u32, String)>);
+
     #[derive(Debug, Default)]
     pub struct FakeGpu {
         pub mig: MigModeState,
         pub switchable: bool,
         /// gi id -> (profile id, placement, compute instance and its UUID).
-        pub instances: BTreeMap<u32, (u32, Placement, Option<(u32, String)>)>,
+        pub instances: BTreeMap<u32, FakeInstance>,
     }
 
     impl Default for MigModeState {

@@ -169,7 +169,7 @@ mod tests {
         }
         for i in 0..k {
             heap_permutations(items, k - 1, f);
-            let j = if k % 2 == 0 { i } else { 0 };
+            let j = if k.is_multiple_of(2) { i } else { 0 };
             items.swap(j, k - 1);
         }
     }

@@ -237,7 +237,7 @@ async fn mps_runs_on_a_dynamic_mig_device() {
     let record = records(&n.h).remove(0);
     let made = record.devices[0].dynamic_mig.as_ref().unwrap().made.clone().unwrap();
     let daemon = record.mps.clone().unwrap();
-    assert_eq!(daemon.visible, [made.uuid.clone()], "the daemon serves the new instance");
+    assert_eq!(daemon.visible, std::slice::from_ref(&made.uuid), "the daemon serves the new instance");
     assert_eq!(daemon.gpus, [n.gpu0.clone()]);
     assert!(host.calls.lock().unwrap().iter().any(|c| c == &format!("start {}", made.uuid)), "{:?}", host.calls);
     let spec = spec(&n.h, A).to_string();
