@@ -53,6 +53,8 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 
     // Shared with prepare, which tells it the instances it made.
     let dynamic_mig = DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone());
+    let mig = if dynamic_mig.enabled() { mig_host(args) } else { None };
+    seed_ours(args, &dynamic_mig, mig.as_ref())?;
     let inventory = watch_inventory(args, &dynamic_mig)?;
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
 
@@ -76,7 +78,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         publish_status.clone(),
     ));
 
-    let service = Arc::new(open_preparer(args, client.clone(), inventory.clone())?.with_metrics(metrics.clone()));
+    let service = Arc::new(
+        open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?.with_metrics(metrics.clone()),
+    );
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
@@ -130,6 +134,8 @@ fn open_preparer(
     args: &RunArgs,
     client: kube::Client,
     inventory: watch::Receiver<Arc<Inventory>>,
+    mig: Option<crate::mig::lifecycle::MigHost>,
+    dynamic_mig: Arc<DynamicMigSelection>,
 ) -> anyhow::Result<Preparer<KubeClaimSource>> {
     let boot_id = checkpoint::boot_id(&args.host.proc_root).with_context(|| {
         format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.host.proc_root.display())
@@ -176,6 +182,8 @@ fn open_preparer(
             ready: Duration::from_millis(args.mps_ready_timeout_ms),
             ..Default::default()
         },
+        mig,
+        selection: Some(dynamic_mig),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
@@ -189,6 +197,54 @@ fn open_preparer(
         "checkpoint reconciled"
     );
     Ok(preparer)
+}
+
+/// Tells the selection which MIG instances the checkpoint's claims own
+/// before the first inventory is read, so a GPU holding only those stays
+/// dynamic across a restart (and start-up can settle it).
+fn seed_ours(
+    args: &RunArgs,
+    selection: &DynamicMigSelection,
+    mig: Option<&crate::mig::lifecycle::MigHost>,
+) -> anyhow::Result<()> {
+    if !selection.enabled() {
+        return Ok(());
+    }
+    let boot_id = checkpoint::boot_id(&args.host.proc_root).with_context(|| {
+        format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.host.proc_root.display())
+    })?;
+    let dir = checkpoint::CheckpointDir::existing(args.state_dir().join("checkpoint"));
+    // A missing directory is a first start; damaged records are dealt with
+    // when the preparer opens it.
+    let records = dir.load().map(|l| l.records).unwrap_or_default();
+    let control = mig.map(|m| &*m.control);
+    selection.set_ours(crate::mig::ownership::owned_uuids(&records, &boot_id, control));
+    Ok(())
+}
+
+/// NVML for dynamic MIG (one session for the process's life), unless the
+/// inventory is fake.
+#[cfg(target_os = "linux")]
+fn mig_host(args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
+    if args.node.fake_inventory.is_some() {
+        return None;
+    }
+    let source = crate::host::driver_files::nvml_source(&args.driver_root, &args.host);
+    match source.init_nvml() {
+        Ok(nvml) => Some(crate::mig::lifecycle::MigHost {
+            control: Arc::new(crate::mig::nvml::NvmlMigControl::new(nvml)),
+            proc_root: args.host.proc_root.clone(),
+        }),
+        Err(error) => {
+            tracing::warn!(%error, "NVML cannot be opened for dynamic MIG; claims for dynamic MIG devices will fail");
+            None
+        }
+    }
+}
+
+#[cfg(not(target_os = "linux"))]
+fn mig_host(_args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
+    None
 }
 
 type HttpTask = Option<tokio::task::JoinHandle<()>>;

@@ -19,8 +19,9 @@
  *                                         a possible placement of a profile
  *                                         (nvmlDeviceGetGpuInstancePossiblePlacements_v2)
  *
- * Compute-instance calls are absent: discovery then assumes the compute
- * instance spans its GPU instance (and says so in a warning).
+ * Each `mig` line is a GPU instance with one compute instance spanning it;
+ * instances are created and destroyed through NVML too (the lifecycle block
+ * at the end), with their state in MOCK_NVML_STATE.
  *
  * XID events: lines `<minor>|<xid>` appended to `<table>.events` are
  * delivered, in order, by nvmlEventSetWait_v2.
@@ -86,9 +87,15 @@ typedef struct mock_gpu {
     int has_fabric, fabric_v2_only;
     unsigned char cluster[16];
     unsigned int clique;
-    /* For a MIG device: its parent and instance. */
+    /* For a MIG device: its parent and instance. A GPU instance without a
+     * compute instance (has_ci 0) is no MIG device yet (see the lifecycle
+     * block at the end). */
     struct mock_gpu *parent;
     unsigned int gi_id, ci_id, profile_id, start, size;
+    int has_ci;
+    unsigned int ci_profile_id;
+    /* MIG mode awaiting a GPU reset (Ampere): see nvmlDeviceSetMigMode. */
+    int mig_pending;
     char uuid[96];
     char name[96];
     int brand;
@@ -110,6 +117,10 @@ static unsigned int mig_device_count;
 static char driver_version[80];
 static int cuda_version;
 static int initialized;
+
+/* In the lifecycle block at the end. */
+#define NO_CI_PROFILE 0xFFFFFFFFu
+static void lifecycle_restore(void);
 
 static mock_gpu *by_minor(unsigned int minor) {
     for (unsigned int i = 0; i < gpu_count; i++)
@@ -181,6 +192,10 @@ static int load_table(void) {
     if (!path) return 0;
     FILE *f = fopen(path, "r");
     if (!f) return 0;
+    /* nvmlInit may run again in the same process (another Nvml session):
+     * start from the table each time, not on top of it. */
+    gpu_count = 0;
+    mig_device_count = 0;
     char line[1024];
     while (fgets(line, sizeof line, f)) {
         line[strcspn(line, "\n")] = 0;
@@ -219,7 +234,7 @@ static int load_table(void) {
             }
         } else if (n == 2 && !strcmp(fields[0], "migmode")) {
             mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
-            if (g) g->mig_mode = 1;
+            if (g) g->mig_mode = g->mig_pending = 1;
         } else if (n == 14 && !strcmp(fields[0], "profile")) {
             mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
             if (g && g->profile_count < MAX_PROFILES) {
@@ -243,6 +258,8 @@ static int load_table(void) {
                 m->profile_id = (unsigned int)strtoul(fields[5], NULL, 10);
                 m->start = (unsigned int)strtoul(fields[6], NULL, 10);
                 m->size = (unsigned int)strtoul(fields[7], NULL, 10);
+                m->has_ci = 1;
+                m->ci_profile_id = NO_CI_PROFILE;
                 parent->migs[parent->mig_count++] = m;
             }
         } else if (n == 5 && !strcmp(fields[0], "placement")) {
@@ -254,6 +271,7 @@ static int load_table(void) {
         }
     }
     fclose(f);
+    lifecycle_restore();
     return 1;
 }
 
@@ -371,7 +389,8 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory)
 
 nvmlReturn_t nvmlDeviceGetMigMode(nvmlDevice_t d, unsigned int *current, unsigned int *pending) {
     if (d->parent) return NVML_ERROR_NOT_SUPPORTED;
-    *current = *pending = (unsigned int)d->mig_mode;
+    *current = (unsigned int)d->mig_mode;
+    *pending = (unsigned int)d->mig_pending;
     return NVML_SUCCESS;
 }
 
@@ -380,10 +399,16 @@ nvmlReturn_t nvmlDeviceGetMaxMigDeviceCount(nvmlDevice_t d, unsigned int *count)
     return NVML_SUCCESS;
 }
 
+/* MIG devices are the GPU instances that have a compute instance. */
 nvmlReturn_t nvmlDeviceGetMigDeviceHandleByIndex(nvmlDevice_t d, unsigned int index, nvmlDevice_t *mig) {
-    if (index >= d->mig_count) return NVML_ERROR_NOT_FOUND;
-    *mig = d->migs[index];
-    return NVML_SUCCESS;
+    for (unsigned int i = 0, seen = 0; i < d->mig_count; i++) {
+        if (!d->migs[i]->has_ci) continue;
+        if (seen++ == index) {
+            *mig = d->migs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
 }
 
 nvmlReturn_t nvmlDeviceGetGpuInstanceId(nvmlDevice_t d, unsigned int *id) {
@@ -588,3 +613,432 @@ nvmlReturn_t nvmlDeviceGetGpuFabricInfoV(nvmlDevice_t d, nvmlGpuFabricInfo_v3_t 
     if (version == 3) info->healthSummary = 0;
     return NVML_SUCCESS;
 }
+
+/* ======================================================================
+ * Instance lifecycle (migprep): creating and destroying GPU and compute
+ * instances, MIG mode get/set, and the instance table's persistence.
+ *
+ * State: with MOCK_NVML_STATE set, the GPU instances, compute instances
+ * and MIG modes live in that file, rewritten (temporary file + rename)
+ * after every change and read at nvmlInit, so a process killed by SIGKILL
+ * and started again sees the instances that exist, as on a real GPU. When
+ * the file does not exist yet, the table's `mig|` and `migmode|` lines are
+ * the starting point. Lines:
+ *   mode|<minor>|<current>|<pending>
+ *   gi|<minor>|<gi id>|<profile id>|<start>|<size>|<has ci>|<ci id>|<ci profile id>|<uuid or ->
+ *   generation|<n>                       (makes every new MIG UUID unique)
+ *
+ * Capabilities: with MOCK_NVML_PROC_ROOT set, each GPU instance has
+ * <root>/driver/nvidia/capabilities/gpu<minor>/mig/gi<G>/access and each
+ * compute instance .../gi<G>/ci<C>/access ("DeviceFileMinor: <N>"), with
+ * the minors of the driver's /proc/driver/nvidia-caps/mig-minors table
+ * (gi: 3 + 135 * minor + 9 * G; ci: that + 1 + C); they appear and go with
+ * the instances.
+ *
+ * Failures, as NVML reports them:
+ *   - a placement overlapping an instance, beyond the GPU's 8 memory
+ *     slices, or a profile already at its instance count:
+ *     NVML_ERROR_INSUFFICIENT_RESOURCES;
+ *   - an unknown profile, MIG mode off: NVML_ERROR_INVALID_ARGUMENT /
+ *     NVML_ERROR_NOT_SUPPORTED;
+ *   - destroying a GPU instance that still has a compute instance, or
+ *     one with processes: NVML_ERROR_IN_USE. Processes are lines in
+ *     <MOCK_NVML_STATE>.busy: `<minor>` (on the whole GPU) or
+ *     `<minor>|<gi id>` (in that GPU instance);
+ *   - MIG mode: on Hopper and later (architecture >= 9) it changes at
+ *     once when the GPU has no processes and no instances, else
+ *     NVML_ERROR_IN_USE; on Ampere the request is pending (current mode
+ *     unchanged, activation status NVML_ERROR_RESET_REQUIRED) until a
+ *     reset, which a test makes by editing the state file.
+ * ====================================================================== */
+#include <errno.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define NVML_ERROR_NO_PERMISSION 4
+#define NVML_ERROR_RESET_REQUIRED 16
+#define NVML_ERROR_IN_USE 19
+#define NVML_ERROR_INSUFFICIENT_RESOURCES 23
+#define NVML_ARCH_HOPPER 9
+#define MEMORY_SLICES 8
+#define MAX_GI_ID 15
+
+static unsigned long long uuid_generation;
+
+/* nvmlGpuInstancePlacement_t: in the placements block (dynmig) above. */
+
+typedef struct {
+    nvmlDevice_t device;
+    nvmlDevice_t gpuInstance;
+    unsigned int id;
+    unsigned int profileId;
+    unsigned int placementStart;
+    unsigned int placementSize;
+} nvmlComputeInstanceInfo_t;
+
+typedef struct {
+    unsigned int version, id, sliceCount, instanceCount, multiprocessorCount, sharedCopyEngineCount,
+        sharedDecoderCount, sharedEncoderCount, sharedJpegCount, sharedOfaCount;
+    char name[96];
+} nvmlComputeInstanceProfileInfo_v2_t;
+
+/* NVML_COMPUTE_INSTANCE_PROFILE_*: index -> compute slices (ids equal indices). */
+static const unsigned int ci_profile_slices[] = {1, 2, 3, 4, 7, 8, 6};
+#define CI_PROFILE_COUNT (sizeof ci_profile_slices / sizeof ci_profile_slices[0])
+
+static mock_profile *profile_by_id(mock_gpu *g, unsigned int id) {
+    for (unsigned int i = 0; i < g->profile_count; i++)
+        if (g->profiles[i].id == id) return &g->profiles[i];
+    return NULL;
+}
+
+/* The compute-instance profile spanning a GPU instance of `slices`. */
+static unsigned int full_ci_profile(unsigned int slices) {
+    for (unsigned int i = 0; i < CI_PROFILE_COUNT; i++)
+        if (ci_profile_slices[i] == slices) return i;
+    return 0;
+}
+
+static unsigned int ci_profile_of(mock_gpu *m) {
+    if (m->ci_profile_id != NO_CI_PROFILE) return m->ci_profile_id;
+    mock_profile *p = profile_by_id(m->parent, m->profile_id);
+    return full_ci_profile(p ? p->slices : 1);
+}
+
+static const char *env_path(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+static void mkdirs(const char *path) {
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p != '/') continue;
+        *p = 0;
+        mkdir(buf, 0755);
+        *p = '/';
+    }
+    mkdir(buf, 0755);
+}
+
+static unsigned int gi_cap_minor(unsigned int minor, unsigned int gi) { return 3 + 135 * minor + 9 * gi; }
+
+/* Makes <proc>/driver/nvidia/capabilities/gpu<minor>/mig match the GPU's instances. */
+static void sync_caps(mock_gpu *g) {
+    const char *root = env_path("MOCK_NVML_PROC_ROOT");
+    if (!root) return;
+    char dir[4096], path[4200];
+    for (unsigned int gi = 0; gi <= MAX_GI_ID; gi++) {
+        snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/gpu%u/mig/gi%u", root, g->minor, gi);
+        for (unsigned int ci = 0; ci < 8; ci++) {
+            snprintf(path, sizeof path, "%s/ci%u/access", dir, ci);
+            unlink(path);
+            snprintf(path, sizeof path, "%s/ci%u", dir, ci);
+            rmdir(path);
+        }
+        snprintf(path, sizeof path, "%s/access", dir);
+        unlink(path);
+        rmdir(dir);
+    }
+    for (unsigned int i = 0; i < g->mig_count; i++) {
+        mock_gpu *m = g->migs[i];
+        unsigned int gi_minor = gi_cap_minor(g->minor, m->gi_id);
+        snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/gpu%u/mig/gi%u", root, g->minor, m->gi_id);
+        mkdirs(dir);
+        snprintf(path, sizeof path, "%s/access", dir);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", gi_minor);
+            fclose(f);
+        }
+        if (!m->has_ci) continue;
+        snprintf(path, sizeof path, "%s/ci%u", dir, m->ci_id);
+        mkdir(path, 0755);
+        snprintf(path, sizeof path, "%s/ci%u/access", dir, m->ci_id);
+        f = fopen(path, "w");
+        if (f) {
+            fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", gi_minor + 1 + m->ci_id);
+            fclose(f);
+        }
+    }
+}
+
+/* Writes the state file atomically; 0 on failure (reported as UNKNOWN). */
+static int save_state(void) {
+    const char *path = env_path("MOCK_NVML_STATE");
+    if (!path) return 1;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return 0;
+    fprintf(f, "generation|%llu\n", uuid_generation);
+    for (unsigned int i = 0; i < gpu_count; i++) {
+        mock_gpu *g = &gpus[i];
+        fprintf(f, "mode|%u|%d|%d\n", g->minor, g->mig_mode, g->mig_pending);
+        for (unsigned int j = 0; j < g->mig_count; j++) {
+            mock_gpu *m = g->migs[j];
+            /* "-" for no UUID yet: strtok would skip an empty field. */
+            fprintf(f, "gi|%u|%u|%u|%u|%u|%d|%u|%u|%s\n", g->minor, m->gi_id, m->profile_id, m->start, m->size,
+                    m->has_ci, m->ci_id, ci_profile_of(m), m->uuid[0] ? m->uuid : "-");
+        }
+    }
+    int ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok = (fclose(f) == 0) && ok;
+    return ok && rename(tmp, path) == 0;
+}
+
+static mock_gpu *new_mig_slot(mock_gpu *parent) {
+    if (parent->mig_count >= MAX_MIGS) return NULL;
+    mock_gpu *m = NULL;
+    for (unsigned int i = 0; i < mig_device_count; i++)
+        if (!mig_devices[i].parent) {
+            m = &mig_devices[i];
+            break;
+        }
+    if (!m) {
+        if (mig_device_count >= MAX_GPUS * MAX_MIGS) return NULL;
+        m = &mig_devices[mig_device_count++];
+    }
+    memset(m, 0, sizeof *m);
+    m->parent = parent;
+    m->minor = parent->minor;
+    m->ci_profile_id = NO_CI_PROFILE;
+    parent->migs[parent->mig_count++] = m;
+    return m;
+}
+
+static void free_mig_slot(mock_gpu *m) {
+    mock_gpu *parent = m->parent;
+    for (unsigned int i = 0; i < parent->mig_count; i++)
+        if (parent->migs[i] == m) {
+            memmove(&parent->migs[i], &parent->migs[i + 1], (parent->mig_count - i - 1) * sizeof parent->migs[0]);
+            parent->mig_count--;
+            break;
+        }
+    memset(m, 0, sizeof *m);
+}
+
+/* Replaces the table's instances and modes with the state file's, if any. */
+static void lifecycle_restore(void) {
+    const char *path = env_path("MOCK_NVML_STATE");
+    FILE *f = path ? fopen(path, "r") : NULL;
+    if (!f) return;
+    for (unsigned int i = 0; i < gpu_count; i++) gpus[i].mig_count = 0;
+    mig_device_count = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, f)) {
+        line[strcspn(line, "\n")] = 0;
+        char *fields[12];
+        int n = 0;
+        for (char *p = strtok(line, "|"); p && n < 12; p = strtok(NULL, "|")) fields[n++] = p;
+        if (n == 2 && !strcmp(fields[0], "generation")) {
+            uuid_generation = strtoull(fields[1], NULL, 10);
+        } else if (n == 4 && !strcmp(fields[0], "mode")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            if (g) {
+                g->mig_mode = atoi(fields[2]);
+                g->mig_pending = atoi(fields[3]);
+            }
+        } else if (n == 10 && !strcmp(fields[0], "gi")) {
+            mock_gpu *g = by_minor((unsigned int)strtoul(fields[1], NULL, 10));
+            mock_gpu *m = g ? new_mig_slot(g) : NULL;
+            if (!m) continue;
+            m->gi_id = (unsigned int)strtoul(fields[2], NULL, 10);
+            m->profile_id = (unsigned int)strtoul(fields[3], NULL, 10);
+            m->start = (unsigned int)strtoul(fields[4], NULL, 10);
+            m->size = (unsigned int)strtoul(fields[5], NULL, 10);
+            m->has_ci = atoi(fields[6]);
+            m->ci_id = (unsigned int)strtoul(fields[7], NULL, 10);
+            m->ci_profile_id = (unsigned int)strtoul(fields[8], NULL, 10);
+            snprintf(m->uuid, sizeof m->uuid, "%s", strcmp(fields[9], "-") ? fields[9] : "");
+        }
+    }
+    fclose(f);
+}
+
+/* Whether <MOCK_NVML_STATE>.busy lists processes on GPU `minor` (gi NULL:
+ * anywhere on it) or in its GPU instance `*gi`. */
+static int busy(unsigned int minor, const unsigned int *gi) {
+    const char *state = env_path("MOCK_NVML_STATE");
+    if (!state) return 0;
+    char path[4200];
+    snprintf(path, sizeof path, "%s.busy", state);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f)) {
+        unsigned int m, g;
+        int n = sscanf(line, "%u|%u", &m, &g);
+        if (n >= 1 && m == minor && (n == 1 || !gi || g == *gi)) found = 1;
+    }
+    fclose(f);
+    return found;
+}
+
+static int is_gpu(nvmlDevice_t d) { return d && d >= &gpus[0] && d < &gpus[gpu_count]; }
+
+static int is_instance(nvmlDevice_t d) {
+    return d && d >= &mig_devices[0] && d < &mig_devices[mig_device_count] && d->parent;
+}
+
+nvmlReturn_t nvmlDeviceSetMigMode(nvmlDevice_t d, unsigned int mode, nvmlReturn_t *activation) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!is_gpu(d) || mode > 1 || !activation) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->profile_count) return NVML_ERROR_NOT_SUPPORTED;
+    if (d->mig_count || busy(d->minor, NULL)) {
+        *activation = NVML_ERROR_IN_USE;
+        return NVML_ERROR_IN_USE;
+    }
+    d->mig_pending = (int)mode;
+    if (d->arch >= NVML_ARCH_HOPPER) {
+        d->mig_mode = (int)mode;
+        *activation = NVML_SUCCESS;
+    } else {
+        *activation = d->mig_mode == (int)mode ? NVML_SUCCESS : NVML_ERROR_RESET_REQUIRED;
+    }
+    return save_state() ? NVML_SUCCESS : NVML_ERROR_UNKNOWN;
+}
+
+nvmlReturn_t nvmlDeviceCreateGpuInstanceWithPlacement(nvmlDevice_t d, unsigned int profile_id,
+                                                      const nvmlGpuInstancePlacement_t *placement, nvmlDevice_t *gi) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!is_gpu(d) || !placement || !gi) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!d->mig_mode) return NVML_ERROR_NOT_SUPPORTED;
+    mock_profile *p = profile_by_id(d, profile_id);
+    if (!p) return NVML_ERROR_INVALID_ARGUMENT;
+    if (placement->size == 0 || placement->start + placement->size > MEMORY_SLICES)
+        return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned int same_profile = 0;
+    for (unsigned int i = 0; i < d->mig_count; i++) {
+        mock_gpu *o = d->migs[i];
+        if (placement->start < o->start + o->size && o->start < placement->start + placement->size)
+            return NVML_ERROR_INSUFFICIENT_RESOURCES;
+        if (o->profile_id == profile_id) same_profile++;
+    }
+    if (same_profile >= p->instances) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    unsigned int id = 1;
+    for (; id <= MAX_GI_ID; id++) {
+        int taken = 0;
+        for (unsigned int i = 0; i < d->mig_count; i++) taken |= d->migs[i]->gi_id == id;
+        if (!taken) break;
+    }
+    mock_gpu *m = id <= MAX_GI_ID ? new_mig_slot(d) : NULL;
+    if (!m) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    m->gi_id = id;
+    m->profile_id = profile_id;
+    m->start = placement->start;
+    m->size = placement->size;
+    if (!save_state()) {
+        free_mig_slot(m);
+        return NVML_ERROR_UNKNOWN;
+    }
+    sync_caps(d);
+    *gi = m;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceDestroy(nvmlDevice_t gi) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!is_instance(gi)) return NVML_ERROR_INVALID_ARGUMENT;
+    mock_gpu *parent = gi->parent;
+    if (gi->has_ci || busy(parent->minor, &gi->gi_id)) return NVML_ERROR_IN_USE;
+    free_mig_slot(gi);
+    if (!save_state()) return NVML_ERROR_UNKNOWN;
+    sync_caps(parent);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceProfileInfoV(nvmlDevice_t gi, unsigned int profile,
+                                                           unsigned int eng_profile,
+                                                           nvmlComputeInstanceProfileInfo_v2_t *info) {
+    (void)eng_profile;
+    if (!is_instance(gi) || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    if ((info->version >> 24) != 2) return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    mock_profile *p = profile_by_id(gi->parent, gi->profile_id);
+    if (profile >= CI_PROFILE_COUNT || !p || ci_profile_slices[profile] > p->slices) return NVML_ERROR_NOT_SUPPORTED;
+    unsigned int slices = ci_profile_slices[profile];
+    info->id = profile;
+    info->sliceCount = slices;
+    info->instanceCount = p->slices / slices;
+    info->multiprocessorCount = p->sms * slices / (p->slices ? p->slices : 1);
+    info->sharedCopyEngineCount = p->ces;
+    info->sharedDecoderCount = p->decoders;
+    info->sharedEncoderCount = p->encoders;
+    info->sharedJpegCount = p->jpeg;
+    info->sharedOfaCount = p->ofa;
+    snprintf(info->name, sizeof info->name, "MIG %uc.%.80s", slices, p->name);
+    return NVML_SUCCESS;
+}
+
+/* Only the compute instance spanning its GPU instance, as the plugin makes. */
+nvmlReturn_t nvmlGpuInstanceCreateComputeInstance(nvmlDevice_t gi, unsigned int profile_id, nvmlDevice_t *ci) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!is_instance(gi) || !ci) return NVML_ERROR_INVALID_ARGUMENT;
+    mock_profile *p = profile_by_id(gi->parent, gi->profile_id);
+    if (profile_id >= CI_PROFILE_COUNT || !p || ci_profile_slices[profile_id] > p->slices)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (gi->has_ci || ci_profile_slices[profile_id] != p->slices) return NVML_ERROR_INSUFFICIENT_RESOURCES;
+    gi->has_ci = 1;
+    gi->ci_id = 0;
+    gi->ci_profile_id = profile_id;
+    uuid_generation++;
+    snprintf(gi->uuid, sizeof gi->uuid, "MIG-%08x-%04x-4%03x-8%03x-%012llx", 0x6d160000u | gi->parent->minor,
+             gi->gi_id, gi->start, gi->size, uuid_generation);
+    if (!save_state()) {
+        gi->has_ci = 0;
+        return NVML_ERROR_UNKNOWN;
+    }
+    sync_caps(gi->parent);
+    *ci = gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceDestroy(nvmlDevice_t ci) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!is_instance(ci) || !ci->has_ci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (busy(ci->parent->minor, &ci->gi_id)) return NVML_ERROR_IN_USE;
+    ci->has_ci = 0;
+    if (!save_state()) {
+        ci->has_ci = 1;
+        return NVML_ERROR_UNKNOWN;
+    }
+    sync_caps(ci->parent);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlGpuInstanceGetComputeInstanceById(nvmlDevice_t gi, unsigned int id, nvmlDevice_t *ci) {
+    if (!is_instance(gi) || !ci) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!gi->has_ci || gi->ci_id != id) return NVML_ERROR_NOT_FOUND;
+    *ci = gi;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlComputeInstanceGetInfo_v2(nvmlDevice_t ci, nvmlComputeInstanceInfo_t *info) {
+    if (!is_instance(ci) || !ci->has_ci || !info) return NVML_ERROR_INVALID_ARGUMENT;
+    memset(info, 0, sizeof *info);
+    info->device = ci->parent;
+    info->gpuInstance = ci;
+    info->id = ci->ci_id;
+    info->profileId = ci_profile_of(ci);
+    info->placementStart = 0;
+    info->placementSize = ci_profile_slices[info->profileId < CI_PROFILE_COUNT ? info->profileId : 0];
+    return NVML_SUCCESS;
+}
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
+    if (!initialized) return NVML_ERROR_UNINITIALIZED;
+    if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    for (unsigned int i = 0; i < gpu_count; i++)
+        if (!strcmp(gpus[i].uuid, uuid)) {
+            *device = &gpus[i];
+            return NVML_SUCCESS;
+        }
+    for (unsigned int i = 0; i < mig_device_count; i++)
+        if (mig_devices[i].parent && mig_devices[i].has_ci && !strcmp(mig_devices[i].uuid, uuid)) {
+            *device = &mig_devices[i];
+            return NVML_SUCCESS;
+        }
+    return NVML_ERROR_NOT_FOUND;
+}
+/* ====================== end of the lifecycle block ====================== */

@@ -11,6 +11,7 @@ pub mod go_allocator;
 pub mod helm;
 pub mod https_client;
 pub mod kubelet;
+pub mod mock_gpu;
 pub mod node;
 pub mod plugin_process;
 pub mod real_cluster;

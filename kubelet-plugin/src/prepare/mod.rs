@@ -21,13 +21,16 @@
 
 pub mod claims;
 pub mod configs;
+pub mod dynamic_mig;
 mod files;
 pub mod locks;
 pub mod mps;
 pub mod plan;
 pub mod reconcile;
+mod reconcile_mig;
 pub mod sharing;
 pub mod types;
+mod with_mig;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -89,6 +92,12 @@ pub struct PreparerConfig {
     /// there is none, and MPS is refused.
     pub mps_host: Option<Arc<dyn mps::host::MpsHost>>,
     pub mps_timeouts: mps::lifecycle::Timeouts,
+    /// Makes and destroys dynamic MIG devices (NVML); `None` on a fake
+    /// inventory, where dynamic MIG devices are refused at prepare.
+    pub mig: Option<crate::mig::lifecycle::MigHost>,
+    /// Told the MIG instances prepared claims own after every change, so a
+    /// re-read inventory keeps their GPUs dynamic.
+    pub selection: Option<Arc<crate::mig::selection::DynamicMigSelection>>,
 }
 
 /// Why the preparer could not start.
@@ -146,6 +155,7 @@ impl<S: ClaimSource> Preparer<S> {
             locks: KeyedLocks::default(),
             metrics: None,
         };
+        preparer.tell_selection();
         Ok((preparer, report))
     }
 
@@ -257,6 +267,10 @@ impl<S: ClaimSource> Preparer<S> {
                 return Err(kind(ErrorKind::Prepare)(error));
             }
         };
+        let dynamic = dynamic_mig::plan(&planned, &inventory).map_err(kind(ErrorKind::Prepare))?;
+        let base_inventory = inventory.clone();
+        let inventory =
+            if dynamic.is_empty() { inventory } else { Arc::new(dynamic_mig::provisional(&inventory, &dynamic)) };
         let resolved = configs::resolve(&self.config.driver, &resource_claim, &planned, &self.config.gates)
             .map_err(kind(ErrorKind::Config))?;
         let slices = sharing::time_slices(&planned, &resolved, &inventory).map_err(kind(ErrorKind::Config))?;
@@ -268,11 +282,27 @@ impl<S: ClaimSource> Preparer<S> {
         }
         // An MPS daemon's GPUs are locked too: MIG devices of one GPU are
         // different devices, but share its compute mode.
-        let keys = planned.iter().map(|d| device_key(d.device.as_str())).chain(daemon.iter().flat_map(gpu_keys));
+        // Dynamic MIG devices of one GPU are different devices whose
+        // placements must not overlap: their GPU is locked too.
+        let keys = planned
+            .iter()
+            .map(|d| device_key(d.device.as_str()))
+            .chain(daemon.iter().flat_map(gpu_keys))
+            .chain(dynamic.gpus().map(|gpu| format!("gpu:{gpu}")));
         let _device_locks = self
             .lock_until(keys.collect(), deadline, until, "the claim's devices (another claim's call holds them)")
             .await?;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
+        if !dynamic.is_empty() {
+            if self.config.mig.is_none() {
+                return Err(Failure {
+                    kind: ErrorKind::Prepare,
+                    message: "the claim has dynamic MIG devices, which are made through NVML, and this plugin runs                               without it (a fake inventory)"
+                        .into(),
+                });
+            }
+            dynamic_mig::check_records(&uid, &dynamic, self.records().values()).map_err(kind(ErrorKind::Prepare))?;
+        }
         let time_sliced = slices.iter().any(Option::is_some);
         if time_sliced || daemon.is_some() {
             let refuse = |message: &str| Failure { kind: ErrorKind::Config, message: message.to_owned() };
@@ -317,6 +347,10 @@ impl<S: ClaimSource> Preparer<S> {
             device.time_slice = slice;
         }
         record.mps = daemon;
+        if !dynamic.is_empty() {
+            let context = with_mig::Context { planned: &planned, resolved: &resolved, inventory: &base_inventory };
+            return self.prepare_dynamic(&claim, record, dynamic, context).await;
+        }
         if time_sliced || record.mps.is_some() {
             return self.prepare_shared(&claim, record, bytes).await;
         }
@@ -497,6 +531,8 @@ impl<S: ClaimSource> Preparer<S> {
                     share_id: d.share_id.clone(),
                     admin_access: d.admin_access,
                     time_slice: None,
+                    dynamic_mig: None,
+                    mig_mode_off: None,
                 })
                 .collect(),
             mps: None,
@@ -532,11 +568,15 @@ impl<S: ClaimSource> Preparer<S> {
             })
             .await??;
         }
+        self.unmake_dynamic(&record).await?;
         // Derived, never taken from the record (see `checkpoint::derived`).
         let name = cdi::claim_spec_file_name(&self.config.driver, uid);
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());
+        if record.devices.iter().any(|d| d.dynamic_mig.is_some()) {
+            self.tell_selection();
+        }
         Ok(())
     }
 }
@@ -579,5 +619,7 @@ async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) 
 pub(crate) mod test_support;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_mig;
 #[cfg(test)]
 mod tests_mps;

@@ -44,6 +44,11 @@ pub struct ReconcileReport {
     pub orphans: Vec<PathBuf>,
     /// Leftover temporary files deleted.
     pub temp_files: usize,
+    /// Dynamic MIG instances destroyed and made again.
+    pub mig: super::reconcile_mig::MigReport,
+    /// Interrupted prepares whose MIG instances could not be removed: their
+    /// records stay `PrepareStarted` for the kubelet's next call.
+    pub mig_pending: Vec<String>,
 }
 
 type Records = HashMap<String, ClaimRecord>;
@@ -85,6 +90,16 @@ pub(super) fn reconcile(
     for (uid, record) in valid {
         let spec_file = cdi::claim_spec_file_name(&config.driver, &uid);
         if record.boot_id != config.boot_id || record.state == PrepareState::PrepareStarted {
+            // Instances first: the record must outlive them.
+            if let Err(error) = super::reconcile_mig::roll_back(config, inventory, &record) {
+                tracing::error!(claim_uid = %record.uid, %error, "removing the MIG devices of an interrupted prepare failed; kept for the next attempt");
+                if record.boot_id == config.boot_id {
+                    report.mig_pending.push(record.uid.clone());
+                    owners.insert(record.uid.clone());
+                    records.insert(record.uid.clone(), record);
+                    continue;
+                }
+            }
             remove_cdi(&config.cdi_dir, &spec_file)?;
             checkpoint.remove(&uid)?;
             if record.boot_id != config.boot_id {
@@ -104,6 +119,7 @@ pub(super) fn reconcile(
         report.kept += 1;
         records.insert(record.uid.clone(), record);
     }
+    report.mig = super::reconcile_mig::settle(config, checkpoint, inventory, &mut records);
     report.temp_files += sweep_cdi_dir(config, &owners, &mut report.orphans)?;
     settle_time_slices(config, &interrupted, &records);
     settle_mps(config, checkpoint, &interrupted, &from_other_boot, &mut records, &owners);
@@ -254,13 +270,14 @@ fn rewrite_spec(
     let written = names
         .map_err(|e| e.to_string())
         .and_then(|names| {
-            cdi::claim_spec(&config.driver, inventory, &config.driver_edits.get(), uid, &names)
-                .map_err(|e| e.to_string())
+            let view = super::dynamic_mig::overlay_record(inventory, record);
+            cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names).map_err(|e| e.to_string())
         })
         .map(|mut spec| {
             if let Some(daemon) = &record.mps {
                 super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
             }
+            super::dynamic_mig::add_uuid_env(&mut spec.spec, uid.as_str(), record);
             spec
         })
         .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))

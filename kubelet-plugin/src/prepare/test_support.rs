@@ -135,6 +135,8 @@ pub struct Harness {
     pub gates: gpu_dra_driver::feature_gates::FeatureGates,
     pub gpu: Option<Arc<crate::prepare::sharing::test_support::Recorder>>,
     pub mps: Option<Arc<crate::prepare::mps::lifecycle::test_support::FakeHost>>,
+    /// Dynamic MIG through an in-memory GPU (`<dir>/proc` for caps minors).
+    pub mig: Option<Arc<crate::mig::control::fake::FakeControl>>,
 }
 
 impl Harness {
@@ -147,6 +149,7 @@ impl Harness {
             gates: Default::default(),
             gpu: None,
             mps: None,
+            mig: None,
         }
     }
 
@@ -167,6 +170,11 @@ impl Harness {
                 ready: std::time::Duration::from_millis(300),
                 exit: std::time::Duration::from_millis(300),
             },
+            mig: self
+                .mig
+                .clone()
+                .map(|control| crate::mig::lifecycle::MigHost { control, proc_root: self.dir.path().join("proc") }),
+            selection: None,
         }
     }
 

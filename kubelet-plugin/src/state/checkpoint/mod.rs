@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::names::ClaimUid;
 
+use crate::mig::{MadeInstance, MigIntent};
 use crate::prepare::types::PreparedDevice;
 use crate::state::durable;
 
@@ -48,6 +49,33 @@ pub struct CheckpointDevice {
     /// last claim to let go resets it, whatever crashed in between.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub time_slice: Option<TimeSlice>,
+    /// A dynamic MIG device: recorded with its placement before it is made,
+    /// with its instance once made (absent: a device that exists on its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dynamic_mig: Option<DynamicMigDevice>,
+    /// A whole dynamic GPU whose MIG mode this claim turned off (recorded
+    /// before the switch), to be turned on again when the claim goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mig_mode_off: Option<MigModeOff>,
+}
+
+/// A dynamic MIG device of a claim: what to make (recorded first), and what
+/// was made (recorded with the completion).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DynamicMigDevice {
+    #[serde(flatten)]
+    pub intent: MigIntent,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<MadeInstance>,
+}
+
+/// A whole GPU taken out of MIG mode for a claim.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigModeOff {
+    pub gpu_uuid: String,
+    pub gpu_minor: u32,
 }
 
 /// A GPU's time-slice interval as set through `nvidia-smi compute-policy`.
@@ -422,6 +450,8 @@ pub(crate) mod test_support {
                     share_id: None,
                     admin_access: false,
                     time_slice: None,
+                    dynamic_mig: None,
+                    mig_mode_off: None,
                 })
                 .collect(),
             mps: None,

@@ -1,0 +1,229 @@
+//! Making and destroying dynamic MIG devices, step by step, with a kill
+//! point between every two side effects (see [`super::kill_point`]).
+//! Every function here is idempotent against the GPU's real state: an
+//! instance is found by its profile and placement, so a retry after any
+//! crash finds what the earlier attempt left.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use super::control::{MigControl, MigControlError, MigModeState};
+use super::kill_point::{self, Step};
+use super::order;
+use super::{MadeInstance, MigIntent, ObservedInstance, caps};
+
+/// What dynamic MIG works with on a node: NVML and the `/proc` that shows
+/// new instances' capabilities.
+#[derive(Clone)]
+pub struct MigHost {
+    pub control: Arc<dyn MigControl>,
+    pub proc_root: PathBuf,
+}
+
+impl std::fmt::Debug for MigHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigHost").field("proc_root", &self.proc_root).finish_non_exhaustive()
+    }
+}
+
+fn device_text(intent: &MigIntent) -> String {
+    format!(
+        "MIG device {} at memory slices {}..{} of GPU {} ({})",
+        intent.profile,
+        intent.placement_start,
+        intent.placement_start + intent.placement_size,
+        intent.gpu_minor,
+        intent.gpu_uuid
+    )
+}
+
+/// Makes one device: its GPU instance at its placement, the compute
+/// instance spanning it, then reads its UUID and caps minors. A failure
+/// after the GPU instance destroys it again (best effort: the caller's
+/// roll-back retries by placement).
+pub fn make(host: &MigHost, intent: &MigIntent) -> Result<MadeInstance, String> {
+    let control = &*host.control;
+    let gi = control
+        .create_gpu_instance(&intent.gpu_uuid, intent.profile_id, intent.placement())
+        .map_err(|e| format!("making {}: {e}", device_text(intent)))?;
+    kill_point::reached(Step::AfterGpuInstance);
+    let finish = || -> Result<MadeInstance, String> {
+        let (ci, uuid) = control
+            .create_compute_instance(&intent.gpu_uuid, gi, intent.compute_profile_index)
+            .map_err(|e| e.to_string())?;
+        kill_point::reached(Step::AfterComputeInstance);
+        let (gi_cap, ci_cap) = caps::read(&host.proc_root, intent.gpu_minor, gi, ci)?;
+        Ok(MadeInstance {
+            gpu_instance_id: gi,
+            compute_instance_id: ci,
+            uuid,
+            gpu_instance_cap: gi_cap,
+            compute_instance_cap: ci_cap,
+        })
+    };
+    finish().map_err(|error| {
+        if let Err(undo) = destroy(control, &intent.gpu_uuid, gi) {
+            tracing::warn!(%undo, "removing a half-made MIG device failed; the roll-back retries");
+        }
+        format!("making {}: {error}", device_text(intent))
+    })
+}
+
+/// Makes `intents` in creation order (see [`order::creation_order`]);
+/// returns what was made, by the intents' own order. On failure, what this
+/// call made is destroyed again (in reverse), then the error returned.
+pub fn make_all(host: &MigHost, intents: &[&MigIntent]) -> Result<Vec<MadeInstance>, String> {
+    let mut made: Vec<Option<MadeInstance>> = vec![None; intents.len()];
+    for index in order::creation_order(intents) {
+        match make(host, intents[index]) {
+            Ok(instance) => made[index] = Some(instance),
+            Err(error) => {
+                let done: Vec<&MigIntent> =
+                    intents.iter().zip(&made).filter(|(_, m)| m.is_some()).map(|(i, _)| *i).collect();
+                if let Err(undo) = unmake_all(host, &done) {
+                    tracing::warn!(%undo, "removing the MIG devices of a failed prepare failed; the roll-back retries");
+                }
+                return Err(error);
+            }
+        }
+    }
+    Ok(made.into_iter().flatten().collect())
+}
+
+/// Destroys the instance `intent` names, if it exists: its compute
+/// instances, then the GPU instance. Absent is success.
+pub fn unmake(host: &MigHost, intent: &MigIntent) -> Result<(), String> {
+    let control = &*host.control;
+    let observed = match control.instances(&intent.gpu_uuid) {
+        Ok(observed) => observed,
+        // The GPU is gone from the node: nothing of it to destroy.
+        Err(MigControlError::NoGpu { .. }) => return Ok(()),
+        Err(error) => return Err(format!("removing {}: {error}", device_text(intent))),
+    };
+    let Some(found) = observed.iter().find(|o| intent.is(o)) else { return Ok(()) };
+    destroy_observed(control, &intent.gpu_uuid, found).map_err(|e| format!("removing {}: {e}", device_text(intent)))
+}
+
+/// Destroys `intents` in destruction order (the reverse of creation);
+/// stops at the first failure, leaving the rest for the retry.
+pub fn unmake_all(host: &MigHost, intents: &[&MigIntent]) -> Result<(), String> {
+    for index in order::destruction_order(intents) {
+        unmake(host, intents[index])?;
+    }
+    Ok(())
+}
+
+/// Destroys one observed instance: compute instances first.
+pub fn destroy_observed(control: &dyn MigControl, gpu: &str, found: &ObservedInstance) -> Result<(), MigControlError> {
+    for &ci in &found.compute_instances {
+        control.destroy_compute_instance(gpu, found.gpu_instance_id, ci)?;
+        kill_point::reached(Step::AfterComputeDestroyed);
+    }
+    control.destroy_gpu_instance(gpu, found.gpu_instance_id)?;
+    kill_point::reached(Step::AfterGpuDestroyed);
+    Ok(())
+}
+
+/// Destroys GPU instance `gi` and whatever compute instances it has.
+fn destroy(control: &dyn MigControl, gpu: &str, gi: u32) -> Result<(), MigControlError> {
+    let observed = control.instances(gpu)?;
+    match observed.iter().find(|o| o.gpu_instance_id == gi) {
+        Some(found) => destroy_observed(control, gpu, found),
+        None => Ok(()),
+    }
+}
+
+/// Turns a whole GPU's MIG mode `on` or off, where that takes effect
+/// without a reset; an error says why not (instances or processes on it,
+/// or a GPU that needs a reset).
+pub fn switch_mig_mode(host: &MigHost, gpu: &str, on: bool) -> Result<(), String> {
+    let control = &*host.control;
+    let want = if on { "on" } else { "off" };
+    if control.mig_mode(gpu).map_err(|e| e.to_string())?.current == on {
+        return Ok(());
+    }
+    let MigModeState { current, .. } = control.set_mig_mode(gpu, on).map_err(|e| e.to_string())?;
+    kill_point::reached(Step::AfterMigMode);
+    if current != on {
+        return Err(format!(
+            "GPU {gpu} needs a reset to turn MIG mode {want} (the change is pending): reset it with nvidia-smi -r -i \
+             {gpu} when nothing runs on it"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::control::fake::FakeControl;
+    use super::*;
+
+    fn intent(profile_id: u32, start: u32, size: u32) -> MigIntent {
+        MigIntent {
+            gpu_uuid: "GPU-a".into(),
+            gpu_minor: 0,
+            profile: format!("{size}g"),
+            profile_id,
+            compute_profile_index: 0,
+            placement_start: start,
+            placement_size: size,
+        }
+    }
+
+    fn host(control: Arc<FakeControl>) -> (MigHost, tempfile::TempDir) {
+        let proc_root = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(proc_root.path().join("driver/nvidia-caps")).unwrap();
+        let mut minors = String::new();
+        for gi in 0..15 {
+            minors.push_str(&format!("gpu0/gi{gi}/access {}\n", 3 + 9 * gi));
+            minors.push_str(&format!("gpu0/gi{gi}/ci0/access {}\n", 4 + 9 * gi));
+        }
+        std::fs::write(proc_root.path().join("driver/nvidia-caps/mig-minors"), minors).unwrap();
+        (MigHost { control, proc_root: proc_root.path().to_path_buf() }, proc_root)
+    }
+
+    #[test]
+    fn make_all_creates_largest_first_and_unmake_all_reverses() {
+        let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
+        let (host, _dir) = host(control.clone());
+        let (small, big, mid) = (intent(19, 6, 1), intent(5, 0, 4), intent(14, 4, 2));
+        let made = make_all(&host, &[&small, &big, &mid]).unwrap();
+        assert_eq!(made.len(), 3);
+        assert_eq!(made[1].gpu_instance_id, 1, "the 4g was made first");
+        assert_eq!((made[1].gpu_instance_cap, made[1].compute_instance_cap), (12, 13));
+        assert_eq!(control.count("GPU-a"), 3);
+        unmake_all(&host, &[&small, &big, &mid]).unwrap();
+        assert_eq!(control.count("GPU-a"), 0);
+        let calls = control.calls.lock().unwrap().clone();
+        let destroys: Vec<&str> = calls.iter().filter(|c| c.starts_with("destroy-gi")).map(String::as_str).collect();
+        assert_eq!(destroys, ["destroy-gi GPU-a 3", "destroy-gi GPU-a 2", "destroy-gi GPU-a 1"], "1g, 2g, then 4g");
+        unmake_all(&host, &[&small, &big, &mid]).unwrap();
+    }
+
+    #[test]
+    fn a_failure_half_way_leaves_nothing() {
+        let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
+        let (host, _dir) = host(control.clone());
+        // Someone else's instance sits where the 1g wants to go.
+        control.create_gpu_instance("GPU-a", 19, gpu_dra_driver::inventory::Placement { start: 6, size: 1 }).unwrap();
+        let error = make_all(&host, &[&intent(5, 0, 4), &intent(19, 6, 1)]).unwrap_err();
+        assert!(error.contains("no room"), "{error}");
+        assert_eq!(control.count("GPU-a"), 1, "the 4g made before was destroyed; the other instance kept");
+        *control.fail.lock().unwrap() = Some("create-ci".into());
+        let error = make_all(&host, &[&intent(5, 0, 4)]).unwrap_err();
+        assert!(error.contains("injected"), "{error}");
+        assert_eq!(control.count("GPU-a"), 1, "a GPU instance whose compute instance failed is destroyed");
+    }
+
+    #[test]
+    fn mig_mode_switches_only_where_no_reset_is_needed() {
+        let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
+        let (host, _dir) = host(control.clone());
+        switch_mig_mode(&host, "GPU-a", false).unwrap();
+        assert!(!control.mig_mode("GPU-a").unwrap().current);
+        switch_mig_mode(&host, "GPU-a", true).unwrap();
+        control.gpus.lock().unwrap().get_mut("GPU-a").unwrap().switchable = false;
+        let error = switch_mig_mode(&host, "GPU-a", false).unwrap_err();
+        assert!(error.contains("needs a reset"), "{error}");
+    }
+}
