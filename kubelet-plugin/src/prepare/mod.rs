@@ -500,6 +500,7 @@ impl<S: ClaimSource> Preparer<S> {
                 })
                 .collect(),
             mps: None,
+            compute_domain: None,
         }
     }
 
