@@ -27,6 +27,14 @@ pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     }
 }
 
+#[cfg(test)]
+pub(crate) async fn pass_for_tests<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
+    preparer: &DomainPreparer<S, D, W>,
+    written: &mut HashMap<String, DaemonState>,
+) {
+    pass(preparer, written).await
+}
+
 async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     written: &mut HashMap<String, DaemonState>,

@@ -421,3 +421,6 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
         out
     }
 }
+
+#[cfg(test)]
+mod tests;
