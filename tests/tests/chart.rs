@@ -315,8 +315,20 @@ fn each_option_changes_what_it_says() {
         args(container(one(&objects, "Deployment", "controller"), "controller"))
             .contains(&"--compute-domains".to_string())
     );
-    let role = one(&objects, "ClusterRole", "compute-domains");
-    assert!(role["rules"].to_string().contains("computedomains/status"), "{role}");
+    let roles: Vec<String> = objects
+        .iter()
+        .filter(|o| {
+            o["kind"] == "ClusterRole"
+                && o["metadata"]["name"].as_str().unwrap_or_default().ends_with("-compute-domains")
+        })
+        .map(|o| o["rules"].to_string())
+        .collect();
+    assert_eq!(roles.len(), 2, "the controller's and the plugin's");
+    assert!(roles.iter().any(|r| r.contains("computedomains/status")), "{roles:?}");
+    assert!(
+        args(container(one(&objects, "DaemonSet", "kubelet-plugin"), "plugin"))
+            .contains(&"--compute-domains".to_string())
+    );
     let (objects, _) = rendered(all, "default");
     assert!(!objects.iter().any(|o| o["kind"] == "CustomResourceDefinition"));
     assert!(

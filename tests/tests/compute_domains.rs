@@ -24,10 +24,24 @@ use serde_json::json;
 const CD_DRIVER: &str = "compute-domain.nvidia.com";
 const WAIT: Duration = Duration::from_secs(60);
 
+/// The example GB200 tray of clique 1 or 2 (`examples/inventories/`).
 fn gb200(clique: u32) -> String {
-    format!(
-        "driverVersion: \"580.82.07\"\ngpus:\n  - model: B200-180GB\n    count: 4\n    nvlinkGroups: [[0, 1, 2, 3]]\n    clique: {{clusterUuid: 9b3e4c1a-0d2f-4e5b-8a6c-7d9e0f1a2b3c, cliqueId: {clique}}}\n"
-    )
+    let file = if clique == 1 { "gb200-clique.yaml" } else { "gb200-clique-2.yaml" };
+    std::fs::read_to_string(integration_tests::workspace_root().join("examples/inventories").join(file)).unwrap()
+}
+
+/// The documents of `examples/compute-domain/four-node-job.yaml`.
+fn example_documents() -> Vec<serde_json::Value> {
+    let path = integration_tests::workspace_root().join("examples/compute-domain/four-node-job.yaml");
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml_ng::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect()
+}
+
+/// The example's ComputeDomain, as NVIDIA's users write it.
+fn example_domain() -> ComputeDomain {
+    let mut domain: ComputeDomain = serde_json::from_value(example_documents()[0].clone()).unwrap();
+    domain.metadata.namespace = Some("default".into());
+    domain
 }
 
 struct Node {
@@ -184,6 +198,8 @@ fn wait_until(what: &str, mut done: impl FnMut() -> bool, logs: impl Fn() -> Str
 }
 
 struct Cluster {
+    domain_name: String,
+    template_name: String,
     server: ApiServer,
     _dir: tempfile::TempDir,
     controller: ControllerProcess,
@@ -199,11 +215,11 @@ impl Cluster {
         let controller =
             ControllerProcess::spawn(&kubeconfig, "ctl-0", &["--compute-domains", "--leader-elect=false"]).unwrap();
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Self { server, _dir: dir, controller, rt }
+        Self { domain_name: "job".into(), template_name: "job-channel".into(), server, _dir: dir, controller, rt }
     }
 
     fn domain(&self) -> Option<ComputeDomain> {
-        self.server.get::<ComputeDomain>(Some("default"), "job").ok()
+        self.server.get::<ComputeDomain>(Some("default"), &self.domain_name).ok()
     }
 
     /// NVIDIA's example shape: `numNodes` and a template name.
@@ -222,8 +238,15 @@ impl Cluster {
         self.server.create(&domain).unwrap()
     }
 
+    /// Applies `domain` as `kubectl apply` would.
+    fn apply(&mut self, domain: &ComputeDomain) {
+        self.domain_name = domain.metadata.name.clone().unwrap();
+        self.template_name = domain.spec.channel.as_ref().unwrap().resource_claim_template.name.clone();
+        self.server.create(domain).unwrap();
+    }
+
     fn template(&self) -> Option<ResourceClaimTemplate> {
-        self.server.get::<ResourceClaimTemplate>(Some("default"), "job-channel").ok()
+        self.server.get::<ResourceClaimTemplate>(Some("default"), &self.template_name).ok()
     }
 
     /// Pod `worker-<i>`'s claim from the template, allocated on `node` as
@@ -266,7 +289,8 @@ fn claim_ref(stored: &ResourceClaim) -> Claim {
 
 #[test]
 fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind() {
-    let cluster = Cluster::start();
+    let mut cluster = Cluster::start();
+    cluster.apply(&example_domain());
     let rt = &cluster.rt;
     let nodes: Vec<Node> = (0..4).map(|i| Node::start(&cluster.server, rt, i, 1, 20_000)).collect();
     let logs = || {
@@ -276,7 +300,6 @@ fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind()
             nodes.iter().map(|n| format!("{}:\n{}", n.name, n.process.log())).collect::<Vec<_>>().join("\n")
         )
     };
-    cluster.apply_domain(4);
     wait_until("the workload template", || cluster.template().is_some(), logs);
     let domain = cluster.domain().unwrap();
     assert!(domain.metadata.finalizers.iter().flatten().any(|f| f == "resource.nvidia.com/computeDomain"));
@@ -346,7 +369,7 @@ fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind()
         rt.block_on(node.kubelet.unprepare(&node.plugin, std::slice::from_ref(claim))).unwrap();
         cluster.server.delete::<ResourceClaim>(Some("default"), &claim.name).unwrap();
     }
-    cluster.server.delete::<ComputeDomain>(Some("default"), "job").unwrap();
+    cluster.server.delete::<ComputeDomain>(Some("default"), "training").unwrap();
     wait_until("the domain gone", || cluster.domain().is_none() && cluster.template().is_none(), logs);
     for node in &nodes {
         assert!(node.imex_log().last().unwrap().starts_with("stop "), "{}: {:?}", node.name, node.imex_log());
@@ -448,4 +471,19 @@ fn a_killed_node_agent_neither_leaks_nor_doubles_a_daemon() {
     rt.block_on(node.kubelet.unprepare(&node.plugin, std::slice::from_ref(&claim))).unwrap();
     assert_eq!(node.daemons(), 0);
     assert!(!node.channel_node().exists());
+}
+
+/// The example's other documents are valid Kubernetes objects, and its pods
+/// take their channel from the domain's template.
+#[test]
+fn the_example_job_uses_the_domains_template() {
+    let documents = example_documents();
+    let domain = example_domain();
+    assert_eq!(domain.spec.num_nodes, 4);
+    let job: k8s_openapi::api::batch::v1::Job = serde_json::from_value(documents[1].clone()).unwrap();
+    let pod = job.spec.unwrap().template.spec.unwrap();
+    let claims = pod.resource_claims.unwrap();
+    let template = &domain.spec.channel.unwrap().resource_claim_template.name;
+    assert!(claims.iter().any(|c| c.resource_claim_template_name.as_ref() == Some(template)));
+    let _: ResourceClaimTemplate = serde_json::from_value(documents[2].clone()).unwrap();
 }

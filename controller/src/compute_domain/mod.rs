@@ -156,10 +156,12 @@ impl Reconciler {
                 nodes: &nodes,
                 clique_sizes: &clique_sizes,
             });
-            if let Err(error) = self.carry_out(&domain, plan).await {
-                if !matches!(error, WriteError::NotLeading) && !error.is_conflict() {
-                    tracing::warn!(%error, domain = %format!("{namespace}/{}", domain.metadata.name.as_deref().unwrap_or_default()), "ComputeDomain write failed; retrying");
-                }
+            if let Err(error) = self.carry_out(&domain, plan).await
+                && !matches!(error, WriteError::NotLeading)
+                && !error.is_conflict()
+            {
+                let name = domain.metadata.name.as_deref().unwrap_or_default();
+                tracing::warn!(%error, domain = %format!("{namespace}/{name}"), "ComputeDomain write failed; retrying");
             }
         }
     }

@@ -250,10 +250,10 @@ pub fn decode_config(path: &str, parameters: &serde_json::Value) -> Result<Domai
 fn strict<T: serde::de::DeserializeOwned + Serialize>(value: &serde_json::Value) -> Result<T, serde_json::Error> {
     let typed: T = serde_json::from_value(value.clone())?;
     let back = serde_json::to_value(&typed)?;
-    if let (Some(given), Some(known)) = (value.as_object(), back.as_object()) {
-        if let Some(unknown) = given.keys().find(|k| !known.contains_key(*k) && !given[*k].is_null()) {
-            return Err(serde::de::Error::custom(format_args!("unknown field `{unknown}`")));
-        }
+    if let (Some(given), Some(known)) = (value.as_object(), back.as_object())
+        && let Some(unknown) = given.keys().find(|k| !known.contains_key(*k) && !given[*k].is_null())
+    {
+        return Err(serde::de::Error::custom(format_args!("unknown field `{unknown}`")));
     }
     Ok(typed)
 }

@@ -52,10 +52,10 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     domains.sort();
     domains.dedup();
     for (namespace, uid) in domains {
-        if let Some(peers) = preparer.peers_of(&namespace, &uid) {
-            if let Err(error) = preparer.daemons.ensure(&uid, &peers) {
-                tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
-            }
+        if let Some(peers) = preparer.peers_of(&namespace, &uid)
+            && let Err(error) = preparer.daemons.ensure(&uid, &peers)
+        {
+            tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
         }
         let state = preparer.daemons.query(&uid).await;
         let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), state.clone());

@@ -22,6 +22,7 @@
 //! 6. CDI spec, checkpoint `PrepareCompleted`, and the device's `Ready`
 //!    condition on the claim (which the controller aggregates into the
 //!    domain's status).
+//!
 //! A failure rolls back the claim's record and spec, and stops the
 //! domain's daemon when no other claim of it remains. Start-up rolls back
 //! every `PrepareStarted` record and stops daemons no record needs.
