@@ -1,6 +1,7 @@
 //! `gpu-dra-controller`: the cluster-side component of the GPU DRA driver.
 //! Argument parsing and wiring only; the logic lives in `gpu-dra-driver`.
 
+mod compute_domain;
 mod manifests;
 mod service;
 mod simulate;

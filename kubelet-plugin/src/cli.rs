@@ -232,6 +232,23 @@ pub struct RunArgs {
     #[arg(long, env = "API_TIMEOUT_MS", default_value_t = 30_000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(100..=300_000))]
     pub api_timeout_ms: u64,
+    /// Also serve NVIDIA's `compute-domain.nvidia.com` driver
+    /// (ComputeDomains: IMEX channels across a multi-node NVLink clique):
+    /// its own registration and slices, channels and daemons prepared
+    /// here, `nvidia-imex` run from --driver-root.
+    #[arg(long, env = "COMPUTE_DOMAINS")]
+    pub compute_domains: bool,
+    /// How long a ComputeDomain prepare waits for the node to join its
+    /// domain and for a newly started IMEX daemon to answer ready, in
+    /// milliseconds.
+    #[arg(long, env = "IMEX_READY_TIMEOUT_MS", default_value_t = 30_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub imex_ready_timeout_ms: u64,
+    /// How often each IMEX daemon is asked whether it is ready
+    /// (`nvidia-imex-ctl -q`), in milliseconds.
+    #[arg(long, env = "IMEX_HEALTH_INTERVAL_MS", default_value_t = 2_000, value_name = "MS",
+          value_parser = clap::value_parser!(u64).range(50..=600_000))]
+    pub imex_health_interval_ms: u64,
     /// How often the --fake-inventory file is re-read for changes (fault
     /// injection), in milliseconds (10 to 3600000).
     #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",

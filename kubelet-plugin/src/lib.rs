@@ -7,6 +7,7 @@
 //! (`host`), what an operator reads (`observe`), and dynamic MIG (`mig`).
 
 pub mod cli;
+pub mod compute_domain;
 pub mod host;
 pub use gpu_dra_driver::service::http;
 pub use gpu_dra_driver::service::kube_client;

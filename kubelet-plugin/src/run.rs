@@ -81,6 +81,21 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let service = Arc::new(
         open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?.with_metrics(metrics.clone()),
     );
+    let compute_domains = match args.compute_domains {
+        true => {
+            let boot_id = checkpoint::boot_id(&args.host.proc_root).context("reading the boot id")?;
+            let side = crate::compute_domain::serve::start(
+                args,
+                client.clone(),
+                inventory.clone(),
+                boot_id,
+                metrics.clone(),
+                HEALTH_RESEND,
+            );
+            Some(side.await?)
+        }
+        false => None,
+    };
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
@@ -100,6 +115,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         error = servers.failed() => Err(anyhow::Error::new(error)),
     };
     servers.stop().await;
+    if let Some(side) = compute_domains {
+        side.stop().await;
+    }
     publisher_task.abort();
     let _ = http_stop.send(());
     if let Some(task) = http_task {

@@ -227,6 +227,9 @@ pub fn check_types(objects: &[Value]) {
                 parses_as::<adm::ValidatingWebhookConfiguration>(object)
             }
             ("resource.k8s.io/v1", "DeviceClass") => parses_as::<DeviceClass>(object),
+            ("apiextensions.k8s.io/v1", "CustomResourceDefinition") => parses_as::<
+                k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+            >(object),
             // Custom resources (cert-manager, Prometheus Operator): no
             // k8s-openapi type; their fields are asserted where they are
             // made.

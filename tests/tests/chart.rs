@@ -37,6 +37,7 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("single-replica", json!({"controller": {"replicas": 1, "leaderElection": false}})),
             ("json-logs", json!({"logFormat": "json", "logLevel": "debug"})),
             ("no-classes", json!({"deviceClasses": {"create": false}})),
+            ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}})),
             (
                 "custom",
                 json!({
@@ -291,6 +292,49 @@ fn each_option_changes_what_it_says() {
         None,
     );
     assert!(integration_tests::stdout_ok(&printed).contains("H100"));
+
+    // ComputeDomains (NVIDIA's value): the CRD NVIDIA's manifests need,
+    // its two classes as shipped in deviceclasses/, the controller's
+    // reconciler and its rights; none of it by default.
+    let (objects, _) = rendered(all, "compute-domains");
+    let crd = one(&objects, "CustomResourceDefinition", "computedomains.resource.nvidia.com");
+    assert_eq!(crd["spec"]["group"], "resource.nvidia.com");
+    assert_eq!(crd["spec"]["versions"][0]["name"], "v1beta1");
+    assert_eq!(crd["spec"]["versions"][0]["subresources"], json!({"status": {}}));
+    for class in ["compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"] {
+        let shipped: DeviceClass = serde_yaml_ng::from_str(
+            &std::fs::read_to_string(workspace_root().join(format!("deviceclasses/{class}.yaml"))).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(
+            one(&objects, "DeviceClass", class)["spec"]["selectors"],
+            serde_json::to_value(&shipped.spec.unwrap().selectors).unwrap()
+        );
+    }
+    assert!(
+        args(container(one(&objects, "Deployment", "controller"), "controller"))
+            .contains(&"--compute-domains".to_string())
+    );
+    let roles: Vec<String> = objects
+        .iter()
+        .filter(|o| {
+            o["kind"] == "ClusterRole"
+                && o["metadata"]["name"].as_str().unwrap_or_default().ends_with("-compute-domains")
+        })
+        .map(|o| o["rules"].to_string())
+        .collect();
+    assert_eq!(roles.len(), 2, "the controller's and the plugin's");
+    assert!(roles.iter().any(|r| r.contains("computedomains/status")), "{roles:?}");
+    assert!(
+        args(container(one(&objects, "DaemonSet", "kubelet-plugin"), "plugin"))
+            .contains(&"--compute-domains".to_string())
+    );
+    let (objects, _) = rendered(all, "default");
+    assert!(!objects.iter().any(|o| o["kind"] == "CustomResourceDefinition"));
+    assert!(
+        !args(container(one(&objects, "Deployment", "controller"), "controller"))
+            .contains(&"--compute-domains".to_string())
+    );
 
     let (objects, _) = rendered(all, "extended-resource");
     assert_eq!(one(&objects, "DeviceClass", "gpu.nvidia.com")["spec"]["extendedResourceName"], "nvidia.com/gpu");

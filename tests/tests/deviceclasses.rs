@@ -19,13 +19,26 @@ fn shipped_classes_parse_and_match_published_types() {
         assert_eq!(path.file_stem().unwrap().to_str(), Some(name.as_str()), "file named after the class");
         let selectors = class.spec.unwrap().selectors.unwrap();
         let expr = &selectors[0].cel.as_ref().unwrap().expression;
-        assert!(expr.contains("device.driver == 'gpu.nvidia.com'"), "{expr}");
-        let wanted_type = if name == "gpu.nvidia.com" { "'gpu'" } else { "'mig'" };
+        let (driver, wanted_type) = match name.as_str() {
+            "gpu.nvidia.com" => ("gpu.nvidia.com", "'gpu'"),
+            "compute-domain-daemon.nvidia.com" => ("compute-domain.nvidia.com", "'daemon'"),
+            "compute-domain-default-channel.nvidia.com" => ("compute-domain.nvidia.com", "'channel'"),
+            _ => ("gpu.nvidia.com", "'mig'"),
+        };
+        assert!(expr.contains(&format!("device.driver == '{driver}'")), "{expr}");
         assert!(expr.contains(&format!(".type == {wanted_type}")), "{expr}");
         seen.push(name);
     }
     seen.sort();
-    assert_eq!(seen, ["gpu.nvidia.com", "mig.nvidia.com"]);
+    assert_eq!(
+        seen,
+        [
+            "compute-domain-daemon.nvidia.com",
+            "compute-domain-default-channel.nvidia.com",
+            "gpu.nvidia.com",
+            "mig.nvidia.com"
+        ]
+    );
 }
 
 /// The narrower classes an admin might add (`deviceclasses/narrower/`,

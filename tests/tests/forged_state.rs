@@ -51,6 +51,7 @@ fn record(uid: &str, state: PrepareState, boot: &str) -> ClaimRecord {
         cdi_spec_file: None,
         devices: Vec::new(),
         mps: None,
+        compute_domain: None,
     }
 }
 

@@ -43,6 +43,11 @@ pub struct RunArgs {
     /// webhook judges claims' sharing configs with them.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
     pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
+    /// Reconcile ComputeDomains (`computedomains.resource.nvidia.com`, whose
+    /// CRD must be installed): each domain's workload ResourceClaimTemplate,
+    /// status, finalizer and explanations.
+    #[arg(long, env = "COMPUTE_DOMAINS")]
+    pub compute_domains: bool,
     /// HTTPS port of the validating webhook; 0 disables it.
     #[arg(long, env = "WEBHOOK_PORT", default_value_t = 0)]
     pub webhook_port: u16,

@@ -8,10 +8,10 @@
 //! one at a time, so the state never sees two of its own decisions race.
 
 pub mod args;
-mod cluster;
+pub(crate) mod cluster;
 mod duration;
-mod events;
-mod leadership;
+pub(crate) mod events;
+pub(crate) mod leadership;
 mod lease;
 mod log_limit;
 mod metrics;
@@ -122,6 +122,10 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         });
     }
     let writes = leadership::Writes { leadership, call_timeout: args.api_timeout };
+    if args.compute_domains {
+        let events = events::EventWriter::new(client.clone(), &identity, args.event_qps, writes.clone());
+        tokio::spawn(crate::compute_domain::run(client.clone(), writes.clone(), events));
+    }
     let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced, writes);
     tokio::select! {
         result = owner.run(changes) => result,

@@ -13,6 +13,7 @@
 //! the prepare path.
 
 pub mod capabilities;
+pub mod fake_imex;
 pub mod fake_tree;
 mod graphics;
 pub mod ld_cache;

@@ -536,6 +536,7 @@ impl<S: ClaimSource> Preparer<S> {
                 })
                 .collect(),
             mps: None,
+            compute_domain: None,
         }
     }
 

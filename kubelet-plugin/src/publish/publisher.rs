@@ -55,6 +55,18 @@ pub struct PublisherConfig {
     /// timeout, so a quiet watch ends cleanly and resumes
     /// (`ApiTimeouts::watch_timeout_seconds`).
     pub watch_timeout_seconds: u32,
+    /// What the slices hold: the GPUs, or the node's ComputeDomain devices.
+    pub kind: SliceKind,
+}
+
+/// Which driver's devices a publisher publishes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum SliceKind {
+    #[default]
+    Gpus,
+    /// `compute-domain.nvidia.com`: a channel and a daemon device when the
+    /// node's GPUs are in a fabric clique.
+    ComputeDomains,
 }
 
 impl PublisherConfig {
@@ -69,6 +81,7 @@ impl PublisherConfig {
             gates: FeatureGates::default(),
             consumable_shares: Default::default(),
             watch_timeout_seconds: crate::kube_client::ApiTimeouts::default().watch_timeout_seconds(),
+            kind: SliceKind::Gpus,
         }
     }
 
@@ -339,7 +352,20 @@ impl Publisher {
             self.target = Some(inventory.clone());
         }
         self.resolve_owner().await;
-        let mut desired = self.builder.build(inventory, self.generation)?;
+        let mut desired = match self.config.kind {
+            SliceKind::Gpus => self.builder.build(inventory, self.generation)?,
+            SliceKind::ComputeDomains => {
+                let clique = gpu_dra_driver::compute_domain::devices::node_clique(inventory).unwrap_or_else(|error| {
+                    tracing::warn!(%error, "publishing no ComputeDomain devices");
+                    None
+                });
+                vec![gpu_dra_driver::compute_domain::devices::slice(
+                    self.config.node.as_str(),
+                    clique.as_deref(),
+                    self.generation,
+                )]
+            }
+        };
         if let Some(owner) = &self.owner {
             for slice in &mut desired {
                 slice.metadata.owner_references = Some(vec![owner.clone()]);

@@ -158,6 +158,25 @@ pub static KINDS: &[Kind] = &[
         unconditional_update: false,
         fields: &[],
     },
+    // ComputeDomains, a custom resource (the chart's CRD,
+    // `templates/computedomains.yaml`: namespaced, status subresource), as
+    // the apiextensions-apiserver serves one
+    // (`pkg/registry/customresource/strategy.go`): generation bumped when
+    // anything but metadata and status changes, status changed only
+    // through `/status`, no create on update, no unconditional update.
+    // The schema (defaults, `self == oldSelf`) is not enforced.
+    Kind {
+        group: "resource.nvidia.com",
+        version: "v1beta1",
+        plural: "computedomains",
+        kind: "ComputeDomain",
+        namespaced: true,
+        status_subresource: true,
+        generation: true,
+        create_on_update: false,
+        unconditional_update: false,
+        fields: &[],
+    },
     // Core Events (`v1`), as `kubectl get events` reads them: field labels
     // from `pkg/apis/core/v1/conversion.go` (`involvedObject.*`, reason,
     // source, type). Both groups share the one `events` collection, as in the

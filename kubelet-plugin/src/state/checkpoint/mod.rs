@@ -184,6 +184,41 @@ pub struct ClaimRecord {
     /// start it again whatever the crash interrupted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mps: Option<MpsDaemon>,
+    /// A `compute-domain.nvidia.com` claim: its domain (whose IMEX daemon
+    /// runs while any claim of it is recorded) and its channels. Absent in
+    /// records of the GPU driver and in older records.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compute_domain: Option<DomainClaim>,
+}
+
+/// What a ComputeDomain claim holds on this node.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DomainClaim {
+    /// The ComputeDomain's UID (the config's `domainID`).
+    pub domain_uid: String,
+    /// The claim's namespace, which is the domain's.
+    pub namespace: String,
+    pub kind: DomainClaimKind,
+    /// IMEX channel ids given to the containers (empty for a daemon claim).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<u32>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum DomainClaimKind {
+    Channel,
+    Daemon,
+}
+
+impl DomainClaimKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Channel => "channel",
+            Self::Daemon => "daemon",
+        }
+    }
 }
 
 impl ClaimRecord {
@@ -455,6 +490,7 @@ pub(crate) mod test_support {
                 })
                 .collect(),
             mps: None,
+            compute_domain: None,
         }
     }
 }

@@ -1,0 +1,228 @@
+//! The ComputeDomain reconciler of `gpu-dra-controller run
+//! --compute-domains`: for each domain its workload ResourceClaimTemplate,
+//! its status, its finalizer and its explanations ([`plan`] decides; this
+//! module watches and writes).
+//!
+//! It watches domains, the domains' templates and claims (by the
+//! `resource.nvidia.com/computeDomain` label the template puts on its
+//! claims), the `compute-domain.nvidia.com` slices (each node's clique) and
+//! Nodes (their addresses) into reflector stores, and while this replica
+//! leads, plans every domain each pass and carries out what differs.
+//! Nothing it writes needs a node agent: a domain is released when its
+//! template is gone, whatever claims or agents remain.
+
+pub mod plan;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use gpu_dra_driver::compute_domain::api::ComputeDomain;
+use gpu_dra_driver::compute_domain::devices::slice_clique;
+use gpu_dra_driver::compute_domain::{DOMAIN_LABEL, DRIVER_NAME, FINALIZER};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use kube::api::{DeleteParams, PostParams};
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Client};
+
+use crate::service::cluster::Verdict;
+use crate::service::events::{EventWriter, Regarding};
+use crate::service::leadership::{WriteError, Writes};
+use plan::{ChannelClaim, Inputs, NodeFacts, Plan, TemplateAction};
+
+/// How often the reconciler plans every domain.
+const PASS: Duration = Duration::from_millis(500);
+
+struct Stores {
+    domains: Store<ComputeDomain>,
+    templates: Store<ResourceClaimTemplate>,
+    claims: Store<ResourceClaim>,
+    slices: Store<ResourceSlice>,
+    nodes: Store<Node>,
+}
+
+fn watch<K>(api: Api<K>, config: watcher::Config) -> Store<K>
+where
+    K: kube::Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, config).default_backoff().reflect(writer).touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(error) = item {
+                tracing::warn!(%error, "compute-domain watch failed; retrying");
+            }
+        }
+    });
+    reader
+}
+
+/// Runs until the process ends.
+pub async fn run(client: Client, writes: Writes, events: EventWriter) {
+    let stores = Stores {
+        domains: watch(Api::all(client.clone()), watcher::Config::default()),
+        templates: watch(Api::all(client.clone()), watcher::Config::default().labels(DOMAIN_LABEL)),
+        claims: watch(Api::all(client.clone()), watcher::Config::default().labels(DOMAIN_LABEL)),
+        slices: watch(
+            Api::all(client.clone()),
+            watcher::Config::default().fields(&format!("spec.driver={DRIVER_NAME}")),
+        ),
+        nodes: watch(Api::all(client.clone()), watcher::Config::default()),
+    };
+    for ready in [
+        stores.domains.wait_until_ready().await,
+        stores.templates.wait_until_ready().await,
+        stores.claims.wait_until_ready().await,
+        stores.slices.wait_until_ready().await,
+        stores.nodes.wait_until_ready().await,
+    ] {
+        if ready.is_err() {
+            tracing::error!("a compute-domain watch ended before its first list; ComputeDomains are not reconciled");
+            return;
+        }
+    }
+    tracing::info!("reconciling ComputeDomains");
+    let mut reconciler = Reconciler { client, writes, events };
+    loop {
+        if reconciler.writes.leadership.is_leading() {
+            reconciler.pass(&stores).await;
+        }
+        tokio::time::sleep(PASS).await;
+    }
+}
+
+struct Reconciler {
+    client: Client,
+    writes: Writes,
+    events: EventWriter,
+}
+
+/// Each node's address and clique.
+fn node_facts(stores: &Stores) -> (BTreeMap<String, NodeFacts>, BTreeMap<String, usize>) {
+    let mut facts: BTreeMap<String, NodeFacts> = BTreeMap::new();
+    for node in stores.nodes.state() {
+        let addresses = node.status.as_ref().and_then(|s| s.addresses.clone()).unwrap_or_default();
+        let address = addresses
+            .iter()
+            .find(|a| a.type_ == "InternalIP")
+            .or_else(|| addresses.iter().find(|a| a.type_.ends_with("IP")))
+            .map(|a| a.address.clone());
+        facts.entry(node.metadata.name.clone().unwrap_or_default()).or_default().address = address;
+    }
+    let mut sizes: BTreeMap<String, usize> = BTreeMap::new();
+    for slice in stores.slices.state() {
+        let (Some(node), Some(clique)) = (slice.spec.node_name.as_ref(), slice_clique(&slice)) else { continue };
+        facts.entry(node.clone()).or_default().clique = Some(clique.to_owned());
+        *sizes.entry(clique.to_owned()).or_default() += 1;
+    }
+    (facts, sizes)
+}
+
+impl Reconciler {
+    async fn pass(&mut self, stores: &Stores) {
+        let (nodes, clique_sizes) = node_facts(stores);
+        let mut channels: BTreeMap<String, Vec<ChannelClaim>> = BTreeMap::new();
+        for claim in stores.claims.state() {
+            if let Some(channel) = ChannelClaim::of(&claim) {
+                channels.entry(channel.domain_id.clone()).or_default().push(channel);
+            }
+        }
+        let templates = stores.templates.state();
+        for domain in stores.domains.state() {
+            let uid = plan::domain_uid(&domain).to_owned();
+            let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+            let template_name = domain.spec.channel.as_ref().map(|c| c.resource_claim_template.name.as_str());
+            let template = templates
+                .iter()
+                .find(|t| {
+                    t.metadata.namespace.as_deref() == Some(namespace.as_str())
+                        && t.metadata.name.as_deref() == template_name
+                })
+                .map(Arc::as_ref);
+            let mine = channels.get(&uid).map(Vec::as_slice).unwrap_or_default();
+            // A template of another owner carries no label: ask the server.
+            let foreign = match (template, template_name) {
+                (None, Some(name)) => self.foreign_template(&namespace, name).await,
+                _ => None,
+            };
+            let plan = plan::plan(&Inputs {
+                domain: &domain,
+                template: template.or(foreign.as_ref()),
+                channels: mine,
+                nodes: &nodes,
+                clique_sizes: &clique_sizes,
+            });
+            if let Err(error) = self.carry_out(&domain, plan).await
+                && !matches!(error, WriteError::NotLeading)
+                && !error.is_conflict()
+            {
+                let name = domain.metadata.name.as_deref().unwrap_or_default();
+                tracing::warn!(%error, domain = %format!("{namespace}/{name}"), "ComputeDomain write failed; retrying");
+            }
+        }
+    }
+
+    async fn foreign_template(&self, namespace: &str, name: &str) -> Option<ResourceClaimTemplate> {
+        let api: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), namespace);
+        self.writes.read(api.get_opt(name)).await.ok().flatten()
+    }
+
+    async fn carry_out(&mut self, domain: &ComputeDomain, plan: Plan) -> Result<(), WriteError> {
+        let namespace = domain.metadata.namespace.clone().unwrap_or_default();
+        let name = domain.metadata.name.clone().unwrap_or_default();
+        let api: Api<ComputeDomain> = Api::namespaced(self.client.clone(), &namespace);
+        let mut current = domain.clone();
+        if plan.add_finalizer {
+            current.metadata.finalizers.get_or_insert_default().push(FINALIZER.to_owned());
+            current = self.writes.run(api.replace(&name, &PostParams::default(), &current)).await?;
+        }
+        match &plan.template {
+            TemplateAction::Keep => {}
+            TemplateAction::Create(template) => {
+                let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), &namespace);
+                match self.writes.run(templates.create(&PostParams::default(), template)).await {
+                    Ok(_) => {
+                        tracing::info!(domain = %name, template = ?template.metadata.name, "created the workload template")
+                    }
+                    Err(error) if error.is_conflict() => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            TemplateAction::Delete { namespace, name: template } => {
+                let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), namespace);
+                match self.writes.run(templates.delete(template, &DeleteParams::default())).await {
+                    Ok(_) | Err(WriteError::Api(kube::Error::Api(_))) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+        }
+        if let Some(status) = plan.status {
+            current.status = Some(status);
+            current = self.writes.run(api.replace_status(&name, &PostParams::default(), &current)).await?;
+        }
+        let regarding = Regarding {
+            api_version: gpu_dra_driver::compute_domain::api::API_VERSION,
+            kind: gpu_dra_driver::compute_domain::api::KIND,
+            namespace: namespace.clone(),
+            name: name.clone(),
+            uid: plan::domain_uid(domain).to_owned(),
+        };
+        if plan.problems.is_empty() || plan.remove_finalizer {
+            self.events.clear(&regarding).await?;
+        } else {
+            let note: Vec<String> = plan.problems.iter().map(plan::Problem::note).collect();
+            let verdict = Verdict { reason: plan.problems[0].reason(), note: note.join("; ") };
+            self.events.ensure(&regarding, &verdict).await?;
+        }
+        if plan.remove_finalizer {
+            current.metadata.finalizers.get_or_insert_default().retain(|f| f != FINALIZER);
+            self.writes.run(api.replace(&name, &PostParams::default(), &current)).await?;
+            tracing::info!(domain = %name, "released the deleted ComputeDomain");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,226 @@
+//! The IMEX daemons this node agent runs: one `nvidia-imex` per
+//! ComputeDomain with a claim prepared on this node, from the driver root,
+//! configured in `<state>/compute-domains/domains/<domainUID>/`
+//! (`imexd.cfg`, `nodes.cfg`, `imex.log`).
+//!
+//! A daemon is found by its command line (`nvidia-imex -c <that imexd.cfg>`)
+//! in `/proc`, never by a pid file: a plugin killed between starting the
+//! daemon and recording anything finds it again, so a daemon is never
+//! started twice. Its directory exists before it starts and is removed
+//! after it stopped, so a daemon never outlives its directory.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
+
+use crate::state::durable;
+
+const CONFIG: &str = "imexd.cfg";
+const NODES: &str = "nodes.cfg";
+const LOG: &str = "imex.log";
+/// How long a stopping daemon gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+/// The longest one `nvidia-imex-ctl -q` may take.
+const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the IMEX programs are: `usr/bin` (else `bin`) of the driver root.
+#[derive(Debug, Clone)]
+pub struct ImexPrograms {
+    pub daemon: PathBuf,
+    pub ctl: PathBuf,
+}
+
+impl ImexPrograms {
+    /// `None` when the driver root has no `nvidia-imex` (the optional
+    /// nvidia-imex package is not installed).
+    pub fn find(driver_root: &Path) -> Option<Self> {
+        ["usr/bin", "bin"].iter().map(|d| driver_root.join(d)).find_map(|dir| {
+            let daemon = dir.join("nvidia-imex");
+            let ctl = dir.join("nvidia-imex-ctl");
+            (daemon.is_file() && ctl.is_file()).then_some(Self { daemon, ctl })
+        })
+    }
+}
+
+/// What [`Daemons::ensure`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ensured {
+    /// Started now: give it time to become ready.
+    Started,
+    /// Was running; its peer list was rewritten and it was told (SIGUSR1).
+    Reloaded,
+    Unchanged,
+}
+
+pub struct Daemons {
+    root: PathBuf,
+    programs: Option<ImexPrograms>,
+    /// Daemons this process started, reaped when they exit.
+    children: Mutex<HashMap<String, Child>>,
+}
+
+impl Daemons {
+    pub fn new(root: PathBuf, programs: Option<ImexPrograms>) -> Self {
+        Self { root, programs, children: Mutex::new(HashMap::new()) }
+    }
+
+    pub fn dir(&self, domain: &str) -> PathBuf {
+        self.root.join(domain)
+    }
+
+    fn programs(&self) -> Result<&ImexPrograms, String> {
+        self.programs.as_ref().ok_or_else(|| {
+            "nvidia-imex and nvidia-imex-ctl are not in the driver root (usr/bin or bin): install NVIDIA's nvidia-imex package matching the driver".to_owned()
+        })
+    }
+
+    /// Domains with a directory (a daemon running, or being set up or torn down).
+    pub fn domains(&self) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(&self.root) else { return Vec::new() };
+        entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).filter(|n| !n.starts_with('.')).collect()
+    }
+
+    /// The peer list the daemon was last given.
+    pub fn peers(&self, domain: &str) -> Option<String> {
+        std::fs::read_to_string(self.dir(domain).join(NODES)).ok()
+    }
+
+    /// Writes the configuration and peer list, and starts the daemon unless
+    /// it runs (then a changed peer list is reloaded with SIGUSR1, as
+    /// NVIDIA's daemon wrapper does).
+    pub fn ensure(&self, domain: &str, peers: &[IpAddr]) -> Result<Ensured, String> {
+        let programs = self.programs()?;
+        let dir = self.dir(domain);
+        durable::create_dir(&self.root, 0o700).map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+        durable::create_dir(&dir, 0o700).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        let config = imex::daemon_config(&dir.join(NODES), &dir.join(LOG));
+        if std::fs::read_to_string(dir.join(CONFIG)).ok().as_deref() != Some(config.as_str()) {
+            durable::write(&dir, CONFIG, config.as_bytes(), 0o644).map_err(|e| format!("writing {CONFIG}: {e}"))?;
+        }
+        let nodes = imex::nodes_config(peers);
+        let changed = self.peers(domain).as_deref() != Some(nodes.as_str());
+        if changed {
+            durable::write(&dir, NODES, nodes.as_bytes(), 0o644).map_err(|e| format!("writing {NODES}: {e}"))?;
+        }
+        self.reap();
+        if let Some(pid) = self.find(domain) {
+            if changed {
+                signal(pid, rustix::process::Signal::USR1)?;
+                return Ok(Ensured::Reloaded);
+            }
+            return Ok(Ensured::Unchanged);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("output.log"))
+            .map_err(|e| format!("opening the daemon's output log: {e}"))?;
+        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let mut command = Command::new(&programs.daemon);
+        command.arg("-c").arg(dir.join(CONFIG)).stdin(Stdio::null()).stdout(log).stderr(err);
+        // Its own process group: a signal to the plugin's group (a
+        // terminal's ^C) does not stop the domain's daemon.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        tracing::info!(domain, pid = child.id(), "started nvidia-imex");
+        self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(domain.to_owned(), child);
+        Ok(Ensured::Started)
+    }
+
+    /// `nvidia-imex-ctl -c <config> -q`: whether the local daemon is ready.
+    pub async fn query(&self, domain: &str) -> DaemonState {
+        let Ok(programs) = self.programs() else { return DaemonState::NotReady("nvidia-imex-ctl missing".into()) };
+        if self.find(domain).is_none() {
+            return DaemonState::NotReady("the daemon is not running".into());
+        }
+        let mut command = tokio::process::Command::new(&programs.ctl);
+        command.arg("-c").arg(self.dir(domain).join(CONFIG)).arg("-q").stdin(Stdio::null()).kill_on_drop(true);
+        match tokio::time::timeout(QUERY_TIMEOUT, command.output()).await {
+            Ok(Ok(output)) => {
+                let text =
+                    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+                imex::parse_ctl_query(output.status.success(), &text)
+            }
+            Ok(Err(error)) => DaemonState::NotReady(format!("cannot run nvidia-imex-ctl: {error}")),
+            Err(_) => DaemonState::NotReady(format!("nvidia-imex-ctl gave no answer in {QUERY_TIMEOUT:?}")),
+        }
+    }
+
+    /// Stops the domain's daemon (SIGTERM, then SIGKILL) and removes its
+    /// directory.
+    pub fn stop(&self, domain: &str) -> Result<(), String> {
+        if let Some(pid) = self.find(domain) {
+            signal(pid, rustix::process::Signal::TERM)?;
+            let deadline = Instant::now() + STOP_GRACE;
+            while self.find(domain).is_some() && Instant::now() < deadline {
+                self.reap();
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if let Some(pid) = self.find(domain) {
+                signal(pid, rustix::process::Signal::KILL)?;
+                while self.find(domain).is_some() {
+                    self.reap();
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+            }
+            tracing::info!(domain, "stopped nvidia-imex");
+        }
+        self.reap();
+        let dir = self.dir(domain);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(format!("removing {}: {e}", dir.display())),
+        }
+    }
+
+    /// Collects the exit status of daemons this process started.
+    pub fn reap(&self) {
+        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
+        children.retain(|domain, child| match child.try_wait() {
+            Ok(Some(status)) => {
+                tracing::warn!(domain, %status, "nvidia-imex exited");
+                false
+            }
+            _ => true,
+        });
+    }
+
+    /// The pid of the domain's daemon: a live process whose command line
+    /// runs `nvidia-imex` with `-c <its imexd.cfg>`.
+    pub fn find(&self, domain: &str) -> Option<i32> {
+        let config = self.dir(domain).join(CONFIG);
+        let config = config.to_str()?;
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+            let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) else { continue };
+            let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+            let runs_imex = args.iter().take(2).any(|a| a.ends_with(b"nvidia-imex"));
+            let ours = args.windows(2).any(|w| w[0] == b"-c" && w[1] == config.as_bytes());
+            if runs_imex && ours && is_alive(pid) {
+                return Some(pid);
+            }
+        }
+        None
+    }
+}
+
+fn is_alive(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])))
+        .unwrap_or(false)
+}
+
+fn signal(pid: i32, signal: rustix::process::Signal) -> Result<(), String> {
+    let Some(pid) = rustix::process::Pid::from_raw(pid) else { return Ok(()) };
+    match rustix::process::kill_process(pid, signal) {
+        Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+        Err(e) => Err(format!("signalling nvidia-imex (pid {}): {e}", pid.as_raw_nonzero())),
+    }
+}

@@ -1,0 +1,78 @@
+//! Keeps each domain's daemon true to what the cluster and the daemon say:
+//! every interval, for each domain with a prepared claim here, the daemon
+//! is started again if it died, told new peers when the domain's nodes
+//! changed, and asked `nvidia-imex-ctl -q`; a changed answer is written as
+//! the `Ready` condition of each of the domain's claims on this node (the
+//! controller turns it into the node's status in the domain), and new
+//! channel prepares there fail at once while it is not ready.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gpu_dra_driver::compute_domain::imex::DaemonState;
+
+use super::{ConditionWriter, DomainLookup, DomainPreparer};
+use crate::prepare::types::ClaimSource;
+
+pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
+    preparer: Arc<DomainPreparer<S, D, W>>,
+    interval: Duration,
+) {
+    // What each claim's condition says, as written.
+    let mut written: HashMap<String, DaemonState> = HashMap::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        pass(&preparer, &mut written).await;
+    }
+}
+
+#[cfg(test)]
+pub(crate) async fn pass_for_tests<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
+    preparer: &DomainPreparer<S, D, W>,
+    written: &mut HashMap<String, DaemonState>,
+) {
+    pass(preparer, written).await
+}
+
+async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
+    preparer: &DomainPreparer<S, D, W>,
+    written: &mut HashMap<String, DaemonState>,
+) {
+    // Not while a prepare or unprepare runs: it may be starting or
+    // stopping the same daemon.
+    let Ok(_guard) = preparer.lock.try_lock() else { return };
+    let records = preparer.prepared();
+    written.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
+    let mut domains: Vec<(String, String)> = records
+        .iter()
+        .filter_map(|r| r.compute_domain.as_ref())
+        .map(|d| (d.namespace.clone(), d.domain_uid.clone()))
+        .collect();
+    domains.sort();
+    domains.dedup();
+    for (namespace, uid) in domains {
+        if let Some(peers) = preparer.peers_of(&namespace, &uid)
+            && let Err(error) = preparer.daemons.ensure(&uid, &peers)
+        {
+            tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
+        }
+        let state = preparer.daemons.query(&uid).await;
+        let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), state.clone());
+        if before.as_ref() != Some(&state) {
+            tracing::info!(domain = uid, node = preparer.node(), ?state, "IMEX daemon state changed");
+        }
+        for record in records.iter().filter(|r| r.compute_domain.as_ref().is_some_and(|d| d.domain_uid == uid)) {
+            if written.get(&record.uid) == Some(&state) {
+                continue;
+            }
+            let Some(device) = record.devices.first() else { continue };
+            match preparer.conditions.set_ready(&record.namespace, &record.name, &device.device_name, &state).await {
+                Ok(()) => {
+                    written.insert(record.uid.clone(), state.clone());
+                }
+                Err(error) => tracing::warn!(claim = record.name, %error, "cannot write the channel's Ready condition"),
+            }
+        }
+    }
+}

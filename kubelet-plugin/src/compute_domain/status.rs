@@ -1,0 +1,113 @@
+//! The API edges of the ComputeDomain side: domains from a reflector
+//! store, and each prepared device's `Ready` condition on its claim
+//! (`status.devices`, which the controller reads for the domain's status).
+
+use gpu_dra_driver::compute_domain::DRIVER_NAME;
+use gpu_dra_driver::compute_domain::api::ComputeDomain;
+use gpu_dra_driver::compute_domain::imex::DaemonState;
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::Api;
+use kube::api::PostParams;
+use kube::runtime::reflector::Store;
+
+use super::{ConditionWriter, DomainLookup};
+
+/// Domains as a reflector store holds them.
+pub struct StoreDomains(pub Store<ComputeDomain>);
+
+impl DomainLookup for StoreDomains {
+    fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+        self.0
+            .state()
+            .iter()
+            .find(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
+            .map(|d| (**d).clone())
+    }
+}
+
+/// Writes conditions through the API server as this node.
+pub struct KubeConditions {
+    pub client: kube::Client,
+    pub node: String,
+}
+
+/// The claim's `status.devices` with `device`'s `Ready` condition set to
+/// `state` (other entries kept); `None` when it already says so.
+pub fn with_condition(claim: &ResourceClaim, node: &str, device: &str, state: &DaemonState) -> Option<ResourceClaim> {
+    let (status, reason, message) = match state {
+        DaemonState::Ready => {
+            ("True", "ImexDaemonReady", "the node's IMEX daemon for this ComputeDomain is ready".to_owned())
+        }
+        DaemonState::NotReady(answer) => {
+            ("False", "ImexDaemonNotReady", format!("the node's IMEX daemon is not ready: {answer}"))
+        }
+    };
+    let mut claim = claim.clone();
+    let devices = claim.status.get_or_insert_default().devices.get_or_insert_default();
+    let index = match devices.iter().position(|d| d.driver == DRIVER_NAME && d.pool == node && d.device == device) {
+        Some(i) => i,
+        None => {
+            devices.push(AllocatedDeviceStatus {
+                driver: DRIVER_NAME.to_owned(),
+                pool: node.to_owned(),
+                device: device.to_owned(),
+                ..AllocatedDeviceStatus::default()
+            });
+            devices.len() - 1
+        }
+    };
+    let conditions = devices[index].conditions.get_or_insert_default();
+    if conditions.iter().any(|c| c.type_ == "Ready" && c.status == status && c.message == message) {
+        return None;
+    }
+    conditions.retain(|c| c.type_ != "Ready");
+    conditions.push(Condition {
+        type_: "Ready".to_owned(),
+        status: status.to_owned(),
+        reason: reason.to_owned(),
+        message,
+        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+        observed_generation: claim.metadata.generation,
+    });
+    Some(claim)
+}
+
+impl ConditionWriter for KubeConditions {
+    async fn set_ready(&self, namespace: &str, name: &str, device: &str, state: &DaemonState) -> Result<(), String> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        for _ in 0..3 {
+            let claim = api.get(name).await.map_err(|e| format!("reading claim {namespace}/{name}: {e}"))?;
+            let Some(updated) = with_condition(&claim, &self.node, device, state) else { return Ok(()) };
+            match api.replace_status(name, &PostParams::default(), &updated).await {
+                Ok(_) => return Ok(()),
+                Err(kube::Error::Api(e)) if e.code == 409 => continue,
+                Err(e) => return Err(format!("writing the status of claim {namespace}/{name}: {e}")),
+            }
+        }
+        Err(format!("claim {namespace}/{name} kept changing while its condition was written"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_condition_is_set_once_and_flips() {
+        let claim = ResourceClaim::default();
+        let ready = with_condition(&claim, "n1", "channel-0", &DaemonState::Ready).unwrap();
+        let entry = &ready.status.as_ref().unwrap().devices.as_ref().unwrap()[0];
+        assert_eq!(
+            (entry.driver.as_str(), entry.pool.as_str(), entry.device.as_str()),
+            (DRIVER_NAME, "n1", "channel-0")
+        );
+        assert_eq!(entry.conditions.as_ref().unwrap()[0].status, "True");
+        assert!(with_condition(&ready, "n1", "channel-0", &DaemonState::Ready).is_none());
+        let down = with_condition(&ready, "n1", "channel-0", &DaemonState::NotReady("NOT_READY".into())).unwrap();
+        let conditions = down.status.unwrap().devices.unwrap()[0].conditions.clone().unwrap();
+        assert_eq!(conditions.len(), 1);
+        assert_eq!(conditions[0].status, "False");
+        assert!(conditions[0].message.contains("NOT_READY"));
+    }
+}

@@ -1,0 +1,310 @@
+//! The preparer in-process: fake IMEX programs in a temporary driver root,
+//! claims and domains from maps, conditions recorded.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use gpu_dra_driver::compute_domain::api::{
+    ChannelSpec, ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness, TemplateName,
+};
+use gpu_dra_driver::driver_root::fake_imex;
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use serde_json::json;
+
+use super::*;
+use crate::prepare::test_support::MapSource;
+
+const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+const NODE: &str = "gb200-0";
+
+#[derive(Clone, Default)]
+struct Domains(Arc<Mutex<Option<ComputeDomain>>>);
+
+impl DomainLookup for Domains {
+    fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+        self.0
+            .lock()
+            .unwrap()
+            .clone()
+            .filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
+    }
+}
+
+#[derive(Clone, Default)]
+struct Conditions(Arc<Mutex<Vec<(String, DaemonState)>>>);
+
+impl ConditionWriter for Conditions {
+    async fn set_ready(&self, _ns: &str, name: &str, _device: &str, state: &DaemonState) -> Result<(), String> {
+        self.0.lock().unwrap().push((name.to_owned(), state.clone()));
+        Ok(())
+    }
+}
+
+struct Node {
+    dir: tempfile::TempDir,
+    claims: MapSource,
+    domains: Domains,
+    conditions: Conditions,
+}
+
+type Preparer = DomainPreparer<MapSource, Domains, Conditions>;
+
+impl Node {
+    fn new(members: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        fake_imex::install(&dir.path().join("driver")).unwrap();
+        std::fs::create_dir_all(dir.path().join("proc")).unwrap();
+        std::fs::write(
+            dir.path().join("proc/devices"),
+            "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n\nBlock devices:\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("cdi")).unwrap();
+        std::fs::create_dir_all(dir.path().join("dev")).unwrap();
+        let node =
+            Self { dir, claims: MapSource::default(), domains: Domains::default(), conditions: Conditions::default() };
+        node.set_members(members);
+        node
+    }
+
+    fn root(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn set_members(&self, members: &[&str]) {
+        let mut domain = ComputeDomain::new(
+            "team",
+            "job",
+            ComputeDomainSpec {
+                num_nodes: 0,
+                channel: Some(ChannelSpec {
+                    resource_claim_template: TemplateName { name: "job-channel".into() },
+                    allocation_mode: None,
+                }),
+            },
+        );
+        domain.metadata.uid = Some(DOMAIN.into());
+        domain.status = Some(ComputeDomainStatus {
+            status: Readiness::NotReady,
+            nodes: members
+                .iter()
+                .enumerate()
+                .map(|(i, n)| ComputeDomainNode {
+                    name: n.to_string(),
+                    ip_address: format!("10.0.0.{}", i + 1),
+                    clique_id: "u.1".into(),
+                    index: i as u32,
+                    status: Readiness::NotReady,
+                })
+                .collect(),
+        });
+        *self.domains.0.lock().unwrap() = Some(domain);
+    }
+
+    fn open(&self) -> Preparer {
+        let config = DomainConfig {
+            driver: DriverName::new("compute-domain.nvidia.com").unwrap(),
+            node: NodeName::new(NODE).unwrap(),
+            cdi_dir: self.root().join("cdi"),
+            state_dir: self.root().join("state"),
+            boot_id: "boot-1".into(),
+            dev_root: Some(self.root().to_path_buf()),
+            proc_root: self.root().join("proc"),
+            ready_timeout: Duration::from_millis(1500),
+        };
+        let daemons =
+            Daemons::new(self.root().join("state/domains"), daemons::ImexPrograms::find(&self.root().join("driver")));
+        DomainPreparer::open(config, daemons, self.claims.clone(), self.domains.clone(), self.conditions.clone())
+            .unwrap()
+    }
+
+    /// A channel claim of the domain allocated here; returns its reference.
+    fn channel_claim(&self, name: &str, uid: &str) -> ClaimRef {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "team", "name": name, "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
+                "config": [{"requests": ["channel"], "opaque": {"driver": "compute-domain.nvidia.com",
+                    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": DOMAIN}}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "channel", "driver": "compute-domain.nvidia.com", "pool": NODE, "device": "channel-0"}]}}}
+        }))
+        .unwrap();
+        self.claims.put(claim);
+        ClaimRef { namespace: "team".into(), name: name.into(), uid: uid.into() }
+    }
+
+    fn imex_log(&self) -> Vec<String> {
+        fake_imex::daemon_log(&self.root().join("driver"))
+    }
+
+    fn channel_node(&self) -> PathBuf {
+        self.root().join("dev/nvidia-caps-imex-channels/channel0")
+    }
+
+    fn files(&self, dir: &str) -> Vec<String> {
+        let Ok(entries) = std::fs::read_dir(self.root().join(dir)) else { return Vec::new() };
+        let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
+        names.sort();
+        names
+    }
+}
+
+const UID_A: &str = "11111111-2222-4333-8444-555555555551";
+const UID_B: &str = "11111111-2222-4333-8444-555555555552";
+
+async fn prepare(p: &Preparer, claim: &ClaimRef) -> ClaimOutcome {
+    p.prepare(vec![claim.clone()], Deadline::default_from_now()).await.remove(&claim.uid).unwrap()
+}
+
+async fn unprepare(p: &Preparer, claim: &ClaimRef) {
+    let out = p.unprepare(vec![claim.clone()], Deadline::default_from_now()).await;
+    out[&claim.uid].as_ref().unwrap();
+}
+
+#[tokio::test]
+async fn a_channel_is_prepared_over_one_daemon_with_the_domains_peers_and_cleaned_up() {
+    let node = Node::new(&[NODE, "gb200-1", "gb200-2", "gb200-3"]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let devices = prepare(&p, &a).await.unwrap();
+    assert_eq!(devices[0].device_name, "channel-0");
+    assert_eq!(devices[0].pool_name, NODE);
+    assert_eq!(devices[0].cdi_device_ids, [format!("k8s.compute-domain.nvidia.com/claim={UID_A}-channel-0")]);
+    let config = node.root().join(format!("state/domains/{DOMAIN}/imexd.cfg"));
+    assert_eq!(node.imex_log(), [format!("start {} 10.0.0.1 10.0.0.2 10.0.0.3 10.0.0.4", config.display())]);
+    let spec = std::fs::read_to_string(
+        node.root().join("cdi").join(format!("k8s.compute-domain.nvidia.com-claim_{UID_A}.json")),
+    )
+    .unwrap();
+    assert!(spec.contains("/dev/nvidia-caps-imex-channels/channel0") && spec.contains("\"major\": 234"), "{spec}");
+    use std::os::unix::fs::FileTypeExt;
+    assert!(std::fs::metadata(node.channel_node()).unwrap().file_type().is_char_device());
+    assert_eq!(node.conditions.0.lock().unwrap().as_slice(), [("pod-a-channel".to_owned(), DaemonState::Ready)]);
+
+    // A second pod's claim of the same domain: the same daemon; prepare again: the same answer.
+    let b = node.channel_claim("pod-b-channel", UID_B);
+    prepare(&p, &b).await.unwrap();
+    assert_eq!(prepare(&p, &a).await.unwrap(), devices);
+    assert_eq!(node.imex_log().len(), 1, "{:?}", node.imex_log());
+    assert!(p.daemons.find(DOMAIN).is_some());
+
+    // A node joins: the daemon is told the new peer list.
+    node.set_members(&[NODE, "gb200-1", "gb200-2", "gb200-3", "gb200-4"]);
+    let mut written = HashMap::new();
+    health::pass_for_tests(&p, &mut written).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        node.imex_log()[1].starts_with("reload ") && node.imex_log()[1].ends_with("10.0.0.5"),
+        "{:?}",
+        node.imex_log()
+    );
+
+    unprepare(&p, &a).await;
+    assert!(p.daemons.find(DOMAIN).is_some(), "pod b still holds the domain");
+    assert!(node.channel_node().exists());
+    unprepare(&p, &b).await;
+    unprepare(&p, &b).await;
+    assert!(p.daemons.find(DOMAIN).is_none());
+    assert!(node.imex_log().last().unwrap().starts_with("stop "), "{:?}", node.imex_log());
+    assert!(!node.channel_node().exists() && !node.root().join("dev/nvidia-caps-imex-channels").exists());
+    assert_eq!(node.files("cdi"), Vec::<String>::new());
+    assert_eq!(node.files("state/domains"), Vec::<String>::new());
+    assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
+}
+
+#[tokio::test]
+async fn a_not_ready_daemon_blocks_new_channels_at_once_and_flips_the_condition() {
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    prepare(&p, &a).await.unwrap();
+    std::fs::write(node.root().join("driver/imex.not-ready"), "").unwrap();
+    let mut written = HashMap::new();
+    health::pass_for_tests(&p, &mut written).await;
+    assert_eq!(
+        node.conditions.0.lock().unwrap().last().unwrap(),
+        &("pod-a-channel".to_owned(), DaemonState::NotReady("NOT_READY".into()))
+    );
+    let b = node.channel_claim("pod-b-channel", UID_B);
+    let started = std::time::Instant::now();
+    let error = prepare(&p, &b).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1), "not after a wait");
+    assert!(
+        error.starts_with("the IMEX daemon of ComputeDomain team/job on node gb200-0 is not ready (nvidia-imex-ctl: NOT_READY): no new channels are prepared here until it is"),
+        "{error}"
+    );
+    assert_eq!(node.files("state/checkpoint"), [format!("{UID_A}.json")], "b rolled back");
+    std::fs::remove_file(node.root().join("driver/imex.not-ready")).unwrap();
+    health::pass_for_tests(&p, &mut written).await;
+    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::Ready);
+    prepare(&p, &b).await.unwrap();
+    unprepare(&p, &a).await;
+    unprepare(&p, &b).await;
+}
+
+#[tokio::test]
+async fn a_node_outside_the_domain_gets_a_clear_error_after_the_bounded_wait() {
+    let node = Node::new(&["gb200-1"]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(
+        error.starts_with("node gb200-0 has not joined ComputeDomain team/job after 1.5s (its status lists [gb200-1])"),
+        "{error}"
+    );
+    assert!(node.imex_log().is_empty());
+    assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
+    assert_eq!(node.files("cdi"), Vec::<String>::new());
+}
+
+/// The states a kill at each step of a prepare leaves, rebuilt from a
+/// finished prepare: start-up rolls each back to nothing, keeps a finished
+/// one, and a new prepare runs exactly one daemon.
+#[tokio::test]
+async fn start_up_rolls_back_a_prepare_killed_at_any_step() {
+    for step in ["recorded", "daemon-started", "node-created", "spec-written", "completed"] {
+        let node = Node::new(&[NODE]);
+        let a = node.channel_claim("pod-a-channel", UID_A);
+        let p = node.open();
+        prepare(&p, &a).await.unwrap();
+        drop(p);
+        let checkpoint = CheckpointDir::open(node.root().join("state/checkpoint")).unwrap();
+        let uid = ClaimUid::new(UID_A).unwrap();
+        let mut record = checkpoint.read_one(&uid).unwrap().unwrap();
+        if step != "completed" {
+            record.state = PrepareState::PrepareStarted;
+            record.devices.clear();
+            checkpoint.write(&uid, &record).unwrap();
+        }
+        let spec = node.root().join("cdi").join(record.cdi_spec_file.clone().unwrap());
+        if ["recorded", "daemon-started", "node-created"].contains(&step) {
+            std::fs::remove_file(&spec).unwrap();
+        }
+        if ["recorded", "daemon-started"].contains(&step) {
+            std::fs::remove_file(node.channel_node()).unwrap();
+            std::fs::remove_file(node.root().join("state/device-nodes.json")).unwrap();
+        }
+        let daemons = Daemons::new(node.root().join("state/domains"), None);
+        if step == "recorded" {
+            daemons.stop(DOMAIN).unwrap();
+        }
+        let p = node.open();
+        if step == "completed" {
+            assert_eq!(node.files("state/checkpoint"), [format!("{UID_A}.json")]);
+            assert!(p.daemons.find(DOMAIN).is_some() && spec.exists() && node.channel_node().exists());
+        } else {
+            assert_eq!(node.files("state/checkpoint"), Vec::<String>::new(), "{step}");
+            assert_eq!(node.files("cdi"), Vec::<String>::new(), "{step}");
+            assert_eq!(node.files("state/domains"), Vec::<String>::new(), "{step}");
+            assert!(p.daemons.find(DOMAIN).is_none() && !node.channel_node().exists(), "{step}");
+        }
+        prepare(&p, &a).await.unwrap();
+        let starts = node.imex_log().iter().filter(|l| l.starts_with("start")).count();
+        let stops = node.imex_log().iter().filter(|l| l.starts_with("stop")).count();
+        assert_eq!(starts - stops, 1, "{step}: one daemon runs: {:?}", node.imex_log());
+        unprepare(&p, &a).await;
+        assert!(p.daemons.find(DOMAIN).is_none(), "{step}");
+    }
+}
