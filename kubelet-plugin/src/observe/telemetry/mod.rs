@@ -179,7 +179,11 @@ impl Collector for TelemetryStore {
                 prometheus_client::metrics::MetricType::Gauge,
             )?;
             for row in &family.rows {
-                metric.encode_family(&row.labels)?.encode_gauge(&row.value)?;
+                if row.labels.is_empty() {
+                    metric.encode_gauge(&row.value)?;
+                } else {
+                    metric.encode_family(&row.labels)?.encode_gauge(&row.value)?;
+                }
             }
         }
         Ok(())
