@@ -254,6 +254,8 @@ pub struct RunArgs {
     #[arg(long, env = "FAKE_INVENTORY_POLL_MS", default_value_t = 2000, value_name = "MS",
           value_parser = clap::value_parser!(u64).range(10..=3_600_000))]
     pub fake_inventory_poll_ms: u64,
+    #[command(flatten)]
+    pub telemetry: crate::observe::telemetry::args::TelemetryArgs,
 }
 
 impl RunArgs {

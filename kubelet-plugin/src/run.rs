@@ -18,6 +18,12 @@ use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::kubelet_api::sockets::SocketPaths;
 use crate::mig::selection::DynamicMigSelection;
 use crate::observe::metrics::Metrics;
+use crate::observe::telemetry::TelemetryStore;
+use crate::observe::telemetry::holders::ClaimPods;
+use crate::observe::telemetry::idle::IdleTracker;
+use crate::observe::telemetry::idle_events::IdleEvents;
+use crate::observe::telemetry::sampler::NvmlReader;
+use crate::observe::telemetry::task::TelemetryTask;
 use crate::prepare::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::prepare::{Preparer, PreparerConfig};
 use crate::publish::inventory_watch;
@@ -35,7 +41,11 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
     let node = &args.node.node_name;
     let driver = &args.node.driver_name;
-    let metrics = Arc::new(Metrics::new());
+    let telemetry = telemetry_store(args);
+    let metrics = Arc::new(match &telemetry {
+        Some(store) => Metrics::with_telemetry(store.clone()),
+        None => Metrics::new(),
+    });
     let mut signals = Signals::new()?;
 
     let state_dir = args.state_dir();
@@ -96,6 +106,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
+    let telemetry_task = telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service));
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
@@ -119,11 +130,66 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         side.stop().await;
     }
     publisher_task.abort();
+    if let Some(task) = telemetry_task {
+        task.abort();
+    }
     let _ = http_stop.send(());
     if let Some(task) = http_task {
         let _ = tokio::time::timeout(Duration::from_secs(2), task).await;
     }
     result
+}
+
+/// Where telemetry goes, when it is on: an interval, and NVML (a fake
+/// inventory has no numbers to give).
+fn telemetry_store(args: &RunArgs) -> Option<Arc<TelemetryStore>> {
+    args.telemetry.interval()?;
+    if args.node.fake_inventory.is_some() {
+        tracing::info!("no device telemetry with --fake-inventory (NVML gives the numbers)");
+        return None;
+    }
+    Some(Arc::new(TelemetryStore::new(
+        args.telemetry.telemetry_names,
+        args.node.node_name.to_string(),
+        args.node.driver_name.to_string(),
+    )))
+}
+
+/// Starts the sampling loop (and the idle-claim watch); `None` when NVML
+/// does not initialize (logged: the plugin works without telemetry).
+fn start_telemetry(
+    args: &RunArgs,
+    store: Arc<TelemetryStore>,
+    client: &kube::Client,
+    inventory: &watch::Receiver<Arc<Inventory>>,
+    preparer: &Arc<Preparer<KubeClaimSource>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    let interval = args.telemetry.interval()?;
+    let nvml = match crate::host::driver_files::nvml_source(&args.driver_root, &args.host).init_nvml() {
+        Ok(nvml) => nvml,
+        Err(error) => {
+            tracing::warn!(%error, "NVML does not initialize for telemetry; no device telemetry");
+            return None;
+        }
+    };
+    let claims_of = preparer.clone();
+    let idle = args.telemetry.idle_policy().map(|policy| {
+        (
+            IdleTracker::new(policy),
+            IdleEvents::new(client.clone(), args.node.node_name.as_str(), policy.threshold_percent),
+        )
+    });
+    let task = TelemetryTask {
+        store,
+        inventory: inventory.clone(),
+        claims: Arc::new(move || claims_of.prepared()),
+        pods: ClaimPods::new(client.clone()),
+        reader: Box::new(NvmlReader::new(nvml)),
+        idle,
+        interval,
+    };
+    tracing::info!(interval_ms = args.telemetry.telemetry_interval_ms, "device telemetry on");
+    Some(tokio::spawn(task.run()))
 }
 
 /// The inventory as a stream of snapshots: the fake file (re-read when it

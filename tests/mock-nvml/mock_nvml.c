@@ -26,6 +26,9 @@
  * XID events: lines `<minor>|<xid>` appended to `<table>.events` are
  * delivered, in order, by nvmlEventSetWait_v2.
  *
+ * Load figures (utilization, power, ...): see the telemetry block at the
+ * end (MOCK_NVML_TELEMETRY).
+ *
  * Structs and enum values follow nvml.h as nvml-wrapper-sys 0.10 binds it.
  * Anything not implemented is simply absent: nvml-wrapper reports a missing
  * symbol, which discovery treats as "not supported".
@@ -379,11 +382,13 @@ nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int 
     return NVML_SUCCESS;
 }
 
+static unsigned long long telemetry_memory_used(const mock_gpu *d); /* telemetry block */
+
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *memory) {
     memory->total = d->memory;
     memory->reserved = 0;
-    memory->free = d->memory;
-    memory->used = 0;
+    memory->used = telemetry_memory_used(d);
+    memory->free = d->memory > memory->used ? d->memory - memory->used : 0;
     return NVML_SUCCESS;
 }
 
@@ -1042,3 +1047,133 @@ nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     return NVML_ERROR_NOT_FOUND;
 }
 /* ====================== end of the lifecycle block ====================== */
+
+/* ===================== telemetry block (load figures) =====================
+ * The numbers the plugin's telemetry samples, from a file a test writes
+ * and may rewrite at any time (path in MOCK_NVML_TELEMETRY; re-read when
+ * its modification time or size changes). One line per device, by UUID
+ * (a GPU's or a MIG device's), fields separated by '|':
+ *   load|<uuid>|<gpu util %>|<memory util %>|<memory used bytes>|<power mW>|<temperature C>|<SM clock MHz>|<ECC corrected>|<ECC uncorrected>
+ * A field `-` makes that call answer NVML_ERROR_NOT_SUPPORTED, as real
+ * NVML does for a MIG device's utilization; a device without a line
+ * answers NOT_SUPPORTED to all of them (memory used: 0).
+ */
+#include <sys/stat.h>
+
+#define TELEMETRY_FIELDS 8
+#define MAX_LOADS (MAX_GPUS * (MAX_MIGS + 1))
+
+typedef struct {
+    char uuid[96];
+    int has[TELEMETRY_FIELDS];
+    unsigned long long value[TELEMETRY_FIELDS];
+} mock_load;
+
+enum { L_GPU_UTIL, L_MEM_UTIL, L_MEM_USED, L_POWER, L_TEMP, L_SM_CLOCK, L_ECC_CORRECTED, L_ECC_UNCORRECTED };
+
+static mock_load loads[MAX_LOADS];
+static unsigned int load_count;
+static struct timespec loads_mtime;
+static off_t loads_size = -1;
+
+static void read_loads(void) {
+    const char *path = getenv("MOCK_NVML_TELEMETRY");
+    struct stat st;
+    if (!path || stat(path, &st) != 0) {
+        load_count = 0;
+        loads_size = -1;
+        return;
+    }
+    if (st.st_size == loads_size && st.st_mtim.tv_sec == loads_mtime.tv_sec &&
+        st.st_mtim.tv_nsec == loads_mtime.tv_nsec)
+        return;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    loads_mtime = st.st_mtim;
+    loads_size = st.st_size;
+    load_count = 0;
+    char line[1024];
+    while (fgets(line, sizeof line, f) && load_count < MAX_LOADS) {
+        line[strcspn(line, "\n")] = 0;
+        char *fields[2 + TELEMETRY_FIELDS];
+        int n = 0;
+        for (char *p = strtok(line, "|"); p && n < 2 + TELEMETRY_FIELDS; p = strtok(NULL, "|")) fields[n++] = p;
+        if (n != 2 + TELEMETRY_FIELDS || strcmp(fields[0], "load")) continue;
+        mock_load *l = &loads[load_count++];
+        snprintf(l->uuid, sizeof l->uuid, "%s", fields[1]);
+        for (int i = 0; i < TELEMETRY_FIELDS; i++) {
+            l->has[i] = strcmp(fields[2 + i], "-") != 0;
+            l->value[i] = l->has[i] ? strtoull(fields[2 + i], NULL, 10) : 0;
+        }
+    }
+    fclose(f);
+}
+
+/* The field of device `d`, or 0 when it has none. */
+static int load_field(const mock_gpu *d, int field, unsigned long long *value) {
+    read_loads();
+    for (unsigned int i = 0; i < load_count; i++) {
+        if (!strcmp(loads[i].uuid, d->uuid) && loads[i].has[field]) {
+            *value = loads[i].value[field];
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static unsigned long long telemetry_memory_used(const mock_gpu *d) {
+    unsigned long long used = 0;
+    return load_field(d, L_MEM_USED, &used) ? used : 0;
+}
+
+/* nvmlDeviceGetHandleByUUID: the lifecycle block's (GPUs and MIG devices). */
+
+typedef struct {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *utilization) {
+    unsigned long long gpu, memory;
+    if (!load_field(d, L_GPU_UTIL, &gpu) || !load_field(d, L_MEM_UTIL, &memory)) return NVML_ERROR_NOT_SUPPORTED;
+    utilization->gpu = (unsigned int)gpu;
+    utilization->memory = (unsigned int)memory;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t answer_uint(const mock_gpu *d, int field, unsigned int *out) {
+    unsigned long long value;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    if (!load_field(d, field, &value)) return NVML_ERROR_NOT_SUPPORTED;
+    *out = (unsigned int)value;
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t d, unsigned int *milliwatts) {
+    return answer_uint(d, L_POWER, milliwatts);
+}
+
+#define NVML_TEMPERATURE_GPU 0
+nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t d, int sensor, unsigned int *celsius) {
+    if (sensor != NVML_TEMPERATURE_GPU) return NVML_ERROR_INVALID_ARGUMENT;
+    return answer_uint(d, L_TEMP, celsius);
+}
+
+#define NVML_CLOCK_SM 1
+nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t d, int type, unsigned int *mhz) {
+    if (type != NVML_CLOCK_SM) return NVML_ERROR_NOT_SUPPORTED;
+    return answer_uint(d, L_SM_CLOCK, mhz);
+}
+
+#define NVML_MEMORY_ERROR_TYPE_CORRECTED 0
+#define NVML_MEMORY_ERROR_TYPE_UNCORRECTED 1
+nvmlReturn_t nvmlDeviceGetTotalEccErrors(nvmlDevice_t d, int error_type, int counter_type,
+                                         unsigned long long *count) {
+    (void)counter_type;
+    int field = error_type == NVML_MEMORY_ERROR_TYPE_CORRECTED     ? L_ECC_CORRECTED
+                : error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED ? L_ECC_UNCORRECTED
+                                                                    : -1;
+    if (field < 0 || !count) return NVML_ERROR_INVALID_ARGUMENT;
+    return load_field(d, field, count) ? NVML_SUCCESS : NVML_ERROR_NOT_SUPPORTED;
+}
+/* =================== end of telemetry block (load figures) =================== */

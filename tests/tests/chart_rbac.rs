@@ -168,6 +168,52 @@ fn fault_path_calls() -> Vec<(String, ApiCall)> {
     calls
 }
 
+/// The calls of the idle-claim watch (on by default with NVML, which the
+/// demo's fake inventories lack): a claim on the mock NVML held idle past
+/// a 1 s window gets its Events, then busy again loses them.
+fn idle_warning_calls() -> Vec<(String, ApiCall)> {
+    use integration_tests::kubelet::{KubeletConfig, claim};
+    use integration_tests::mock_nvml_node::{Load, MockNvmlNode};
+    use integration_tests::node::{DRIVER, NODE, RunningNode};
+    use k8s_openapi::api::events::v1::Event;
+
+    let gpus = MockNvmlNode::new(
+        "driverVersion: \"580.82.07\"\ncudaDriverVersion: \"13.0\"\ngpus:\n  - model: H100-80GB\n    count: 1\n",
+    );
+    let uuid = gpus.uuid("gpu-0");
+    gpus.set_loads(&[(&uuid, Load::gpu(0))]);
+    let mut extra_args = gpus.args();
+    extra_args.extend(
+        ["--telemetry-interval-ms", "200", "--idle-window-seconds", "1", "--idle-threshold-percent", "5"]
+            .map(String::from),
+    );
+    let options = PluginOptions { fake_inventory: false, extra_args, env: gpus.env(), ..PluginOptions::default() };
+    let node = RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options);
+    let mut object = integration_tests::claim_fixtures::allocated_claim(
+        "default",
+        "idle",
+        &[integration_tests::claim_fixtures::Allocated::new("gpu", NODE, "gpu-0")],
+        vec![],
+    );
+    if let Some(status) = object.status.as_mut() {
+        status.reserved_for = Some(vec![k8s_openapi::api::resource::v1::ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: "idle-pod".into(),
+            uid: "uid-idle-pod".into(),
+        }]);
+    }
+    let uid = integration_tests::claim_fixtures::store(&node.server, &object).unwrap();
+    let answers = node.prepare(&[claim("default", "idle", &uid)]);
+    assert!(answers[&uid].is_ok(), "{answers:?}");
+    let events = || node.server.list::<Event>(Some("default"), "").unwrap_or_default().len();
+    wait_until("the idle-claim Events", &|| node.process.log(), || events() == 2);
+    gpus.set_loads(&[(&uuid, Load::gpu(90))]);
+    wait_until("the idle-claim Events to go", &|| node.process.log(), || events() == 0);
+    let records = node.server.faults().requests();
+    calls_by(&records, "gpu-kubelet-plugin/").into_iter().map(|c| ("gpu-kubelet-plugin".to_string(), c)).collect()
+}
+
 #[test]
 fn rbac_is_exactly_the_calls_the_binaries_make() {
     let outcomes = render_all(tmp_dir(), &[("default", json!({}))]);
@@ -178,7 +224,7 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
     assert_eq!(granted.keys().cloned().collect::<BTreeSet<_>>(), accounts.iter().map(|(_, a)| a.to_string()).collect());
 
     let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
-    for (agent, call) in demo_calls().into_iter().chain(fault_path_calls()) {
+    for (agent, call) in demo_calls().into_iter().chain(fault_path_calls()).chain(idle_warning_calls()) {
         // The real authorizer (1.36+, DRAResourceClaimGranularStatusAuthorization)
         // also checks `update` on resourceclaims/binding for a status write
         // that sets status.allocation, as the controller's do; the stand-in

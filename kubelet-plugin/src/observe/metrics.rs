@@ -10,8 +10,12 @@
 //! | `gpu_dra_published_devices` | gauge | |
 //! | `gpu_dra_slice_generation` | gauge | |
 //! | `gpu_dra_registered` | gauge | 1 once the kubelet confirmed registration |
+//!
+//! With telemetry on, the device and claim families of
+//! [`crate::observe::telemetry::families`] are encoded beside them.
 
 use std::fmt;
+use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
 use std::time::Duration;
 
@@ -22,6 +26,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::observe::telemetry::TelemetryStore;
 use crate::publish::publisher::{PublishError, PublishObserver};
 
 /// What the kubelet asked for.
@@ -156,7 +161,18 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gpu_dra");
+        Self::build(None)
+    }
+
+    /// With the telemetry families of `store` (their names are complete:
+    /// `gpu_dra_device_*` or dcgm-exporter's `DCGM_FI_DEV_*`).
+    pub fn with_telemetry(store: Arc<TelemetryStore>) -> Self {
+        Self::build(Some(store))
+    }
+
+    fn build(telemetry: Option<Arc<TelemetryStore>>) -> Self {
+        let mut root = Registry::default();
+        let registry = root.sub_registry_with_prefix("gpu_dra");
         let requests = Family::<CallLabels, Counter>::default();
         registry.register("requests", "Kubelet gRPC calls by operation and API version", requests.clone());
         let duration: HistogramFamily = Family::new_with_constructor(latency_histogram);
@@ -180,7 +196,10 @@ impl Metrics {
         );
         let registered = Gauge::<i64, AtomicI64>::default();
         registry.register("registered", "1 once the kubelet confirmed the plugin's registration", registered.clone());
-        Self { registry, requests, duration, claims, errors, published_devices, slice_generation, registered }
+        if let Some(store) = telemetry {
+            root.register_collector(Box::new(store));
+        }
+        Self { registry: root, requests, duration, claims, errors, published_devices, slice_generation, registered }
     }
 
     /// One kubelet call took `elapsed`.
@@ -273,6 +292,20 @@ mod tests {
         assert!(text.contains("gpu_dra_slice_generation 3"), "{text}");
         assert!(text.contains("gpu_dra_registered 1"), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+    }
+
+    #[test]
+    fn telemetry_families_are_encoded_beside_the_plugins_own() {
+        use crate::observe::telemetry::{Naming, families::metric_names};
+        for naming in [Naming::Native, Naming::Dcgm] {
+            let store = Arc::new(TelemetryStore::new(naming, "node-a", "gpu.nvidia.com"));
+            let text = Metrics::with_telemetry(store).encode().unwrap();
+            assert!(text.contains("# TYPE gpu_dra_registered gauge"), "{text}");
+            for name in metric_names(naming) {
+                assert!(text.contains(&format!("# TYPE {name} gauge")), "{name} missing:\n{text}");
+            }
+            assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        }
     }
 
     #[test]

@@ -179,6 +179,23 @@ impl<S: ClaimSource> Preparer<S> {
         self.records().values().filter(|r| r.state == PrepareState::PrepareCompleted).count()
     }
 
+    /// The completed claims and their devices, for telemetry.
+    pub fn prepared(&self) -> Vec<crate::observe::telemetry::snapshot::PreparedClaim> {
+        let mut out: Vec<_> = self
+            .records()
+            .values()
+            .filter(|r| r.state == PrepareState::PrepareCompleted)
+            .map(|r| crate::observe::telemetry::snapshot::PreparedClaim {
+                uid: r.uid.clone(),
+                namespace: r.namespace.clone(),
+                name: r.name.clone(),
+                devices: r.devices.iter().map(|d| d.device_name.clone()).collect(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.uid.cmp(&b.uid));
+        out
+    }
+
     /// Prepares a batch with the default deadline (see [`Self::prepare_by`]).
     pub async fn prepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, ClaimOutcome> {
         self.prepare_by(claims, Deadline::default_from_now()).await

@@ -1,0 +1,191 @@
+//! Telemetry per device and per claim: what each GPU and MIG device is
+//! doing, and, while a claim holds it, whose it is.
+//!
+//! The data travels one way: a sampler reads NVML on an interval (never on
+//! the prepare path) → [`DeviceSample`]s, joined with the inventory
+//! ([`DeviceIdentity`]) and the prepared claims ([`ClaimHolder`], with the
+//! pods of the claim's `reservedFor`) into a [`Snapshot`] → [`families`]
+//! turns the snapshot into metric families (pure) → the `/metrics`
+//! endpoint encodes the last snapshot ([`TelemetryStore`]). The idle-claim
+//! watch ([`idle`]) reads the same snapshots.
+//!
+//! A reading NVML cannot give (MIG utilization needs DCGM profiling, a
+//! board without ECC) is `None` and is not published: no zeros that look
+//! like an idle GPU.
+
+pub mod args;
+pub mod families;
+pub mod holders;
+pub mod idle;
+pub mod idle_events;
+pub mod sampler;
+pub mod snapshot;
+pub mod task;
+
+use std::sync::{Arc, RwLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::DescriptorEncoder;
+
+pub use families::Naming;
+
+/// A published device as an operator names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceIdentity {
+    /// The DRA device name (`gpu-3`, `gpu-0-mig-1g10gb-19-0`).
+    pub device: String,
+    /// `GPU-…` for a whole GPU, `MIG-…` for a MIG device.
+    pub uuid: String,
+    /// The (parent) GPU's minor number: `/dev/nvidia<minor>`.
+    pub gpu_minor: u32,
+    /// NVML's product name, e.g. `NVIDIA H100 80GB HBM3`.
+    pub model: String,
+    pub pci_bus_id: Option<String>,
+    pub mig: Option<MigIdentity>,
+}
+
+/// What makes a MIG device one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigIdentity {
+    /// NVIDIA's profile name, `1g.10gb`.
+    pub profile: String,
+    pub gpu_instance_id: u32,
+    pub parent_uuid: String,
+}
+
+/// One device's readings at one instant; `None` where NVML has no number.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DeviceSample {
+    /// Percent of the last sample period a kernel ran.
+    pub gpu_utilization_percent: Option<f64>,
+    /// Percent of the period device memory was read or written.
+    pub memory_utilization_percent: Option<f64>,
+    pub memory_used_bytes: Option<u64>,
+    pub memory_total_bytes: Option<u64>,
+    pub power_watts: Option<f64>,
+    pub temperature_celsius: Option<f64>,
+    pub sm_clock_mhz: Option<f64>,
+    /// Volatile (since the driver loaded) corrected ECC errors.
+    pub ecc_corrected_errors: Option<u64>,
+    /// Volatile uncorrected ECC errors.
+    pub ecc_uncorrected_errors: Option<u64>,
+}
+
+/// A prepared claim and the pods its `reservedFor` names.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClaimHolder {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// The pods of its `reservedFor` (in the claim's namespace), sorted by
+    /// name; empty until read.
+    pub pods: Vec<PodRef>,
+}
+
+impl ClaimHolder {
+    /// The pods' names, comma-separated.
+    pub fn pod_names(&self) -> String {
+        self.pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>().join(",")
+    }
+}
+
+/// A pod reserving a claim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub name: String,
+    pub uid: String,
+}
+
+/// One device in a snapshot.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeviceReading {
+    pub identity: DeviceIdentity,
+    pub sample: DeviceSample,
+    /// Critical XIDs the driver reported for the device (from the inventory).
+    pub xids: Vec<u32>,
+    /// Whether the device has any fault (XID, lost): the publisher taints it.
+    pub faulty: bool,
+    /// The prepared claims holding the device (several when shared).
+    pub holders: Vec<Arc<ClaimHolder>>,
+}
+
+/// A claim flagged idle (see [`idle`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct IdleReport {
+    pub claim: Arc<ClaimHolder>,
+    pub devices: Vec<String>,
+    pub average_percent: f64,
+    pub window_seconds: u64,
+}
+
+/// Everything `/metrics` shows of telemetry, as of the last sampling pass.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Snapshot {
+    /// Devices of the inventory, in its order.
+    pub devices: Vec<DeviceReading>,
+    pub prepared_claims: usize,
+    pub idle: Vec<IdleReport>,
+    /// How long the last NVML pass took; `None` before the first.
+    pub sample_seconds: Option<f64>,
+}
+
+/// The last snapshot, shared between the sampling task (writer) and the
+/// metrics endpoint (reader, through [`Collector`]).
+#[derive(Debug)]
+pub struct TelemetryStore {
+    naming: Naming,
+    hostname: String,
+    driver: String,
+    snapshot: RwLock<Arc<Snapshot>>,
+}
+
+impl TelemetryStore {
+    pub fn new(naming: Naming, hostname: impl Into<String>, driver: impl Into<String>) -> Self {
+        Self {
+            naming,
+            hostname: hostname.into(),
+            driver: driver.into(),
+            snapshot: RwLock::new(Arc::new(Snapshot::default())),
+        }
+    }
+
+    pub fn publish(&self, snapshot: Snapshot) {
+        match self.snapshot.write() {
+            Ok(mut guard) => *guard = Arc::new(snapshot),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(snapshot),
+        }
+    }
+
+    pub fn snapshot(&self) -> Arc<Snapshot> {
+        match self.snapshot.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn context(&self) -> families::Context<'_> {
+        families::Context { naming: self.naming, hostname: &self.hostname, driver: &self.driver }
+    }
+}
+
+impl Collector for TelemetryStore {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let snapshot = self.snapshot();
+        for family in families::families(&snapshot, &self.context()) {
+            let mut metric = encoder.encode_descriptor(
+                family.name,
+                family.help,
+                None,
+                prometheus_client::metrics::MetricType::Gauge,
+            )?;
+            for row in &family.rows {
+                if row.labels.is_empty() {
+                    metric.encode_gauge(&row.value)?;
+                } else {
+                    metric.encode_family(&row.labels)?.encode_gauge(&row.value)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
