@@ -160,6 +160,9 @@ impl MockNvmlNode {
         match self.inventory.find_device(&name).unwrap_or_else(|| panic!("no device {name}")) {
             gpu_dra_driver::inventory::PublishedDevice::Gpu(g) => g.uuid.clone(),
             gpu_dra_driver::inventory::PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
+            gpu_dra_driver::inventory::PublishedDevice::DynamicMig { .. } => {
+                panic!("{name} is a dynamic MIG device: it has no UUID until a claim makes it")
+            }
         }
     }
 }

@@ -200,6 +200,7 @@ fn forged(uid: &str, state: PrepareState, device: &str, intent: MigIntent, made:
             mig_mode_off: None,
         }],
         mps: None,
+        compute_domain: None,
     }
 }
 

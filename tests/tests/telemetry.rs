@@ -280,6 +280,9 @@ fn sampling_cost_for_8_gpus_and_56_mig_devices_is_printed() {
                 let uuid = match d {
                     gpu_dra_driver::inventory::PublishedDevice::Gpu(g) => g.uuid.clone(),
                     gpu_dra_driver::inventory::PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
+                    gpu_dra_driver::inventory::PublishedDevice::DynamicMig { .. } => {
+                        unreachable!("these inventories have no dynamic MIG GPU")
+                    }
                 };
                 (uuid, Load::gpu(50))
             })

@@ -348,6 +348,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 share_id: None,
                 admin_access: false,
                 time_slice: None,
+                dynamic_mig: None,
+                mig_mode_off: None,
             })
             .collect();
         record.state = PrepareState::PrepareCompleted;

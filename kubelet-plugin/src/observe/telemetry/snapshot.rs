@@ -38,6 +38,9 @@ pub fn identities(inventory: &Inventory) -> Vec<(DeviceIdentity, Vec<u32>, bool)
                     }),
                     parent.faults.iter().chain(&mig.faults).collect(),
                 ),
+                // A dynamic MIG device has no UUID until a claim makes it;
+                // its GPU's own line carries the numbers NVML gives.
+                PublishedDevice::DynamicMig { .. } => return None,
             };
             let xids = faults
                 .iter()
