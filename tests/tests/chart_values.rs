@@ -519,7 +519,13 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     assert_eq!(certificate["spec"]["dnsNames"][2], "gpu.example.com");
     assert!(objects["selfsigned-type"].iter().any(|o| o["kind"] == "Issuer"));
     // Only this driver's gates reach the binaries.
-    assert!(plugin_args("gates").contains(&"--feature-gates=MPSSupport=true,TimeSlicingSettings=true".to_string()));
+    let gates = plugin_args("gates");
+    assert!(
+        gates.contains(&"--feature-gates=DynamicMIG=false,MPSSupport=true,TimeSlicingSettings=true".to_string()),
+        "{gates:?}"
+    );
+    // DynamicMIG is this driver's too (MIG devices made per claim).
+    assert!(plugin_args("dynamic-mig").contains(&"--feature-gates=DynamicMIG=true".to_string()));
     // NVIDIA's consumable shares reach the plugin as its gate and mode.
     let shares = plugin_args("consumable-shares");
     assert!(shares.contains(&"--feature-gates=ConsumableShares=true".to_string()), "{shares:?}");
