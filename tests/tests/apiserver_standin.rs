@@ -396,3 +396,24 @@ async fn pods_and_events_with_field_selectors() {
     assert_eq!(found.items.len(), 1);
     assert!(events.list(&ListParams::default().fields("regarding.name=d")).await.unwrap().items.is_empty());
 }
+
+/// The stand-in is Kubernetes 1.37 unless a test says otherwise: its
+/// `/version` and its ResourceSlice rules follow the release set (1.34
+/// refuses a taint with effect None, which 1.35+ accept).
+#[tokio::test]
+async fn the_release_it_reports_and_validates_as_can_be_set() {
+    let server = ApiServer::start().await.unwrap();
+    let client = client(&server).await;
+    assert_eq!(client.apiserver_version().await.unwrap().minor, "37");
+    let slices: Api<ResourceSlice> = Api::all(client.clone());
+    let mut tainted = slice("tainted", "node-a", "gpu.nvidia.com", 1);
+    tainted.spec.devices = Some(vec![
+        serde_json::from_value(json!({"name": "gpu-0", "taints": [{"key": "k", "effect": "None"}]})).unwrap(),
+    ]);
+    server.set_server_minor(34);
+    assert_eq!(client.apiserver_version().await.unwrap().minor, "34");
+    let (code, reason) = api_code(slices.create(&PostParams::default(), &tainted).await.unwrap_err());
+    assert_eq!((code, reason.as_str()), (422, "Invalid"));
+    server.set_server_minor(37);
+    slices.create(&PostParams::default(), &tainted).await.unwrap();
+}
