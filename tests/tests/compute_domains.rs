@@ -351,7 +351,7 @@ fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind()
     let error = nodes[2].prepare(rt, std::slice::from_ref(&extra)).remove(0).unwrap_err();
     assert!(
         error.contains(
-            "the IMEX daemon of ComputeDomain default/job on node gb200-2 is not ready (nvidia-imex-ctl: NOT_READY)"
+            "the IMEX daemon of ComputeDomain default/training on node gb200-2 is not ready (nvidia-imex-ctl: NOT_READY)"
         ),
         "{error}"
     );

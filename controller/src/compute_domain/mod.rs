@@ -195,7 +195,8 @@ impl Reconciler {
             TemplateAction::Delete { namespace, name: template } => {
                 let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.client.clone(), namespace);
                 match self.writes.run(templates.delete(template, &DeleteParams::default())).await {
-                    Ok(_) | Err(WriteError::Api(kube::Error::Api(_))) => {}
+                    Ok(_) => {}
+                    Err(error) if error.is_not_found() => {}
                     Err(error) => return Err(error),
                 }
             }

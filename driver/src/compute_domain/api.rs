@@ -224,6 +224,8 @@ pub enum ConfigError {
     Invalid { path: String, message: String },
     #[error("{path}.domainID: empty; it names the ComputeDomain's UID")]
     NoDomain { path: String },
+    #[error("{path}.domainID: {found:?} is not a UID (it names the ComputeDomain's metadata.uid)")]
+    NotAUid { path: String, found: String },
 }
 
 /// Decodes strictly (unknown fields refused, as NVIDIA's strict decoder
@@ -240,8 +242,13 @@ pub fn decode_config(path: &str, parameters: &serde_json::Value) -> Result<Domai
         DAEMON_CONFIG_KIND => DomainConfig::Daemon(strict(parameters).map_err(invalid)?),
         other => return Err(ConfigError::Kind { path: format!("{path}.kind"), found: other.to_owned() }),
     };
-    if config.domain_id().is_empty() {
+    let id = config.domain_id();
+    if id.is_empty() {
         return Err(ConfigError::NoDomain { path: path.to_owned() });
+    }
+    // It becomes a directory name on the node: a UID and nothing else.
+    if uuid::Uuid::try_parse(id).is_err() || id.len() != 36 {
+        return Err(ConfigError::NotAUid { path: path.to_owned(), found: id.chars().take(64).collect() });
     }
     Ok(config)
 }
@@ -293,19 +300,18 @@ mod tests {
 
     #[test]
     fn channel_config_round_trips_as_nvidias() {
-        let config = ChannelConfig::new("uid-1", AllocationMode::All);
+        let config = ChannelConfig::new("0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", AllocationMode::All);
         let value = serde_json::to_value(&config).unwrap();
         assert_eq!(
             value,
-            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "uid-1", "allocationMode": "All"})
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a", "allocationMode": "All"})
         );
         assert_eq!(decode_config("p", &value).unwrap(), DomainConfig::Channel(config));
     }
 
     #[test]
     fn bad_configs_name_the_field() {
-        let base =
-            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainDaemonConfig", "domainID": "u"});
+        let base = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainDaemonConfig", "domainID": "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a"});
         assert!(matches!(decode_config("p", &base), Ok(DomainConfig::Daemon(_))));
         let mut unknown = base.clone();
         unknown["domainId"] = json!("x");
@@ -316,6 +322,12 @@ mod tests {
         assert_eq!(
             decode_config("p", &empty).unwrap_err().to_string(),
             "p.domainID: empty; it names the ComputeDomain's UID"
+        );
+        let mut traversal = base.clone();
+        traversal["domainID"] = json!("../../etc");
+        assert_eq!(
+            decode_config("p", &traversal).unwrap_err().to_string(),
+            "p.domainID: \"../../etc\" is not a UID (it names the ComputeDomain's metadata.uid)"
         );
         let mut kind = base;
         kind["kind"] = json!("GpuConfig");

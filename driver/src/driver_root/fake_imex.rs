@@ -7,10 +7,11 @@
 //!   `IMEX_NODE_CONFIG_FILE`), `reload <cfg> <peers...>` on SIGUSR1 (how
 //!   the peer list is re-read), `stop <cfg>` on SIGTERM, and runs until
 //!   stopped. While `<root>/imex.hang-start` exists it waits before
-//!   serving (a window for a SIGKILL of the node agent).
+//!   serving (a window for a SIGKILL of the node agent); serving, it
+//!   leaves `fake-imex.serving` beside its configuration.
 //! - `nvidia-imex-ctl -c <cfg> -q` appends `query <cfg>` to
-//!   `<root>/imex-ctl.log` and prints `READY`, or `NOT_READY` while
-//!   `<root>/imex.not-ready` exists.
+//!   `<root>/imex-ctl.log` and prints `READY` once that daemon serves,
+//!   `NOT_READY` before, or while `<root>/imex.not-ready` exists.
 
 use std::io;
 use std::os::unix::fs::PermissionsExt;
@@ -25,11 +26,12 @@ echo "start $cfg $(peers)" >> "$root/imex.log"
 while [ -e "$root/imex.hang-start" ]; do sleep 0.05; done
 trap 'echo "reload $cfg $(peers)" >> "$root/imex.log"' USR1
 trap 'echo "stop $cfg" >> "$root/imex.log"; exit 0' TERM
+: > "$(dirname "$cfg")/fake-imex.serving"
 while :; do sleep 0.1 & wait $!; done
 "#;
 
 const CTL: &str = r#"echo "query $2" >> "$root/imex-ctl.log"
-if [ -e "$root/imex.not-ready" ]; then echo NOT_READY; else echo READY; fi
+if [ -e "$root/imex.not-ready" ] || [ ! -e "$(dirname "$2")/fake-imex.serving" ]; then echo NOT_READY; else echo READY; fi
 "#;
 
 /// Writes both programs into `<root>/usr/bin`.
