@@ -1,10 +1,10 @@
 //! `gpu-dra-controller`: the cluster-side component of the GPU DRA driver.
 //! Argument parsing and wiring only; the logic lives in `gpu-dra-driver`.
 
-mod manifests;
 mod service;
-mod simulate;
 mod validate;
+
+use gpu_dra_controller::{manifests, simulate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -74,6 +74,39 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
         }
     }
     phases.mark("fleet");
+    simulate_inputs(inputs, options, phases, out, note)
+}
+
+/// Runs the simulation on objects already in memory (e.g. read from a live
+/// cluster by `kubectl gpu`), exactly as [`run`] does on files: each
+/// manifest's `origin` names it in errors. `options.fleet` must be `None`.
+pub fn run_manifests(
+    manifests: Vec<manifests::Manifest>,
+    options: &Options<'_>,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
+    if options.fleet.is_some() {
+        bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
+    }
+    let mut phases = Phases::default();
+    let mut sorter = inputs::Sorter::default();
+    for m in manifests {
+        sorter.add(m, &mut *note)?;
+    }
+    let inputs = sorter.finish();
+    phases.mark("read");
+    simulate_inputs(inputs, options, phases, out, note)
+}
+
+/// From sorted inputs to printed outcomes: workload, allocation, output.
+fn simulate_inputs(
+    mut inputs: inputs::Inputs,
+    options: &Options<'_>,
+    mut phases: Phases,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let workload = workload::build(&inputs, &|name| class_names.iter().any(|c| c == name))?;
     if workload.claims.is_empty() {
