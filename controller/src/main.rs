@@ -1,11 +1,8 @@
 //! `gpu-dra-controller`: the cluster-side component of the GPU DRA driver.
-//! Argument parsing and wiring only; the logic lives in `gpu-dra-driver`.
+//! Argument parsing and wiring only; the logic lives in this crate's
+//! library and in `gpu-dra-driver`.
 
-mod compute_domain;
-mod manifests;
-mod service;
-mod simulate;
-mod validate;
+use gpu_dra_controller::{service, simulate, validate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;

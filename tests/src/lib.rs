@@ -59,6 +59,12 @@ pub fn controller() -> &'static Path {
     BIN.get_or_init(|| build("gpu-dra-controller", "gpu-dra-controller", "release"))
 }
 
+/// Path of `kubectl-gpu` (the kubectl plugin), built on first use.
+pub fn kubectl_gpu() -> &'static Path {
+    static BIN: OnceLock<PathBuf> = OnceLock::new();
+    BIN.get_or_init(|| build("kubectl-gpu", "kubectl-gpu", "release"))
+}
+
 /// Runs `bin` with `args`, feeding `stdin`; the environment is cleared of the
 /// plugin's own variables so tests see only their flags.
 pub fn run(bin: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {

@@ -88,7 +88,41 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
         }
     }
     phases.mark("fleet");
-    configs::check(&inputs, &gates.unwrap_or_default())?;
+    simulate_inputs(inputs, options, &gates.unwrap_or_default(), phases, out, note)
+}
+
+/// Runs the simulation on objects already in memory (e.g. read from a live
+/// cluster by `kubectl gpu`), exactly as [`run`] does on files: each
+/// manifest's `origin` names it in errors. `options.fleet` must be `None`.
+pub fn run_manifests(
+    manifests: Vec<manifests::Manifest>,
+    options: &Options<'_>,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
+    if options.fleet.is_some() {
+        bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
+    }
+    let mut phases = Phases::default();
+    let mut sorter = inputs::Sorter::default();
+    for m in manifests {
+        sorter.add(m, &mut *note)?;
+    }
+    let inputs = sorter.finish();
+    phases.mark("read");
+    simulate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, out, note)
+}
+
+/// From sorted inputs to printed outcomes: workload, allocation, output.
+fn simulate_inputs(
+    mut inputs: inputs::Inputs,
+    options: &Options<'_>,
+    gates: &gpu_dra_driver::feature_gates::FeatureGates,
+    mut phases: Phases,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
+    configs::check(&inputs, gates)?;
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let extended = workload::ExtendedResources {
         enabled: options.extended_resources,

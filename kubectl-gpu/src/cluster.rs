@@ -1,0 +1,85 @@
+//! The edge: a client from the user's kubeconfig (as kubectl finds it) and
+//! the objects each command reads, fetched once.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use kube::api::{Api, ListParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+/// A client and the namespace the kubeconfig's context names.
+pub struct Connection {
+    pub client: kube::Client,
+    pub default_namespace: String,
+}
+
+/// `--kubeconfig` wins, then `KUBECONFIG` and `~/.kube/config` (with
+/// `--context`), then the in-cluster service account, as kubectl.
+pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Connection> {
+    gpu_dra_driver::service::kube_client::install_crypto_provider();
+    let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
+    let config = match kubeconfig {
+        Some(path) => {
+            let file = Kubeconfig::read_from(path).with_context(|| format!("--kubeconfig {}", path.display()))?;
+            kube::Config::from_custom_kubeconfig(file, &options)
+                .await
+                .with_context(|| format!("--kubeconfig {}", path.display()))?
+        }
+        None if context.is_some() => kube::Config::from_kubeconfig(&options)
+            .await
+            .with_context(|| format!("--context {}", context.unwrap_or_default()))?,
+        None => kube::Config::infer().await.context("no kubeconfig found (set KUBECONFIG or pass --kubeconfig)")?,
+    };
+    let default_namespace = config.default_namespace.clone();
+    let client = kube::Client::try_from(config).context("cannot build a client from the kubeconfig")?;
+    Ok(Connection { client, default_namespace })
+}
+
+/// What the cluster holds for GPU scheduling, at one moment.
+#[derive(Debug, Default, Clone)]
+pub struct Snapshot {
+    pub slices: Vec<ResourceSlice>,
+    pub classes: Vec<DeviceClass>,
+    /// Every namespace's claims: allocations anywhere take devices.
+    pub claims: Vec<ResourceClaim>,
+    pub nodes: Vec<Node>,
+}
+
+async fn list<K>(api: Api<K>, what: &str) -> Result<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    Ok(api.list(&ListParams::default()).await.with_context(|| format!("listing {what}"))?.items)
+}
+
+/// Slices, classes, all claims and nodes.
+pub async fn snapshot(client: &kube::Client) -> Result<Snapshot> {
+    let (slices, classes, claims, nodes) = tokio::try_join!(
+        list(Api::<ResourceSlice>::all(client.clone()), "resourceslices"),
+        list(Api::<DeviceClass>::all(client.clone()), "deviceclasses"),
+        list(Api::<ResourceClaim>::all(client.clone()), "resourceclaims"),
+        list(Api::<Node>::all(client.clone()), "nodes"),
+    )?;
+    Ok(Snapshot { slices, classes, claims, nodes })
+}
+
+/// The claims of one namespace, or of all.
+pub async fn claims(client: &kube::Client, namespace: Option<&str>) -> Result<Vec<ResourceClaim>> {
+    let api = match namespace {
+        Some(ns) => Api::<ResourceClaim>::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    list(api, "resourceclaims").await
+}
+
+/// A pod by name; `None` when there is none.
+pub async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<Pod>> {
+    Api::<Pod>::namespaced(client.clone(), namespace).get_opt(name).await.with_context(|| format!("getting pod {name}"))
+}
+
+/// The claim templates of a namespace (a pending pod's claims may not exist yet).
+pub async fn templates(client: &kube::Client, namespace: &str) -> Result<Vec<ResourceClaimTemplate>> {
+    list(Api::namespaced(client.clone(), namespace), "resourceclaimtemplates").await
+}

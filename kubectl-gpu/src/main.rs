@@ -1,0 +1,181 @@
+//! `kubectl-gpu`: a kubectl plugin for the GPU DRA driver (`kubectl gpu
+//! nodes|claims|why|fit`), reading the cluster with the user's kubeconfig
+//! and explaining with the controller's `simulate` engine, so it works
+//! where the controller is not installed.
+
+mod claims;
+mod cluster;
+mod explain;
+mod fit;
+mod nodes;
+mod output;
+mod why;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use clap::{Parser, Subcommand};
+
+use output::{Format, Paint};
+
+/// GPUs of the cluster as the GPU DRA driver publishes them.
+#[derive(Debug, Parser)]
+#[command(name = "kubectl gpu", bin_name = "kubectl gpu", version)]
+struct Cli {
+    /// Path to the kubeconfig file (default: KUBECONFIG, then ~/.kube/config).
+    #[arg(long, global = true, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+    /// The kubeconfig context to use.
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
+    /// Namespace (default: the context's).
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    namespace: Option<String>,
+    /// All namespaces (`claims`).
+    #[arg(short = 'A', long = "all-namespaces", global = true)]
+    all_namespaces: bool,
+    /// Output format.
+    #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Format::Table)]
+    output: Format,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Per node: GPUs by model, MIG devices by profile, devices allocated,
+    /// shared and free, device taints.
+    Nodes,
+    /// Claims with the pods reserving them, their node and devices.
+    Claims,
+    /// Why a claim, or a pod's claims, is not allocated (simulated on the
+    /// cluster's slices, classes and current allocations).
+    Why {
+        /// NAME (a claim, else a pod), pod/NAME or resourceclaim/NAME.
+        target: String,
+    },
+    /// Would these claims, templates or pods fit now, where, and if not why.
+    Fit {
+        /// Files or directories of YAML/JSON manifests; `-` reads standard input.
+        #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
+        files: Vec<PathBuf>,
+    },
+}
+
+async fn run(cli: Cli, paint: Paint) -> Result<String> {
+    let connection = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+    let client = &connection.client;
+    let namespace = cli.namespace.clone().unwrap_or_else(|| connection.default_namespace.clone());
+    let format = cli.output;
+    match &cli.command {
+        Command::Nodes => {
+            let snapshot = cluster::snapshot(client).await?;
+            let summaries = nodes::summarize(&snapshot.slices, &snapshot.claims);
+            match format {
+                Format::Table if summaries.is_empty() => Ok(format!("No {} devices found.\n", nodes::DRIVER)),
+                Format::Table => Ok(output::table(&nodes::HEADERS, &nodes::rows(&summaries), &paint)),
+                _ => output::document(&summaries, format),
+            }
+        }
+        Command::Claims => {
+            let scope = (!cli.all_namespaces).then_some(namespace.as_str());
+            let summaries = claims::summarize(&cluster::claims(client, scope).await?);
+            match format {
+                Format::Table if summaries.is_empty() => Ok("No resourceclaims found.\n".to_string()),
+                Format::Table => Ok(output::table(&claims::HEADERS, &claims::rows(&summaries, &paint), &paint)),
+                _ => output::document(&summaries, format),
+            }
+        }
+        Command::Why { target } => {
+            let target = why::parse_target(target)?;
+            let snapshot = cluster::snapshot(client).await?;
+            let find_claim = |name: &str| {
+                snapshot.claims.iter().find(|c| {
+                    c.metadata.namespace.as_deref() == Some(&namespace) && c.metadata.name.as_deref() == Some(name)
+                })
+            };
+            let answer = match &target {
+                why::Target::Claim(name) => match find_claim(name) {
+                    Some(c) => why::why_claim(&snapshot, c)?,
+                    None => bail!("resourceclaims \"{name}\" not found in namespace \"{namespace}\""),
+                },
+                why::Target::Pod(name) | why::Target::Either(name) => match find_claim(name) {
+                    Some(c) if matches!(target, why::Target::Either(_)) => why::why_claim(&snapshot, c)?,
+                    _ => match cluster::pod(client, &namespace, name).await? {
+                        Some(pod) => {
+                            let templates = cluster::templates(client, &namespace).await?;
+                            why::why_pod(&snapshot, &pod, &templates)?
+                        }
+                        None if matches!(target, why::Target::Pod(_)) => {
+                            bail!("pods \"{name}\" not found in namespace \"{namespace}\"")
+                        }
+                        None => bail!("no resourceclaim or pod \"{name}\" in namespace \"{namespace}\""),
+                    },
+                },
+            };
+            match format {
+                Format::Table => Ok(why::render(&answer, &paint)),
+                _ => output::document(&answer, format),
+            }
+        }
+        Command::Fit { files } => {
+            let wanted = fit::read(files, &namespace)?;
+            let snapshot = cluster::snapshot(client).await?;
+            let outcomes = fit::fit(&snapshot, wanted)?;
+            match format {
+                Format::Table if outcomes.is_empty() => Ok("No claims to fit.\n".to_string()),
+                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes, &paint), &paint)),
+                _ => output::document(&serde_json::json!({ "results": outcomes }), format),
+            }
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if !e.use_stderr() => {
+            // --help, --version.
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            // clap's message already reads `error: ...`, naming the argument.
+            let _ = e.print();
+            return ExitCode::FAILURE;
+        }
+    };
+    let paint = Paint::for_stdout();
+    let result = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(anyhow::Error::from)
+        .and_then(|runtime| runtime.block_on(run(cli, paint)));
+    match result {
+        Ok(text) => {
+            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+            ExitCode::SUCCESS
+        }
+        Err(err) => {
+            let line = format!("{err:#}").replace('\n', " ");
+            eprintln!("error: {line}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        super::Cli::command().debug_assert();
+        let cli = <super::Cli as clap::Parser>::try_parse_from(["kubectl-gpu", "claims", "-A", "-o", "json"]).unwrap();
+        assert!(cli.all_namespaces && cli.output == super::Format::Json);
+        let err = <super::Cli as clap::Parser>::try_parse_from(["kubectl-gpu", "nodes", "-o", "wide"]).unwrap_err();
+        assert!(err.to_string().contains("'wide'"), "{err}");
+    }
+}
