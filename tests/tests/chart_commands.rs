@@ -55,6 +55,53 @@ fn seed(server: &ApiServer) {
     }))
     .unwrap();
     server.create(&claim).unwrap();
+    // The class the claims name (as the chart installs it).
+    let class: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
+        "metadata": {"name": "gpu.nvidia.com"},
+        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
+    }))
+    .unwrap();
+    server.create(&class).unwrap();
+    // The README's `kubectl gpu why pod/trainer-0`: a pod holding the claim.
+    let trainer: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "trainer-0", "namespace": "default"},
+        "spec": {"containers": [{"name": "train", "image": "busybox"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": CLAIM}]},
+    }))
+    .unwrap();
+    server.create(&trainer).unwrap();
+    // The README's `kubectl describe computedomain training`.
+    let domain = gpu_dra_driver::compute_domain::api::ComputeDomain::new(
+        "default",
+        "training",
+        serde_json::from_value(
+            json!({"numNodes": 2, "channel": {"resourceClaimTemplate": {"name": "training-channel"}}}),
+        )
+        .unwrap(),
+    );
+    server.create(&domain).unwrap();
+}
+
+/// Where `kubectl gpu fit -f claims.yaml` finds its file, and kubectl its
+/// `gpu` plugin (`kubectl-gpu` on `PATH`, as krew installs it).
+struct PluginRun {
+    dir: tempfile::TempDir,
+    path: String,
+}
+
+impl PluginRun {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("claims.yaml"),
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: one-gpu, namespace: default}\n\
+             spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n",
+        )
+        .unwrap();
+        let bin = integration_tests::kubectl_gpu().parent().unwrap().display().to_string();
+        let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+        PluginRun { dir, path }
+    }
 }
 
 /// The `kubectl ...` commands of a text: code lines, and inline code
@@ -92,18 +139,28 @@ fn commands(text: &str) -> Vec<String> {
 /// Runs one command with its placeholders filled; `Err` with kubectl's
 /// words when it does not run.
 fn run(kubectl: &Path, kubeconfig: &Path, command: &str) -> Result<String, String> {
+    run_with(kubectl, kubeconfig, command, None)
+}
+
+fn run_with(kubectl: &Path, kubeconfig: &Path, command: &str, plugin: Option<&PluginRun>) -> Result<String, String> {
     let mut filled = command.to_string();
     for (placeholder, value) in placeholders() {
         filled = filled.replace(placeholder, value);
     }
     assert!(!filled.contains('<'), "{command}: a placeholder the test does not know");
     let words: Vec<&str> = filled.split_whitespace().skip(1).collect();
-    let out = Command::new(kubectl)
-        .arg(format!("--kubeconfig={}", kubeconfig.display()))
-        .arg("--request-timeout=20s")
-        .args(&words)
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(kubectl);
+    match (words.first(), plugin) {
+        // kubectl takes no flags before a plugin's name: the kubeconfig
+        // comes from the environment, as a user's usually does.
+        (Some(&"gpu"), Some(plugin)) => {
+            cmd.env("KUBECONFIG", kubeconfig).env("PATH", &plugin.path).current_dir(plugin.dir.path());
+        }
+        _ => {
+            cmd.arg(format!("--kubeconfig={}", kubeconfig.display())).arg("--request-timeout=20s");
+        }
+    }
+    let out = cmd.args(&words).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr).to_string();
     let stdout = String::from_utf8_lossy(&out.stdout).to_string();
     let log_not_served = words.contains(&"logs") && stderr.contains("Error from server (NotFound)");
@@ -138,7 +195,9 @@ fn every_kubectl_command_the_chart_and_the_readme_print_runs() {
     printed.sort();
     printed.dedup();
 
-    let failures: Vec<String> = printed.iter().filter_map(|c| run(&kubectl, &kubeconfig, c).err()).collect();
+    let plugin = PluginRun::new();
+    let failures: Vec<String> =
+        printed.iter().filter_map(|c| run_with(&kubectl, &kubeconfig, c, Some(&plugin)).err()).collect();
     assert!(failures.is_empty(), "commands that do not run:\n{}", failures.join("\n"));
 
     // What they print is the objects they are about.
