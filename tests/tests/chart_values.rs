@@ -424,6 +424,8 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     let accepted = [
         ("gpus-enabled", json!({"resources": {"gpus": {"enabled": true}, "computeDomains": {"enabled": false}}})),
         ("verbosity", json!({"logVerbosity": "6"})),
+        // NVIDIA's switch for ComputeDomains turns ours on (CRD and classes).
+        ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}})),
         ("verbosity-int", json!({"logVerbosity": 4})),
         (
             "driver-root",
@@ -459,7 +461,6 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     ];
     let refused = [
         ("gpus-disabled", json!({"resources": {"gpus": {"enabled": false}}}), "uninstall it instead"),
-        ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}}), "cliqueID"),
         ("verbosity-word", json!({"logVerbosity": "verbose"}), "/logVerbosity"),
         // A word that is not a level would filter every log out.
         ("level-word", json!({"logLevel": "verbose"}), "'/logLevel': 'verbose' does not match"),
@@ -488,7 +489,7 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ),
         ("no-health", json!({"featureGates": {"NVMLDeviceHealthCheck": false}}), "additionalXidsToIgnore"),
         ("passthrough", json!({"featureGates": {"PassthroughSupport": true}}), "CDI only"),
-        ("imex", json!({"featureGates": {"IMEXDaemonsWithDNSNames": true}}), "ComputeDomains"),
+        ("imex", json!({"featureGates": {"IMEXDaemonsWithDNSNames": true}}), "listed by address"),
         ("logging-gate", json!({"featureGates": {"ContextualLogging": true}}), "logFormat and logLevel"),
     ];
     let mut cases: Vec<(&str, Value)> = accepted.to_vec();
@@ -503,6 +504,15 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     for list in objects.values() {
         check_types(list);
     }
+    let crd = |name: &str| {
+        objects[name].iter().any(|o| {
+            o["kind"] == "CustomResourceDefinition" && o["metadata"]["name"] == "computedomains.resource.nvidia.com"
+        })
+    };
+    assert!(
+        crd("compute-domains") && !crd("gpus-enabled"),
+        "the ComputeDomain CRD follows resources.computeDomains.enabled"
+    );
     let plugin_args = |case: &str| args(container(one(&objects[case], "DaemonSet", "kubelet-plugin"), "plugin"));
     let controller_args = |case: &str| args(container(one(&objects[case], "Deployment", "controller"), "controller"));
     assert!(plugin_args("verbosity").contains(&"--log-level=trace".to_string()));
