@@ -23,9 +23,11 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
+use std::time::Duration;
+
 use integration_tests::real_cluster::driver::{
-    NodePlugin, allocation, bound_node, chart, device_attribute, device_capacity, eventually, install, pod_claim,
-    results, start_plugin, start_plugin_with, unschedulable, yaml_documents,
+    NodePlugin, WAIT, allocation, bound_node, chart, device_attribute, device_capacity, eventually, eventually_within,
+    install, pod_claim, results, start_plugin, start_plugin_with, unschedulable, yaml_documents,
 };
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
@@ -34,6 +36,10 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use serde_json::{Value, json};
+
+/// The scheduler's longest wait before it retries an unschedulable pod
+/// (`podMaxInUnschedulablePodsDuration`, 5 min), and a margin.
+const UNSCHEDULABLE_FLUSH: Duration = Duration::from_secs(330);
 
 fn tmp_dir() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
@@ -78,8 +84,13 @@ impl Phase<'_> {
 
     /// Waits until `pod` is bound and its first claim allocated.
     async fn scheduled(&self, namespace: &str, pod: &str) -> (String, ResourceClaim) {
-        eventually(
+        self.scheduled_within(namespace, pod, WAIT).await
+    }
+
+    async fn scheduled_within(&self, namespace: &str, pod: &str, wait: Duration) -> (String, ResourceClaim) {
+        eventually_within(
             &format!("pod {namespace}/{pod} bound with its claim allocated"),
+            wait,
             || async {
                 let node = bound_node(self.cluster, namespace, pod).await?;
                 let claim = pod_claim(self.cluster, namespace, pod).await?;
@@ -281,7 +292,12 @@ async fn nvidia_integer_sharing(cluster: &Cluster) {
     .await;
     let mut placed = Vec::new();
     for pod in &pods {
-        let (node, claim) = phase.scheduled(namespace, pod).await;
+        // The real 1.37 scheduler sometimes leaves one replica "cannot
+        // allocate all claims" although the GPU has a share left (seen in
+        // about one run in three; not explained yet). It places it when it
+        // retries its unschedulable pods, within 5 minutes
+        // (podMaxInUnschedulablePodsDuration), as a user's cluster would.
+        let (node, claim) = phase.scheduled_within(namespace, pod, UNSCHEDULABLE_FLUSH).await;
         placed.push((pod.clone(), node, results(&claim)[0].clone()));
     }
     let mut shares = BTreeSet::new();

@@ -27,12 +27,21 @@ pub const PLUGIN_ACCOUNT: &str = "gpu-dra-driver-kubelet-plugin";
 pub const CONTROLLER_ACCOUNT: &str = "gpu-dra-driver-controller";
 
 /// Polls `check` until it gives `Some`, panicking with `context()` after `WAIT`.
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F, context: impl Fn() -> String) -> T
+pub async fn eventually<T, F, Fut>(what: &str, check: F, context: impl Fn() -> String) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
+    eventually_within(what, WAIT, check, context).await
+}
+
+/// [`eventually`] with a deadline of `wait`.
+pub async fn eventually_within<T, F, Fut>(what: &str, wait: Duration, mut check: F, context: impl Fn() -> String) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + wait;
     loop {
         if let Some(found) = check().await {
             return found;
