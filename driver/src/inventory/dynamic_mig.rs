@@ -454,7 +454,7 @@ impl FromStr for DynamicMigGpus {
         for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let gpu = if let Ok(minor) = item.parse::<u32>() {
                 GpuRef::Minor(minor)
-            } else if item.len() > 4 && item[..4].eq_ignore_ascii_case("GPU-") {
+            } else if item.get(..4).is_some_and(|p| p.eq_ignore_ascii_case("GPU-")) && item.len() > 4 {
                 GpuRef::Uuid(item.to_string())
             } else {
                 return Err(DynamicMigGpusError { found: item.to_string() });

@@ -181,4 +181,6 @@ fn selection_flag_syntax() {
     assert_eq!(listed.to_string(), "0,GPU-8f6e1c2a-0000-0000-0000-000000000001");
     let err = "0,gpu7".parse::<DynamicMigGpus>().unwrap_err().to_string();
     assert!(err.contains("\"gpu7\" is not a GPU minor number"), "{err}");
+    // A multi-byte character across the prefix is refused, not a panic.
+    assert!("GPUé-0".parse::<DynamicMigGpus>().is_err());
 }
