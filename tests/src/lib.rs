@@ -12,6 +12,7 @@ pub mod helm;
 pub mod https_client;
 pub mod kubelet;
 pub mod mock_gpu;
+pub mod mock_nvml;
 pub mod mock_nvml_node;
 pub mod node;
 pub mod plugin_process;

@@ -5,142 +5,14 @@
 //! then publish exactly what it publishes from the fake inventory: the real
 //! nvml-wrapper code paths, end to end.
 
-use std::fmt::Write as _;
 use std::path::Path;
 use std::process::Command;
 
-use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
-use gpu_dra_driver::inventory::catalog::{Catalog, CatalogMigProfile};
-use gpu_dra_driver::inventory::nvml::names;
-use gpu_dra_driver::inventory::{Gpu, Inventory, MigDevice, MigMode, fake};
+use gpu_dra_driver::inventory::catalog::Catalog;
+use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::NodeName;
+use integration_tests::mock_nvml::{build_library, sys_tree, table, write_boot_id};
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
-
-/// The NVML code whose name is `name` (inverting the plugin's own table).
-fn code(name: &str, names: fn(u32) -> &'static str) -> u32 {
-    (0..64).find(|&c| names(c) == name).unwrap_or_else(|| panic!("no NVML code for {name}"))
-}
-
-/// The mock's table for `inventory` (whole GPUs; NVLink groups as full meshes).
-fn table(inventory: &Inventory, raw_driver_version: &str) -> String {
-    let mut t = format!("driver|{raw_driver_version}\n");
-    let cuda = inventory.cuda_driver_version.to_string();
-    let mut parts = cuda.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    let (major, minor) = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    writeln!(t, "cuda|{}", major * 1000 + minor * 10).unwrap();
-    for g in &inventory.gpus {
-        let (cc_major, cc_minor) = g.cuda_compute_capability.as_str().split_once('.').unwrap();
-        let cc_minor = cc_minor.split('.').next().unwrap();
-        writeln!(
-            t,
-            "gpu|{}|{}|{}|{}|{}|{}|{}|{}|{}|0x233010DE|{}",
-            g.minor,
-            g.uuid,
-            g.product_name,
-            code(&g.brand, names::brand_name),
-            code(&g.architecture, names::architecture_name),
-            cc_major,
-            cc_minor,
-            g.memory_bytes,
-            g.pci_bus_id.unwrap(),
-            g.numa_node.unwrap_or(0),
-        )
-        .unwrap();
-        if let MigMode::Enabled(migs) = &g.mig {
-            mig_lines(&mut t, g, migs);
-        }
-        if let Some(clique) = g.clique {
-            // Odd GPUs answer only the v2 query: the v3 -> v2 fallback runs.
-            let uuid = clique.cluster_uuid.simple();
-            writeln!(t, "fabric|{}|{uuid}|{}|{}", g.minor, clique.clique, g.minor % 2).unwrap();
-        }
-        let peers = inventory
-            .gpus
-            .iter()
-            .filter(|p| p.minor != g.minor && p.nvlink_group.is_some() && p.nvlink_group == g.nvlink_group);
-        for (link, peer) in peers.enumerate() {
-            writeln!(t, "link|{}|{link}|{}", g.minor, peer.pci_bus_id.unwrap()).unwrap();
-        }
-    }
-    t
-}
-
-/// NVML's GPU-instance profile index for a catalog profile (nvml.h's
-/// `NVML_GPU_INSTANCE_PROFILE_*`): by compute slices, `_REV1` for media
-/// extensions, `_REV2` for a 1-slice profile with two memory slices.
-fn profile_index(p: &CatalogMigProfile) -> u32 {
-    match (p.compute_slices, p.name.contains("+me"), p.memory_slices) {
-        (1, true, _) => 7,
-        (2, true, _) => 8,
-        (1, false, 2) => 9,
-        (1, false, _) => 0,
-        (2, ..) => 1,
-        (3, ..) => 2,
-        (4, ..) => 3,
-        (7, ..) => 4,
-        (8, ..) => 5,
-        (6, ..) => 6,
-        (n, ..) => panic!("no NVML profile index for {n} slices"),
-    }
-}
-
-/// MIG mode, the model's profiles and the GPU's instances.
-fn mig_lines(t: &mut String, g: &Gpu, migs: &[MigDevice]) {
-    let catalog = Catalog::embedded().unwrap();
-    let model = catalog.models.values().find(|m| m.product_name == g.product_name).expect("a catalog model");
-    writeln!(t, "migmode|{}", g.minor).unwrap();
-    for p in &model.mig_profiles {
-        writeln!(
-            t,
-            "profile|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}|{}",
-            g.minor,
-            profile_index(p),
-            p.gi_profile_id,
-            p.compute_slices,
-            p.max_count,
-            p.multiprocessors,
-            p.copy_engines,
-            p.decoders,
-            p.encoders,
-            p.jpeg_engines,
-            p.ofa_engines,
-            p.memory_mib,
-            p.name
-        )
-        .unwrap();
-        for [start, size] in &p.placements {
-            writeln!(t, "placement|{}|{}|{start}|{size}", g.minor, p.gi_profile_id).unwrap();
-        }
-    }
-    for m in migs {
-        writeln!(
-            t,
-            "mig|{}|{}|{}|{}|{}|{}|{}",
-            g.minor,
-            m.uuid,
-            m.gpu_instance_id,
-            m.compute_instance_id,
-            m.profile.gi_profile_id,
-            m.placement.start,
-            m.placement.size
-        )
-        .unwrap();
-    }
-}
-
-/// `/sys/bus/pci/devices/<bdf>` links into a PCIe root, with `numa_node`.
-fn sys_tree(sys: &Path, inventory: &Inventory) {
-    for g in &inventory.gpus {
-        let bdf = g.pci_bus_id.unwrap().to_string();
-        let device = sys.join("devices").join(g.pcie_root.as_ref().unwrap()).join(&bdf);
-        std::fs::create_dir_all(&device).unwrap();
-        std::fs::write(device.join("numa_node"), format!("{}\n", g.numa_node.unwrap_or(0))).unwrap();
-        let links = sys.join("bus/pci/devices");
-        std::fs::create_dir_all(&links).unwrap();
-        let target = format!("../../../devices/{}/{bdf}", g.pcie_root.as_ref().unwrap());
-        std::os::unix::fs::symlink(target, links.join(&bdf)).unwrap();
-    }
-}
 
 /// A node whose NVML is the mock, from a fake inventory example.
 struct MockNode {
@@ -161,22 +33,10 @@ impl MockNode {
         let inventory = fake::load(&example, &NodeName::new("node-a").unwrap()).unwrap();
         let dir = tempfile::tempdir().unwrap();
         let node = MockNode { dir, example, inventory };
-        let root = node.root();
-        fake_tree::build(&root, &raw_version, &[("libcuda.so", "libcuda.so.1")]).unwrap();
-        let nvml = root.join(LIBDIR).join(format!("libnvidia-ml.so.{raw_version}"));
-        let built = Command::new("cc")
-            .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
-            .arg(&nvml)
-            .arg(workspace_root().join("tests/mock-nvml/mock_nvml.c"))
-            .status()
-            .unwrap();
-        assert!(built.success(), "building the mock NVML");
-        assert!(Command::new("ldconfig").arg("-r").arg(&root).status().unwrap().success());
+        build_library(&node.root(), &raw_version);
         std::fs::write(node.table(), table(&node.inventory, &raw_version)).unwrap();
         sys_tree(&node.dir.path().join("sys"), &node.inventory);
-        let boot_id = node.dir.path().join("proc/sys/kernel/random");
-        std::fs::create_dir_all(&boot_id).unwrap();
-        std::fs::write(boot_id.join("boot_id"), "4b1c2a55-7d0e-4f6a-9c3b-2e1d0f9a8b7c\n").unwrap();
+        write_boot_id(&node.dir.path().join("proc"));
         node
     }
 

@@ -348,7 +348,7 @@ fn desired_status(inputs: &Inputs<'_>, problems: &mut Vec<Problem>) -> ComputeDo
     let mut used: BTreeSet<u32> = joined.iter().filter_map(|n| kept.get(n).copied()).collect();
     let mut nodes = Vec::new();
     for name in joined.iter().take(MAX_NODES_PER_DOMAIN) {
-        let facts = &inputs.nodes[*name];
+        let facts = inputs.nodes.get(*name).cloned().unwrap_or_default();
         let index = kept.get(name).copied().unwrap_or_else(|| {
             let free = (0..).find(|i| !used.contains(i)).unwrap_or_default();
             used.insert(free);
@@ -359,7 +359,11 @@ fn desired_status(inputs: &Inputs<'_>, problems: &mut Vec<Problem>) -> ComputeDo
             ip_address: facts.address.clone().unwrap_or_default(),
             clique_id: facts.clique.clone().unwrap_or_default(),
             index,
-            status: if members[name] == Some(true) { Readiness::Ready } else { Readiness::NotReady },
+            status: if members.get(name).copied().flatten() == Some(true) {
+                Readiness::Ready
+            } else {
+                Readiness::NotReady
+            },
         });
     }
     let ready = nodes.iter().filter(|n| n.status == Readiness::Ready).count();
