@@ -37,16 +37,14 @@ use std::time::{Duration, Instant};
 mod fleets;
 
 use fleets::{
-    DRIVER, DRIVER_VERSION, GPU_CLASS, GPUS_PER_NODE, MIG_CLASS, NODES, class, gpu_devices, node_name, node_slices,
-    selector,
+    DRIVER, DRIVER_VERSION, GPU_CLASS, GPUS_PER_NODE, MIG_CLASS, NODES, claim, class, gpu_devices, node_name,
+    node_slices,
 };
 use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
 use gpu_dra_driver::selector::{CelDevice, SelectorEnv};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, Device, DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+    AllocationResult, Device, DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;
 
@@ -61,33 +59,6 @@ const MIG_OF_TEN: usize = 3;
 /// The 3-clause selector measured: product, memory and driver floor.
 const SELECTOR: &str = r#"device.attributes["gpu.nvidia.com"].productName == "NVIDIA H100 80GB HBM3" && device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) > 0 && device.attributes["gpu.nvidia.com"].driverVersion.compareTo(semver("575.0.0")) >= 0"#;
 const MIG_SELECTOR: &str = r#"device.attributes["gpu.nvidia.com"].profile == "1g.10gb""#;
-
-fn claim(i: usize, class: &str, expression: &str, mode: Option<&str>) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta {
-            name: Some(format!("claim-{i:05}")),
-            namespace: Some("bench".to_string()),
-            uid: Some(format!("00000000-0000-4000-8000-{i:012}")),
-            ..Default::default()
-        },
-        spec: Some(ResourceClaimSpec {
-            devices: Some(DeviceClaim {
-                requests: Some(vec![DeviceRequest {
-                    name: "gpu".to_string(),
-                    exactly: Some(ExactDeviceRequest {
-                        device_class_name: class.to_string(),
-                        allocation_mode: mode.map(str::to_string),
-                        selectors: Some(vec![selector(expression)]),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            }),
-        }),
-        status: None,
-    }
-}
 
 fn classes() -> Vec<DeviceClass> {
     vec![class("gpu.nvidia.com", GPU_CLASS), class("mig.nvidia.com", MIG_CLASS)]

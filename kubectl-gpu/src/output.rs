@@ -4,14 +4,8 @@
 use anyhow::Result;
 use serde::Serialize;
 
-/// Output format (`-o`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, clap::ValueEnum)]
-pub enum Format {
-    #[default]
-    Table,
-    Json,
-    Yaml,
-}
+/// Output format (`-o`): the same choices as `simulate`'s.
+pub use gpu_dra_controller::simulate::Format;
 
 /// ANSI colour, or none.
 #[derive(Debug, Clone, Copy, Default)]

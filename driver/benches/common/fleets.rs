@@ -11,8 +11,9 @@ use std::collections::BTreeMap;
 use std::io::Write;
 
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceClass, DeviceClassSpec,
-    DeviceCounterConsumption, DeviceSelector, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CELDeviceSelector, Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceClass,
+    DeviceClassSpec, DeviceCounterConsumption, DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimSpec, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -187,5 +188,34 @@ impl<W: Write> Write for CountingWriter<W> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         self.inner.flush()
+    }
+}
+
+/// Benchmark claim `i`: one request of `class` with one CEL selector
+/// (`mode`: its allocation mode, default ExactCount).
+pub(crate) fn claim(i: usize, class: &str, expression: &str, mode: Option<&str>) -> ResourceClaim {
+    ResourceClaim {
+        metadata: ObjectMeta {
+            name: Some(format!("claim-{i:05}")),
+            namespace: Some("bench".to_string()),
+            uid: Some(format!("00000000-0000-4000-8000-{i:012}")),
+            ..Default::default()
+        },
+        spec: Some(ResourceClaimSpec {
+            devices: Some(DeviceClaim {
+                requests: Some(vec![DeviceRequest {
+                    name: "gpu".to_string(),
+                    exactly: Some(ExactDeviceRequest {
+                        device_class_name: class.to_string(),
+                        allocation_mode: mode.map(str::to_string),
+                        selectors: Some(vec![selector(expression)]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            }),
+        }),
+        status: None,
     }
 }

@@ -15,10 +15,7 @@ use std::path::Path;
 
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
-use k8s_openapi::api::resource::v1::{
-    DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourceSlice,
-};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 use super::bench_fleets as bench;
 use super::{Error, Inputs, Result, io, json};
@@ -79,29 +76,7 @@ impl Layout {
             Layout::A100HalfMig => ("gpu.nvidia.com", LARGE),
             Layout::WholeH100 | Layout::PartitionableH100 => ("gpu.nvidia.com", H100),
         };
-        ResourceClaim {
-            metadata: ObjectMeta {
-                name: Some(format!("claim-{i:05}")),
-                namespace: Some("bench".to_string()),
-                uid: Some(format!("00000000-0000-4000-8000-{i:012}")),
-                ..Default::default()
-            },
-            spec: Some(ResourceClaimSpec {
-                devices: Some(DeviceClaim {
-                    requests: Some(vec![DeviceRequest {
-                        name: "gpu".to_string(),
-                        exactly: Some(ExactDeviceRequest {
-                            device_class_name: class.to_string(),
-                            selectors: Some(vec![bench::selector(expression)]),
-                            ..Default::default()
-                        }),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-            }),
-            status: None,
-        }
+        bench::claim(i, class, expression, None)
     }
 }
 

@@ -25,31 +25,12 @@ pub fn binaries(minor: &str) -> Binaries {
     if let Some(found) = built.get(minor) {
         return found.clone();
     }
-    let script = workspace_root().join("tests/kube-bins/build.sh");
-    eprintln!(
-        "real cluster: {} {minor} (builds the Kubernetes {minor} binaries when the cache lacks them)",
-        script.display()
+    let printed = run_build_script(
+        &[minor],
+        &format!("real cluster: {{script}} {minor} (builds the Kubernetes {minor} binaries when the cache lacks them)"),
+        "the real-cluster tests need Go and the Go module proxy",
     );
-    let output = Command::new("bash")
-        .arg(&script)
-        .arg(minor)
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{} {minor} failed ({}): the real-cluster tests need Go and the Go module proxy; see the README\n{stdout}",
-        script.display(),
-        output.status
-    );
-    let dir = |key: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key).map(PathBuf::from))
-            .unwrap_or_else(|| panic!("{} printed no {key}: {stdout}", script.display()))
-    };
+    let dir = |key: &str| printed.path(key);
     let kube = dir("kube-bin-dir=");
     let etcd = dir("etcd-bin-dir=");
     let found = Binaries {
@@ -63,6 +44,45 @@ pub fn binaries(minor: &str) -> Binaries {
     }
     built.insert(minor.to_string(), found.clone());
     found
+}
+
+/// What `tests/kube-bins/build.sh` printed: `key=path` lines.
+pub(super) struct Printed {
+    script: PathBuf,
+    stdout: String,
+}
+
+impl Printed {
+    /// The path printed after `key` (e.g. `kube-bin-dir=`).
+    pub(super) fn path(&self, key: &str) -> PathBuf {
+        self.stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(key).map(PathBuf::from))
+            .unwrap_or_else(|| panic!("{} printed no {key}: {}", self.script.display(), self.stdout))
+    }
+}
+
+/// Runs `build.sh args`, announcing it with `banner` (`{script}` stands for
+/// its path); a failure names what the tests `need`.
+pub(super) fn run_build_script(args: &[&str], banner: &str, need: &str) -> Printed {
+    let script = workspace_root().join("tests/kube-bins/build.sh");
+    eprintln!("{}", banner.replace("{script}", &script.display().to_string()));
+    let output = Command::new("bash")
+        .arg(&script)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(
+        output.status.success(),
+        "{} {} failed ({}): {need}; see the README\n{stdout}",
+        script.display(),
+        args.join(" "),
+        output.status
+    );
+    Printed { script, stdout }
 }
 
 /// The release's binaries if the cache already holds them, without

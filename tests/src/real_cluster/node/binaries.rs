@@ -2,10 +2,9 @@
 //! <minor> node` into the per-machine cache when it lacks them.
 
 use std::path::PathBuf;
-use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
-use crate::workspace_root;
+use crate::real_cluster::binaries::run_build_script;
 
 /// Where one node's programs and images are.
 #[derive(Debug, Clone)]
@@ -29,31 +28,12 @@ pub fn node_binaries(minor: &str) -> NodeBinaries {
     {
         return found.clone();
     }
-    let script = workspace_root().join("tests/kube-bins/build.sh");
-    eprintln!(
-        "real node: {} {minor} node (builds the kubelet and containerd when the cache lacks them)",
-        script.display()
+    let printed = run_build_script(
+        &[minor, "node"],
+        &format!("real node: {{script}} {minor} node (builds the kubelet and containerd when the cache lacks them)"),
+        "the real-node test needs Go, the Go module proxy and Debian's runc",
     );
-    let output = Command::new("bash")
-        .arg(&script)
-        .args([minor, "node"])
-        .stdin(Stdio::null())
-        .stderr(Stdio::inherit())
-        .output()
-        .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "{} {minor} node failed ({}): the real-node test needs Go, the Go module proxy and Debian's runc; see the README\n{stdout}",
-        script.display(),
-        output.status
-    );
-    let value = |key: &str| {
-        stdout
-            .lines()
-            .find_map(|l| l.strip_prefix(key).map(PathBuf::from))
-            .unwrap_or_else(|| panic!("{} printed no {key}: {stdout}", script.display()))
-    };
+    let value = |key: &str| printed.path(key);
     let kubelet_dir = value("kubelet-bin-dir=");
     let containerd_dir = value("containerd-bin-dir=");
     let found = NodeBinaries {
