@@ -6,6 +6,11 @@ use std::process::{Child, Command, Stdio};
 use crate::controller;
 
 /// A running controller; killed (SIGKILL) when dropped.
+/// The controller's own environment variables: removed from a test's
+/// child so that only the flags it is given count.
+pub const CONTROLLER_ENV: [&str; 6] =
+    ["KUBECONFIG", "POD_NAMESPACE", "DRIVER_NAME", "EXPLAIN_AFTER", "LEADER_ELECT", "METRICS_ADDR"];
+
 pub struct ControllerProcess {
     child: Child,
     log: PathBuf,
@@ -32,7 +37,7 @@ impl ControllerProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        for var in ["KUBECONFIG", "POD_NAMESPACE", "DRIVER_NAME", "EXPLAIN_AFTER", "LEADER_ELECT", "METRICS_ADDR"] {
+        for var in CONTROLLER_ENV {
             cmd.env_remove(var);
         }
         Ok(Self { child: cmd.spawn()?, log })

@@ -144,7 +144,7 @@ impl WebhookProcess {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
-        for var in ["KUBECONFIG", "POD_NAMESPACE", "DRIVER_NAME", "EXPLAIN_AFTER", "LEADER_ELECT", "METRICS_ADDR"] {
+        for var in crate::controller_process::CONTROLLER_ENV {
             cmd.env_remove(var);
         }
         let child = cmd.spawn().expect("the controller starts");

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
 
@@ -204,28 +204,25 @@ pub async fn unschedulable(cluster: &Cluster, namespace: &str, pod: &str) -> boo
         .any(|c| c.type_ == "PodScheduled" && c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
 }
 
+/// Device `device` of pool `pool` as the server holds it now.
+async fn published_device(cluster: &Cluster, pool: &str, device: &str) -> Option<Device> {
+    let slices = Api::<ResourceSlice>::all(cluster.admin()).list(&ListParams::default()).await.ok()?;
+    slices
+        .items
+        .into_iter()
+        .filter(|s| s.spec.pool.name == pool)
+        .flat_map(|s| s.spec.devices.unwrap_or_default())
+        .find(|d| d.name == device)
+}
+
 /// A published device's attribute (`{"string": ...}`, `{"int": ...}`, ...).
 pub async fn device_attribute(cluster: &Cluster, pool: &str, device: &str, attribute: &str) -> Option<Value> {
-    let slices = Api::<ResourceSlice>::all(cluster.admin()).list(&ListParams::default()).await.ok()?;
-    let device = slices
-        .items
-        .iter()
-        .filter(|s| s.spec.pool.name == pool)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .find(|d| d.name == device)?
-        .clone();
+    let device = published_device(cluster, pool, device).await?;
     serde_json::to_value(device.attributes.as_ref()?.get(attribute)?).ok()
 }
 
 /// A published device's capacity value (e.g. "80Gi").
 pub async fn device_capacity(cluster: &Cluster, pool: &str, device: &str, capacity: &str) -> Option<String> {
-    let slices = Api::<ResourceSlice>::all(cluster.admin()).list(&ListParams::default()).await.ok()?;
-    let device = slices
-        .items
-        .iter()
-        .filter(|s| s.spec.pool.name == pool)
-        .flat_map(|s| s.spec.devices.iter().flatten())
-        .find(|d| d.name == device)?
-        .clone();
+    let device = published_device(cluster, pool, device).await?;
     Some(device.capacity.as_ref()?.get(capacity)?.value.0.clone())
 }
