@@ -5,12 +5,12 @@ use std::process::{Child, Command, Stdio};
 
 use crate::controller;
 
-/// A running controller; killed (SIGKILL) when dropped.
 /// The controller's own environment variables: removed from a test's
 /// child so that only the flags it is given count.
 pub const CONTROLLER_ENV: [&str; 6] =
     ["KUBECONFIG", "POD_NAMESPACE", "DRIVER_NAME", "EXPLAIN_AFTER", "LEADER_ELECT", "METRICS_ADDR"];
 
+/// A running controller; killed (SIGKILL) when dropped.
 pub struct ControllerProcess {
     child: Child,
     log: PathBuf,
