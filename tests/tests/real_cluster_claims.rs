@@ -120,15 +120,20 @@ async fn seeds(cluster: &Cluster) {
         start_plugin(cluster, "hgx-a100-mig", &inventories.join("a100-mig.yaml")).await,
     ];
     let phase = Phase { cluster, plugins };
-    let mut objects = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}})];
-    for file in
-        ["01-h100-large-memory.yaml", "02-prefer-h100-accept-a100.yaml", "04-mig-1g.yaml", "05-shared-claim.yaml"]
-    {
+    // prefer-h200 can only use one of the A100 node's two whole GPUs;
+    // prefer-h100 and the shared claim may take those too (the scheduler
+    // scores either node first), so it goes first and the rest after.
+    let mut first = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}})];
+    first.extend(example("claims/02-prefer-h100-accept-a100.yaml"));
+    first.push(pod_using("inference", "prefer-h200"));
+    create_all(&cluster.admin(), &first).await.unwrap_or_else(|e| panic!("the real API server refused it: {e}"));
+    phase.scheduled("inference", "uses-prefer-h200").await;
+    let mut objects = Vec::new();
+    for file in ["01-h100-large-memory.yaml", "04-mig-1g.yaml", "05-shared-claim.yaml"] {
         objects.extend(example(&format!("claims/{file}")));
     }
     objects.push(pod_using("default", "h100-large-memory"));
     objects.push(pod_using("inference", "prefer-h100"));
-    objects.push(pod_using("inference", "prefer-h200"));
     create_all(&cluster.admin(), &objects).await.unwrap_or_else(|e| panic!("the real API server refused it: {e}"));
 
     let mut chosen = Vec::new();
