@@ -128,10 +128,7 @@ impl MockNvmlNode {
 
     /// Sets the load figures, by device UUID (others: none), atomically.
     pub fn set_loads(&self, loads: &[(&str, Load)]) {
-        let text: String = loads.iter().map(|(uuid, load)| load.line(uuid)).collect();
-        let tmp = self.dir.path().join("nvml-telemetry.tmp");
-        std::fs::write(&tmp, text).expect("load figures");
-        std::fs::rename(&tmp, self.telemetry_file()).expect("load figures");
+        write_loads(&self.telemetry_file(), loads);
     }
 
     /// The UUID of the published device `name`.
@@ -145,6 +142,17 @@ impl MockNvmlNode {
             }
         }
     }
+}
+
+/// Writes the mock's load figures file (`MOCK_NVML_TELEMETRY`) at `path`,
+/// by device UUID (others: none), atomically: for nodes built otherwise
+/// (e.g. [`crate::mock_gpu::MockGpuNode`], whose MIG devices are made at
+/// prepare).
+pub fn write_loads(path: &Path, loads: &[(&str, Load)]) {
+    let text: String = loads.iter().map(|(uuid, load)| load.line(uuid)).collect();
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).expect("load figures");
+    std::fs::rename(&tmp, path).expect("load figures");
 }
 
 /// `/proc/devices` (the majors of nvidia-uvm and nvidia-caps) and the MIG

@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
 use integration_tests::kubelet::{KubeletConfig, claim};
-use integration_tests::mock_nvml_node::{Load, MockNvmlNode};
+use integration_tests::mock_gpu::MockGpuNode;
+use integration_tests::mock_nvml_node::{Load, MockNvmlNode, write_loads};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
@@ -222,6 +223,73 @@ fn dcgm_naming_and_a_mig_device_without_utilization() {
     assert!(lines(&text, "DCGM_FI_DEV_GPU_UTIL").is_empty(), "no zeros for a MIG device:\n{text}");
     assert_eq!(lines(&text, "gpu_dra_idle_claims"), ["gpu_dra_idle_claims 0.0"]);
     assert!(idle_events(&node).is_empty());
+}
+
+/// A dynamic MIG device (DynamicMIG gate) made at prepare: while the claim
+/// is prepared its memory reading carries the DRA device name, its MIG
+/// UUID, the parent GPU's UUID, the profile and the claim; utilization,
+/// which NVML does not give per MIG device, is not published; unprepared,
+/// the device's lines go.
+#[test]
+fn a_dynamic_mig_device_is_reported_while_its_claim_is_prepared() {
+    let gpu = MockGpuNode::new(
+        "gpus:\n  - model: H100-80GB\n    count: 1\n    mig:\n      - gpus: [0]\n        dynamic: true\n",
+    );
+    let parent = gpu.inventory.gpus[0].uuid.clone();
+    let loads = gpu.dir.path().join("nvml-telemetry");
+    write_loads(&loads, &[(&parent, Load::gpu(40))]);
+    let mut opts = gpu.plugin_options("DynamicMIG=true");
+    opts.metrics_addr = "127.0.0.1:0".into();
+    opts.extra_args.extend(["--telemetry-interval-ms", "200"].map(String::from));
+    opts.env.push(("MOCK_NVML_TELEMETRY".into(), loads.display().to_string()));
+    let mut node = RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), opts);
+    let addr = metrics_addr(&mut node.process);
+    let log = || node.process.log();
+    let device = "gpu-0-mig-1g10gb-19-6";
+    let mentions = |text: &str| text.lines().any(|l| l.contains(&format!("device=\"{device}\"")));
+    wait_until("the parent GPU's reading", &log, || {
+        lines(&scrape(&addr), "gpu_dra_device_gpu_utilization_percent").iter().any(|l| l.contains(&parent))
+    });
+    assert!(!mentions(&scrape(&addr)), "no line for a MIG device not made yet");
+
+    let (claim_ref, uid) = store_claim(&node, "tiny-llm-mig", &[device], &["tiny-llm"]);
+    let answers = node.prepare(std::slice::from_ref(&claim_ref));
+    assert!(answers[&uid].is_ok(), "{answers:?}\n{}", log());
+    let made = gpu.instances().remove(&0).unwrap_or_default();
+    assert_eq!(made.len(), 1, "{made:?}");
+    let mig = made[0].uuid.clone();
+    write_loads(&loads, &[(&parent, Load::gpu(40)), (&mig, Load::mig(3 << 30))]);
+    let held = |text: &str| -> Option<String> {
+        lines(text, "gpu_dra_device_memory_used_bytes")
+            .into_iter()
+            .find(|l| l.contains(&format!("device=\"{device}\"")) && l.contains("claim_name=\"tiny-llm-mig\""))
+            .map(str::to_owned)
+    };
+    wait_until("the made MIG device's memory with its claim", &log, || {
+        held(&scrape(&addr)).is_some_and(|l| l.ends_with(" 3221225472.0"))
+    });
+    let text = scrape(&addr);
+    let line = held(&text).unwrap_or_default();
+    for label in [
+        format!("uuid=\"{mig}\""),
+        format!("parent_uuid=\"{parent}\""),
+        "mig_profile=\"1g.10gb\"".to_string(),
+        "model=\"NVIDIA H100 80GB HBM3\"".to_string(),
+        "claim_namespace=\"default\"".to_string(),
+        format!("claim_uid=\"{uid}\""),
+        "pods=\"tiny-llm\"".to_string(),
+    ] {
+        assert!(line.contains(&label), "{label} missing in {line}");
+    }
+    for family in ["gpu_dra_device_gpu_utilization_percent", "gpu_dra_device_power_watts"] {
+        assert!(
+            !lines(&text, family).iter().any(|l| l.contains(&format!("device=\"{device}\""))),
+            "{family}: nothing (not a zero) for the MIG device:\n{text}"
+        );
+    }
+
+    node.unprepare(&[claim_ref]);
+    wait_until("the MIG device's lines to go", &log, || !mentions(&scrape(&addr)));
 }
 
 /// dcgm-exporter's DRA mode maps `(pool, device)` back to a GPU through

@@ -190,6 +190,18 @@ impl<S: ClaimSource> Preparer<S> {
                 namespace: r.namespace.clone(),
                 name: r.name.clone(),
                 devices: r.devices.iter().map(|d| d.device_name.clone()).collect(),
+                made_mig: r
+                    .devices
+                    .iter()
+                    .filter_map(|d| {
+                        let made = d.dynamic_mig.as_ref()?.made.as_ref()?;
+                        Some(crate::observe::telemetry::snapshot::MadeMigDevice {
+                            device: d.device_name.clone(),
+                            uuid: made.uuid.clone(),
+                            gpu_instance_id: made.gpu_instance_id,
+                        })
+                    })
+                    .collect(),
             })
             .collect();
         out.sort_by(|a, b| a.uid.cmp(&b.uid));

@@ -273,6 +273,7 @@ fn native_labels(d: &DeviceReading) -> Vec<Vec<(String, String)>> {
     ];
     if let Some(mig) = &id.mig {
         base.push(("mig_profile".into(), mig.profile.clone()));
+        base.push(("parent_uuid".into(), mig.parent_uuid.clone()));
     }
     if d.holders.is_empty() {
         return vec![base];

@@ -17,10 +17,26 @@ pub struct PreparedClaim {
     pub name: String,
     /// Its device names on this node.
     pub devices: Vec<String>,
+    /// The dynamic MIG devices prepare made for it (DynamicMIG gate): they
+    /// exist, and have a UUID NVML answers to, only while it is prepared.
+    pub made_mig: Vec<MadeMigDevice>,
 }
 
-/// A published device's identity and faults.
-pub fn identities(inventory: &Inventory) -> Vec<(DeviceIdentity, Vec<u32>, bool)> {
+/// A dynamic MIG device as made for a claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MadeMigDevice {
+    /// Its DRA device name (`gpu-0-mig-1g10gb-19-6`).
+    pub device: String,
+    /// `MIG-…`.
+    pub uuid: String,
+    pub gpu_instance_id: u32,
+}
+
+/// A published device's identity and faults. A dynamic MIG device is
+/// there only while `claims` made it (its UUID is theirs).
+pub fn identities(inventory: &Inventory, claims: &[PreparedClaim]) -> Vec<(DeviceIdentity, Vec<u32>, bool)> {
+    let made: HashMap<&str, &MadeMigDevice> =
+        claims.iter().flat_map(|c| &c.made_mig).map(|m| (m.device.as_str(), m)).collect();
     inventory
         .published_devices()
         .into_iter()
@@ -39,8 +55,19 @@ pub fn identities(inventory: &Inventory) -> Vec<(DeviceIdentity, Vec<u32>, bool)
                     parent.faults.iter().chain(&mig.faults).collect(),
                 ),
                 // A dynamic MIG device has no UUID until a claim makes it;
-                // its GPU's own line carries the numbers NVML gives.
-                PublishedDevice::DynamicMig { .. } => return None,
+                // until then its GPU's own line carries the numbers.
+                PublishedDevice::DynamicMig { parent, profile, .. } => {
+                    let made = made.get(name.as_str())?;
+                    (
+                        made.uuid.clone(),
+                        Some(MigIdentity {
+                            profile: profile.profile.name.clone(),
+                            gpu_instance_id: made.gpu_instance_id,
+                            parent_uuid: parent.uuid.clone(),
+                        }),
+                        parent.faults.iter().collect(),
+                    )
+                }
             };
             let xids = faults
                 .iter()
@@ -131,7 +158,7 @@ mod tests {
     #[test]
     fn devices_get_their_holders_and_claims_their_mean_load() {
         let inv = inventory("gpus:\n  - model: H100-80GB\n    count: 3\n    faults:\n      - {gpu: 2, xid: 79}\n");
-        let ids = identities(&inv);
+        let ids = identities(&inv, &[]);
         assert_eq!(ids.iter().map(|(i, ..)| i.device.as_str()).collect::<Vec<_>>(), ["gpu-0", "gpu-1", "gpu-2"]);
         assert_eq!((ids[2].1.clone(), ids[2].2), (vec![79], true));
         let claims = [
@@ -140,8 +167,15 @@ mod tests {
                 namespace: "ns".into(),
                 name: "a".into(),
                 devices: vec!["gpu-0".into(), "gpu-1".into()],
+                made_mig: vec![],
             },
-            PreparedClaim { uid: "u2".into(), namespace: "ns".into(), name: "b".into(), devices: vec!["gpu-1".into()] },
+            PreparedClaim {
+                uid: "u2".into(),
+                namespace: "ns".into(),
+                name: "b".into(),
+                devices: vec!["gpu-1".into()],
+                made_mig: vec![],
+            },
         ];
         let pods = HashMap::from([("u1".to_string(), vec![PodRef { name: "p1".into(), uid: "pu1".into() }])]);
         let (readings, loads) = join(ids, vec![util(10.0), util(30.0), util(0.0)], &claims, &pods);
@@ -157,7 +191,7 @@ mod tests {
         let inv = inventory(
             "gpus:\n  - model: A100-SXM4-80GB\n    count: 1\n    mig:\n      - gpus: [0]\n        instances: [1g.10gb]\n",
         );
-        let ids = identities(&inv);
+        let ids = identities(&inv, &[]);
         let (id, ..) = &ids[0];
         let mig = id.mig.as_ref().unwrap();
         assert_eq!(mig.profile, "1g.10gb");
@@ -168,8 +202,39 @@ mod tests {
             namespace: "ns".into(),
             name: "m".into(),
             devices: vec![id.device.clone()],
+            made_mig: vec![],
         }];
         let (_, loads) = join(ids.clone(), vec![DeviceSample::default()], &claims, &HashMap::new());
         assert_eq!(loads[0].utilization_percent, None, "no reading, no load");
+    }
+
+    #[test]
+    fn a_dynamic_mig_device_is_there_while_a_claim_has_made_it() {
+        let mut inv = inventory(
+            "gpus:\n  - model: H100-80GB\n    count: 1\n    mig:\n      - gpus: [0]\n        dynamic: true\n",
+        );
+        use gpu_dra_driver::inventory::dynamic_mig::{DynamicMigGpus, select};
+        assert!(select(&mut inv, &DynamicMigGpus::Auto, &|_| true).is_empty(), "GPU 0 is dynamic");
+        let device = "gpu-0-mig-1g10gb-19-6";
+        let names = |ids: &[(DeviceIdentity, Vec<u32>, bool)]| -> Vec<String> {
+            ids.iter().map(|(i, ..)| i.device.clone()).collect()
+        };
+        let unprepared = identities(&inv, &[]);
+        assert!(!names(&unprepared).iter().any(|n| n.contains("-mig-")), "no MIG device before a claim makes one");
+        let claim = PreparedClaim {
+            uid: "u".into(),
+            namespace: "ns".into(),
+            name: "tiny".into(),
+            devices: vec![device.into()],
+            made_mig: vec![MadeMigDevice { device: device.into(), uuid: "MIG-made".into(), gpu_instance_id: 13 }],
+        };
+        let ids = identities(&inv, std::slice::from_ref(&claim));
+        let mig: Vec<&DeviceIdentity> = ids.iter().map(|(i, ..)| i).filter(|i| i.mig.is_some()).collect();
+        assert_eq!(mig.len(), 1, "{:?}", names(&ids));
+        assert_eq!((mig[0].device.as_str(), mig[0].uuid.as_str()), (device, "MIG-made"));
+        let identity = mig[0].mig.as_ref().unwrap();
+        assert_eq!((identity.profile.as_str(), identity.gpu_instance_id), ("1g.10gb", 13));
+        assert_eq!(identity.parent_uuid, inv.gpus[0].uuid);
+        assert_eq!(mig[0].model, inv.gpus[0].product_name);
     }
 }

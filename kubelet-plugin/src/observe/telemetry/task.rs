@@ -47,7 +47,9 @@ impl TelemetryTask {
     }
 
     async fn pass(&mut self, now: Duration) -> bool {
-        let devices = snapshot::identities(&self.inventory.borrow());
+        // The claims first: the dynamic MIG devices they made are sampled too.
+        let claims = (self.claims)();
+        let devices = snapshot::identities(&self.inventory.borrow(), &claims);
         let uuids: Vec<String> = devices.iter().map(|(d, ..)| d.uuid.clone()).collect();
         let mut reader = std::mem::replace(&mut self.reader, Box::new(NoReader));
         let sampled = tokio::task::spawn_blocking(move || {
@@ -65,7 +67,6 @@ impl TelemetryTask {
                 return false;
             }
         };
-        let claims = (self.claims)();
         let pods = self.pods.refresh(&claims).await;
         let (readings, loads) = snapshot::join(devices, samples, &claims, &pods);
         let idle = match &mut self.idle {

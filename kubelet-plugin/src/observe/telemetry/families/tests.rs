@@ -123,6 +123,7 @@ fn what_nvml_cannot_give_is_not_published() {
     let used = family(&fams, "gpu_dra_device_memory_used_bytes");
     let row = used.rows.iter().find(|r| label(r, "device") == Some("gpu-1-mig-1g10gb-19-0")).unwrap();
     assert_eq!(label(row, "mig_profile"), Some("1g.10gb"));
+    assert_eq!(label(row, "parent_uuid"), Some("GPU-parent"));
     assert_eq!(row.value, 1024.0 * 1024.0 * 1024.0);
 }
 
