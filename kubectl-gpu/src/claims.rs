@@ -1,14 +1,17 @@
-//! `kubectl gpu claims`: each claim with the pods reserving it, its node
-//! and its devices. Utilization needs the node agents' metrics, which this
-//! command does not read yet: the column says "-" rather than a guess.
+//! `kubectl gpu claims`: each claim with the pods reserving it, its node,
+//! its devices and, when its node agent's metrics are reachable, its GPU
+//! utilization ([`crate::utilization`]); otherwise "-" and the reason.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::Serialize;
 
 use crate::explain;
+use crate::utilization::{self, ClaimKey, Sample, Utilization};
 
 /// One claim's row.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ClaimSummary {
     pub namespace: String,
@@ -17,8 +20,11 @@ pub struct ClaimSummary {
     pub pods: Vec<String>,
     pub node: Option<String>,
     pub devices: String,
-    /// `None` until per-claim metrics are read.
-    pub utilization: Option<String>,
+    /// For an allocated claim: its utilization, or why it is unknown.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub utilization: Option<Utilization>,
+    #[serde(skip)]
+    pub uid: String,
 }
 
 /// The node an allocation is bound to: its node selector's
@@ -53,11 +59,40 @@ pub fn summarize(claims: &[ResourceClaim]) -> Vec<ClaimSummary> {
                 devices: explain::devices(allocation_json.as_ref(), node.as_deref()),
                 node,
                 utilization: None,
+                uid: c.metadata.uid.clone().unwrap_or_default(),
             }
         })
         .collect();
     rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
     rows
+}
+
+/// The nodes whose agents know the allocated claims' utilization.
+pub fn nodes(summaries: &[ClaimSummary]) -> BTreeSet<String> {
+    summaries.iter().filter(|s| s.state == "allocated").filter_map(|s| s.node.clone()).collect()
+}
+
+/// Fills each allocated claim's utilization from its node's samples;
+/// returns one warning per node whose samples could not be had.
+pub fn attach_utilization(
+    summaries: &mut [ClaimSummary],
+    per_node: &BTreeMap<String, Result<Vec<Sample>, String>>,
+) -> Vec<String> {
+    for s in summaries.iter_mut().filter(|s| s.state == "allocated") {
+        let Some(node) = &s.node else { continue };
+        s.utilization = per_node.get(node).map(|samples| match samples {
+            Ok(samples) => {
+                utilization::of_claim(samples, ClaimKey { namespace: &s.namespace, name: &s.name, uid: &s.uid }, node)
+            }
+            Err(why) => Utilization::Unavailable(format!("node {node}: {why}")),
+        });
+    }
+    per_node
+        .iter()
+        .filter_map(|(node, result)| {
+            result.as_ref().err().map(|why| format!("utilization on node {node} unknown: {why}"))
+        })
+        .collect()
 }
 
 pub const HEADERS: [&str; 7] = ["NAMESPACE", "NAME", "STATE", "PODS", "NODE", "DEVICES", "UTILIZATION"];
@@ -73,7 +108,7 @@ pub fn rows(summaries: &[ClaimSummary], paint: &crate::output::Paint) -> Vec<Vec
                 if s.pods.is_empty() { "-".into() } else { s.pods.join(",") },
                 s.node.clone().unwrap_or_else(|| "-".into()),
                 s.devices.clone(),
-                s.utilization.clone().unwrap_or_else(|| "-".into()),
+                s.utilization.as_ref().map_or_else(|| "-".into(), Utilization::cell),
             ]
         })
         .collect()
@@ -86,9 +121,9 @@ mod tests {
     use serde_json::json;
 
     #[test]
-    fn rows_show_pods_node_and_devices() {
+    fn rows_show_pods_node_devices_and_what_the_agents_say() {
         let allocated: ResourceClaim = serde_json::from_value(json!({
-            "metadata": {"name": "train", "namespace": "ml"}, "spec": {},
+            "metadata": {"name": "train", "namespace": "ml", "uid": "u-1"}, "spec": {},
             "status": {
                 "allocation": {
                     "devices": {"results": [
@@ -101,7 +136,8 @@ mod tests {
         .unwrap();
         let pending: ResourceClaim =
             serde_json::from_value(json!({"metadata": {"name": "big", "namespace": "default"}, "spec": {}})).unwrap();
-        let got = summarize(&[allocated, pending]);
+        let mut got = summarize(&[allocated.clone(), pending]);
+        assert_eq!(nodes(&got), BTreeSet::from(["node-a".to_string()]));
         assert_eq!(
             rows(&got, &Paint::default()),
             [
@@ -109,5 +145,19 @@ mod tests {
                 ["ml", "train", "allocated", "pod/trainer-0", "node-a", "gpu=gpu-0,gpu-1", "-"],
             ]
         );
+        let samples = utilization::parse(
+            "gpu_dra_device_gpu_utilization_percent{device=\"gpu-0\",claim_uid=\"u-1\"} 10\n\
+             gpu_dra_device_gpu_utilization_percent{device=\"gpu-1\",claim_uid=\"u-1\"} 20\n",
+        );
+        let warnings = attach_utilization(&mut got, &BTreeMap::from([("node-a".to_string(), Ok(samples))]));
+        assert!(warnings.is_empty());
+        assert_eq!(rows(&got, &Paint::default())[1][6], "15%");
+        assert_eq!(got[0].utilization, None, "a pending claim has none");
+
+        let mut got = summarize(&[allocated]);
+        let down = BTreeMap::from([("node-a".to_string(), Err("timed out".to_string()))]);
+        assert_eq!(attach_utilization(&mut got, &down), ["utilization on node node-a unknown: timed out"]);
+        assert_eq!(rows(&got, &Paint::default())[0][6], "-", "never a made-up number");
+        assert_eq!(got[0].utilization, Some(Utilization::Unavailable("node node-a: timed out".into())));
     }
 }

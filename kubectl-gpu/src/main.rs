@@ -7,13 +7,16 @@ mod claims;
 mod cluster;
 mod explain;
 mod fit;
+mod node_metrics;
 mod nodes;
 mod output;
+mod utilization;
 mod why;
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{Result, bail};
 use clap::{Parser, Subcommand};
@@ -39,6 +42,9 @@ struct Cli {
     /// Output format.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
+    /// How long `claims` waits for the node agents' metrics (e.g. 5s, 500ms).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = gpu_dra_controller::service::duration::parse)]
+    metrics_timeout: Duration,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,7 +54,9 @@ enum Command {
     /// Per node: GPUs by model, MIG devices by profile, devices allocated,
     /// shared and free, device taints.
     Nodes,
-    /// Claims with the pods reserving them, their node and devices.
+    /// Claims with the pods reserving them, their node, devices and GPU
+    /// utilization (from the node agents' metrics, through the API server's
+    /// pod proxy).
     Claims,
     /// Why a claim, or a pod's claims, is not allocated (simulated on the
     /// cluster's slices, classes and current allocations).
@@ -64,7 +72,20 @@ enum Command {
     },
 }
 
-async fn run(cli: Cli, paint: Paint) -> Result<String> {
+/// What a command prints: its output, and warnings for standard error.
+#[derive(Debug, Default)]
+struct Printed {
+    text: String,
+    warnings: Vec<String>,
+}
+
+impl From<String> for Printed {
+    fn from(text: String) -> Self {
+        Printed { text, warnings: Vec::new() }
+    }
+}
+
+async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
     let connection = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
     let client = &connection.client;
     let namespace = cli.namespace.clone().unwrap_or_else(|| connection.default_namespace.clone());
@@ -74,19 +95,22 @@ async fn run(cli: Cli, paint: Paint) -> Result<String> {
             let snapshot = cluster::snapshot(client).await?;
             let summaries = nodes::summarize(&snapshot.slices, &snapshot.claims);
             match format {
-                Format::Table if summaries.is_empty() => Ok(format!("No {} devices found.\n", nodes::DRIVER)),
-                Format::Table => Ok(output::table(&nodes::HEADERS, &nodes::rows(&summaries), &paint)),
-                _ => output::document(&summaries, format),
+                Format::Table if summaries.is_empty() => Ok(format!("No {} devices found.\n", nodes::DRIVER).into()),
+                Format::Table => Ok(output::table(&nodes::HEADERS, &nodes::rows(&summaries), &paint).into()),
+                _ => output::document(&summaries, format).map(Printed::from),
             }
         }
         Command::Claims => {
             let scope = (!cli.all_namespaces).then_some(namespace.as_str());
-            let summaries = claims::summarize(&cluster::claims(client, scope).await?);
-            match format {
-                Format::Table if summaries.is_empty() => Ok("No resourceclaims found.\n".to_string()),
-                Format::Table => Ok(output::table(&claims::HEADERS, &claims::rows(&summaries, &paint), &paint)),
-                _ => output::document(&summaries, format),
-            }
+            let mut summaries = claims::summarize(&cluster::claims(client, scope).await?);
+            let per_node = node_metrics::scrape_nodes(client, &claims::nodes(&summaries), cli.metrics_timeout).await;
+            let warnings = claims::attach_utilization(&mut summaries, &per_node);
+            let text = match format {
+                Format::Table if summaries.is_empty() => "No resourceclaims found.\n".to_string(),
+                Format::Table => output::table(&claims::HEADERS, &claims::rows(&summaries, &paint), &paint),
+                _ => output::document(&summaries, format)?,
+            };
+            Ok(Printed { text, warnings })
         }
         Command::Why { target } => {
             let target = why::parse_target(target)?;
@@ -116,8 +140,8 @@ async fn run(cli: Cli, paint: Paint) -> Result<String> {
                 },
             };
             match format {
-                Format::Table => Ok(why::render(&answer, &paint)),
-                _ => output::document(&answer, format),
+                Format::Table => Ok(why::render(&answer, &paint).into()),
+                _ => output::document(&answer, format).map(Printed::from),
             }
         }
         Command::Fit { files } => {
@@ -125,9 +149,9 @@ async fn run(cli: Cli, paint: Paint) -> Result<String> {
             let snapshot = cluster::snapshot(client).await?;
             let outcomes = fit::fit(&snapshot, wanted)?;
             match format {
-                Format::Table if outcomes.is_empty() => Ok("No claims to fit.\n".to_string()),
-                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes, &paint), &paint)),
-                _ => output::document(&serde_json::json!({ "results": outcomes }), format),
+                Format::Table if outcomes.is_empty() => Ok("No claims to fit.\n".to_string().into()),
+                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes, &paint), &paint).into()),
+                _ => output::document(&serde_json::json!({ "results": outcomes }), format).map(Printed::from),
             }
         }
     }
@@ -154,8 +178,12 @@ fn main() -> ExitCode {
         .map_err(anyhow::Error::from)
         .and_then(|runtime| runtime.block_on(run(cli, paint)));
     match result {
-        Ok(text) => {
-            let _ = std::io::stdout().lock().write_all(text.as_bytes());
+        Ok(printed) => {
+            // kubectl's form for what did not stop the command.
+            for warning in &printed.warnings {
+                eprintln!("Warning: {warning}");
+            }
+            let _ = std::io::stdout().lock().write_all(printed.text.as_bytes());
             ExitCode::SUCCESS
         }
         Err(err) => {

@@ -4,14 +4,25 @@
 //! `gpu-dra-controller simulate` says for the same objects.
 
 use std::path::Path;
+use std::time::{Duration, Instant};
 
 use gpu_dra_driver::inventory::fake;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
 use integration_tests::apiserver::ApiServer;
+use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
+use integration_tests::kubelet::{self as kubelet_standin, KubeletConfig};
+use integration_tests::mock_nvml_node::{Load, MockNvmlNode};
+use integration_tests::node::{DRIVER, NODE, RunningNode};
+use integration_tests::plugin_process::PluginOptions;
+use integration_tests::real_cluster::host_address::HostAddress;
 use integration_tests::{controller, kubectl_gpu, run, stdout_ok, workspace_root};
+
+const WAIT: Duration = Duration::from_secs(60);
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimConsumerReference, ResourceClaimTemplate, ResourceSlice,
+};
 use serde_json::{Value, json};
 
 const A100_NODE: &str = "node-a";
@@ -217,7 +228,8 @@ node-b   8x NVIDIA H100 80GB HBM3   -                                    8      
 fn claims_lists_pods_nodes_and_devices() {
     let server = cluster();
     let dir = tempfile::tempdir().unwrap();
-    let text = stdout_ok(&kubectl_gpu_in(&server, dir.path(), &["claims", "-A"]));
+    let out = kubectl_gpu_in(&server, dir.path(), &["claims", "-A"]);
+    let text = stdout_ok(&out);
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), 4, "{text}");
     assert!(lines[0].starts_with("NAMESPACE   NAME       STATE       PODS            NODE     DEVICES"), "{text}");
@@ -226,6 +238,11 @@ fn claims_lists_pods_nodes_and_devices() {
         "{text}"
     );
     assert!(lines[1].ends_with("   -"), "utilization unknown: {text}");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stderr),
+        "Warning: utilization on node node-b unknown: no node agent pod \
+         (label app.kubernetes.io/name=gpu-dra-driver,app.kubernetes.io/component=kubelet-plugin) on the node\n"
+    );
     let json = stdout_ok(&kubectl_gpu_in(&server, dir.path(), &["claims", "-o", "json"]));
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v.as_array().unwrap().len(), 3);
@@ -269,4 +286,115 @@ fn errors_read_like_kubectls() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.starts_with("error: --kubeconfig /nonexistent/kubeconfig"), "{stderr}");
     assert!(out.stdout.is_empty());
+}
+
+/// A node agent's pod as the chart makes it (its labels, the `metrics`
+/// container port) on `node`, at `ip`.
+fn plugin_pod(name: &str, node: &str, ip: &str, port: u16) -> Pod {
+    serde_json::from_value(json!({
+        "metadata": {"name": name, "namespace": "gpu-dra-driver", "labels": {
+            "app.kubernetes.io/name": "gpu-dra-driver", "app.kubernetes.io/component": "kubelet-plugin"}},
+        "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": "gpu-dra-driver",
+            "ports": [{"name": "metrics", "containerPort": port}]}]},
+        "status": {"phase": "Running", "podIPs": [{"ip": ip}]}
+    }))
+    .unwrap()
+}
+
+/// `default/name` allocated `device` of `node`, reserved for pod `pod`.
+fn store_allocated(server: &ApiServer, name: &str, node: &str, device: &str, pod: &str) -> String {
+    let mut object = allocated_claim("default", name, &[Allocated::new("gpu", node, device)], vec![]);
+    if let Some(status) = object.status.as_mut() {
+        status.reserved_for = Some(vec![ResourceClaimConsumerReference {
+            api_group: None,
+            resource: "pods".into(),
+            name: pod.into(),
+            uid: format!("uid-{pod}"),
+        }]);
+    }
+    claim_fixtures::store(server, &object).unwrap()
+}
+
+/// `kubectl gpu claims` reads each claim's utilization from its node
+/// agent's `/metrics` through the API server's pod proxy: the real plugin
+/// on the mock NVML (gpu-0 at 37 %) on node-a; on the other nodes what
+/// goes wrong in clusters: no agent pod (node-b), a pod the API server
+/// refuses to proxy to (loopback, node-c), an agent that never answers
+/// (node-d). Each gets "-" and a warning saying why, within the timeout.
+#[test]
+fn claims_shows_utilization_from_the_node_agents_metrics_or_why_not() {
+    let host = HostAddress::acquire();
+    let gpus = MockNvmlNode::new(
+        "driverVersion: \"580.82.07\"\ncudaDriverVersion: \"13.0\"\ngpus:\n  - model: H100-80GB\n    count: 2\n",
+    );
+    gpus.set_loads(&[(&gpus.uuid("gpu-0"), Load::gpu(37)), (&gpus.uuid("gpu-1"), Load::gpu(90))]);
+    let mut extra_args = gpus.args();
+    extra_args.extend(["--telemetry-interval-ms", "200"].map(String::from));
+    let options = PluginOptions {
+        fake_inventory: false,
+        metrics_addr: format!("{}:0", host.ip()),
+        extra_args,
+        env: gpus.env(),
+        ..PluginOptions::default()
+    };
+    let mut node = RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options);
+    let line = node.process.wait_for_log("serving /metrics", WAIT).unwrap_or_else(|| panic!("{}", node.process.log()));
+    let addr = line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).unwrap_or_else(|| panic!("{line}"));
+    let port: u16 = addr.rsplit(':').next().and_then(|p| p.parse().ok()).unwrap_or_else(|| panic!("{addr}"));
+    let server = &node.server;
+    server.create_with_status(&plugin_pod("plugin-a", NODE, &host.ip().to_string(), port)).unwrap();
+    server.create_with_status(&plugin_pod("plugin-c", "node-c", "127.0.0.1", port)).unwrap();
+    // Accepts connections and never answers.
+    let silent = std::net::TcpListener::bind((host.ip(), 0)).unwrap();
+    let silent_port = silent.local_addr().unwrap().port();
+    server.create_with_status(&plugin_pod("plugin-d", "node-d", &host.ip().to_string(), silent_port)).unwrap();
+
+    let uid = store_allocated(server, "notebook-gpu", NODE, "gpu-0", "notebook");
+    let answers = node.prepare(&[kubelet_standin::claim("default", "notebook-gpu", &uid)]);
+    assert!(answers[&uid].is_ok(), "{answers:?}");
+    for (claim, on) in [("on-b", "node-b"), ("on-c", "node-c"), ("on-d", "node-d")] {
+        store_allocated(server, claim, on, "gpu-0", &format!("{claim}-pod"));
+    }
+
+    let dir = tempfile::tempdir().unwrap();
+    let claims = |args: &[&str]| {
+        let mut all = vec!["claims", "--metrics-timeout", "1s"];
+        all.extend_from_slice(args);
+        kubectl_gpu_in(server, dir.path(), &all)
+    };
+    let deadline = Instant::now() + WAIT;
+    let (text, stderr, took) = loop {
+        let started = Instant::now();
+        let out = claims(&[]);
+        let took = started.elapsed();
+        let text = stdout_ok(&out);
+        if text.lines().any(|l| l.starts_with("default     notebook-gpu") && l.ends_with("37%")) {
+            break (text, String::from_utf8_lossy(&out.stderr).into_owned(), took);
+        }
+        assert!(Instant::now() < deadline, "no utilization for notebook-gpu:\n{text}\n{}", node.process.log());
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let expected = "\
+NAMESPACE   NAME           STATE       PODS           NODE     DEVICES     UTILIZATION
+default     notebook-gpu   allocated   pod/notebook   node-a   gpu=gpu-0   37%
+default     on-b           allocated   pod/on-b-pod   node-b   gpu=gpu-0   -
+default     on-c           allocated   pod/on-c-pod   node-c   gpu=gpu-0   -
+default     on-d           allocated   pod/on-d-pod   node-d   gpu=gpu-0   -
+";
+    assert_eq!(text, expected);
+    let warnings: Vec<&str> = stderr.lines().collect();
+    assert_eq!(warnings.len(), 3, "{stderr}");
+    assert!(warnings[0].starts_with("Warning: utilization on node node-b unknown: no node agent pod"), "{stderr}");
+    assert!(warnings[1].contains("node node-c unknown: its node agent gpu-dra-driver/plugin-c did not answer: address not allowed (400 BadRequest)"), "{stderr}");
+    assert_eq!(
+        warnings[2],
+        "Warning: utilization on node node-d unknown: its node agent gpu-dra-driver/plugin-d: no answer within 1s"
+    );
+    assert!(took < Duration::from_secs(10), "the timeout bounds the command: {took:?}");
+
+    let json = stdout_ok(&claims(&["-o", "json"]));
+    let v: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v[0]["utilization"], json!({"percent": {"mean": 37.0, "devices": {"gpu-0": 37.0}}}), "{v}");
+    assert!(v[1]["utilization"]["unavailable"].as_str().is_some_and(|r| r.starts_with("node node-b: ")), "{v}");
+    drop(silent);
 }

@@ -9,7 +9,7 @@
 
 pub mod args;
 pub(crate) mod cluster;
-mod duration;
+pub mod duration;
 pub(crate) mod events;
 pub(crate) mod leadership;
 mod lease;

@@ -59,7 +59,12 @@ pub async fn handle(
     }
     let response = match verdict.fail {
         Some(code) => error_response(&ApiError::injected(code)),
-        None => dispatch(&shared, &method, &path, &params, &headers, &body, watch).await,
+        None => match super::proxy::parse(&path) {
+            Some(proxied) => super::proxy::serve(&shared.store, &method, &proxied, uri.query())
+                .await
+                .unwrap_or_else(|err| error_response(&err)),
+            None => dispatch(&shared, &method, &path, &params, &headers, &body, watch).await,
+        },
     };
     shared.faults.record(RequestRecord {
         method: method.to_string(),

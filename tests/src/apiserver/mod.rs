@@ -9,7 +9,8 @@
 //! with label and field selectors; watches with bookmarks and 410 for an
 //! expired resourceVersion; DeleteCollection; the status subresource; JSON
 //! merge patch and server-side apply; finalizers and graceful deletion
-//! (`deletionTimestamp`, removal with the last finalizer). Each rule cites the real server in the
+//! (`deletionTimestamp`, removal with the last finalizer); the pod proxy
+//! subresource (GET, `proxy.rs`). Each rule cites the real server in the
 //! module that implements it. Tests inject faults through [`Faults`] and
 //! read or change objects directly through the typed helpers here (as the
 //! kubelet or a scheduler would).
@@ -27,6 +28,7 @@ pub mod errors;
 pub mod faults;
 mod handlers;
 pub mod kinds;
+pub mod proxy;
 pub mod selectors;
 pub mod store;
 mod validate;

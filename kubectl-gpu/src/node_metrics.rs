@@ -1,0 +1,154 @@
+//! The node agents' `/metrics`, reached as kubectl reaches a pod: through
+//! the API server's pod proxy
+//! (`/api/v1/namespaces/NS/pods/NAME:PORT/proxy/metrics`), with the
+//! user's credentials. That needs no route from the user's machine to the
+//! nodes, only RBAC: `list` on pods and `get` on `pods/proxy` in the
+//! driver's namespace. The plugin pod of a node is found by the chart's
+//! labels; its port is the container port named `metrics` (the API server
+//! takes the port literally: a name would not resolve).
+//!
+//! The scrapes run at once, each under the `--metrics-timeout` deadline,
+//! so the command never hangs; a node that does not answer in time, or
+//! whose pod is missing or refused, gets a reason instead of numbers.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use crate::utilization::{Sample, parse};
+
+/// The chart's labels on the kubelet-plugin DaemonSet's pods.
+pub const PLUGIN_SELECTOR: &str = "app.kubernetes.io/name=gpu-dra-driver,app.kubernetes.io/component=kubelet-plugin";
+
+/// A node's plugin pod and its metrics port.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PluginPod {
+    pub namespace: String,
+    pub name: String,
+    pub port: i32,
+}
+
+/// The plugin pod of each node, from the pods the selector lists: a
+/// running one with an IP first (a DaemonSet rolling over may have two),
+/// each with its `metrics` port (else its first port, as the API server
+/// picks). A pod with no port at all is left out.
+pub fn by_node(pods: &[Pod]) -> BTreeMap<String, PluginPod> {
+    let mut ranked: Vec<(&str, bool, PluginPod)> = pods
+        .iter()
+        .filter_map(|pod| {
+            let spec = pod.spec.as_ref()?;
+            let node = spec.node_name.as_deref()?;
+            let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect();
+            let port = ports.iter().find(|p| p.name.as_deref() == Some("metrics")).or(ports.first())?.container_port;
+            let status = pod.status.as_ref();
+            let running = status.is_some_and(|s| {
+                s.phase.as_deref() == Some("Running") && s.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+            });
+            let plugin = PluginPod {
+                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+                name: pod.metadata.name.clone()?,
+                port,
+            };
+            Some((node, running, plugin))
+        })
+        .collect();
+    // Running ones last, so that they win.
+    ranked.sort_by_key(|(node, running, p)| (*node, *running, p.name.clone()));
+    ranked.into_iter().map(|(node, _, plugin)| (node.to_string(), plugin)).collect()
+}
+
+/// A kube error as a short reason: the API server's message and code.
+fn reason(error: &kube::Error) -> String {
+    match error {
+        kube::Error::Api(status) => format!("{} ({} {})", status.message.trim(), status.code, status.reason),
+        other => other.to_string(),
+    }
+}
+
+async fn scrape(client: &kube::Client, pod: &PluginPod) -> Result<Vec<Sample>, String> {
+    let path = format!("/api/v1/namespaces/{}/pods/{}:{}/proxy/metrics", pod.namespace, pod.name, pod.port);
+    let request = http::Request::get(&path).body(Vec::new()).map_err(|e| e.to_string())?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| format!("its node agent {}/{} did not answer: {}", pod.namespace, pod.name, reason(&e)))?;
+    Ok(parse(&text))
+}
+
+/// The samples of each node in `nodes`, or why there are none. The pods
+/// are listed, then every node scraped at once, each step within
+/// `deadline`: a node that hangs costs the others nothing.
+pub async fn scrape_nodes(
+    client: &kube::Client,
+    nodes: &BTreeSet<String>,
+    deadline: Duration,
+) -> BTreeMap<String, Result<Vec<Sample>, String>> {
+    if nodes.is_empty() {
+        return BTreeMap::new();
+    }
+    let late = || format!("no answer within {}", seconds(deadline));
+    let api = Api::<Pod>::all(client.clone());
+    let listed = match tokio::time::timeout(deadline, api.list(&ListParams::default().labels(PLUGIN_SELECTOR))).await {
+        Ok(Ok(list)) => Ok(by_node(&list.items)),
+        Ok(Err(e)) => Err(format!("cannot list the node agents' pods (label {PLUGIN_SELECTOR}): {}", reason(&e))),
+        Err(_) => Err(format!("listing the node agents' pods: {}", late())),
+    };
+    let pods = match listed {
+        Ok(pods) => pods,
+        Err(why) => return nodes.iter().map(|n| (n.clone(), Err(why.clone()))).collect(),
+    };
+    let scrapes = nodes.iter().map(|node| {
+        let pod = pods.get(node);
+        async move {
+            let result = match pod {
+                Some(pod) => match tokio::time::timeout(deadline, scrape(client, pod)).await {
+                    Ok(result) => result,
+                    Err(_) => Err(format!("its node agent {}/{}: {}", pod.namespace, pod.name, late())),
+                },
+                None => Err(format!("no node agent pod (label {PLUGIN_SELECTOR}) on the node")),
+            };
+            (node.clone(), result)
+        }
+    });
+    futures::future::join_all(scrapes).await.into_iter().collect()
+}
+
+/// `5s`, `500ms`.
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 { format!("{}s", d.as_secs()) } else { format!("{}ms", d.as_millis()) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn pod(name: &str, node: &str, phase: &str, ports: serde_json::Value) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": {"name": name, "namespace": "gpu-dra-driver"},
+            "spec": {"nodeName": node, "containers": [{"name": "plugin", "image": "x", "ports": ports}]},
+            "status": {"phase": phase, "podIPs": [{"ip": "10.0.0.1"}]}
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn each_node_gets_its_running_plugin_pod_and_metrics_port() {
+        let ports = json!([{"name": "grpc", "containerPort": 9000}, {"name": "metrics", "containerPort": 8080}]);
+        let pods = [
+            pod("p-new", "node-a", "Pending", ports.clone()),
+            pod("p-old", "node-a", "Running", ports.clone()),
+            pod("p-b", "node-b", "Running", json!([{"containerPort": 9100}])),
+            pod("p-c", "node-c", "Running", json!([])),
+        ];
+        let got = by_node(&pods);
+        assert_eq!(
+            got.get("node-a"),
+            Some(&PluginPod { namespace: "gpu-dra-driver".into(), name: "p-old".into(), port: 8080 })
+        );
+        assert_eq!(got.get("node-b").map(|p| p.port), Some(9100), "no metrics port: the first, as the API server");
+        assert!(!got.contains_key("node-c"), "no port, nothing to reach");
+    }
+}
