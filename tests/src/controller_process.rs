@@ -22,6 +22,17 @@ impl ControllerProcess {
     /// kubeconfig. Lease timings are short so that tests see a failover in
     /// seconds.
     pub fn spawn(kubeconfig: &Path, identity: &str, extra_args: &[&str]) -> std::io::Result<Self> {
+        Self::spawn_serving(kubeconfig, identity, "off", extra_args)
+    }
+
+    /// [`Self::spawn`] with `--metrics-addr metrics_addr` (e.g.
+    /// `127.0.0.1:0`; the log's `serving /metrics` line has the port).
+    pub fn spawn_serving(
+        kubeconfig: &Path,
+        identity: &str,
+        metrics_addr: &str,
+        extra_args: &[&str],
+    ) -> std::io::Result<Self> {
         let dir = kubeconfig.parent().unwrap_or(Path::new("."));
         let log = dir.join(format!("controller-{identity}.log"));
         let stderr = std::fs::File::create(&log)?;
@@ -29,7 +40,7 @@ impl ControllerProcess {
         cmd.arg("run")
             .arg("--kubeconfig")
             .arg(kubeconfig)
-            .args(["--namespace", "gpu-dra-driver", "--metrics-addr", "off", "--identity", identity])
+            .args(["--namespace", "gpu-dra-driver", "--metrics-addr", metrics_addr, "--identity", identity])
             .args(["--leader-elect-lease-duration", "3s", "--leader-elect-renew-deadline", "2s"])
             .args(["--leader-elect-retry-period", "500ms"])
             .args(extra_args)

@@ -1,14 +1,20 @@
 //! The chart's Grafana dashboard and PrometheusRules: off unless asked,
 //! rendered by Helm's engine when asked, parsed (the dashboard's JSON, the
 //! rules' YAML), and every metric name in every PromQL expression is one
-//! the node agent exports: the names come from the plugin's own registry
-//! (encoded with telemetry in both namings), not from a list kept here.
+//! the binaries export: the node agent's names come from the plugin's own
+//! registry (encoded with telemetry in both namings), the controller's
+//! from the `/metrics` of a running `gpu-dra-controller run` (against the
+//! API stand-in); none from a list kept here.
 
 use std::collections::BTreeSet;
+use std::io::{Read, Write};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gpu_kubelet_plugin::observe::metrics::{ApiVersion, ErrorKind, Metrics, Operation, Outcome};
 use gpu_kubelet_plugin::observe::telemetry::{Naming, TelemetryStore};
+use integration_tests::apiserver::ApiServer;
+use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{kinds, one, render_all, rendered};
 use serde_json::{Value, json};
 
@@ -16,11 +22,82 @@ fn tmp_dir() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
 }
 
-/// Every series name `/metrics` can carry: from `# TYPE` lines of the
-/// plugin's registry, with the suffixes Prometheus sees for counters and
-/// histograms.
+/// The series names of an exposition's `# TYPE` lines, with the suffixes
+/// Prometheus sees for counters and histograms.
+fn series_names(text: &str, names: &mut BTreeSet<String>) {
+    for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
+        let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
+        match kind {
+            "counter" => names.insert(format!("{name}_total")),
+            "histogram" => {
+                names.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")));
+                true
+            }
+            _ => names.insert(name.to_string()),
+        };
+    }
+}
+
+/// The log without its terminal colours.
+fn without_ansi(text: &str) -> String {
+    let mut out = String::new();
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            chars.by_ref().find(char::is_ascii_alphabetic);
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// `GET /metrics` of a running controller: `gpu-dra-controller run` on the
+/// API stand-in, serving on a free port.
+fn controller_metrics_text() -> String {
+    let server = ApiServer::start_in_thread().expect("API stand-in");
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let kubeconfig = dir.path().join("kubeconfig");
+    server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
+    let controller =
+        ControllerProcess::spawn_serving(&kubeconfig, "dashboards", "127.0.0.1:0", &[]).expect("the controller");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let addr = loop {
+        let log = without_ansi(&controller.log());
+        if let Some(addr) = log
+            .lines()
+            .find(|l| l.contains("serving /metrics"))
+            .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
+        {
+            break addr.to_string();
+        }
+        assert!(Instant::now() < deadline, "the controller serves no /metrics:\n{log}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut stream = std::net::TcpStream::connect(&addr).expect("connecting to the controller's /metrics");
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).expect("response");
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+}
+
+#[test]
+fn the_controllers_metrics_are_read_from_the_running_binary() {
+    let mut names = BTreeSet::new();
+    series_names(&controller_metrics_text(), &mut names);
+    for name in
+        ["gpu_dra_controller_leader", "gpu_dra_controller_errors_total", "gpu_dra_controller_claims_allocated_total"]
+    {
+        assert!(names.contains(name), "{name} not in {names:?}");
+    }
+}
+
+/// Every series name `/metrics` can carry: the plugin's registry (both
+/// namings) and the running controller's `/metrics`.
 fn exported_names() -> BTreeSet<String> {
     let mut names = BTreeSet::new();
+    series_names(&controller_metrics_text(), &mut names);
     for naming in [Naming::Native, Naming::Dcgm] {
         let store = Arc::new(TelemetryStore::new(naming, "node", "gpu.nvidia.com"));
         let metrics = Metrics::with_telemetry(store);
@@ -28,18 +105,7 @@ fn exported_names() -> BTreeSet<String> {
         metrics.request(Operation::Prepare, ApiVersion::V1, std::time::Duration::from_millis(1));
         metrics.claim(Operation::Prepare, Outcome::Error);
         metrics.error(ErrorKind::Checkpoint);
-        let text = metrics.encode().expect("encoding the registry");
-        for line in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")) {
-            let (name, kind) = line.split_once(' ').expect("# TYPE name kind");
-            match kind {
-                "counter" => names.insert(format!("{name}_total")),
-                "histogram" => {
-                    names.extend(["_bucket", "_sum", "_count"].map(|s| format!("{name}{s}")));
-                    true
-                }
-                _ => names.insert(name.to_string()),
-            };
-        }
+        series_names(&metrics.encode().expect("encoding the registry"), &mut names);
     }
     names
 }
@@ -220,7 +286,7 @@ fn dashboard_and_rules_render_when_asked_and_name_only_exported_metrics() {
     assert_eq!(dashboard["uid"], "gpu-dra-driver");
     let titles: Vec<&str> =
         dashboard["panels"].as_array().unwrap().iter().filter_map(|p| p["title"].as_str()).collect();
-    for wanted in ["Allocation", "Utilization", "Idle claims", "Prepare latency and errors"] {
+    for wanted in ["Allocation", "Utilization", "Idle claims", "Prepare latency and errors", "Controller"] {
         assert!(titles.contains(&wanted), "no {wanted} row in {titles:?}");
     }
     for expr in dashboard_exprs(&dashboard) {
@@ -243,10 +309,21 @@ fn dashboard_and_rules_render_when_asked_and_name_only_exported_metrics() {
     }
     assert_eq!(
         alerts,
-        ["GpuDraPluginNotPublishing", "GpuDraPrepareErrors", "GpuDraTaintedGpus", "GpuDraIdleClaimsOverBudget"]
+        [
+            "GpuDraPluginNotPublishing",
+            "GpuDraPrepareErrors",
+            "GpuDraTaintedGpus",
+            "GpuDraIdleClaimsOverBudget",
+            "GpuDraControllerNoLeader",
+            "GpuDraControllerWriteErrors"
+        ]
     );
 
     assert!(checked.len() > 15, "{checked:?}");
+    assert!(
+        checked.iter().filter(|(_, e)| e.contains("gpu_dra_controller_")).count() >= 6,
+        "the controller's panels and rules: {checked:?}"
+    );
     for (source, expr) in &checked {
         let names = metric_names(expr);
         assert!(!names.is_empty(), "{source}: no metric in {expr}");

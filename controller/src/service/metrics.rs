@@ -32,6 +32,12 @@ pub struct KindLabel {
     pub kind: String,
 }
 
+/// Every `kind` of `gpu_dra_controller_errors_total`: each series exists
+/// from the start at 0, so that `increase()` sees the first error and
+/// dashboards and alerts find the family before anything fails.
+pub const ERROR_KINDS: [&str; 7] =
+    ["conflict", "double_allocation", "event", "webhook_body", "webhook_denied", "webhook_timeout", "write"];
+
 pub struct Metrics {
     registry: Registry,
     pub explained: Family<ReasonLabel, Counter>,
@@ -62,6 +68,9 @@ impl Metrics {
         registry.register("claims_deallocated", "Delegated claims deallocated", deallocated.clone());
         let errors = Family::<KindLabel, Counter>::default();
         registry.register("errors", "Errors by kind", errors.clone());
+        for kind in ERROR_KINDS {
+            let _ = errors.get_or_create(&KindLabel { kind: kind.to_owned() });
+        }
         let reconcile = Histogram::new(exponential_buckets(0.0005, 4.0, 10));
         registry.register_with_unit("reconcile_duration", "One reconcile pass", Unit::Seconds, reconcile.clone());
         let fleet_devices = Gauge::default();
@@ -103,7 +112,9 @@ impl Metrics {
         }
     }
 
+    /// Counts an error of `kind`, one of [`ERROR_KINDS`].
     pub fn error(&self, kind: &str) {
+        debug_assert!(ERROR_KINDS.contains(&kind), "{kind} is not in ERROR_KINDS");
         self.errors.get_or_create(&KindLabel { kind: kind.to_owned() }).inc();
     }
 }
@@ -113,5 +124,21 @@ impl gpu_dra_driver::service::http::MetricsText for Metrics {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gpu_dra_driver::service::http::MetricsText;
+
+    use super::*;
+
+    #[test]
+    fn every_error_kind_is_exported_at_zero_from_the_start() {
+        let text = Metrics::new().encode().unwrap();
+        for kind in ERROR_KINDS {
+            let line = format!("gpu_dra_controller_errors_total{{kind=\"{kind}\"}} 0");
+            assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+        }
     }
 }

@@ -83,6 +83,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let synced = Arc::new(AtomicBool::new(false));
     if let args::Listen::At(addr) = args.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
+        // The bound address (port 0 picks one).
+        let addr = listener.local_addr().unwrap_or(addr);
         let flag = synced.clone();
         let state = Arc::new(HttpState {
             metrics: metrics.clone(),
