@@ -89,16 +89,24 @@ pub async fn start_plugin(cluster: &Cluster, node: &str, inventory: &Path) -> No
 
 /// [`start_plugin`] with more flags (feature gates, sharing modes).
 pub async fn start_plugin_with(cluster: &Cluster, node: &str, inventory: &Path, extra_args: &[&str]) -> NodePlugin {
-    cluster.create_node(node).await;
-    let token = cluster.pod_bound_token(NAMESPACE, PLUGIN_ACCOUNT, node).await;
     let text = std::fs::read_to_string(inventory).unwrap_or_else(|e| panic!("{}: {e}", inventory.display()));
-    let dirs = PluginDirs::new(&text).unwrap_or_else(|e| panic!("plugin directories: {e}"));
-    cluster.write_kubeconfig(&dirs.kubeconfig, &token);
     let options = PluginOptions {
         node: node.to_string(),
         extra_args: extra_args.iter().map(ToString::to_string).collect(),
         ..PluginOptions::default()
     };
+    start_plugin_with_options(cluster, &text, options).await
+}
+
+/// [`start_plugin`] on node `options.node` with any options (a mock NVML
+/// instead of the fake inventory, a metrics address); `inventory_text` is
+/// the fake inventory file's content (used when `options.fake_inventory`).
+pub async fn start_plugin_with_options(cluster: &Cluster, inventory_text: &str, options: PluginOptions) -> NodePlugin {
+    let node = options.node.as_str();
+    cluster.create_node(node).await;
+    let token = cluster.pod_bound_token(NAMESPACE, PLUGIN_ACCOUNT, node).await;
+    let dirs = PluginDirs::new(inventory_text).unwrap_or_else(|e| panic!("plugin directories: {e}"));
+    cluster.write_kubeconfig(&dirs.kubeconfig, &token);
     let process = PluginProcess::spawn(&dirs, &options).unwrap_or_else(|e| panic!("starting the plugin: {e}"));
     let plugin = NodePlugin { node: node.to_string(), dirs, process };
     let slices: Api<ResourceSlice> = Api::all(cluster.admin());
