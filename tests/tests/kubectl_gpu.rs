@@ -352,8 +352,10 @@ fn claims_shows_utilization_from_the_node_agents_metrics_or_why_not() {
     let uid = store_allocated(server, "notebook-gpu", NODE, "gpu-0", "notebook");
     let answers = node.prepare(&[kubelet_standin::claim("default", "notebook-gpu", &uid)]);
     assert!(answers[&uid].is_ok(), "{answers:?}");
-    for (claim, on) in [("on-b", "node-b"), ("on-c", "node-c"), ("on-d", "node-d")] {
-        store_allocated(server, claim, on, "gpu-0", &format!("{claim}-pod"));
+    for (claim, on, pod) in
+        [("llm-serve", "node-b", "llm-0"), ("batch", "node-c", "batch-0"), ("render", "node-d", "render-0")]
+    {
+        store_allocated(server, claim, on, "gpu-0", pod);
     }
 
     let dir = tempfile::tempdir().unwrap();
@@ -374,27 +376,29 @@ fn claims_shows_utilization_from_the_node_agents_metrics_or_why_not() {
         assert!(Instant::now() < deadline, "no utilization for notebook-gpu:\n{text}\n{}", node.process.log());
         std::thread::sleep(Duration::from_millis(200));
     };
+    // As the README's Operating section shows it.
     let expected = "\
 NAMESPACE   NAME           STATE       PODS           NODE     DEVICES     UTILIZATION
+default     batch          allocated   pod/batch-0    node-c   gpu=gpu-0   -
+default     llm-serve      allocated   pod/llm-0      node-b   gpu=gpu-0   -
 default     notebook-gpu   allocated   pod/notebook   node-a   gpu=gpu-0   37%
-default     on-b           allocated   pod/on-b-pod   node-b   gpu=gpu-0   -
-default     on-c           allocated   pod/on-c-pod   node-c   gpu=gpu-0   -
-default     on-d           allocated   pod/on-d-pod   node-d   gpu=gpu-0   -
+default     render         allocated   pod/render-0   node-d   gpu=gpu-0   -
 ";
     assert_eq!(text, expected);
-    let warnings: Vec<&str> = stderr.lines().collect();
-    assert_eq!(warnings.len(), 3, "{stderr}");
-    assert!(warnings[0].starts_with("Warning: utilization on node node-b unknown: no node agent pod"), "{stderr}");
-    assert!(warnings[1].contains("node node-c unknown: its node agent gpu-dra-driver/plugin-c did not answer: address not allowed (400 BadRequest)"), "{stderr}");
+    // As the README's Operating section shows them.
     assert_eq!(
-        warnings[2],
-        "Warning: utilization on node node-d unknown: its node agent gpu-dra-driver/plugin-d: no answer within 1s"
+        stderr,
+        "Warning: utilization on node node-b unknown: no node agent pod \
+         (label app.kubernetes.io/name=gpu-dra-driver,app.kubernetes.io/component=kubelet-plugin) on the node\n\
+         Warning: utilization on node node-c unknown: its node agent gpu-dra-driver/plugin-c did not answer: \
+         address not allowed (400 BadRequest)\n\
+         Warning: utilization on node node-d unknown: its node agent gpu-dra-driver/plugin-d: no answer within 1s\n"
     );
     assert!(took < Duration::from_secs(10), "the timeout bounds the command: {took:?}");
 
     let json = stdout_ok(&claims(&["-o", "json"]));
     let v: Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v[0]["utilization"], json!({"percent": {"mean": 37.0, "devices": {"gpu-0": 37.0}}}), "{v}");
+    assert_eq!(v[2]["utilization"], json!({"percent": {"mean": 37.0, "devices": {"gpu-0": 37.0}}}), "{v}");
     assert!(v[1]["utilization"]["unavailable"].as_str().is_some_and(|r| r.starts_with("node node-b: ")), "{v}");
     drop(silent);
 }
