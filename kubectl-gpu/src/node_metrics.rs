@@ -62,6 +62,7 @@ pub fn by_node(pods: &[Pod]) -> BTreeMap<String, PluginPod> {
 /// A kube error as a short reason: the API server's message and code.
 fn reason(error: &kube::Error) -> String {
     match error {
+        kube::Error::Api(status) if status.reason.is_empty() => format!("{} ({})", status.message.trim(), status.code),
         kube::Error::Api(status) => format!("{} ({} {})", status.message.trim(), status.code, status.reason),
         other => other.to_string(),
     }
