@@ -1,0 +1,579 @@
+//! ComputeDomains on the real control plane of the oldest and the newest
+//! supported release: NVIDIA's example (`examples/compute-domain/
+//! four-node-job.yaml`, applied unchanged) on four fake GB200 trays of one
+//! NVLink clique, each running our node agent with `--compute-domains` over
+//! a fake driver root (fake `nvidia-imex`), and our controller with
+//! `--compute-domains`, all on their own ServiceAccount tokens under the
+//! chart's RBAC. The real kube-controller-manager makes the pods' claims
+//! from the template our controller creates, the real kube-scheduler
+//! allocates them; with no kubelet, the test prepares and unprepares each
+//! bound pod's claims through the node's plugin sockets as the kubelet
+//! would, and finishes the pods the API server leaves terminating.
+//!
+//! Then a domain asking more nodes than its clique has, with pods on two
+//! cliques: explained by an Event, and the other clique's node never joins.
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use gpu_dra_driver::compute_domain::api::{ComputeDomain, Readiness};
+use gpu_dra_driver::compute_domain::{DRIVER_NAME as CD_DRIVER, FINALIZER};
+use gpu_dra_driver::driver_root::{fake_imex, fake_tree};
+use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
+use integration_tests::real_cluster::driver::{
+    NodePlugin, WAIT, allocation, chart, eventually, install, start_controller, start_plugin_with, yaml_documents,
+};
+use integration_tests::real_cluster::objects::create_all;
+use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
+use integration_tests::workspace_root;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
+use serde_json::{Value, json};
+
+const GPU_DRIVER: &str = "gpu.nvidia.com";
+const NAMESPACE: &str = "default";
+/// The path a channel's device node has in the container (NVIDIA's).
+const CHANNEL_DEVICE: &str = "/dev/nvidia-caps-imex-channels/channel0";
+
+fn tmp_dir() -> &'static Path {
+    Path::new(env!("CARGO_TARGET_TMPDIR"))
+}
+
+/// A fake GB200 tray: its Node (with an InternalIP), its plugin serving
+/// both drivers over a fake driver root and host, and the kubelet
+/// stand-in's connection to each driver.
+struct Tray {
+    plugin: NodePlugin,
+    address: String,
+    driver_root: PathBuf,
+    host: PathBuf,
+    kubelet_gpu: Kubelet,
+    gpu: Plugin,
+    kubelet_cd: Kubelet,
+    cd: Plugin,
+}
+
+impl Tray {
+    async fn start(cluster: &Cluster, name: &str, clique: u32, address: &str, ready_timeout_ms: u32) -> Self {
+        let inventories = workspace_root().join("examples/inventories");
+        let inventory = inventories.join(if clique == 1 { "gb200-clique.yaml" } else { "gb200-clique-2.yaml" });
+        let root = cluster.dir().join(format!("tray-{name}"));
+        let driver_root = root.join("driver-root");
+        fake_tree::build(
+            &driver_root,
+            "580.82.07",
+            &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")],
+        )
+        .unwrap();
+        fake_imex::install(&driver_root).unwrap();
+        let host = root.join("host");
+        std::fs::create_dir_all(host.join("dev")).unwrap();
+        std::fs::create_dir_all(host.join("proc/sys/kernel/random")).unwrap();
+        std::fs::write(host.join("proc/sys/kernel/random/boot_id"), "6f1c1c1e-0d2f-4e5b-8a6c-7d9e0f1a2b3c\n").unwrap();
+        std::fs::write(host.join("proc/devices"), "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n")
+            .unwrap();
+        let timeout = ready_timeout_ms.to_string();
+        let proc_root = host.join("proc");
+        let args = [
+            "--compute-domains",
+            "--driver-root",
+            driver_root.to_str().unwrap(),
+            "--dev-root",
+            host.to_str().unwrap(),
+            "--proc-root",
+            proc_root.to_str().unwrap(),
+            "--imex-ready-timeout-ms",
+            &timeout,
+            "--imex-health-interval-ms",
+            "200",
+        ];
+        let plugin = start_plugin_with(cluster, name, &inventory, &args).await;
+        // The kubelet registers its node's addresses; the controller puts
+        // the InternalIP in the domain's status, the IMEX peer list.
+        let addresses = json!({"status": {"addresses": [
+            {"type": "Hostname", "address": name}, {"type": "InternalIP", "address": address}]}});
+        Api::<Node>::all(cluster.admin())
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&addresses))
+            .await
+            .unwrap_or_else(|e| panic!("node {name} addresses: {e}"));
+        let kubelet_gpu = Kubelet::new(KubeletConfig::new(&plugin.dirs.registry, GPU_DRIVER));
+        let gpu = register(&kubelet_gpu, &plugin, GPU_DRIVER).await;
+        let kubelet_cd = Kubelet::new(KubeletConfig::new(&plugin.dirs.registry, CD_DRIVER));
+        let cd = register(&kubelet_cd, &plugin, CD_DRIVER).await;
+        Self { plugin, address: address.to_string(), driver_root, host, kubelet_gpu, gpu, kubelet_cd, cd }
+    }
+
+    fn name(&self) -> &str {
+        &self.plugin.node
+    }
+
+    /// The kubelet and plugin connection of the driver of `claim`'s devices.
+    fn driver_of(&self, claim: &ResourceClaim) -> (&Kubelet, &Plugin) {
+        let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+        let driver = results.and_then(|d| d.results.as_ref()).and_then(|r| r.first()).map(|r| r.driver.as_str());
+        match driver {
+            Some(CD_DRIVER) => (&self.kubelet_cd, &self.cd),
+            Some(GPU_DRIVER) => (&self.kubelet_gpu, &self.gpu),
+            other => panic!("claim {:?} allocated for driver {other:?}", claim.metadata.name),
+        }
+    }
+
+    /// NodePrepareResources for one claim; the error string on failure.
+    async fn prepare(&self, claim: &ResourceClaim) -> Result<Vec<String>, String> {
+        let (kubelet, plugin) = self.driver_of(claim);
+        let request = claim_request(claim);
+        let answers = kubelet.prepare_raw(plugin, std::slice::from_ref(&request)).await.expect("prepare call");
+        let answer = &answers[&request.uid];
+        if answer.error.is_empty() {
+            Ok(answer.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect())
+        } else {
+            Err(answer.error.clone())
+        }
+    }
+
+    async fn unprepare(&self, claim: &ResourceClaim) {
+        let (kubelet, plugin) = self.driver_of(claim);
+        kubelet
+            .unprepare(plugin, &[claim_request(claim)])
+            .await
+            .unwrap_or_else(|e| panic!("unprepare {:?} on {}: {e}\n{}", claim.metadata.name, self.name(), self.log()));
+    }
+
+    fn log(&self) -> String {
+        format!("---- plugin {}\n{}", self.name(), self.plugin.process.log())
+    }
+
+    /// Live fake `nvidia-imex` daemons of this tray's driver root: processes
+    /// with the program as a whole argument (`nvidia-imex-ctl` is not one)
+    /// whose parent is not one too (the script's own subshells are not).
+    fn daemons(&self) -> usize {
+        let program = self.driver_root.join("usr/bin/nvidia-imex");
+        let needle = format!("{}\0", program.display());
+        let needle = needle.as_bytes();
+        let mut found = std::collections::BTreeMap::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+            // After the command's closing parenthesis: state, then parent.
+            let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
+            let (state, parent) = (fields.next().unwrap_or("Z"), fields.next().and_then(|p| p.parse::<u32>().ok()));
+            if state != "Z" && cmdline.windows(needle.len()).any(|w| w == needle) {
+                found.insert(pid, parent);
+            }
+        }
+        found.values().filter(|parent| parent.is_none_or(|p| !found.contains_key(&p))).count()
+    }
+
+    fn imex_log(&self) -> Vec<String> {
+        fake_imex::daemon_log(&self.driver_root)
+    }
+
+    fn channel_node(&self) -> PathBuf {
+        self.host.join(CHANNEL_DEVICE.trim_start_matches('/'))
+    }
+
+    /// The CDI spec the plugin wrote for claim `uid`, as JSON.
+    fn cdi_spec(&self, uid: &str) -> Option<Value> {
+        let entries = std::fs::read_dir(&self.plugin.dirs.cdi).ok()?;
+        let file = entries.flatten().find(|e| e.file_name().to_string_lossy().contains(uid))?;
+        serde_json::from_slice(&std::fs::read(file.path()).ok()?).ok()
+    }
+
+    /// Files under the plugin's directories (sockets and logs aside) whose
+    /// name or content mentions one of `uids`.
+    fn files_mentioning(&self, uids: &[String]) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut pending = vec![self.plugin.dirs.root.path().to_path_buf(), self.host.join("dev")];
+        while let Some(dir) = pending.pop() {
+            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+                let path = entry.path();
+                let Ok(kind) = entry.file_type() else { continue };
+                if kind.is_dir() {
+                    pending.push(path);
+                    continue;
+                }
+                if !kind.is_file() || path.extension().is_some_and(|e| e == "log") {
+                    continue;
+                }
+                let name = path.to_string_lossy().to_string();
+                let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).to_string();
+                if uids.iter().any(|u| name.contains(u.as_str()) || text.contains(u.as_str())) {
+                    found.push(path);
+                }
+            }
+        }
+        found
+    }
+}
+
+/// Registers with `driver`'s registration socket once the plugin serves it.
+async fn register(kubelet: &Kubelet, plugin: &NodePlugin, driver: &str) -> Plugin {
+    let socket = plugin.dirs.registration_socket(driver);
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match kubelet.register(&socket).await {
+            Ok(registered) => return registered,
+            Err(e) if Instant::now() >= deadline => {
+                panic!("{driver} on {}: {e}\n{}", plugin.node, plugin.process.log())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+fn claim_request(stored: &ResourceClaim) -> kubelet_proto::dra_v1::Claim {
+    claim(
+        stored.metadata.namespace.as_deref().unwrap_or_default(),
+        stored.metadata.name.as_deref().unwrap_or_default(),
+        stored.metadata.uid.as_deref().unwrap_or_default(),
+    )
+}
+
+struct Scene<'a> {
+    cluster: &'a Cluster,
+    trays: Vec<Tray>,
+    controller: integration_tests::controller_process::ControllerProcess,
+}
+
+impl Scene<'_> {
+    fn logs(&self) -> String {
+        let trays: Vec<String> = self.trays.iter().map(Tray::log).collect();
+        format!("{}\n---- controller\n{}\n{}", self.cluster.logs(), self.controller.log(), trays.join("\n"))
+    }
+
+    fn tray(&self, node: &str) -> &Tray {
+        self.trays.iter().find(|t| t.name() == node).unwrap_or_else(|| panic!("no tray {node}"))
+    }
+
+    fn domains(&self) -> Api<ComputeDomain> {
+        Api::namespaced(self.cluster.admin(), NAMESPACE)
+    }
+
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.cluster.admin(), NAMESPACE)
+    }
+
+    fn claims(&self) -> Api<ResourceClaim> {
+        Api::namespaced(self.cluster.admin(), NAMESPACE)
+    }
+
+    async fn domain(&self, name: &str) -> Option<ComputeDomain> {
+        self.domains().get_opt(name).await.ok().flatten()
+    }
+
+    /// Waits until `pod` is bound and every one of its claims is made and
+    /// allocated (the kubelet's precondition for preparing them).
+    async fn scheduled(&self, pod: &str) -> (String, Vec<ResourceClaim>) {
+        eventually(
+            &format!("pod {pod} bound with its claims allocated"),
+            || async {
+                let found = self.pods().get(pod).await.ok()?;
+                let node = found.spec.as_ref()?.node_name.clone()?;
+                let wanted = found.spec.as_ref()?.resource_claims.as_ref().map_or(0, Vec::len);
+                let statuses = found.status?.resource_claim_statuses.unwrap_or_default();
+                let mut claims = Vec::new();
+                for status in &statuses {
+                    let claim = self.claims().get(status.resource_claim_name.as_deref()?).await.ok()?;
+                    claims.push(claim);
+                }
+                (claims.len() == wanted && claims.iter().all(|c| !allocation(c).is_empty())).then_some((node, claims))
+            },
+            || self.logs(),
+        )
+        .await
+    }
+
+    /// The kubelet's part for a pod bound to `node`: prepare each claim
+    /// with its driver, then report the pod running.
+    async fn run_pod(&self, pod: &str, node: &str, claims: &[ResourceClaim]) {
+        for claim in claims {
+            self.tray(node).prepare(claim).await.unwrap_or_else(|e| {
+                panic!("preparing {:?} for {pod} on {node}: {e}\n{}", claim.metadata.name, self.logs())
+            });
+        }
+        let running = json!({"status": {"phase": "Running"}});
+        self.pods().patch_status(pod, &PatchParams::default(), &Patch::Merge(&running)).await.unwrap();
+    }
+
+    /// The kubelet's part for pods the API server marked for deletion:
+    /// unprepare their claims, report them finished and remove them.
+    async fn finish_terminating_pods(&self, running: &[(String, String, Vec<ResourceClaim>)]) {
+        for (pod, node, claims) in running {
+            eventually(
+                &format!("pod {pod} marked for deletion"),
+                || async {
+                    let found = self.pods().get_opt(pod).await.ok()?;
+                    found.is_none_or(|p| p.metadata.deletion_timestamp.is_some()).then_some(())
+                },
+                || self.logs(),
+            )
+            .await;
+            for claim in claims {
+                self.tray(node).unprepare(claim).await;
+            }
+            let failed = json!({"status": {"phase": "Failed"}});
+            let _ = self.pods().patch_status(pod, &PatchParams::default(), &Patch::Merge(&failed)).await;
+            let _ = self
+                .pods()
+                .delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
+                .await;
+        }
+    }
+
+    /// Deletes the domain and waits until it, its template and every claim
+    /// of the namespace are gone (the real garbage collector and
+    /// resourceclaim controller, our controller's finalizer).
+    async fn delete_domain(&self, name: &str, template: &str) {
+        self.domains().delete(name, &DeleteParams::default()).await.unwrap();
+        let templates: Api<ResourceClaimTemplate> = Api::namespaced(self.cluster.admin(), NAMESPACE);
+        eventually(
+            &format!("domain {name}, its template and the claims gone"),
+            || async {
+                let domain = self.domain(name).await;
+                let template = templates.get_opt(template).await.ok()?;
+                let claims = self.claims().list(&ListParams::default()).await.ok()?;
+                let pods = self.pods().list(&ListParams::default()).await.ok()?;
+                (domain.is_none() && template.is_none() && claims.items.is_empty() && pods.items.is_empty())
+                    .then_some(())
+            },
+            || self.logs(),
+        )
+        .await;
+    }
+
+    /// Nothing of `uids` (the domain's, its claims') remains on any tray:
+    /// no daemon, no channel device node, no CDI spec or state file.
+    fn assert_nothing_left(&self, uids: &[String]) {
+        for tray in &self.trays {
+            assert_eq!(tray.daemons(), 0, "{}: a daemon outlived the domain: {:?}", tray.name(), tray.imex_log());
+            assert!(!tray.channel_node().exists(), "{}: the channel device node remains", tray.name());
+            let left = tray.files_mentioning(uids);
+            assert!(left.is_empty(), "{}: files remain: {left:?}", tray.name());
+            let cdi: Vec<_> = std::fs::read_dir(&tray.plugin.dirs.cdi).into_iter().flatten().flatten().collect();
+            assert!(cdi.is_empty(), "{}: CDI specs remain: {cdi:?}", tray.name());
+        }
+    }
+
+    /// The Warning notes our controller wrote on domain `name`.
+    async fn warnings(&self, name: &str) -> Vec<(String, String)> {
+        let events: Api<Event> = Api::namespaced(self.cluster.admin(), NAMESPACE);
+        let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+        list.into_iter()
+            .filter(|e| {
+                let regarding = e.regarding.as_ref();
+                regarding.and_then(|r| r.kind.as_deref()) == Some("ComputeDomain")
+                    && regarding.and_then(|r| r.name.as_deref()) == Some(name)
+            })
+            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+            .collect()
+    }
+}
+
+/// NVIDIA's example on four trays of one clique: Ready with each node,
+/// each channel prepared with its device node, the IMEX peers the four
+/// addresses; then the workload and the domain go and leave nothing.
+async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
+    let example = yaml_documents(&workspace_root().join("examples/compute-domain/four-node-job.yaml"));
+    create_all(&scene.cluster.admin(), &example)
+        .await
+        .unwrap_or_else(|e| panic!("the real API server refused the example: {e}\n{}", scene.logs()));
+    let domain = scene.domain("training").await.unwrap();
+    let domain_uid = domain.metadata.uid.clone().unwrap();
+
+    let pods: Vec<String> = eventually(
+        "the Job's four pods",
+        || async {
+            let list = scene.pods().list(&ListParams::default().labels("app=training")).await.ok()?;
+            let names: Vec<String> = list.items.iter().filter_map(|p| p.metadata.name.clone()).collect();
+            (names.len() == 4).then_some(names)
+        },
+        || scene.logs(),
+    )
+    .await;
+    let mut running = Vec::new();
+    for pod in &pods {
+        let (node, claims) = scene.scheduled(pod).await;
+        scene.run_pod(pod, &node, &claims).await;
+        running.push((pod.clone(), node, claims));
+    }
+    let nodes: BTreeSet<&str> = running.iter().map(|(_, node, _)| node.as_str()).collect();
+    assert_eq!(nodes.len(), 4, "one pod per tray: {running:?}");
+
+    let status = eventually(
+        "the domain Ready",
+        || async {
+            let status = scene.domain("training").await?.status?;
+            (status.status == Readiness::Ready).then_some(status)
+        },
+        || scene.logs(),
+    )
+    .await;
+    let listed: BTreeSet<&str> = status.nodes.iter().map(|n| n.name.as_str()).collect();
+    assert_eq!(listed, nodes, "{status:?}");
+    for node in &status.nodes {
+        let tray = scene.tray(&node.name);
+        assert_eq!((node.status, node.ip_address.as_str()), (Readiness::Ready, tray.address.as_str()), "{node:?}");
+        assert!(node.clique_id.ends_with(".1"), "{node:?}");
+    }
+    let domain = scene.domain("training").await.unwrap();
+    assert!(domain.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER), "{:?}", domain.metadata);
+
+    // Each channel: a CDI spec with the channel's device node; each
+    // tray's IMEX daemon was given the four addresses.
+    let mut peers: Vec<&str> = scene.trays.iter().map(|t| t.address.as_str()).collect();
+    peers.sort();
+    let peers = peers.join(" ");
+    let mut uids = vec![domain_uid];
+    for (pod, node, claims) in &running {
+        let tray = scene.tray(node);
+        let channel = claims
+            .iter()
+            .find(|c| allocation(c).iter().any(|(_, device)| device.starts_with("channel")))
+            .unwrap_or_else(|| panic!("{pod} has no channel claim: {claims:?}"));
+        let uid = channel.metadata.uid.clone().unwrap();
+        let spec = tray.cdi_spec(&uid).unwrap_or_else(|| panic!("{pod}: no CDI spec for its channel claim"));
+        let paths: Vec<&str> = spec["devices"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .flat_map(|d| d["containerEdits"]["deviceNodes"].as_array().into_iter().flatten())
+            .filter_map(|n| n["path"].as_str())
+            .collect();
+        assert!(paths.contains(&CHANNEL_DEVICE), "{pod}: {spec}");
+        assert!(tray.channel_node().exists(), "{node}: no channel device node");
+        let log = tray.imex_log();
+        assert!(
+            log.iter().any(|l| (l.starts_with("start ") || l.starts_with("reload ")) && l.ends_with(&peers)),
+            "{node}: the IMEX peers are not {peers}: {log:?}"
+        );
+        assert_eq!(tray.daemons(), 1, "{node}: one daemon: {log:?}");
+        uids.extend(claims.iter().filter_map(|c| c.metadata.uid.clone()));
+    }
+
+    // The workload goes: the Job and, through the garbage collector, its
+    // pods; the kubelet's part unprepares. Then the domain.
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
+    let background =
+        DeleteParams { propagation_policy: Some(PropagationPolicy::Background), ..DeleteParams::default() };
+    jobs.delete("training", &background).await.unwrap();
+    scene.finish_terminating_pods(&running).await;
+    scene.delete_domain("training", "training-channel").await;
+    scene.assert_nothing_left(&uids);
+    for tray in &scene.trays {
+        let log = tray.imex_log();
+        assert!(log.last().is_some_and(|l| l.starts_with("stop ")), "{}: {log:?}", tray.name());
+    }
+    // The four-gpus template is the user's, left as applied.
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
+    templates.delete("four-gpus", &DeleteParams::default()).await.unwrap();
+    uids
+}
+
+/// A pod on `node` with a channel from `template`.
+fn pod_on(name: &str, node: &str, template: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"nodeSelector": {"kubernetes.io/hostname": node},
+                 "containers": [{"name": "main", "image": "registry.invalid/app", "resources": {"claims": [{"name": "imex"}]}}],
+                 "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": template}]}})
+}
+
+/// A domain of five nodes where the clique has four, whose pods land on
+/// two cliques: an Event says both, the status lists the first clique's
+/// node only, and the other clique's channel is refused after the wait.
+async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
+    let domain = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+        "metadata": {"name": "wide", "namespace": NAMESPACE},
+        "spec": {"numNodes": 5, "channel": {"resourceClaimTemplate": {"name": "wide-channel"}}}});
+    create_all(&scene.cluster.admin(), &[domain]).await.unwrap_or_else(|e| panic!("{e}"));
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
+    eventually(
+        "the wide domain's template",
+        || async { templates.get_opt("wide-channel").await.ok().flatten() },
+        || scene.logs(),
+    )
+    .await;
+    let first = scene.trays[0].name().to_string();
+    let pods = [pod_on("wide-a", &first, "wide-channel"), pod_on("wide-b", stray, "wide-channel")];
+    create_all(&scene.cluster.admin(), &pods).await.unwrap_or_else(|e| panic!("{e}"));
+    let (node_a, claims_a) = scene.scheduled("wide-a").await;
+    let (node_b, claims_b) = scene.scheduled("wide-b").await;
+    assert_eq!((node_a.as_str(), node_b.as_str()), (first.as_str(), stray));
+
+    let note = eventually(
+        "the wide domain explained",
+        || async {
+            let warnings = scene.warnings("wide").await;
+            warnings.into_iter().map(|(_, note)| note).find(|note| {
+                note.contains("numNodes is 5 but NVLink clique") && note.contains(&format!("{stray} (clique "))
+            })
+        },
+        || scene.logs(),
+    )
+    .await;
+    assert!(note.contains("has 4 nodes") && note.contains("cannot join its IMEX domain"), "{note}");
+    let status = scene.domain("wide").await.unwrap().status.unwrap();
+    assert_eq!(status.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), [first.as_str()], "{status:?}");
+    assert_eq!(status.status, Readiness::NotReady);
+
+    // The kubelet's part: the clique's node prepares; the stray one is
+    // refused with the reason after its bounded wait, and starts nothing.
+    let stray_tray = scene.tray(stray);
+    scene.run_pod("wide-a", &first, &claims_a).await;
+    let error = stray_tray.prepare(&claims_b[0]).await.unwrap_err();
+    assert!(error.starts_with(&format!("node {stray} has not joined ComputeDomain default/wide after")), "{error}");
+    assert!(stray_tray.imex_log().is_empty(), "{:?}", stray_tray.imex_log());
+    assert_eq!(stray_tray.daemons(), 0);
+
+    let uids: Vec<String> = std::iter::once(scene.domain("wide").await.unwrap().metadata.uid.unwrap())
+        .chain(claims_a.iter().chain(&claims_b).filter_map(|c| c.metadata.uid.clone()))
+        .collect();
+    for pod in ["wide-a", "wide-b"] {
+        scene.pods().delete(pod, &DeleteParams::default()).await.unwrap();
+    }
+    let running =
+        [("wide-a".to_string(), first.clone(), claims_a), ("wide-b".to_string(), stray.to_string(), claims_b)];
+    scene.finish_terminating_pods(&running).await;
+    scene.delete_domain("wide", "wide-channel").await;
+    scene.assert_nothing_left(&uids);
+}
+
+async fn compute_domains_on_the_real_control_plane(release: Release) {
+    let started = Instant::now();
+    let cluster = Cluster::start(release).await;
+    let values = json!({"webhook": {"enabled": false}, "resources": {"computeDomains": {"enabled": true}}});
+    install(&cluster, &chart(tmp_dir(), values)).await;
+    let mut trays = Vec::new();
+    for i in 0..4 {
+        trays.push(Tray::start(&cluster, &format!("gb200-{i}"), 1, &format!("10.0.0.{}", i + 1), 20_000).await);
+    }
+    let controller = start_controller(&cluster, "cd", "gb200-0", &["--compute-domains"]).await;
+    let mut scene = Scene { cluster: &cluster, trays, controller };
+    four_trays_form_a_domain(&scene).await;
+    eprintln!(
+        "{}: the four-tray domain formed and was cleaned up after {:.1} s",
+        release.minor,
+        started.elapsed().as_secs_f64()
+    );
+
+    // A tray of another rack (clique 2), added only now so that the Job's
+    // pods could not land on it.
+    let stray = Tray::start(&cluster, "gb200-rack2-0", 2, "10.0.1.1", 2_000).await;
+    scene.trays.push(stray);
+    beyond_the_clique_is_explained(&scene, "gb200-rack2-0").await;
+    eprintln!("{}: done after {:.1} s", release.minor, started.elapsed().as_secs_f64());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn k8s_1_34_compute_domains_form_explain_and_clean_up() {
+    compute_domains_on_the_real_control_plane(V1_34).await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn k8s_1_37_compute_domains_form_explain_and_clean_up() {
+    compute_domains_on_the_real_control_plane(V1_37).await
+}
