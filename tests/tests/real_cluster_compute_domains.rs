@@ -11,7 +11,9 @@
 //! would, and finishes the pods the API server leaves terminating.
 //!
 //! Then a domain asking more nodes than its clique has, with pods on two
-//! cliques: explained by an Event, and the other clique's node never joins.
+//! cliques: explained by an Event, and the other clique's node never joins;
+//! and a domain naming a template the user already has: explained, and
+//! that template left alone when the domain goes.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -542,6 +544,39 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     scene.assert_nothing_left(&uids);
 }
 
+/// A domain naming a template the user already has: explained
+/// (TemplateTaken), and deleting the domain leaves that template alone.
+async fn a_taken_template_is_explained_and_kept(scene: &Scene<'_>) {
+    let objects = [
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": "taken-channel", "namespace": NAMESPACE},
+            "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}),
+        json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+            "metadata": {"name": "taken", "namespace": NAMESPACE},
+            "spec": {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "taken-channel"}}}}),
+    ];
+    create_all(&scene.cluster.admin(), &objects).await.unwrap_or_else(|e| panic!("{e}"));
+    let (reason, note) = eventually(
+        "the taken template explained",
+        || async { scene.warnings("taken").await.into_iter().next() },
+        || scene.logs(),
+    )
+    .await;
+    assert_eq!(reason, "TemplateTaken", "{note}");
+    assert!(note.contains("ResourceClaimTemplate taken-channel exists and is not this domain's"), "{note}");
+    scene.domains().delete("taken", &DeleteParams::default()).await.unwrap();
+    eventually(
+        "the domain released",
+        || async { scene.domain("taken").await.is_none().then_some(()) },
+        || scene.logs(),
+    )
+    .await;
+    let templates: Api<ResourceClaimTemplate> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
+    let kept = templates.get_opt("taken-channel").await.unwrap();
+    assert!(kept.is_some_and(|t| t.metadata.deletion_timestamp.is_none()), "the user's template was deleted");
+    templates.delete("taken-channel", &DeleteParams::default()).await.unwrap();
+}
+
 async fn compute_domains_on_the_real_control_plane(release: Release) {
     let started = Instant::now();
     let cluster = Cluster::start(release).await;
@@ -565,6 +600,7 @@ async fn compute_domains_on_the_real_control_plane(release: Release) {
     let stray = Tray::start(&cluster, "gb200-rack2-0", 2, "10.0.1.1", 2_000).await;
     scene.trays.push(stray);
     beyond_the_clique_is_explained(&scene, "gb200-rack2-0").await;
+    a_taken_template_is_explained_and_kept(&scene).await;
     eprintln!("{}: done after {:.1} s", release.minor, started.elapsed().as_secs_f64());
 }
 
