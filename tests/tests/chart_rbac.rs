@@ -273,7 +273,6 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
 /// then unprepared and the domain deleted.
 fn compute_domain_calls() -> Vec<(String, ApiCall)> {
     use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, Readiness, TemplateName};
-    use gpu_dra_driver::driver_root::{fake_imex, fake_tree};
     use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -282,36 +281,12 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
     let server = ApiServer::start_in_thread().unwrap();
     let dirs = PluginDirs::new(include_str!("../../examples/inventories/gb200-clique.yaml")).unwrap();
     server.write_kubeconfig(&dirs.kubeconfig).unwrap();
-    let driver_root = dirs.root.path().join("driver-root");
-    fake_tree::build(
-        &driver_root,
-        "580.82.07",
-        &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")],
-    )
-    .unwrap();
-    fake_imex::install(&driver_root).unwrap();
-    let host = dirs.root.path().join("host");
-    std::fs::create_dir_all(host.join("dev")).unwrap();
-    std::fs::create_dir_all(host.join("proc/sys/kernel/random")).unwrap();
-    std::fs::write(host.join("proc/sys/kernel/random/boot_id"), "6f1c1c1e-0d2f-4e5b-8a6c-7d9e0f1a2b3c\n").unwrap();
-    std::fs::write(host.join("proc/devices"), "Character devices:\n234 nvidia-caps-imex-channels\n").unwrap();
+    let imex = integration_tests::imex_host::ImexHost::build(dirs.root.path()).unwrap();
     let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"},
         "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}}))
     .unwrap();
     server.create_with_status(&node).unwrap();
-    let proc_root = host.join("proc");
-    let args = [
-        "--compute-domains",
-        "--driver-root",
-        driver_root.to_str().unwrap(),
-        "--dev-root",
-        host.to_str().unwrap(),
-        "--proc-root",
-        proc_root.to_str().unwrap(),
-        "--imex-health-interval-ms",
-        "200",
-    ];
-    let options = PluginOptions { extra_args: args.map(String::from).to_vec(), ..PluginOptions::default() };
+    let options = PluginOptions { extra_args: imex.plugin_args(20_000), ..PluginOptions::default() };
     let mut plugin = PluginProcess::spawn(&dirs, &options).unwrap();
     let kubeconfig = dirs.root.path().join("controller-kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();

@@ -17,222 +17,34 @@
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
+use gpu_dra_driver::compute_domain::FINALIZER;
 use gpu_dra_driver::compute_domain::api::{ComputeDomain, Readiness};
-use gpu_dra_driver::compute_domain::{DRIVER_NAME as CD_DRIVER, FINALIZER};
-use gpu_dra_driver::driver_root::{fake_imex, fake_tree};
-use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
+use integration_tests::imex_host::CHANNEL_DEVICE;
 use integration_tests::real_cluster::driver::{
-    NodePlugin, WAIT, allocation, chart, eventually, install, start_controller, start_plugin_with, yaml_documents,
+    allocation, chart, eventually, install, start_controller, yaml_documents,
 };
 use integration_tests::real_cluster::objects::create_all;
+use integration_tests::real_cluster::tray::Tray;
 use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::workspace_root;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PropagationPolicy};
 use serde_json::{Value, json};
 
-const GPU_DRIVER: &str = "gpu.nvidia.com";
 const NAMESPACE: &str = "default";
-/// The path a channel's device node has in the container (NVIDIA's).
-const CHANNEL_DEVICE: &str = "/dev/nvidia-caps-imex-channels/channel0";
 
 fn tmp_dir() -> &'static Path {
     Path::new(env!("CARGO_TARGET_TMPDIR"))
 }
 
-/// A fake GB200 tray: its Node (with an InternalIP), its plugin serving
-/// both drivers over a fake driver root and host, and the kubelet
-/// stand-in's connection to each driver.
-struct Tray {
-    plugin: NodePlugin,
-    address: String,
-    driver_root: PathBuf,
-    host: PathBuf,
-    kubelet_gpu: Kubelet,
-    gpu: Plugin,
-    kubelet_cd: Kubelet,
-    cd: Plugin,
-}
-
-impl Tray {
-    async fn start(cluster: &Cluster, name: &str, clique: u32, address: &str, ready_timeout_ms: u32) -> Self {
-        let inventories = workspace_root().join("examples/inventories");
-        let inventory = inventories.join(if clique == 1 { "gb200-clique.yaml" } else { "gb200-clique-2.yaml" });
-        let root = cluster.dir().join(format!("tray-{name}"));
-        let driver_root = root.join("driver-root");
-        fake_tree::build(
-            &driver_root,
-            "580.82.07",
-            &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")],
-        )
-        .unwrap();
-        fake_imex::install(&driver_root).unwrap();
-        let host = root.join("host");
-        std::fs::create_dir_all(host.join("dev")).unwrap();
-        std::fs::create_dir_all(host.join("proc/sys/kernel/random")).unwrap();
-        std::fs::write(host.join("proc/sys/kernel/random/boot_id"), "6f1c1c1e-0d2f-4e5b-8a6c-7d9e0f1a2b3c\n").unwrap();
-        std::fs::write(host.join("proc/devices"), "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n")
-            .unwrap();
-        let timeout = ready_timeout_ms.to_string();
-        let proc_root = host.join("proc");
-        let args = [
-            "--compute-domains",
-            "--driver-root",
-            driver_root.to_str().unwrap(),
-            "--dev-root",
-            host.to_str().unwrap(),
-            "--proc-root",
-            proc_root.to_str().unwrap(),
-            "--imex-ready-timeout-ms",
-            &timeout,
-            "--imex-health-interval-ms",
-            "200",
-        ];
-        let plugin = start_plugin_with(cluster, name, &inventory, &args).await;
-        // The kubelet registers its node's addresses; the controller puts
-        // the InternalIP in the domain's status, the IMEX peer list.
-        let addresses = json!({"status": {"addresses": [
-            {"type": "Hostname", "address": name}, {"type": "InternalIP", "address": address}]}});
-        Api::<Node>::all(cluster.admin())
-            .patch_status(name, &PatchParams::default(), &Patch::Merge(&addresses))
-            .await
-            .unwrap_or_else(|e| panic!("node {name} addresses: {e}"));
-        let kubelet_gpu = Kubelet::new(KubeletConfig::new(&plugin.dirs.registry, GPU_DRIVER));
-        let gpu = register(&kubelet_gpu, &plugin, GPU_DRIVER).await;
-        let kubelet_cd = Kubelet::new(KubeletConfig::new(&plugin.dirs.registry, CD_DRIVER));
-        let cd = register(&kubelet_cd, &plugin, CD_DRIVER).await;
-        Self { plugin, address: address.to_string(), driver_root, host, kubelet_gpu, gpu, kubelet_cd, cd }
-    }
-
-    fn name(&self) -> &str {
-        &self.plugin.node
-    }
-
-    /// The kubelet and plugin connection of the driver of `claim`'s devices.
-    fn driver_of(&self, claim: &ResourceClaim) -> (&Kubelet, &Plugin) {
-        let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
-        let driver = results.and_then(|d| d.results.as_ref()).and_then(|r| r.first()).map(|r| r.driver.as_str());
-        match driver {
-            Some(CD_DRIVER) => (&self.kubelet_cd, &self.cd),
-            Some(GPU_DRIVER) => (&self.kubelet_gpu, &self.gpu),
-            other => panic!("claim {:?} allocated for driver {other:?}", claim.metadata.name),
-        }
-    }
-
-    /// NodePrepareResources for one claim; the error string on failure.
-    async fn prepare(&self, claim: &ResourceClaim) -> Result<Vec<String>, String> {
-        let (kubelet, plugin) = self.driver_of(claim);
-        let request = claim_request(claim);
-        let answers = kubelet.prepare_raw(plugin, std::slice::from_ref(&request)).await.expect("prepare call");
-        let answer = &answers[&request.uid];
-        if answer.error.is_empty() {
-            Ok(answer.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect())
-        } else {
-            Err(answer.error.clone())
-        }
-    }
-
-    async fn unprepare(&self, claim: &ResourceClaim) {
-        let (kubelet, plugin) = self.driver_of(claim);
-        kubelet
-            .unprepare(plugin, &[claim_request(claim)])
-            .await
-            .unwrap_or_else(|e| panic!("unprepare {:?} on {}: {e}\n{}", claim.metadata.name, self.name(), self.log()));
-    }
-
-    fn log(&self) -> String {
-        format!("---- plugin {}\n{}", self.name(), self.plugin.process.log())
-    }
-
-    /// Live fake `nvidia-imex` daemons of this tray's driver root: processes
-    /// with the program as a whole argument (`nvidia-imex-ctl` is not one)
-    /// whose parent is not one too (the script's own subshells are not).
-    fn daemons(&self) -> usize {
-        let program = self.driver_root.join("usr/bin/nvidia-imex");
-        let needle = format!("{}\0", program.display());
-        let needle = needle.as_bytes();
-        let mut found = std::collections::BTreeMap::new();
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-            let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
-            // After the command's closing parenthesis: state, then parent.
-            let mut fields = stat.rsplit_once(')').map(|(_, rest)| rest.split_whitespace()).into_iter().flatten();
-            let (state, parent) = (fields.next().unwrap_or("Z"), fields.next().and_then(|p| p.parse::<u32>().ok()));
-            if state != "Z" && cmdline.windows(needle.len()).any(|w| w == needle) {
-                found.insert(pid, parent);
-            }
-        }
-        found.values().filter(|parent| parent.is_none_or(|p| !found.contains_key(&p))).count()
-    }
-
-    fn imex_log(&self) -> Vec<String> {
-        fake_imex::daemon_log(&self.driver_root)
-    }
-
-    fn channel_node(&self) -> PathBuf {
-        self.host.join(CHANNEL_DEVICE.trim_start_matches('/'))
-    }
-
-    /// The CDI spec the plugin wrote for claim `uid`, as JSON.
-    fn cdi_spec(&self, uid: &str) -> Option<Value> {
-        let entries = std::fs::read_dir(&self.plugin.dirs.cdi).ok()?;
-        let file = entries.flatten().find(|e| e.file_name().to_string_lossy().contains(uid))?;
-        serde_json::from_slice(&std::fs::read(file.path()).ok()?).ok()
-    }
-
-    /// Files under the plugin's directories (sockets and logs aside) whose
-    /// name or content mentions one of `uids`.
-    fn files_mentioning(&self, uids: &[String]) -> Vec<PathBuf> {
-        let mut found = Vec::new();
-        let mut pending = vec![self.plugin.dirs.root.path().to_path_buf(), self.host.join("dev")];
-        while let Some(dir) = pending.pop() {
-            for entry in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
-                let path = entry.path();
-                let Ok(kind) = entry.file_type() else { continue };
-                if kind.is_dir() {
-                    pending.push(path);
-                    continue;
-                }
-                if !kind.is_file() || path.extension().is_some_and(|e| e == "log") {
-                    continue;
-                }
-                let name = path.to_string_lossy().to_string();
-                let text = String::from_utf8_lossy(&std::fs::read(&path).unwrap_or_default()).to_string();
-                if uids.iter().any(|u| name.contains(u.as_str()) || text.contains(u.as_str())) {
-                    found.push(path);
-                }
-            }
-        }
-        found
-    }
-}
-
-/// Registers with `driver`'s registration socket once the plugin serves it.
-async fn register(kubelet: &Kubelet, plugin: &NodePlugin, driver: &str) -> Plugin {
-    let socket = plugin.dirs.registration_socket(driver);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        match kubelet.register(&socket).await {
-            Ok(registered) => return registered,
-            Err(e) if Instant::now() >= deadline => {
-                panic!("{driver} on {}: {e}\n{}", plugin.node, plugin.process.log())
-            }
-            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
-        }
-    }
-}
-
-fn claim_request(stored: &ResourceClaim) -> kubelet_proto::dra_v1::Claim {
-    claim(
-        stored.metadata.namespace.as_deref().unwrap_or_default(),
-        stored.metadata.name.as_deref().unwrap_or_default(),
-        stored.metadata.uid.as_deref().unwrap_or_default(),
-    )
+/// The example GB200 tray of clique 1 or 2.
+fn gb200(clique: u32) -> PathBuf {
+    let file = if clique == 1 { "gb200-clique.yaml" } else { "gb200-clique-2.yaml" };
+    workspace_root().join("examples/inventories").join(file)
 }
 
 struct Scene<'a> {
@@ -351,12 +163,12 @@ impl Scene<'_> {
     /// no daemon, no channel device node, no CDI spec or state file.
     fn assert_nothing_left(&self, uids: &[String]) {
         for tray in &self.trays {
-            assert_eq!(tray.daemons(), 0, "{}: a daemon outlived the domain: {:?}", tray.name(), tray.imex_log());
-            assert!(!tray.channel_node().exists(), "{}: the channel device node remains", tray.name());
+            let imex = &tray.imex;
+            assert_eq!(imex.daemons(), 0, "{}: a daemon outlived the domain: {:?}", tray.name(), imex.imex_log());
+            assert!(!imex.channel_node().exists(), "{}: the channel device node remains", tray.name());
             let left = tray.files_mentioning(uids);
             assert!(left.is_empty(), "{}: files remain: {left:?}", tray.name());
-            let cdi: Vec<_> = std::fs::read_dir(&tray.plugin.dirs.cdi).into_iter().flatten().flatten().collect();
-            assert!(cdi.is_empty(), "{}: CDI specs remain: {cdi:?}", tray.name());
+            assert_eq!(tray.cdi_files(), Vec::<PathBuf>::new(), "{}: CDI specs remain", tray.name());
         }
     }
 
@@ -446,13 +258,13 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
             .filter_map(|n| n["path"].as_str())
             .collect();
         assert!(paths.contains(&CHANNEL_DEVICE), "{pod}: {spec}");
-        assert!(tray.channel_node().exists(), "{node}: no channel device node");
-        let log = tray.imex_log();
+        assert!(tray.imex.channel_node().exists(), "{node}: no channel device node");
+        let log = tray.imex.imex_log();
         assert!(
             log.iter().any(|l| (l.starts_with("start ") || l.starts_with("reload ")) && l.ends_with(&peers)),
             "{node}: the IMEX peers are not {peers}: {log:?}"
         );
-        assert_eq!(tray.daemons(), 1, "{node}: one daemon: {log:?}");
+        assert_eq!(tray.imex.daemons(), 1, "{node}: one daemon: {log:?}");
         uids.extend(claims.iter().filter_map(|c| c.metadata.uid.clone()));
     }
 
@@ -466,7 +278,7 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
     scene.delete_domain("training", "training-channel").await;
     scene.assert_nothing_left(&uids);
     for tray in &scene.trays {
-        let log = tray.imex_log();
+        let log = tray.imex.imex_log();
         assert!(log.last().is_some_and(|l| l.starts_with("stop ")), "{}: {log:?}", tray.name());
     }
     // The four-gpus template is the user's, left as applied.
@@ -528,8 +340,8 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     scene.run_pod("wide-a", &first, &claims_a).await;
     let error = stray_tray.prepare(&claims_b[0]).await.unwrap_err();
     assert!(error.starts_with(&format!("node {stray} has not joined ComputeDomain default/wide after")), "{error}");
-    assert!(stray_tray.imex_log().is_empty(), "{:?}", stray_tray.imex_log());
-    assert_eq!(stray_tray.daemons(), 0);
+    assert!(stray_tray.imex.imex_log().is_empty(), "{:?}", stray_tray.imex.imex_log());
+    assert_eq!(stray_tray.imex.daemons(), 0);
 
     let uids: Vec<String> = std::iter::once(scene.domain("wide").await.unwrap().metadata.uid.unwrap())
         .chain(claims_a.iter().chain(&claims_b).filter_map(|c| c.metadata.uid.clone()))
@@ -584,7 +396,7 @@ async fn compute_domains_on_the_real_control_plane(release: Release) {
     install(&cluster, &chart(tmp_dir(), values)).await;
     let mut trays = Vec::new();
     for i in 0..4 {
-        trays.push(Tray::start(&cluster, &format!("gb200-{i}"), 1, &format!("10.0.0.{}", i + 1), 20_000).await);
+        trays.push(Tray::start(&cluster, &format!("gb200-{i}"), &gb200(1), &format!("10.0.0.{}", i + 1), 20_000).await);
     }
     let controller = start_controller(&cluster, "cd", "gb200-0", &["--compute-domains"]).await;
     let mut scene = Scene { cluster: &cluster, trays, controller };
@@ -597,7 +409,7 @@ async fn compute_domains_on_the_real_control_plane(release: Release) {
 
     // A tray of another rack (clique 2), added only now so that the Job's
     // pods could not land on it.
-    let stray = Tray::start(&cluster, "gb200-rack2-0", 2, "10.0.1.1", 2_000).await;
+    let stray = Tray::start(&cluster, "gb200-rack2-0", &gb200(2), "10.0.1.1", 2_000).await;
     scene.trays.push(stray);
     beyond_the_clique_is_explained(&scene, "gb200-rack2-0").await;
     a_taken_template_is_explained_and_kept(&scene).await;
