@@ -237,10 +237,9 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
     assert!(domain.metadata.finalizers.iter().flatten().any(|f| f == FINALIZER), "{:?}", domain.metadata);
 
     // Each channel: a CDI spec with the channel's device node; each
-    // tray's IMEX daemon was given the four addresses.
-    let mut peers: Vec<&str> = scene.trays.iter().map(|t| t.address.as_str()).collect();
-    peers.sort();
-    let peers = peers.join(" ");
+    // tray's IMEX daemon was given the four addresses (in the order of
+    // the domain's node indexes, which follow who joined first).
+    let peers: BTreeSet<String> = scene.trays.iter().map(|t| t.address.clone()).collect();
     let mut uids = vec![domain_uid];
     for (pod, node, claims) in &running {
         let tray = scene.tray(node);
@@ -259,11 +258,15 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
             .collect();
         assert!(paths.contains(&CHANNEL_DEVICE), "{pod}: {spec}");
         assert!(tray.imex.channel_node().exists(), "{node}: no channel device node");
+        // A daemon that started before the last node joined is told the
+        // new list (SIGUSR1) as the agent sees the domain change.
+        eventually(
+            &format!("{node}'s IMEX daemon configured with the four addresses"),
+            || async { (last_peers(&tray.imex.imex_log()).as_ref() == Some(&peers)).then_some(()) },
+            || format!("{:?}\n{}", tray.imex.imex_log(), scene.logs()),
+        )
+        .await;
         let log = tray.imex.imex_log();
-        assert!(
-            log.iter().any(|l| (l.starts_with("start ") || l.starts_with("reload ")) && l.ends_with(&peers)),
-            "{node}: the IMEX peers are not {peers}: {log:?}"
-        );
         assert_eq!(tray.imex.daemons(), 1, "{node}: one daemon: {log:?}");
         uids.extend(claims.iter().filter_map(|c| c.metadata.uid.clone()));
     }
@@ -285,6 +288,12 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
     templates.delete("four-gpus", &DeleteParams::default()).await.unwrap();
     uids
+}
+
+/// The peers a fake daemon was last given (`start|reload <cfg> <peers...>`).
+fn last_peers(log: &[String]) -> Option<BTreeSet<String>> {
+    let line = log.iter().rev().find(|l| l.starts_with("start ") || l.starts_with("reload "))?;
+    Some(line.split_whitespace().skip(2).map(String::from).collect())
 }
 
 /// A pod on `node` with a channel from `template`.
@@ -357,7 +366,8 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
 }
 
 /// A domain naming a template the user already has: explained
-/// (TemplateTaken), and deleting the domain leaves that template alone.
+/// (TemplateTaken), its spec immutable, and deleting the domain leaves
+/// that template alone.
 async fn a_taken_template_is_explained_and_kept(scene: &Scene<'_>) {
     let objects = [
         json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
@@ -376,6 +386,10 @@ async fn a_taken_template_is_explained_and_kept(scene: &Scene<'_>) {
     .await;
     assert_eq!(reason, "TemplateTaken", "{note}");
     assert!(note.contains("ResourceClaimTemplate taken-channel exists and is not this domain's"), "{note}");
+    // The chart's CRD keeps the spec as applied (NVIDIA's rule).
+    let change = json!({"spec": {"numNodes": 2}});
+    let refused = scene.domains().patch("taken", &PatchParams::default(), &Patch::Merge(&change)).await.unwrap_err();
+    assert!(refused.to_string().contains("A computeDomain.spec is immutable"), "{refused}");
     scene.domains().delete("taken", &DeleteParams::default()).await.unwrap();
     eventually(
         "the domain released",
