@@ -130,11 +130,10 @@ impl Scene<'_> {
                 self.tray(node).unprepare(claim).await;
             }
             let failed = json!({"status": {"phase": "Failed"}});
-            let _ = self.pods().patch_status(pod, &PatchParams::default(), &Patch::Merge(&failed)).await;
-            let _ = self
-                .pods()
-                .delete(pod, &DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() })
-                .await;
+            let finished = self.pods().patch_status(pod, &PatchParams::default(), &Patch::Merge(&failed)).await;
+            gone_or_done(finished.map(drop), pod);
+            let now = DeleteParams { grace_period_seconds: Some(0), ..DeleteParams::default() };
+            gone_or_done(self.pods().delete(pod, &now).await.map(drop), pod);
         }
     }
 
@@ -187,10 +186,19 @@ impl Scene<'_> {
     }
 }
 
+/// A write to a pod that may already be gone (its owner's deletion got there first).
+fn gone_or_done(result: kube::Result<()>, pod: &str) {
+    match result {
+        Ok(()) => {}
+        Err(kube::Error::Api(e)) if e.code == 404 => {}
+        Err(e) => panic!("pod {pod}: {e}"),
+    }
+}
+
 /// NVIDIA's example on four trays of one clique: Ready with each node,
 /// each channel prepared with its device node, the IMEX peers the four
 /// addresses; then the workload and the domain go and leave nothing.
-async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
+async fn four_trays_form_a_domain(scene: &Scene<'_>) {
     let example = yaml_documents(&workspace_root().join("examples/compute-domain/four-node-job.yaml"));
     create_all(&scene.cluster.admin(), &example)
         .await
@@ -287,7 +295,6 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) -> Vec<String> {
     // The four-gpus template is the user's, left as applied.
     let templates: Api<ResourceClaimTemplate> = Api::namespaced(scene.cluster.admin(), NAMESPACE);
     templates.delete("four-gpus", &DeleteParams::default()).await.unwrap();
-    uids
 }
 
 /// The peers a fake daemon was last given (`start|reload <cfg> <peers...>`).
