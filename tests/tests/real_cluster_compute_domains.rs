@@ -86,15 +86,20 @@ impl Scene<'_> {
             &format!("pod {pod} bound with its claims allocated"),
             || async {
                 let found = self.pods().get(pod).await.ok()?;
-                let node = found.spec.as_ref()?.node_name.clone()?;
-                let wanted = found.spec.as_ref()?.resource_claims.as_ref().map_or(0, Vec::len);
-                let statuses = found.status?.resource_claim_statuses.unwrap_or_default();
+                let spec = found.spec.as_ref()?;
+                let node = spec.node_name.clone()?;
+                // A claim the pod names, or the one made from its template
+                // (recorded in the pod's status under the entry's name).
+                let made = found.status.as_ref().and_then(|s| s.resource_claim_statuses.clone()).unwrap_or_default();
                 let mut claims = Vec::new();
-                for status in &statuses {
-                    let claim = self.claims().get(status.resource_claim_name.as_deref()?).await.ok()?;
-                    claims.push(claim);
+                for entry in spec.resource_claims.iter().flatten() {
+                    let name = match &entry.resource_claim_name {
+                        Some(name) => name.clone(),
+                        None => made.iter().find(|s| s.name == entry.name)?.resource_claim_name.clone()?,
+                    };
+                    claims.push(self.claims().get(&name).await.ok()?);
                 }
-                (claims.len() == wanted && claims.iter().all(|c| !allocation(c).is_empty())).then_some((node, claims))
+                claims.iter().all(|c| !allocation(c).is_empty()).then_some((node, claims))
             },
             || self.logs(),
         )
@@ -312,9 +317,21 @@ fn pod_on(name: &str, node: &str, template: &str) -> Value {
                  "resourceClaims": [{"name": "imex", "resourceClaimTemplateName": template}]}})
 }
 
+/// A user's claim of a domain's IMEX daemon on the node it lands on.
+fn daemon_claim(name: &str, domain_uid: &str) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NAMESPACE},
+        "spec": {"devices": {
+            "requests": [{"name": "daemon", "exactly": {"deviceClassName": "compute-domain-daemon.nvidia.com"}}],
+            "config": [{"requests": ["daemon"], "opaque": {"driver": "compute-domain.nvidia.com", "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainDaemonConfig", "domainID": domain_uid}}}]}}})
+}
+
 /// A domain of five nodes where the clique has four, whose pods land on
 /// two cliques: an Event says both, the status lists the first clique's
 /// node only, and the other clique's channel is refused after the wait.
+/// The first pod also holds a daemon claim, which the real scheduler
+/// allocates on its node beside the channel.
 async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     let domain = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
         "metadata": {"name": "wide", "namespace": NAMESPACE},
@@ -328,11 +345,21 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     )
     .await;
     let first = scene.trays[0].name().to_string();
-    let pods = [pod_on("wide-a", &first, "wide-channel"), pod_on("wide-b", stray, "wide-channel")];
-    create_all(&scene.cluster.admin(), &pods).await.unwrap_or_else(|e| panic!("{e}"));
+    // wide-a also holds a daemon claim of the domain (NVIDIA's daemon
+    // pods' kind): prepared as the same daemon as the channel's.
+    let domain_uid = scene.domain("wide").await.unwrap().metadata.uid.unwrap();
+    let mut wide_a = pod_on("wide-a", &first, "wide-channel");
+    wide_a["spec"]["resourceClaims"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "daemon", "resourceClaimName": "wide-daemon"}));
+    let objects = [daemon_claim("wide-daemon", &domain_uid), wide_a, pod_on("wide-b", stray, "wide-channel")];
+    create_all(&scene.cluster.admin(), &objects).await.unwrap_or_else(|e| panic!("{e}"));
     let (node_a, claims_a) = scene.scheduled("wide-a").await;
     let (node_b, claims_b) = scene.scheduled("wide-b").await;
     assert_eq!((node_a.as_str(), node_b.as_str()), (first.as_str(), stray));
+    let daemons: Vec<_> = claims_a.iter().flat_map(allocation).filter(|(_, d)| d.starts_with("daemon")).collect();
+    assert_eq!(daemons.len(), 1, "wide-a's daemon claim allocated on its node: {claims_a:?}");
 
     let note = eventually(
         "the wide domain explained",
@@ -354,6 +381,7 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     // refused with the reason after its bounded wait, and starts nothing.
     let stray_tray = scene.tray(stray);
     scene.run_pod("wide-a", &first, &claims_a).await;
+    assert_eq!(scene.tray(&first).imex.daemons(), 1, "one daemon for the channel and the daemon claim");
     let error = stray_tray.prepare(&claims_b[0]).await.unwrap_err();
     assert!(error.starts_with(&format!("node {stray} has not joined ComputeDomain default/wide after")), "{error}");
     assert!(stray_tray.imex.imex_log().is_empty(), "{:?}", stray_tray.imex.imex_log());
@@ -368,6 +396,7 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     let running =
         [("wide-a".to_string(), first.clone(), claims_a), ("wide-b".to_string(), stray.to_string(), claims_b)];
     scene.finish_terminating_pods(&running).await;
+    scene.claims().delete("wide-daemon", &DeleteParams::default()).await.unwrap();
     scene.delete_domain("wide", "wide-channel").await;
     scene.assert_nothing_left(&uids);
 }
