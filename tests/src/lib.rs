@@ -10,6 +10,7 @@ pub mod fault_proxy;
 pub mod go_allocator;
 pub mod helm;
 pub mod https_client;
+pub mod imex_host;
 pub mod kubelet;
 pub mod mock_gpu;
 pub mod mock_nvml;

@@ -64,6 +64,31 @@ fn allows(grants: &BTreeSet<Grant>, call: &ApiCall) -> bool {
     })
 }
 
+/// What the real authorizer checks for `agent`'s `call`: the call itself
+/// and, for a claim's status write, what Kubernetes 1.36+ checks besides
+/// (DRAResourceClaimGranularStatusAuthorization, `resourceclaimStatusStrategy.ValidateUpdate`
+/// in `pkg/registry/resource/resourceclaim/strategy.go`, with
+/// `AuthorizedForBinding` and `AuthorizedForDeviceStatus` in
+/// `pkg/registry/resource/utils.go`): a change of status.allocation is
+/// also checked as the same verb on resourceclaims/binding (the
+/// controller's delegated allocations); a change of status.devices as
+/// `associated-node:<verb>` on resourceclaims/driver, named by the driver,
+/// when the writer's token is bound to the claim's node (the node agent
+/// writes only its own node's claims, on its node's token). The stand-in
+/// authorizes nothing and records the status write alone.
+fn authorization_checks(agent: &str, call: ApiCall) -> Vec<ApiCall> {
+    let mut checks = vec![call.clone()];
+    if call.verb == "update" && call.resource == "resourceclaims/status" {
+        checks.push(match agent {
+            "gpu-kubelet-plugin" => {
+                ApiCall { verb: "associated-node:update", resource: "resourceclaims/driver".into(), ..call }
+            }
+            _ => ApiCall { resource: "resourceclaims/binding".into(), ..call },
+        });
+    }
+    checks
+}
+
 /// The calls the README's demo makes (the whole system: publishing,
 /// delegated allocation, explanations, leader election, prepare).
 fn demo_calls() -> Vec<(String, ApiCall)> {
@@ -225,15 +250,7 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
 
     let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
     for (agent, call) in demo_calls().into_iter().chain(fault_path_calls()).chain(idle_warning_calls()) {
-        // The real authorizer (1.36+, DRAResourceClaimGranularStatusAuthorization)
-        // also checks `update` on resourceclaims/binding for a status write
-        // that sets status.allocation, as the controller's do; the stand-in
-        // records the status write alone.
-        if call.verb == "update" && call.resource == "resourceclaims/status" {
-            let binding = ApiCall { resource: "resourceclaims/binding".into(), ..call.clone() };
-            made.entry(agent.clone()).or_default().insert(binding);
-        }
-        made.entry(agent).or_default().insert(call);
+        made.entry(agent.clone()).or_default().extend(authorization_checks(&agent, call));
     }
     for (agent, account) in accounts {
         let calls = &made[agent];
@@ -247,6 +264,118 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
             })
             .collect();
         assert!(unused.is_empty(), "{account} is granted what {agent} never does: {unused:#?}");
+    }
+}
+
+/// The calls of ComputeDomains (`--compute-domains` on both binaries): a
+/// one-node domain on a fake GB200 tray (fake `nvidia-imex` in a fake
+/// driver root) made, its channel prepared until the domain is Ready,
+/// then unprepared and the domain deleted.
+fn compute_domain_calls() -> Vec<(String, ApiCall)> {
+    use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, Readiness, TemplateName};
+    use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+
+    const CD_DRIVER: &str = "compute-domain.nvidia.com";
+    let server = ApiServer::start_in_thread().unwrap();
+    let dirs = PluginDirs::new(include_str!("../../examples/inventories/gb200-clique.yaml")).unwrap();
+    server.write_kubeconfig(&dirs.kubeconfig).unwrap();
+    let imex = integration_tests::imex_host::ImexHost::build(dirs.root.path()).unwrap();
+    let node: Node = serde_json::from_value(json!({"metadata": {"name": "node-a"},
+        "status": {"addresses": [{"type": "InternalIP", "address": "10.0.0.1"}]}}))
+    .unwrap();
+    server.create_with_status(&node).unwrap();
+    let options = PluginOptions { extra_args: imex.plugin_args(20_000), ..PluginOptions::default() };
+    let mut plugin = PluginProcess::spawn(&dirs, &options).unwrap();
+    let kubeconfig = dirs.root.path().join("controller-kubeconfig");
+    server.write_kubeconfig(&kubeconfig).unwrap();
+    let mut controller = ControllerProcess::spawn(&kubeconfig, "rbac", &["--compute-domains"]).unwrap();
+    let logs = || format!("{}\n{}", plugin.log(), controller.log());
+
+    let channel =
+        ChannelSpec { resource_claim_template: TemplateName { name: "job-channel".into() }, allocation_mode: None };
+    let spec = ComputeDomainSpec { num_nodes: 1, channel: Some(channel) };
+    let domain = server.create(&ComputeDomain::new("default", "job", spec)).unwrap();
+    let template = || server.get::<ResourceClaimTemplate>(Some("default"), "job-channel").ok();
+    wait_until("the domain's template", &logs, || template().is_some());
+    // The pod's claim from the template, as the scheduler leaves it.
+    let from_template = template().unwrap().spec.unwrap();
+    let mut object = serde_json::to_value(&from_template).unwrap();
+    object["metadata"]["namespace"] = json!("default");
+    object["metadata"]["name"] = json!("worker-channel");
+    let config = &from_template.spec.as_ref().unwrap().devices.as_ref().unwrap().config;
+    let allocated: Vec<Value> = config
+        .iter()
+        .flatten()
+        .map(|c| json!({"source": "FromClaim", "requests": c.requests, "opaque": c.opaque}))
+        .collect();
+    object["status"] = json!({
+        "allocation": {"devices": {"results": [{"request": "channel", "driver": CD_DRIVER, "pool": "node-a", "device": "channel-0"}],
+                                   "config": allocated}},
+        "reservedFor": [{"resource": "pods", "name": "worker", "uid": "worker-uid"}]});
+    let stored = server.create_with_status(&serde_json::from_value::<ResourceClaim>(object).unwrap()).unwrap();
+    let request = claim("default", "worker-channel", stored.metadata.uid.as_deref().unwrap());
+
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let kubelet = Kubelet::new(KubeletConfig::new(&dirs.registry, CD_DRIVER));
+    let registered = runtime.block_on(kubelet.wait_and_register(WAIT)).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let answers = runtime.block_on(kubelet.prepare(&registered, std::slice::from_ref(&request)));
+    answers.unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    let ready = || {
+        let domain = server.get::<ComputeDomain>(Some("default"), "job").ok();
+        domain.and_then(|d| d.status).is_some_and(|s| s.status == Readiness::Ready)
+    };
+    wait_until("the domain Ready", &logs, ready);
+    runtime.block_on(kubelet.unprepare(&registered, &[request])).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
+    server.delete::<ResourceClaim>(Some("default"), "worker-channel").unwrap();
+    server.delete::<ComputeDomain>(Some("default"), "job").unwrap();
+    wait_until("the domain released", &logs, || {
+        server.get::<ComputeDomain>(Some("default"), domain.metadata.name.as_deref().unwrap()).is_err()
+    });
+    controller.kill();
+    plugin.kill().unwrap();
+    let records = server.faults().requests();
+    let mut calls = Vec::new();
+    for agent in ["gpu-kubelet-plugin", "gpu-dra-controller"] {
+        calls.extend(calls_by(&records, &format!("{agent}/")).into_iter().map(|c| (agent.to_string(), c)));
+    }
+    calls
+}
+
+/// With `resources.computeDomains.enabled`, the chart's `-compute-domains`
+/// roles grant what ComputeDomains need beyond the main roles, no more:
+/// every call is allowed by the account's roles together, and each grant
+/// of a `-compute-domains` role is used.
+#[test]
+fn compute_domain_rbac_is_exactly_the_calls_they_make() {
+    let outcomes =
+        render_all(tmp_dir(), &[("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}}))]);
+    let (objects, _) = rendered(&outcomes, "compute-domains");
+    let granted = grants(&objects);
+    let extra_objects: Vec<Value> = objects
+        .iter()
+        .filter(|o| o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-compute-domains")))
+        .cloned()
+        .collect();
+    let extra = grants(&extra_objects);
+    let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
+    for (agent, call) in compute_domain_calls() {
+        made.entry(agent.clone()).or_default().extend(authorization_checks(&agent, call));
+    }
+    let accounts =
+        [("gpu-kubelet-plugin", "gpu-dra-driver-kubelet-plugin"), ("gpu-dra-controller", "gpu-dra-driver-controller")];
+    for (agent, account) in accounts {
+        let calls = &made[agent];
+        let denied: Vec<&ApiCall> = calls.iter().filter(|c| !allows(&granted[account], c)).collect();
+        assert!(denied.is_empty(), "{agent} makes calls its RBAC ({account}) does not allow: {denied:#?}");
+        let unused: Vec<&Grant> = extra[account]
+            .iter()
+            .filter(|(verb, group, resource, _)| {
+                !calls.iter().any(|c| c.verb == verb && c.group == *group && c.resource == *resource)
+            })
+            .collect();
+        assert!(unused.is_empty(), "{account}'s compute-domain role grants what {agent} never does: {unused:#?}");
     }
 }
 

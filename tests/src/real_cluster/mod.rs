@@ -23,6 +23,7 @@ pub mod node;
 pub mod objects;
 mod pki;
 mod process;
+pub mod tray;
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
