@@ -16,6 +16,8 @@
 //! 3. wait (bounded) until the domain's status lists this node, then write
 //!    the IMEX configuration with the domain's node addresses and start
 //!    `nvidia-imex` (or tell a running one the new peers) ([`daemons`]);
+//!    beside a host-managed `nvidia-imex`, check that it lists the domain's
+//!    nodes instead, else refuse the claim ([`host_imex`]);
 //! 4. wait (bounded) until `nvidia-imex-ctl -q` answers READY; a daemon
 //!    that was already running and is not ready fails the prepare at once;
 //! 5. create the channel device nodes a fresh node lacks;
@@ -25,11 +27,19 @@
 //!
 //! A failure rolls back the claim's record and spec, and stops the
 //! domain's daemon when no other claim of it remains. Start-up rolls back
-//! every `PrepareStarted` record and stops daemons no record needs.
+//! every `PrepareStarted` record, stops daemons no record needs, and
+//! starts again the daemons of prepared claims that died with the
+//! previous agent. Unprepare removes the record first, then the spec, then
+//! what no record needs; a kill between leaves files start-up removes.
+//! The health loop also releases claims deleted from the API while the
+//! kubelet could not unprepare them, so no daemon runs on for nothing.
+//! Every step between two side effects is a kill point for the crash
+//! tests ([`crate::state::kill_point`]).
 
 pub mod claim_plan;
 pub mod daemons;
 pub mod health;
+pub mod host_imex;
 pub mod serve;
 pub mod status;
 
@@ -48,7 +58,18 @@ use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, Pre
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
+use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
+use host_imex::HostDaemon;
+
+/// Which daemon serves a domain on this node.
+#[derive(Debug, Clone)]
+pub(crate) enum Server {
+    /// This agent's own `nvidia-imex` for the domain.
+    Own,
+    /// A host-managed one that lists every node of the domain.
+    Host(HostDaemon),
+}
 
 /// The record of device nodes this agent created (removed when no claim
 /// holds a channel any more).
@@ -56,6 +77,8 @@ const CREATED_NODES: &str = "device-nodes.json";
 const CDI_FILE_MODE: u32 = 0o644;
 /// How often a prepare re-checks what it waits for.
 const POLL: Duration = Duration::from_millis(100);
+/// How long the health loop waits for the API to say whether a claim exists.
+const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the agent finds ComputeDomains (a reflector store in `run`, a map
 /// in tests): the domain with `uid` in `namespace`.
@@ -154,7 +177,64 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 }
             }
         }
-        self.collect_garbage(&records)
+        self.collect_garbage(&records)?;
+        self.revive_daemons(&records);
+        Ok(())
+    }
+
+    /// Starts again the daemons of prepared claims that are not running
+    /// (the previous agent's container took them along), from their
+    /// directories, before the domain store has synced; a domain a
+    /// host-managed daemon now serves is left to it.
+    fn revive_daemons(&self, records: &[ClaimRecord]) {
+        let mut domains: Vec<&str> = records
+            .iter()
+            .filter(|r| r.state == PrepareState::PrepareCompleted)
+            .filter_map(|r| r.compute_domain.as_ref())
+            .map(|d| d.domain_uid.as_str())
+            .collect();
+        domains.sort_unstable();
+        domains.dedup();
+        for domain in domains {
+            if self.daemons.find(domain).is_none() && self.host_daemon().is_some() {
+                continue;
+            }
+            match self.daemons.revive(domain) {
+                Ok(true) => tracing::info!(domain, "started the IMEX daemon of a prepared claim again"),
+                Ok(false) => {}
+                Err(error) => {
+                    tracing::warn!(domain, %error, "cannot start the IMEX daemon again; the health loop retries")
+                }
+            }
+        }
+    }
+
+    /// A host-managed `nvidia-imex`, if the host runs one.
+    pub(crate) fn host_daemon(&self) -> Option<HostDaemon> {
+        host_imex::detect(&self.config.proc_root, self.daemons.root())
+    }
+
+    /// Who serves `domain_uid` here: our daemon when it runs or the host
+    /// runs none; else the host's, when it lists every peer.
+    pub(crate) fn server(&self, domain_uid: &str, peers: &[IpAddr], domain_name: &str) -> Result<Server, String> {
+        if self.daemons.find(domain_uid).is_some() {
+            return Ok(Server::Own);
+        }
+        match self.host_daemon() {
+            None => Ok(Server::Own),
+            Some(host) => {
+                host.check_serves(peers, self.config.node.as_str(), domain_name)?;
+                Ok(Server::Host(host))
+            }
+        }
+    }
+
+    /// Asks the domain's daemon whether it is ready.
+    pub(crate) async fn query(&self, domain_uid: &str, server: &Server) -> DaemonState {
+        match server {
+            Server::Own => self.daemons.query(domain_uid).await,
+            Server::Host(host) => self.daemons.query_host(host).await,
+        }
     }
 
     /// Stops daemons of domains no record holds; removes created device
@@ -192,11 +272,16 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             .unwrap_or_default()
     }
 
+    /// Removes the claim's record, then its spec (a spec no record owns is
+    /// removed at start-up, so a kill between leaks nothing).
     fn remove_claim(&self, uid: &ClaimUid, spec_file: Option<&str>) -> Result<(), String> {
+        self.checkpoint.remove(uid).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainUnrecorded);
         if let Some(file) = spec_file {
             durable::remove(&self.config.cdi_dir, file).map_err(|e| format!("removing CDI spec {file}: {e}"))?;
+            kill_point::reached(Step::DomainSpecRemoved);
         }
-        self.checkpoint.remove(uid).map_err(|e| e.to_string())
+        Ok(())
     }
 
     /// The domain's nodes' addresses once this node is among them.
@@ -250,6 +335,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             compute_domain: Some(plan.domain.clone()),
         };
         self.checkpoint.write(&valid.uid, &record).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainRecorded);
         match self.bring_up(&valid.uid, record, &plan, &domain_name, until).await {
             Ok(devices) => {
                 let state = DaemonState::Ready;
@@ -303,23 +389,35 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             }
             tokio::time::sleep(POLL).await;
         };
-        let ensured = self.daemons.ensure(domain_uid, &peers)?;
+        let server = self.server(domain_uid, &peers, domain_name)?;
+        let (ensured, log_hint) = match &server {
+            Server::Own => (
+                self.daemons.ensure(domain_uid, &peers)?,
+                format!("see {}", self.daemons.log_file(domain_uid).display()),
+            ),
+            Server::Host(host) => (
+                Ensured::Unchanged,
+                format!(
+                    "the host-managed nvidia-imex (pid {}, -c {}) serves this node",
+                    host.pid,
+                    host.config.display()
+                ),
+            ),
+        };
         loop {
-            let state = self.daemons.query(domain_uid).await;
+            let state = self.query(domain_uid, &server).await;
             self.states.lock().unwrap_or_else(|p| p.into_inner()).insert(domain_uid.clone(), state.clone());
             match state {
                 DaemonState::Ready => break,
                 DaemonState::NotReady(answer) if ensured == Ensured::Unchanged => {
                     return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} is not ready (nvidia-imex-ctl: {answer}): no new channels are prepared here until it is; see {}",
-                        self.daemons.dir(domain_uid).join("imex.log").display()
+                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} is not ready (nvidia-imex-ctl: {answer}): no new channels are prepared here until it is; {log_hint}"
                     ));
                 }
                 DaemonState::NotReady(answer) if tokio::time::Instant::now() >= wait_until => {
                     return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} did not become ready in {:?} (nvidia-imex-ctl: {answer}); see {}",
-                        self.config.ready_timeout,
-                        self.daemons.dir(domain_uid).join("imex.log").display()
+                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} did not become ready in {:?} (nvidia-imex-ctl: {answer}); {log_hint}",
+                        self.config.ready_timeout
                     ));
                 }
                 DaemonState::NotReady(_) => tokio::time::sleep(POLL).await,
@@ -338,6 +436,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         durable::write(&self.config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
             .map_err(|e| format!("writing CDI spec {spec_file}: {e}"))?;
+        kill_point::reached(Step::DomainSpecWritten);
         record.devices = devices
             .iter()
             .map(|d| CheckpointDevice {
@@ -354,6 +453,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             .collect();
         record.state = PrepareState::PrepareCompleted;
         self.checkpoint.write(uid, &record).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainCompleted);
         Ok(devices)
     }
 
@@ -374,6 +474,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             let node = gpu_dra_driver::cdi::spec::DeviceNode::char(imex::channel_path(*id), major, *id);
             if crate::host::device_nodes::create_missing(dev_root, [&node]).is_empty() {
                 tracing::warn!(path = %path.display(), "channel device node not created; the container runtime creates it from the spec");
+            } else {
+                kill_point::reached(Step::DomainNodeCreated);
             }
         }
         Ok(())
@@ -381,10 +483,47 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
         let valid = claim.validate().map_err(|e| e.to_string())?;
-        let Some(record) = self.checkpoint.read_one(&valid.uid)? else { return Ok(()) };
-        self.remove_claim(&valid.uid, record.cdi_spec_file.as_deref())?;
+        self.release(&valid.uid)
+    }
+
+    /// Removes the claim's record and spec, then what no record needs.
+    fn release(&self, uid: &ClaimUid) -> Result<(), String> {
+        if let Some(record) = self.checkpoint.read_one(uid)? {
+            self.remove_claim(uid, record.cdi_spec_file.as_deref())?;
+        }
         let records = self.records()?;
         self.collect_garbage(&records)
+    }
+
+    /// Releases prepared claims the API no longer has (deleted, or
+    /// replaced by a claim of the same name): the kubelet could not
+    /// unprepare them (the agent was down, or the kubelet lost its state),
+    /// and no pod can use a deleted claim. An API error decides nothing.
+    pub(crate) async fn release_deleted_claims(&self, records: &[ClaimRecord]) -> usize {
+        let mut released = 0;
+        for record in records {
+            let until = tokio::time::Instant::now() + CLAIM_CHECK_TIMEOUT;
+            let gone = match self.claims.get(&record.namespace, &record.name, until).await {
+                Ok(None) => true,
+                Ok(Some(claim)) if claim.metadata.uid.as_deref() != Some(record.uid.as_str()) => {
+                    self.claims.forget(&record.namespace, &record.name);
+                    true
+                }
+                Ok(Some(_)) | Err(_) => false,
+            };
+            if !gone {
+                continue;
+            }
+            let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
+            tracing::info!(claim = %format!("{}/{}", record.namespace, record.name), uid = record.uid, "releasing a prepared claim deleted from the API without an unprepare");
+            match self.release(&uid) {
+                Ok(()) => released += 1,
+                Err(error) => {
+                    tracing::warn!(claim = record.name, %error, "cannot release a deleted claim; retrying later")
+                }
+            }
+        }
+        released
     }
 
     /// Records of prepared claims, for the health loop.
