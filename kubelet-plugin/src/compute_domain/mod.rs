@@ -84,6 +84,12 @@ const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 /// in tests): the domain with `uid` in `namespace`.
 pub trait DomainLookup: Send + Sync + 'static {
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain>;
+
+    /// Whether the lookup has heard the API's whole list once (a domain
+    /// it lacks before then may just not have arrived yet).
+    fn synced(&self) -> bool {
+        true
+    }
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim.
@@ -315,7 +321,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         }
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
-        let domain = self.domains.find(&valid.namespace, &domain_uid).ok_or_else(|| {
+        let domain = self.find_domain(&valid.namespace, &domain_uid, until).await.ok_or_else(|| {
             format!(
                 "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
                 valid.namespace
@@ -356,6 +362,19 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// The domain, waiting (bounded) for the domain watch's first list
+    /// after a start: the kubelet prepares again as soon as the agent is back.
+    async fn find_domain(&self, namespace: &str, uid: &str, until: tokio::time::Instant) -> Option<ComputeDomain> {
+        let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
+        loop {
+            let domain = self.domains.find(namespace, uid);
+            if domain.is_some() || self.domains.synced() || tokio::time::Instant::now() >= wait_until {
+                return domain;
+            }
+            tokio::time::sleep(POLL).await;
         }
     }
 
