@@ -6,11 +6,16 @@
 //!   record; a finished prepare is kept; the retry succeeds;
 //! - a restarted agent adopts its running daemon (SIGTERM or SIGKILL),
 //!   starts it again when it died with the agent, and releases claims
-//!   deleted from the API while it was down (no daemon left behind).
+//!   deleted from the API while it was down (no daemon left behind);
+//! - a host-managed `nvidia-imex` is used for a domain it lists, never
+//!   doubled or stopped, and a domain it lacks is refused per claim.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use gpu_dra_driver::compute_domain::api::Readiness;
+use gpu_dra_driver::compute_domain::imex;
+use gpu_dra_driver::driver_root::fake_imex;
 use integration_tests::compute_domain_cluster::{Cluster, Node, WAIT, wait_until};
 use integration_tests::plugin_process::PluginOptions;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -213,4 +218,58 @@ fn a_restarted_agent_keeps_one_daemon_and_releases_claims_deleted_while_it_was_d
     for claim in [&first, &second, &third] {
         unprepare_ok(&cluster, &node, claim);
     }
+}
+
+/// A host-managed `nvidia-imex` (a fake one from another driver root, in
+/// the node's `--proc-root`): the agent starts no daemon of its own; the
+/// domain becomes Ready through the host's daemon, which lists the node;
+/// once the host's list lacks it, a new channel is refused with what to
+/// do; the host's daemon is never stopped.
+#[test]
+fn a_host_managed_daemon_is_used_never_doubled_and_a_domain_it_lacks_refused() {
+    let cluster = Cluster::start();
+    let node = Node::start(&cluster.server, &cluster.rt, 0, 1, 20_000);
+    let host_root = node.dirs.root.path().join("host-imex");
+    fake_imex::install(&host_root).unwrap();
+    let etc = host_root.join("etc/nvidia-imex");
+    std::fs::create_dir_all(&etc).unwrap();
+    let nodes = etc.join("nodes_config.cfg");
+    std::fs::write(&nodes, format!("{}\n10.0.0.2\n", node.address)).unwrap();
+    let config = etc.join("config.cfg");
+    std::fs::write(&config, imex::daemon_config(&nodes, &etc.join("imex.log"))).unwrap();
+    let mut host =
+        std::process::Command::new(host_root.join("usr/bin/nvidia-imex")).arg("-c").arg(&config).spawn().unwrap();
+    std::os::unix::fs::symlink(format!("/proc/{}", host.id()), node.host.join(format!("proc/{}", host.id()))).unwrap();
+
+    cluster.apply_domain(1);
+    wait_on(&cluster, &node, "the workload template", |_| cluster.template().is_some());
+    let first = cluster.allocated_channel("worker-0", "gb200-0");
+    prepare_ok(&cluster, &node, &first, "through the host's daemon");
+    assert_eq!(node.daemons(), 0, "no daemon of the agent's: {:?}", node.imex_log());
+    assert!(node.channel_node().exists());
+    wait_on(&cluster, &node, "the domain Ready", |_| {
+        cluster.domain().and_then(|d| d.status).is_some_and(|s| s.status == Readiness::Ready)
+    });
+
+    std::fs::write(&nodes, "10.0.0.9\n").unwrap();
+    let second = cluster.allocated_channel("worker-1", "gb200-0");
+    let error = node.prepare(&cluster.rt, std::slice::from_ref(&second)).remove(0).unwrap_err();
+    assert!(
+        error.starts_with(&format!(
+            "node gb200-0 runs a host-managed nvidia-imex (pid {}, -c {}), and its node list {} lacks {} of ComputeDomain default/job",
+            host.id(),
+            config.display(),
+            nodes.display(),
+            node.address
+        )) && error.contains("systemctl disable --now nvidia-imex"),
+        "{error}"
+    );
+    unprepare_ok(&cluster, &node, &first);
+    assert!(!node.channel_node().exists());
+    assert_eq!(node.daemons(), 0);
+    assert!(node.imex_log().is_empty(), "{:?}", node.imex_log());
+    assert_eq!(host.try_wait().unwrap(), None, "the host's daemon runs on");
+    assert_eq!(fake_imex::daemon_log(&host_root).len(), 1, "never signalled: {:?}", fake_imex::daemon_log(&host_root));
+    host.kill().unwrap();
+    host.wait().unwrap();
 }

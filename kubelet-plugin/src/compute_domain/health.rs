@@ -97,12 +97,12 @@ fn keep_serving<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
             }
             Ok(server)
         }
-        None if preparer.daemons.find(uid).is_none() && preparer.host_daemon().is_some() => {
-            preparer.host_daemon().map(Server::Host).ok_or_else(|| "the host-managed nvidia-imex exited".to_owned())
-        }
-        None => {
-            preparer.daemons.revive(uid)?;
-            Ok(Server::Own)
-        }
+        None => match (preparer.daemons.find(uid), preparer.host_daemon()) {
+            (None, Some(host)) => Ok(Server::Host(host)),
+            _ => {
+                preparer.daemons.revive(uid)?;
+                Ok(Server::Own)
+            }
+        },
     }
 }
