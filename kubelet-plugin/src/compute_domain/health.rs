@@ -7,7 +7,7 @@
 //! channel prepares there fail at once while it is not ready. A domain a
 //! host-managed daemon serves is only asked, never started or signalled.
 //! Each pass also releases prepared claims deleted from the API (see
-//! [`DomainPreparer::release_deleted_claims`]).
+//! [`DomainPreparer::deleted_claims`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -42,11 +42,16 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     written: &mut HashMap<String, DaemonState>,
 ) {
+    let deleted = preparer.deleted_claims(&preparer.prepared()).await;
     // Not while a prepare or unprepare runs: it may be starting or
     // stopping the same daemon.
     let Ok(_guard) = preparer.lock.try_lock() else { return };
+    for uid in deleted {
+        if let Err(error) = preparer.release(&uid) {
+            tracing::warn!(claim = %uid, %error, "cannot release a deleted claim; retrying later");
+        }
+    }
     let records = preparer.prepared();
-    let records = if preparer.release_deleted_claims(&records).await > 0 { preparer.prepared() } else { records };
     written.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
     let mut domains: Vec<(String, String)> = records
         .iter()

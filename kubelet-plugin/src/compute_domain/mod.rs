@@ -41,6 +41,7 @@ pub mod daemons;
 pub mod health;
 pub mod host_imex;
 pub mod serve;
+mod serving;
 pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
@@ -60,16 +61,7 @@ use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, Pre
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
-use host_imex::HostDaemon;
-
-/// Which daemon serves a domain on this node.
-#[derive(Debug, Clone)]
-pub(crate) enum Server {
-    /// This agent's own `nvidia-imex` for the domain.
-    Own,
-    /// A host-managed one that lists every node of the domain.
-    Host(HostDaemon),
-}
+pub(crate) use serving::Server;
 
 /// The record of device nodes this agent created (removed when no claim
 /// holds a channel any more).
@@ -77,8 +69,6 @@ const CREATED_NODES: &str = "device-nodes.json";
 const CDI_FILE_MODE: u32 = 0o644;
 /// How often a prepare re-checks what it waits for.
 const POLL: Duration = Duration::from_millis(100);
-/// How long the health loop waits for the API to say whether a claim exists.
-const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Where the agent finds ComputeDomains (a reflector store in `run`, a map
 /// in tests): the domain with `uid` in `namespace`.
@@ -186,61 +176,6 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         self.collect_garbage(&records)?;
         self.revive_daemons(&records);
         Ok(())
-    }
-
-    /// Starts again the daemons of prepared claims that are not running
-    /// (the previous agent's container took them along), from their
-    /// directories, before the domain store has synced; a domain a
-    /// host-managed daemon now serves is left to it.
-    fn revive_daemons(&self, records: &[ClaimRecord]) {
-        let mut domains: Vec<&str> = records
-            .iter()
-            .filter(|r| r.state == PrepareState::PrepareCompleted)
-            .filter_map(|r| r.compute_domain.as_ref())
-            .map(|d| d.domain_uid.as_str())
-            .collect();
-        domains.sort_unstable();
-        domains.dedup();
-        for domain in domains {
-            if self.daemons.find(domain).is_none() && self.host_daemon().is_some() {
-                continue;
-            }
-            match self.daemons.revive(domain) {
-                Ok(true) => tracing::info!(domain, "started the IMEX daemon of a prepared claim again"),
-                Ok(false) => {}
-                Err(error) => {
-                    tracing::warn!(domain, %error, "cannot start the IMEX daemon again; the health loop retries")
-                }
-            }
-        }
-    }
-
-    /// A host-managed `nvidia-imex`, if the host runs one.
-    pub(crate) fn host_daemon(&self) -> Option<HostDaemon> {
-        host_imex::detect(&self.config.proc_root, self.daemons.root())
-    }
-
-    /// Who serves `domain_uid` here: our daemon when it runs or the host
-    /// runs none; else the host's, when it lists every peer.
-    pub(crate) fn server(&self, domain_uid: &str, peers: &[IpAddr], domain_name: &str) -> Result<Server, String> {
-        if self.daemons.find(domain_uid).is_some() {
-            return Ok(Server::Own);
-        }
-        match self.host_daemon() {
-            None => Ok(Server::Own),
-            Some(host) => {
-                host.check_serves(peers, self.config.node.as_str(), domain_name)?;
-                Ok(Server::Host(host))
-            }
-        }
-    }
-
-    /// Asks the domain's daemon whether it is ready.
-    pub(crate) async fn query(&self, domain_uid: &str, server: &Server) -> DaemonState {
-        match server {
-            Server::Own => self.daemons.query(domain_uid).await,
-            Server::Host(host) => self.daemons.query_host(host).await,
-        }
     }
 
     /// Stops daemons of domains no record holds; removes created device
@@ -506,43 +441,12 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     }
 
     /// Removes the claim's record and spec, then what no record needs.
-    fn release(&self, uid: &ClaimUid) -> Result<(), String> {
+    pub(crate) fn release(&self, uid: &ClaimUid) -> Result<(), String> {
         if let Some(record) = self.checkpoint.read_one(uid)? {
             self.remove_claim(uid, record.cdi_spec_file.as_deref())?;
         }
         let records = self.records()?;
         self.collect_garbage(&records)
-    }
-
-    /// Releases prepared claims the API no longer has (deleted, or
-    /// replaced by a claim of the same name): the kubelet could not
-    /// unprepare them (the agent was down, or the kubelet lost its state),
-    /// and no pod can use a deleted claim. An API error decides nothing.
-    pub(crate) async fn release_deleted_claims(&self, records: &[ClaimRecord]) -> usize {
-        let mut released = 0;
-        for record in records {
-            let until = tokio::time::Instant::now() + CLAIM_CHECK_TIMEOUT;
-            let gone = match self.claims.get(&record.namespace, &record.name, until).await {
-                Ok(None) => true,
-                Ok(Some(claim)) if claim.metadata.uid.as_deref() != Some(record.uid.as_str()) => {
-                    self.claims.forget(&record.namespace, &record.name);
-                    true
-                }
-                Ok(Some(_)) | Err(_) => false,
-            };
-            if !gone {
-                continue;
-            }
-            let Ok(uid) = ClaimUid::new(record.uid.as_str()) else { continue };
-            tracing::info!(claim = %format!("{}/{}", record.namespace, record.name), uid = record.uid, "releasing a prepared claim deleted from the API without an unprepare");
-            match self.release(&uid) {
-                Ok(()) => released += 1,
-                Err(error) => {
-                    tracing::warn!(claim = record.name, %error, "cannot release a deleted claim; retrying later")
-                }
-            }
-        }
-        released
     }
 
     /// Records of prepared claims, for the health loop.
