@@ -32,6 +32,8 @@ const NODES: &str = "nodes.cfg";
 const LOG: &str = "imex.log";
 /// How long a stopping daemon gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long a started daemon may take to show its command line.
+const VISIBLE_WAIT: Duration = Duration::from_secs(1);
 /// The longest one `nvidia-imex-ctl -q` may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -162,7 +164,21 @@ impl Daemons {
         // Its own process group: a signal to the plugin's group (a
         // terminal's ^C) does not stop the domain's daemon.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        let mut child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        // The kernel shows the new command line a moment after `spawn`
+        // returns: wait for it, so that no caller misses the daemon and
+        // starts a second.
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        while self.find(domain).is_none() && Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{} exited at once ({status}); see {}",
+                    programs.daemon.display(),
+                    dir.join("output.log").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         tracing::info!(domain, pid = child.id(), "started nvidia-imex");
         self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(domain.to_owned(), child);
         Ok(())

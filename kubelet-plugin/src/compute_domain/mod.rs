@@ -257,10 +257,17 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
         let domain = self.find_domain(&valid.namespace, &domain_uid, until).await.ok_or_else(|| {
-            format!(
-                "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
-                valid.namespace
-            )
+            if self.domains.synced() {
+                format!(
+                    "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
+                    valid.namespace
+                )
+            } else {
+                format!(
+                    "the node agent has not yet listed ComputeDomains from the API after {:?} (is the computedomains.resource.nvidia.com CRD installed, and may the agent list it?); ComputeDomain {domain_uid} unknown so far",
+                    self.config.ready_timeout
+                )
+            }
         })?;
         let domain_name = format!("{}/{}", valid.namespace, domain.metadata.name.clone().unwrap_or_default());
         let spec_file = cdi::claim_spec_file_name(&self.config.driver, &valid.uid);

@@ -20,9 +20,14 @@ const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 const NODE: &str = "gb200-0";
 
 #[derive(Clone, Default)]
-struct Domains(Arc<Mutex<Option<ComputeDomain>>>);
+struct Domains(Arc<Mutex<Option<ComputeDomain>>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl DomainLookup for Domains {
+    /// Synced unless a test says otherwise (the flag holds "not yet").
+    fn synced(&self) -> bool {
+        !self.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
         self.0
             .lock()
@@ -428,4 +433,33 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     assert_eq!(fake_imex::daemon_log(&host_root).len(), 1, "nor signalled: {:?}", fake_imex::daemon_log(&host_root));
     host.kill().unwrap();
     host.wait().unwrap();
+}
+
+/// Just after a start the domain watch has not listed yet: a prepare waits
+/// for it (bounded) instead of calling the domain deleted; a watch that
+/// never lists is named in the error.
+#[tokio::test]
+async fn a_prepare_waits_for_the_domain_watchs_first_list() {
+    use std::sync::atomic::Ordering;
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let domain = node.domains.0.lock().unwrap().take();
+    node.domains.1.store(true, Ordering::SeqCst);
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(error.starts_with("the node agent has not yet listed ComputeDomains from the API after 1.5s"), "{error}");
+    let domains = node.domains.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        *domains.0.lock().unwrap() = domain;
+        domains.1.store(false, Ordering::SeqCst);
+    });
+    prepare(&p, &a).await.unwrap();
+    unprepare(&p, &a).await;
+    // Listed, and the domain is not there: at once.
+    node.domains.0.lock().unwrap().take();
+    let started = std::time::Instant::now();
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(error.starts_with("no ComputeDomain with UID"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(1));
 }
