@@ -212,7 +212,12 @@ fn a_restarted_agent_keeps_one_daemon_and_releases_claims_deleted_while_it_was_d
         cluster.server.delete::<ResourceClaim>(Some("default"), &claim.name).unwrap();
     }
     node.restart_with(&cluster.rt, &options);
-    wait_on(&cluster, &node, "the released daemon stopped", |n| n.daemons() == 0 && n.records().is_empty());
+    wait_on(&cluster, &node, "the released claims' records, specs and daemon gone", |n| {
+        n.daemons() == 0
+            && n.records().is_empty()
+            && n.files(&n.dirs.cdi).is_empty()
+            && n.files(&n.state().join("domains")).is_empty()
+    });
     check_settled(&node, "released", &[], false);
     // The kubelet's late unprepares are answered.
     for claim in [&first, &second, &third] {
