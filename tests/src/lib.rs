@@ -4,6 +4,7 @@
 pub mod apiserver;
 pub mod build;
 pub mod claim_fixtures;
+pub mod compute_domain_cluster;
 pub mod controller_process;
 pub mod fake_mps;
 pub mod fault_proxy;

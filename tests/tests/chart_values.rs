@@ -426,6 +426,10 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ("verbosity", json!({"logVerbosity": "6"})),
         // NVIDIA's switch for ComputeDomains turns ours on (CRD and classes).
         ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}})),
+        (
+            "compute-domains-mps",
+            json!({"resources": {"computeDomains": {"enabled": true}}, "featureGates": {"MPSSupport": true}}),
+        ),
         ("verbosity-int", json!({"logVerbosity": 4})),
         (
             "driver-root",
@@ -513,6 +517,20 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         crd("compute-domains") && !crd("gpus-enabled"),
         "the ComputeDomain CRD follows resources.computeDomains.enabled"
     );
+    // The IMEX daemon runs in the plugin's container: the node's network
+    // (peers dial its InternalIP) and the host's PIDs (a host-managed
+    // nvidia-imex is seen); never hostPID beside shareProcessNamespace,
+    // which the API refuses.
+    let pod_spec = |case: &str| one(&objects[case], "DaemonSet", "kubelet-plugin")["spec"]["template"]["spec"].clone();
+    for case in ["compute-domains", "compute-domains-mps"] {
+        let spec = pod_spec(case);
+        assert_eq!((&spec["hostNetwork"], &spec["hostPID"]), (&json!(true), &json!(true)), "{case}: {spec}");
+        assert_eq!(spec["dnsPolicy"], "ClusterFirstWithHostNet", "{case}");
+        assert!(spec.get("shareProcessNamespace").is_none(), "{case}: {spec}");
+    }
+    let mps = pod_spec("gates");
+    assert_eq!(mps["shareProcessNamespace"], json!(true), "{mps}");
+    assert!(mps.get("hostPID").is_none() && mps.get("hostNetwork").is_none(), "{mps}");
     let plugin_args = |case: &str| args(container(one(&objects[case], "DaemonSet", "kubelet-plugin"), "plugin"));
     let controller_args = |case: &str| args(container(one(&objects[case], "Deployment", "controller"), "controller"));
     assert!(plugin_args("verbosity").contains(&"--log-level=trace".to_string()));

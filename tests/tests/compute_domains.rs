@@ -1,291 +1,15 @@
-//! ComputeDomains through the whole system: the API-server stand-in
-//! (serving the CRD's resource as the apiextensions-apiserver does), the
-//! real controller with `--compute-domains`, and fake GB200 nodes each
-//! running the real node agent with `--compute-domains` over a fake driver
-//! root with fake `nvidia-imex` / `nvidia-imex-ctl`. The test acts as the
-//! resourceclaim controller (a claim per pod from the domain's template),
-//! the scheduler (one pod per node) and the kubelet (prepare, unprepare).
+//! ComputeDomains through the whole system (see
+//! [`integration_tests::compute_domain_cluster`]): a domain of four nodes,
+//! one beyond its clique, health, and a killed node agent.
 
-use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, Readiness, TemplateName};
-use gpu_dra_driver::driver_root::{fake_imex, fake_tree};
-use integration_tests::apiserver::ApiServer;
-use integration_tests::controller_process::ControllerProcess;
-use integration_tests::kubelet::{Kubelet, KubeletConfig, Plugin, claim};
-use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess, wait_for_path};
-use k8s_openapi::api::core::v1::Node as NodeObject;
-use k8s_openapi::api::events::v1::Event;
+use gpu_dra_driver::compute_domain::api::{ComputeDomain, Readiness};
+use integration_tests::compute_domain_cluster::{
+    CD_DRIVER, Cluster, Node, example_documents, example_domain, wait_until,
+};
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kubelet_proto::dra_v1::Claim;
-use serde_json::json;
-
-const CD_DRIVER: &str = "compute-domain.nvidia.com";
-const WAIT: Duration = Duration::from_secs(60);
-
-/// The example GB200 tray of clique 1 or 2 (`examples/inventories/`).
-fn gb200(clique: u32) -> String {
-    let file = if clique == 1 { "gb200-clique.yaml" } else { "gb200-clique-2.yaml" };
-    std::fs::read_to_string(integration_tests::workspace_root().join("examples/inventories").join(file)).unwrap()
-}
-
-/// The documents of `examples/compute-domain/four-node-job.yaml`.
-fn example_documents() -> Vec<serde_json::Value> {
-    let path = integration_tests::workspace_root().join("examples/compute-domain/four-node-job.yaml");
-    let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml_ng::Deserializer::from_str(&text).map(|d| serde::Deserialize::deserialize(d).unwrap()).collect()
-}
-
-/// The example's ComputeDomain, as NVIDIA's users write it.
-fn example_domain() -> ComputeDomain {
-    let mut domain: ComputeDomain = serde_json::from_value(example_documents()[0].clone()).unwrap();
-    domain.metadata.namespace = Some("default".into());
-    domain
-}
-
-struct Node {
-    name: String,
-    address: String,
-    dirs: PluginDirs,
-    options: PluginOptions,
-    process: PluginProcess,
-    kubelet: Kubelet,
-    plugin: Plugin,
-    driver_root: PathBuf,
-    host: PathBuf,
-}
-
-impl Node {
-    fn start(
-        server: &ApiServer,
-        rt: &tokio::runtime::Runtime,
-        index: usize,
-        clique: u32,
-        ready_timeout_ms: u32,
-    ) -> Self {
-        let name = format!("gb200-{index}");
-        let address = format!("10.0.0.{}", index + 1);
-        let dirs = PluginDirs::new(&gb200(clique)).unwrap();
-        server.write_kubeconfig(&dirs.kubeconfig).unwrap();
-        let driver_root = dirs.root.path().join("driver-root");
-        fake_tree::build(
-            &driver_root,
-            "580.82.07",
-            &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")],
-        )
-        .unwrap();
-        fake_imex::install(&driver_root).unwrap();
-        let host = dirs.root.path().join("host");
-        std::fs::create_dir_all(host.join("dev")).unwrap();
-        std::fs::create_dir_all(host.join("proc/sys/kernel/random")).unwrap();
-        std::fs::write(host.join("proc/sys/kernel/random/boot_id"), "6f1c1c1e-0d2f-4e5b-8a6c-7d9e0f1a2b3c\n").unwrap();
-        std::fs::write(host.join("proc/devices"), "Character devices:\n195 nvidia\n234 nvidia-caps-imex-channels\n")
-            .unwrap();
-        let mut node_object: NodeObject = serde_json::from_value(json!({
-            "metadata": {"name": name},
-            "status": {"addresses": [{"type": "Hostname", "address": name}, {"type": "InternalIP", "address": address}]}
-        }))
-        .unwrap();
-        node_object.metadata.name = Some(name.clone());
-        server.create_with_status(&node_object).unwrap();
-        let options = PluginOptions {
-            node: name.clone(),
-            extra_args: [
-                "--compute-domains",
-                "--driver-root",
-                driver_root.to_str().unwrap(),
-                "--dev-root",
-                host.to_str().unwrap(),
-                "--proc-root",
-                host.join("proc").to_str().unwrap(),
-                "--imex-ready-timeout-ms",
-                &ready_timeout_ms.to_string(),
-                "--imex-health-interval-ms",
-                "200",
-            ]
-            .map(String::from)
-            .to_vec(),
-            ..PluginOptions::default()
-        };
-        let process = PluginProcess::spawn(&dirs, &options).unwrap();
-        let kubelet = Kubelet::new(KubeletConfig::new(dirs.registry.clone(), CD_DRIVER));
-        let plugin = register(rt, &kubelet, &dirs, &process);
-        Self { name, address, dirs, options, process, kubelet, plugin, driver_root, host }
-    }
-
-    fn prepare(&self, rt: &tokio::runtime::Runtime, claims: &[Claim]) -> Vec<Result<Vec<String>, String>> {
-        let answers = rt.block_on(self.kubelet.prepare_raw(&self.plugin, claims)).expect("prepare call");
-        claims
-            .iter()
-            .map(|c| {
-                let a = &answers[&c.uid];
-                if a.error.is_empty() {
-                    Ok(a.devices.iter().flat_map(|d| d.cdi_device_ids.clone()).collect())
-                } else {
-                    Err(a.error.clone())
-                }
-            })
-            .collect()
-    }
-
-    /// SIGKILL, then a new process on the same files, registered again.
-    fn kill_and_restart(&mut self, rt: &tokio::runtime::Runtime) {
-        self.process.kill().unwrap();
-        self.process = PluginProcess::spawn(&self.dirs, &self.options).unwrap();
-        self.plugin = register(rt, &self.kubelet, &self.dirs, &self.process);
-    }
-
-    /// Live `nvidia-imex` processes of this node's state directory.
-    fn daemons(&self) -> usize {
-        let state = self.state();
-        let needle = state.to_str().unwrap().as_bytes();
-        std::fs::read_dir("/proc")
-            .unwrap()
-            .flatten()
-            .filter(|e| e.file_name().to_str().is_some_and(|n| n.parse::<u32>().is_ok()))
-            .filter(|e| {
-                let cmdline = std::fs::read(e.path().join("cmdline")).unwrap_or_default();
-                let stat = std::fs::read_to_string(e.path().join("stat")).unwrap_or_default();
-                let alive = stat.rsplit_once(')').is_some_and(|(_, r)| !r.trim_start().starts_with('Z'));
-                alive
-                    && cmdline.windows(11).any(|w| w == b"nvidia-imex")
-                    && cmdline.windows(needle.len()).any(|w| w == needle)
-            })
-            .count()
-    }
-
-    fn imex_log(&self) -> Vec<String> {
-        fake_imex::daemon_log(&self.driver_root)
-    }
-
-    fn channel_node(&self) -> PathBuf {
-        self.host.join("dev/nvidia-caps-imex-channels/channel0")
-    }
-
-    fn state(&self) -> PathBuf {
-        self.dirs.plugin_dir("gpu.nvidia.com").join("compute-domains")
-    }
-
-    fn files(&self, dir: &Path) -> Vec<String> {
-        std::fs::read_dir(dir)
-            .map(|e| e.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
-            .unwrap_or_default()
-    }
-}
-
-fn register(rt: &tokio::runtime::Runtime, kubelet: &Kubelet, dirs: &PluginDirs, process: &PluginProcess) -> Plugin {
-    // A killed predecessor's socket file may still be there: retry until
-    // the new process answers on it.
-    let socket = dirs.registration_socket(CD_DRIVER);
-    let deadline = Instant::now() + WAIT;
-    loop {
-        assert!(wait_for_path(&socket, true, WAIT), "no {CD_DRIVER} registration socket\n{}", process.log());
-        match rt.block_on(kubelet.register(&socket)) {
-            Ok(plugin) => return plugin,
-            Err(e) if Instant::now() >= deadline => panic!("{e}\n{}", process.log()),
-            Err(_) => std::thread::sleep(Duration::from_millis(100)),
-        }
-    }
-}
-
-fn wait_until(what: &str, mut done: impl FnMut() -> bool, logs: impl Fn() -> String) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-struct Cluster {
-    domain_name: String,
-    template_name: String,
-    server: ApiServer,
-    _dir: tempfile::TempDir,
-    controller: ControllerProcess,
-    rt: tokio::runtime::Runtime,
-}
-
-impl Cluster {
-    fn start() -> Self {
-        let server = ApiServer::start_in_thread().unwrap();
-        let dir = tempfile::tempdir().unwrap();
-        let kubeconfig = dir.path().join("kubeconfig");
-        server.write_kubeconfig(&kubeconfig).unwrap();
-        let controller =
-            ControllerProcess::spawn(&kubeconfig, "ctl-0", &["--compute-domains", "--leader-elect=false"]).unwrap();
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        Self { domain_name: "job".into(), template_name: "job-channel".into(), server, _dir: dir, controller, rt }
-    }
-
-    fn domain(&self) -> Option<ComputeDomain> {
-        self.server.get::<ComputeDomain>(Some("default"), &self.domain_name).ok()
-    }
-
-    /// NVIDIA's example shape: `numNodes` and a template name.
-    fn apply_domain(&self, num_nodes: u32) -> ComputeDomain {
-        let domain = ComputeDomain::new(
-            "default",
-            "job",
-            ComputeDomainSpec {
-                num_nodes,
-                channel: Some(ChannelSpec {
-                    resource_claim_template: TemplateName { name: "job-channel".into() },
-                    allocation_mode: None,
-                }),
-            },
-        );
-        self.server.create(&domain).unwrap()
-    }
-
-    /// Applies `domain` as `kubectl apply` would.
-    fn apply(&mut self, domain: &ComputeDomain) {
-        self.domain_name = domain.metadata.name.clone().unwrap();
-        self.template_name = domain.spec.channel.as_ref().unwrap().resource_claim_template.name.clone();
-        self.server.create(domain).unwrap();
-    }
-
-    fn template(&self) -> Option<ResourceClaimTemplate> {
-        self.server.get::<ResourceClaimTemplate>(Some("default"), &self.template_name).ok()
-    }
-
-    /// Pod `worker-<i>`'s claim from the template, allocated on `node` as
-    /// the scheduler leaves it (the template's labels and config copied).
-    fn allocated_channel(&self, pod: &str, node: &str) -> Claim {
-        let template = self.template().expect("the domain's template");
-        let spec = template.spec.unwrap();
-        let config = spec.spec.as_ref().unwrap().devices.as_ref().unwrap().config.clone().unwrap();
-        let allocated_config: Vec<serde_json::Value> =
-            config.iter().map(|c| json!({"source": "FromClaim", "requests": c.requests, "opaque": c.opaque})).collect();
-        let claim: ResourceClaim = serde_json::from_value(json!({
-            "metadata": {"namespace": "default", "name": format!("{pod}-channel"), "labels": spec.metadata.unwrap().labels},
-            "spec": spec.spec,
-            "status": {
-                "allocation": {"devices": {
-                    "results": [{"request": "channel", "driver": CD_DRIVER, "pool": node, "device": "channel-0"}],
-                    "config": allocated_config}},
-                "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("{pod}-uid")}]
-            }
-        }))
-        .unwrap();
-        let stored = self.server.create_with_status(&claim).unwrap();
-        claim_ref(&stored)
-    }
-
-    fn warnings(&self) -> Vec<(String, String)> {
-        self.server
-            .list::<Event>(Some("default"), "")
-            .unwrap()
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.kind.as_deref()) == Some("ComputeDomain"))
-            .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
-            .collect()
-    }
-}
-
-fn claim_ref(stored: &ResourceClaim) -> Claim {
-    claim("default", stored.metadata.name.as_deref().unwrap(), stored.metadata.uid.as_deref().unwrap())
-}
 
 #[test]
 fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind() {
@@ -346,9 +70,16 @@ fn four_gb200_nodes_of_one_clique_form_a_ready_domain_and_leave_nothing_behind()
         },
         logs,
     );
-    println!("node NotReady in the domain status after {:?}", started.elapsed());
+    let seen = started.elapsed();
+    println!("node NotReady in the domain status after {seen:?}");
+    // Within seconds: a 200 ms health interval and the controller's
+    // reaction, with a generous margin (not a benchmark).
+    assert!(seen < Duration::from_secs(10), "NotReady after {seen:?}");
     let extra = cluster.allocated_channel("late-worker", "gb200-2");
+    let asked = Instant::now();
     let error = nodes[2].prepare(rt, std::slice::from_ref(&extra)).remove(0).unwrap_err();
+    // Refused at once, not after the 20 s ready wait.
+    assert!(asked.elapsed() < Duration::from_secs(5), "refused after {:?}", asked.elapsed());
     assert!(
         error.contains(
             "the IMEX daemon of ComputeDomain default/training on node gb200-2 is not ready (nvidia-imex-ctl: NOT_READY)"

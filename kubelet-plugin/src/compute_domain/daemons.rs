@@ -8,6 +8,11 @@
 //! daemon and recording anything finds it again, so a daemon is never
 //! started twice. Its directory exists before it starts and is removed
 //! after it stopped, so a daemon never outlives its directory.
+//!
+//! A daemon outlives the agent that started it (its own process group; a
+//! plugin stopped or killed leaves it running): the next agent adopts it
+//! by that command line. When it died with the agent's container, the
+//! next agent starts it again from the directory's files ([`Daemons::revive`]).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -18,13 +23,17 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 
+use super::host_imex::HostDaemon;
 use crate::state::durable;
+use crate::state::kill_point::{self, Step};
 
 const CONFIG: &str = "imexd.cfg";
 const NODES: &str = "nodes.cfg";
 const LOG: &str = "imex.log";
 /// How long a stopping daemon gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(5);
+/// How long a started daemon may take to show its command line.
+const VISIBLE_WAIT: Duration = Duration::from_secs(1);
 /// The longest one `nvidia-imex-ctl -q` may take.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -67,6 +76,11 @@ pub struct Daemons {
 impl Daemons {
     pub fn new(root: PathBuf, programs: Option<ImexPrograms>) -> Self {
         Self { root, programs, children: Mutex::new(HashMap::new()) }
+    }
+
+    /// Where the daemons' directories are (a configuration under it is ours).
+    pub fn root(&self) -> &Path {
+        &self.root
     }
 
     pub fn dir(&self, domain: &str) -> PathBuf {
@@ -115,6 +129,30 @@ impl Daemons {
             }
             return Ok(Ensured::Unchanged);
         }
+        kill_point::reached(Step::DomainDaemonConfigured);
+        self.spawn(domain, programs)?;
+        kill_point::reached(Step::DomainDaemonStarted);
+        Ok(Ensured::Started)
+    }
+
+    /// Starts the domain's daemon again from the files in its directory
+    /// when it is not running (it died, or with the agent's container);
+    /// `false` when it runs or the directory has no configuration.
+    pub fn revive(&self, domain: &str) -> Result<bool, String> {
+        let dir = self.dir(domain);
+        if !dir.join(CONFIG).is_file() || !dir.join(NODES).is_file() {
+            return Ok(false);
+        }
+        self.reap();
+        if self.find(domain).is_some() {
+            return Ok(false);
+        }
+        self.spawn(domain, self.programs()?)?;
+        Ok(true)
+    }
+
+    fn spawn(&self, domain: &str, programs: &ImexPrograms) -> Result<(), String> {
+        let dir = self.dir(domain);
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -126,10 +164,24 @@ impl Daemons {
         // Its own process group: a signal to the plugin's group (a
         // terminal's ^C) does not stop the domain's daemon.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        let mut child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        // The kernel shows the new command line a moment after `spawn`
+        // returns: wait for it, so that no caller misses the daemon and
+        // starts a second.
+        let deadline = Instant::now() + VISIBLE_WAIT;
+        while self.find(domain).is_none() && Instant::now() < deadline {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "{} exited at once ({status}); see {}",
+                    programs.daemon.display(),
+                    dir.join("output.log").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
         tracing::info!(domain, pid = child.id(), "started nvidia-imex");
         self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(domain.to_owned(), child);
-        Ok(Ensured::Started)
+        Ok(())
     }
 
     /// `nvidia-imex-ctl -c <config> -q`: whether the local daemon is ready.
@@ -138,17 +190,18 @@ impl Daemons {
         if self.find(domain).is_none() {
             return DaemonState::NotReady("the daemon is not running".into());
         }
-        let mut command = tokio::process::Command::new(&programs.ctl);
-        command.arg("-c").arg(self.dir(domain).join(CONFIG)).arg("-q").stdin(Stdio::null()).kill_on_drop(true);
-        match tokio::time::timeout(QUERY_TIMEOUT, command.output()).await {
-            Ok(Ok(output)) => {
-                let text =
-                    String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
-                imex::parse_ctl_query(output.status.success(), &text)
-            }
-            Ok(Err(error)) => DaemonState::NotReady(format!("cannot run nvidia-imex-ctl: {error}")),
-            Err(_) => DaemonState::NotReady(format!("nvidia-imex-ctl gave no answer in {QUERY_TIMEOUT:?}")),
-        }
+        ctl_query(&programs.ctl, &self.dir(domain).join(CONFIG)).await
+    }
+
+    /// `nvidia-imex-ctl -c <its config> -q` for a host-managed daemon.
+    pub async fn query_host(&self, host: &HostDaemon) -> DaemonState {
+        let Ok(programs) = self.programs() else { return DaemonState::NotReady("nvidia-imex-ctl missing".into()) };
+        ctl_query(&programs.ctl, &host.readable(&host.config)).await
+    }
+
+    /// The daemon's log, for an error a user reads.
+    pub fn log_file(&self, domain: &str) -> PathBuf {
+        self.dir(domain).join(LOG)
     }
 
     /// Stops the domain's daemon (SIGTERM, then SIGKILL) and removes its
@@ -169,6 +222,7 @@ impl Daemons {
                 }
             }
             tracing::info!(domain, "stopped nvidia-imex");
+            kill_point::reached(Step::DomainDaemonStopped);
         }
         self.reap();
         let dir = self.dir(domain);
@@ -207,6 +261,19 @@ impl Daemons {
             }
         }
         None
+    }
+}
+
+async fn ctl_query(ctl: &Path, config: &Path) -> DaemonState {
+    let mut command = tokio::process::Command::new(ctl);
+    command.arg("-c").arg(config).arg("-q").stdin(Stdio::null()).kill_on_drop(true);
+    match tokio::time::timeout(QUERY_TIMEOUT, command.output()).await {
+        Ok(Ok(output)) => {
+            let text = String::from_utf8_lossy(&output.stdout).into_owned() + &String::from_utf8_lossy(&output.stderr);
+            imex::parse_ctl_query(output.status.success(), &text)
+        }
+        Ok(Err(error)) => DaemonState::NotReady(format!("cannot run nvidia-imex-ctl: {error}")),
+        Err(_) => DaemonState::NotReady(format!("nvidia-imex-ctl gave no answer in {QUERY_TIMEOUT:?}")),
     }
 }
 

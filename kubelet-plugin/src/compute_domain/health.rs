@@ -4,7 +4,10 @@
 //! changed, and asked `nvidia-imex-ctl -q`; a changed answer is written as
 //! the `Ready` condition of each of the domain's claims on this node (the
 //! controller turns it into the node's status in the domain), and new
-//! channel prepares there fail at once while it is not ready.
+//! channel prepares there fail at once while it is not ready. A domain a
+//! host-managed daemon serves is only asked, never started or signalled.
+//! Each pass also releases prepared claims deleted from the API (see
+//! [`DomainPreparer::deleted_claims`]).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,7 +15,7 @@ use std::time::Duration;
 
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 
-use super::{ConditionWriter, DomainLookup, DomainPreparer};
+use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
 use crate::prepare::types::ClaimSource;
 
 pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
@@ -39,9 +42,15 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     written: &mut HashMap<String, DaemonState>,
 ) {
+    let deleted = preparer.deleted_claims(&preparer.prepared()).await;
     // Not while a prepare or unprepare runs: it may be starting or
     // stopping the same daemon.
     let Ok(_guard) = preparer.lock.try_lock() else { return };
+    for uid in deleted {
+        if let Err(error) = preparer.release(&uid) {
+            tracing::warn!(claim = %uid, %error, "cannot release a deleted claim; retrying later");
+        }
+    }
     let records = preparer.prepared();
     written.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
     let mut domains: Vec<(String, String)> = records
@@ -52,12 +61,13 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     domains.sort();
     domains.dedup();
     for (namespace, uid) in domains {
-        if let Some(peers) = preparer.peers_of(&namespace, &uid)
-            && let Err(error) = preparer.daemons.ensure(&uid, &peers)
-        {
-            tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
-        }
-        let state = preparer.daemons.query(&uid).await;
+        let state = match keep_serving(preparer, &namespace, &uid) {
+            Ok(server) => preparer.query(&uid, &server).await,
+            Err(error) => {
+                tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
+                DaemonState::NotReady(error)
+            }
+        };
         let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), state.clone());
         if before.as_ref() != Some(&state) {
             tracing::info!(domain = uid, node = preparer.node(), ?state, "IMEX daemon state changed");
@@ -74,5 +84,30 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
                 Err(error) => tracing::warn!(claim = record.name, %error, "cannot write the channel's Ready condition"),
             }
         }
+    }
+}
+
+/// Keeps the domain's daemon running with its current peers (or, before
+/// the domain is known, from its files); a host-managed one is left alone.
+fn keep_serving<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
+    preparer: &DomainPreparer<S, D, W>,
+    namespace: &str,
+    uid: &str,
+) -> Result<Server, String> {
+    match preparer.peers_of(namespace, uid) {
+        Some(peers) => {
+            let server = preparer.server(uid, &peers, &format!("{namespace}/{uid}"))?;
+            if let Server::Own = server {
+                preparer.daemons.ensure(uid, &peers)?;
+            }
+            Ok(server)
+        }
+        None => match (preparer.daemons.find(uid), preparer.host_daemon()) {
+            (None, Some(host)) => Ok(Server::Host(host)),
+            _ => {
+                preparer.daemons.revive(uid)?;
+                Ok(Server::Own)
+            }
+        },
     }
 }

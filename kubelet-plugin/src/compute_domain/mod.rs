@@ -16,6 +16,8 @@
 //! 3. wait (bounded) until the domain's status lists this node, then write
 //!    the IMEX configuration with the domain's node addresses and start
 //!    `nvidia-imex` (or tell a running one the new peers) ([`daemons`]);
+//!    beside a host-managed `nvidia-imex`, check that it lists the domain's
+//!    nodes instead, else refuse the claim ([`host_imex`]);
 //! 4. wait (bounded) until `nvidia-imex-ctl -q` answers READY; a daemon
 //!    that was already running and is not ready fails the prepare at once;
 //! 5. create the channel device nodes a fresh node lacks;
@@ -25,12 +27,21 @@
 //!
 //! A failure rolls back the claim's record and spec, and stops the
 //! domain's daemon when no other claim of it remains. Start-up rolls back
-//! every `PrepareStarted` record and stops daemons no record needs.
+//! every `PrepareStarted` record, stops daemons no record needs, and
+//! starts again the daemons of prepared claims that died with the
+//! previous agent. Unprepare removes the record first, then the spec, then
+//! what no record needs; a kill between leaves files start-up removes.
+//! The health loop also releases claims deleted from the API while the
+//! kubelet could not unprepare them, so no daemon runs on for nothing.
+//! Every step between two side effects is a kill point for the crash
+//! tests ([`crate::state::kill_point`]).
 
 pub mod claim_plan;
 pub mod daemons;
 pub mod health;
+pub mod host_imex;
 pub mod serve;
+mod serving;
 pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
@@ -48,7 +59,9 @@ use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, Pre
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
+use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
+pub(crate) use serving::Server;
 
 /// The record of device nodes this agent created (removed when no claim
 /// holds a channel any more).
@@ -61,6 +74,12 @@ const POLL: Duration = Duration::from_millis(100);
 /// in tests): the domain with `uid` in `namespace`.
 pub trait DomainLookup: Send + Sync + 'static {
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain>;
+
+    /// Whether the lookup has heard the API's whole list once (a domain
+    /// it lacks before then may just not have arrived yet).
+    fn synced(&self) -> bool {
+        true
+    }
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim.
@@ -154,7 +173,9 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 }
             }
         }
-        self.collect_garbage(&records)
+        self.collect_garbage(&records)?;
+        self.revive_daemons(&records);
+        Ok(())
     }
 
     /// Stops daemons of domains no record holds; removes created device
@@ -192,11 +213,16 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             .unwrap_or_default()
     }
 
+    /// Removes the claim's record, then its spec (a spec no record owns is
+    /// removed at start-up, so a kill between leaks nothing).
     fn remove_claim(&self, uid: &ClaimUid, spec_file: Option<&str>) -> Result<(), String> {
+        self.checkpoint.remove(uid).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainUnrecorded);
         if let Some(file) = spec_file {
             durable::remove(&self.config.cdi_dir, file).map_err(|e| format!("removing CDI spec {file}: {e}"))?;
+            kill_point::reached(Step::DomainSpecRemoved);
         }
-        self.checkpoint.remove(uid).map_err(|e| e.to_string())
+        Ok(())
     }
 
     /// The domain's nodes' addresses once this node is among them.
@@ -230,11 +256,18 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         }
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
-        let domain = self.domains.find(&valid.namespace, &domain_uid).ok_or_else(|| {
-            format!(
-                "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
-                valid.namespace
-            )
+        let domain = self.find_domain(&valid.namespace, &domain_uid, until).await.ok_or_else(|| {
+            if self.domains.synced() {
+                format!(
+                    "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
+                    valid.namespace
+                )
+            } else {
+                format!(
+                    "the node agent has not yet listed ComputeDomains from the API after {:?} (is the computedomains.resource.nvidia.com CRD installed, and may the agent list it?); ComputeDomain {domain_uid} unknown so far",
+                    self.config.ready_timeout
+                )
+            }
         })?;
         let domain_name = format!("{}/{}", valid.namespace, domain.metadata.name.clone().unwrap_or_default());
         let spec_file = cdi::claim_spec_file_name(&self.config.driver, &valid.uid);
@@ -250,6 +283,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             compute_domain: Some(plan.domain.clone()),
         };
         self.checkpoint.write(&valid.uid, &record).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainRecorded);
         match self.bring_up(&valid.uid, record, &plan, &domain_name, until).await {
             Ok(devices) => {
                 let state = DaemonState::Ready;
@@ -270,6 +304,19 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 }
                 Err(error)
             }
+        }
+    }
+
+    /// The domain, waiting (bounded) for the domain watch's first list
+    /// after a start: the kubelet prepares again as soon as the agent is back.
+    async fn find_domain(&self, namespace: &str, uid: &str, until: tokio::time::Instant) -> Option<ComputeDomain> {
+        let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
+        loop {
+            let domain = self.domains.find(namespace, uid);
+            if domain.is_some() || self.domains.synced() || tokio::time::Instant::now() >= wait_until {
+                return domain;
+            }
+            tokio::time::sleep(POLL).await;
         }
     }
 
@@ -303,23 +350,35 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             }
             tokio::time::sleep(POLL).await;
         };
-        let ensured = self.daemons.ensure(domain_uid, &peers)?;
+        let server = self.server(domain_uid, &peers, domain_name)?;
+        let (ensured, log_hint) = match &server {
+            Server::Own => (
+                self.daemons.ensure(domain_uid, &peers)?,
+                format!("see {}", self.daemons.log_file(domain_uid).display()),
+            ),
+            Server::Host(host) => (
+                Ensured::Unchanged,
+                format!(
+                    "the host-managed nvidia-imex (pid {}, -c {}) serves this node",
+                    host.pid,
+                    host.config.display()
+                ),
+            ),
+        };
         loop {
-            let state = self.daemons.query(domain_uid).await;
+            let state = self.query(domain_uid, &server).await;
             self.states.lock().unwrap_or_else(|p| p.into_inner()).insert(domain_uid.clone(), state.clone());
             match state {
                 DaemonState::Ready => break,
                 DaemonState::NotReady(answer) if ensured == Ensured::Unchanged => {
                     return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} is not ready (nvidia-imex-ctl: {answer}): no new channels are prepared here until it is; see {}",
-                        self.daemons.dir(domain_uid).join("imex.log").display()
+                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} is not ready (nvidia-imex-ctl: {answer}): no new channels are prepared here until it is; {log_hint}"
                     ));
                 }
                 DaemonState::NotReady(answer) if tokio::time::Instant::now() >= wait_until => {
                     return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} did not become ready in {:?} (nvidia-imex-ctl: {answer}); see {}",
-                        self.config.ready_timeout,
-                        self.daemons.dir(domain_uid).join("imex.log").display()
+                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} did not become ready in {:?} (nvidia-imex-ctl: {answer}); {log_hint}",
+                        self.config.ready_timeout
                     ));
                 }
                 DaemonState::NotReady(_) => tokio::time::sleep(POLL).await,
@@ -338,6 +397,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         durable::write(&self.config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
             .map_err(|e| format!("writing CDI spec {spec_file}: {e}"))?;
+        kill_point::reached(Step::DomainSpecWritten);
         record.devices = devices
             .iter()
             .map(|d| CheckpointDevice {
@@ -354,6 +414,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             .collect();
         record.state = PrepareState::PrepareCompleted;
         self.checkpoint.write(uid, &record).map_err(|e| e.to_string())?;
+        kill_point::reached(Step::DomainCompleted);
         Ok(devices)
     }
 
@@ -374,6 +435,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             let node = gpu_dra_driver::cdi::spec::DeviceNode::char(imex::channel_path(*id), major, *id);
             if crate::host::device_nodes::create_missing(dev_root, [&node]).is_empty() {
                 tracing::warn!(path = %path.display(), "channel device node not created; the container runtime creates it from the spec");
+            } else {
+                kill_point::reached(Step::DomainNodeCreated);
             }
         }
         Ok(())
@@ -381,8 +444,14 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
         let valid = claim.validate().map_err(|e| e.to_string())?;
-        let Some(record) = self.checkpoint.read_one(&valid.uid)? else { return Ok(()) };
-        self.remove_claim(&valid.uid, record.cdi_spec_file.as_deref())?;
+        self.release(&valid.uid)
+    }
+
+    /// Removes the claim's record and spec, then what no record needs.
+    pub(crate) fn release(&self, uid: &ClaimUid) -> Result<(), String> {
+        if let Some(record) = self.checkpoint.read_one(uid)? {
+            self.remove_claim(uid, record.cdi_spec_file.as_deref())?;
+        }
         let records = self.records()?;
         self.collect_garbage(&records)
     }

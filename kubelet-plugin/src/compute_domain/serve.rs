@@ -97,7 +97,7 @@ pub async fn start(
             config,
             Daemons::new(state_dir.join("domains"), programs),
             KubeClaimSource::new(client.clone(), ClaimSourceConfig::default()),
-            StoreDomains(store),
+            StoreDomains::new(store),
             KubeConditions { client: client.clone(), node: node.to_string() },
         )
         .map_err(anyhow::Error::msg)

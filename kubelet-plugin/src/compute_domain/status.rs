@@ -10,15 +10,39 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ConditionWriter, DomainLookup};
 
 /// Domains as a reflector store holds them.
-pub struct StoreDomains(pub Store<ComputeDomain>);
+pub struct StoreDomains {
+    pub store: Store<ComputeDomain>,
+    /// Set once the store has its first complete list.
+    pub synced: Arc<AtomicBool>,
+}
+
+impl StoreDomains {
+    /// The lookup over `store`, marked synced when the store is ready.
+    pub fn new(store: Store<ComputeDomain>) -> Self {
+        let synced = Arc::new(AtomicBool::new(false));
+        let (flag, waiting) = (synced.clone(), store.clone());
+        tokio::spawn(async move {
+            if waiting.wait_until_ready().await.is_ok() {
+                flag.store(true, Ordering::Release);
+            }
+        });
+        Self { store, synced }
+    }
+}
 
 impl DomainLookup for StoreDomains {
+    fn synced(&self) -> bool {
+        self.synced.load(Ordering::Acquire)
+    }
+
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
-        self.0
+        self.store
             .state()
             .iter()
             .find(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))

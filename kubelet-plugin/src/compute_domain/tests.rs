@@ -20,9 +20,14 @@ const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 const NODE: &str = "gb200-0";
 
 #[derive(Clone, Default)]
-struct Domains(Arc<Mutex<Option<ComputeDomain>>>);
+struct Domains(Arc<Mutex<Option<ComputeDomain>>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl DomainLookup for Domains {
+    /// Synced unless a test says otherwise (the flag holds "not yet").
+    fn synced(&self) -> bool {
+        !self.1.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
         self.0
             .lock()
@@ -307,4 +312,154 @@ async fn start_up_rolls_back_a_prepare_killed_at_any_step() {
         unprepare(&p, &a).await;
         assert!(p.daemons.find(DOMAIN).is_none(), "{step}");
     }
+}
+
+/// The daemon of a prepared claim died with the previous agent (its
+/// container restarted): start-up starts it again from its files, before
+/// the domain is even known; a claim deleted from the API while no
+/// unprepare came is released by the health loop, its daemon stopped.
+#[tokio::test]
+async fn a_daemon_lost_with_the_agent_is_started_again_and_a_deleted_claim_released() {
+    let node = Node::new(&[NODE]);
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let p = node.open();
+    prepare(&p, &a).await.unwrap();
+    let pid = p.daemons.find(DOMAIN).unwrap();
+    drop(p);
+    rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
+    let daemons = Daemons::new(node.root().join("state/domains"), None);
+    while daemons.find(DOMAIN).is_some() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let unknown = node.domains.0.lock().unwrap().take();
+    let p = node.open();
+    let revived = p.daemons.find(DOMAIN).expect("started again at start-up");
+    assert_ne!(revived, pid);
+    let starts = || node.imex_log().iter().filter(|l| l.starts_with("start ")).count();
+    for _ in 0..200 {
+        if starts() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(starts(), 2, "{:?}", node.imex_log());
+    // The domain not yet in the store: the health loop keeps that daemon, no second one.
+    let mut written = HashMap::new();
+    health::pass_for_tests(&p, &mut written).await;
+    assert_eq!(p.daemons.find(DOMAIN), Some(revived));
+    *node.domains.0.lock().unwrap() = unknown;
+    // Channel prepares keep working on the revived daemon.
+    let b = node.channel_claim("pod-b-channel", UID_B);
+    prepare(&p, &b).await.unwrap();
+    assert_eq!(p.daemons.find(DOMAIN), Some(revived));
+
+    // Both claims deleted from the API with no unprepare: released.
+    node.claims.remove("pod-a-channel");
+    node.claims.remove("pod-b-channel");
+    health::pass_for_tests(&p, &mut written).await;
+    assert!(p.daemons.find(DOMAIN).is_none());
+    assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
+    assert_eq!(node.files("cdi"), Vec::<String>::new());
+    assert_eq!(node.files("state/domains"), Vec::<String>::new());
+    assert!(!node.channel_node().exists());
+    // The kubelet's late unprepare is answered.
+    unprepare(&p, &a).await;
+}
+
+/// A host-managed `nvidia-imex` (a fake one from another driver root, seen
+/// in the node's process table): never a second daemon beside it; a
+/// domain it lists is served through it, its readiness asked of it; a
+/// domain it does not list is refused with what to do; it is never stopped.
+#[tokio::test]
+async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_others() {
+    let node = Node::new(&[NODE]);
+    let host_root = node.root().join("host-root");
+    fake_imex::install(&host_root).unwrap();
+    let etc = host_root.join("etc/nvidia-imex");
+    std::fs::create_dir_all(&etc).unwrap();
+    let nodes = etc.join("nodes_config.cfg");
+    std::fs::write(&nodes, "# this rack\n10.0.0.1\n10.0.0.7\n").unwrap();
+    std::fs::write(etc.join("config.cfg"), imex::daemon_config(&nodes, &etc.join("imex.log"))).unwrap();
+    let mut host = std::process::Command::new(host_root.join("usr/bin/nvidia-imex"))
+        .arg("-c")
+        .arg(etc.join("config.cfg"))
+        .spawn()
+        .unwrap();
+    std::os::unix::fs::symlink(format!("/proc/{}", host.id()), node.root().join(format!("proc/{}", host.id())))
+        .unwrap();
+    while !etc.join("fake-imex.serving").exists() {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    prepare(&p, &a).await.unwrap();
+    assert!(node.imex_log().is_empty(), "no daemon of ours: {:?}", node.imex_log());
+    assert_eq!(node.files("state/domains"), Vec::<String>::new());
+    assert!(node.channel_node().exists());
+    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::Ready);
+
+    // Its readiness is the node's: not ready blocks new channels at once.
+    std::fs::write(node.root().join("driver/imex.not-ready"), "").unwrap();
+    let mut written = HashMap::new();
+    health::pass_for_tests(&p, &mut written).await;
+    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::NotReady("NOT_READY".into()));
+    assert!(node.imex_log().is_empty(), "the health loop starts none either");
+    let b = node.channel_claim("pod-b-channel", UID_B);
+    let error = prepare(&p, &b).await.unwrap_err();
+    assert!(
+        error.contains("is not ready (nvidia-imex-ctl: NOT_READY)")
+            && error.contains(&format!("the host-managed nvidia-imex (pid {}", host.id())),
+        "{error}"
+    );
+    std::fs::remove_file(node.root().join("driver/imex.not-ready")).unwrap();
+    unprepare(&p, &a).await;
+    assert!(!node.channel_node().exists());
+
+    // A domain with a node the host's list lacks is refused, per claim.
+    node.set_members(&[NODE, "gb200-1"]);
+    let error = prepare(&p, &b).await.unwrap_err();
+    assert!(
+        error.starts_with(&format!(
+            "node gb200-0 runs a host-managed nvidia-imex (pid {}, -c {}), and its node list {} lacks 10.0.0.2 of ComputeDomain team/job",
+            host.id(),
+            etc.join("config.cfg").display(),
+            nodes.display()
+        )) && error.contains("systemctl disable --now nvidia-imex"),
+        "{error}"
+    );
+    assert!(node.imex_log().is_empty());
+    assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
+    assert_eq!(host.try_wait().unwrap(), None, "the host's daemon is never stopped");
+    assert_eq!(fake_imex::daemon_log(&host_root).len(), 1, "nor signalled: {:?}", fake_imex::daemon_log(&host_root));
+    host.kill().unwrap();
+    host.wait().unwrap();
+}
+
+/// Just after a start the domain watch has not listed yet: a prepare waits
+/// for it (bounded) instead of calling the domain deleted; a watch that
+/// never lists is named in the error.
+#[tokio::test]
+async fn a_prepare_waits_for_the_domain_watchs_first_list() {
+    use std::sync::atomic::Ordering;
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let domain = node.domains.0.lock().unwrap().take();
+    node.domains.1.store(true, Ordering::SeqCst);
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(error.starts_with("the node agent has not yet listed ComputeDomains from the API after 1.5s"), "{error}");
+    let domains = node.domains.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        *domains.0.lock().unwrap() = domain;
+        domains.1.store(false, Ordering::SeqCst);
+    });
+    prepare(&p, &a).await.unwrap();
+    unprepare(&p, &a).await;
+    // Listed, and the domain is not there: at once.
+    node.domains.0.lock().unwrap().take();
+    let started = std::time::Instant::now();
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(error.starts_with("no ComputeDomain with UID"), "{error}");
+    assert!(started.elapsed() < Duration::from_secs(1));
 }

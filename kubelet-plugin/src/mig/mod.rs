@@ -20,7 +20,9 @@
 
 pub mod caps;
 pub mod control;
-pub mod kill_point;
+/// The crash tests' kill points, shared with the other prepares
+/// ([`crate::state::kill_point`]); re-exported so MIG's steps keep their path.
+pub use crate::state::kill_point;
 pub mod lifecycle;
 #[cfg(target_os = "linux")]
 pub mod nvml;
