@@ -19,6 +19,7 @@ mod binaries;
 pub mod driver;
 pub mod host_address;
 pub mod intercept;
+pub mod mig_fleet;
 pub mod node;
 pub mod objects;
 mod pki;
