@@ -270,6 +270,12 @@ impl Cluster {
             .join("\n")
     }
 
+    /// CPU time a component (`"kube-scheduler"`, `"kube-apiserver"`, ...)
+    /// has used so far; `None` for an unknown or exited one.
+    pub fn cpu_time(&self, component: &str) -> Option<Duration> {
+        self.processes.iter().find(|p| p.name() == component)?.cpu_time()
+    }
+
     /// Panics (with the logs) if a component has exited.
     pub fn assert_running(&mut self) {
         if let Some(exit) = self.processes.iter_mut().find_map(ControlPlaneProcess::exited) {
