@@ -10,6 +10,7 @@ use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::dynamic_mig::DynamicMigGpus;
 use gpu_dra_driver::inventory::fake;
 use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::slices::partitionable::SliceContent;
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, validate_slice_for};
 use gpu_kubelet_plugin::mig::selection::DynamicMigSelection;
 use k8s_openapi::api::resource::v1::{CounterSet, Device, ResourceSlice};
@@ -119,35 +120,35 @@ fn relayout(
             by_set.entry(set.unwrap_or_default()).or_default().push(device);
         }
     }
-    let mut contents: Vec<(Option<Vec<Device>>, Option<Vec<CounterSet>>)> = Vec::new();
+    let mut contents: Vec<SliceContent> = Vec::new();
     match (layout, rules.counters_in_own_slices()) {
         (Layout::PerGpu, false) => {
             for set in sets {
                 let devices = by_set.remove(&set.name).unwrap_or_default();
-                contents.push((Some(devices), Some(vec![set])));
+                contents.push(SliceContent { devices: Some(devices), counter_sets: Some(vec![set]) });
             }
         }
         (Layout::PerGpu, true) => {
             let names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
-            contents.extend(sets.into_iter().map(|s| (None, Some(vec![s]))));
-            contents.extend(names.iter().map(|n| (Some(by_set.remove(n).unwrap_or_default()), None)));
+            contents.extend(sets.into_iter().map(|s| SliceContent { devices: None, counter_sets: Some(vec![s]) }));
+            contents.extend(names.iter().map(|n| SliceContent { devices: by_set.remove(n), counter_sets: None }));
         }
         _ => {
             let names: Vec<String> = sets.iter().map(|s| s.name.clone()).collect();
-            contents.push((None, Some(sets)));
-            contents.extend(names.iter().map(|n| (Some(by_set.remove(n).unwrap_or_default()), None)));
+            contents.push(SliceContent { devices: None, counter_sets: Some(sets) });
+            contents.extend(names.iter().map(|n| SliceContent { devices: by_set.remove(n), counter_sets: None }));
         }
     }
     let count = contents.len() as i64;
     contents
         .into_iter()
         .enumerate()
-        .map(|(i, (devices, sets))| {
+        .map(|(i, content)| {
             let mut slice = template.clone();
             slice.metadata.name = Some(builder.slice_name(i));
             slice.spec.pool.resource_slice_count = count;
-            slice.spec.devices = devices;
-            slice.spec.shared_counters = sets;
+            slice.spec.devices = content.devices;
+            slice.spec.shared_counters = content.counter_sets;
             slice
         })
         .collect()
