@@ -19,6 +19,7 @@ mod binaries;
 pub mod driver;
 pub mod host_address;
 pub mod intercept;
+pub mod mig_fleet;
 pub mod node;
 pub mod objects;
 mod pki;
@@ -268,6 +269,12 @@ impl Cluster {
             .map(|p| format!("---- {} ({})\n{}", p.name(), p.log_path().display(), p.log_tail(40)))
             .collect::<Vec<_>>()
             .join("\n")
+    }
+
+    /// CPU time a component (`"kube-scheduler"`, `"kube-apiserver"`, ...)
+    /// has used so far; `None` for an unknown or exited one.
+    pub fn cpu_time(&self, component: &str) -> Option<Duration> {
+        self.processes.iter().find(|p| p.name() == component)?.cpu_time()
     }
 
     /// Panics (with the logs) if a component has exited.

@@ -5,6 +5,7 @@
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
 
@@ -51,6 +52,18 @@ impl ControlPlaneProcess {
 
     pub fn log_path(&self) -> &Path {
         &self.log
+    }
+
+    /// CPU time (user and system) the process has used so far, from
+    /// `/proc/<pid>/stat`, in clock ticks' resolution; `None` once it is gone.
+    pub fn cpu_time(&self) -> Option<Duration> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
+        // Fields after the command name, which is in parentheses and may hold spaces.
+        let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+        let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+        // SAFETY: sysconf only reads a configuration value.
+        let per_second = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&t| t > 0)?;
+        Some(Duration::from_micros(ticks * 1_000_000 / per_second))
     }
 
     /// SIGKILL to the whole group, then reap the leader.
