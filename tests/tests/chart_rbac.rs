@@ -269,8 +269,9 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
 
 /// The calls of ComputeDomains (`--compute-domains` on both binaries): a
 /// one-node domain on a fake GB200 tray (fake `nvidia-imex` in a fake
-/// driver root) made, its channel prepared until the domain is Ready,
-/// then unprepared and the domain deleted.
+/// driver root) made, its channel prepared (the first condition write
+/// refused, so explained) until the domain is Ready, then unprepared and
+/// the domain deleted.
 fn compute_domain_calls() -> Vec<(String, ApiCall)> {
     use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, Readiness, TemplateName};
     use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
@@ -316,6 +317,10 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
         "reservedFor": [{"resource": "pods", "name": "worker", "uid": "worker-uid"}]});
     let stored = server.create_with_status(&serde_json::from_value::<ResourceClaim>(object).unwrap()).unwrap();
     let request = claim("default", "worker-channel", stored.metadata.uid.as_deref().unwrap());
+    // The agent's first write of the channel's condition is refused, as
+    // without the resourceclaims/driver grant: it explains that with an
+    // Event, and the health loop's next write lands.
+    server.faults().fail_next(Matcher::new("PUT", "/resourceclaims/worker-channel/status"), 1, 403);
 
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let kubelet = Kubelet::new(KubeletConfig::new(&dirs.registry, CD_DRIVER));

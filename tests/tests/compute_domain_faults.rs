@@ -278,3 +278,57 @@ fn a_host_managed_daemon_is_used_never_doubled_and_a_domain_it_lacks_refused() {
     host.kill().unwrap();
     host.wait().unwrap();
 }
+
+/// The API server refuses the agent's write of the channel's Ready
+/// condition (403, as without `associated-node:update` on
+/// `resourceclaims/driver` on Kubernetes 1.36+): the prepare succeeds, the
+/// refusal is one warning in the log and one Warning Event on the domain
+/// naming the claim, the answer and the fix, however many health passes
+/// retry it; once allowed, the node turns Ready in the domain.
+#[test]
+fn a_refused_ready_condition_is_one_warning_and_one_event_on_the_domain() {
+    use integration_tests::apiserver::Matcher;
+    use k8s_openapi::api::events::v1::Event;
+
+    let (cluster, node, channel) = one_node_domain();
+    let logs = || format!("controller:\n{}\nnode:\n{}", cluster.controller.log(), node.process.log());
+    let status_write = Matcher::new("PUT", "/resourceclaims/worker-0-channel/status");
+    cluster.server.faults().fail_next(status_write.clone(), usize::MAX, 403);
+    prepare_ok(&cluster, &node, &channel, "a refused condition");
+    let refusals = || -> Vec<Event> {
+        let events = cluster.server.list::<Event>(Some("default"), "").unwrap();
+        events.into_iter().filter(|e| e.reason.as_deref() == Some("ReadyConditionRefused")).collect()
+    };
+    // Prepare's write and five health passes (200 ms apart), all refused.
+    wait_until("six refused writes", || cluster.server.faults().count(&status_write, 403) >= 6, logs);
+    let events = refusals();
+    assert_eq!(events.len(), 1, "one Event, not one per pass: {events:#?}");
+    let event = &events[0];
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!((regarding.kind.as_deref(), regarding.name.as_deref()), (Some("ComputeDomain"), Some("job")));
+    assert_eq!(event.related.as_ref().and_then(|r| r.name.as_deref()), Some("worker-0-channel"));
+    let note = event.note.as_deref().unwrap();
+    for part in [
+        "cannot write the Ready condition of channel-0 on ResourceClaim default/worker-0-channel",
+        "HTTP 403 Forbidden: injected fault: HTTP 403",
+        "associated-node:update on resourceclaims/driver for compute-domain.nvidia.com; the chart does this",
+    ] {
+        assert!(note.contains(part), "{part:?} not in {note:?}");
+    }
+    let warnings =
+        node.process.log().lines().filter(|l| l.contains("cannot write the channel's Ready condition;")).count();
+    assert_eq!(warnings, 1, "one warning, not one per pass:\n{}", node.process.log());
+    let node_ready = || {
+        cluster.domain().and_then(|d| d.status).is_some_and(|s| {
+            s.status == Readiness::Ready && s.nodes.iter().any(|n| n.name == "gb200-0" && n.status == Readiness::Ready)
+        })
+    };
+    assert!(!node_ready(), "not Ready without the condition");
+
+    cluster.server.faults().clear();
+    wait_until("the node Ready in the domain", node_ready, logs);
+    assert!(node.process.log().contains("after earlier failures"), "{}", node.process.log());
+    assert_eq!(refusals().len(), 1);
+    unprepare_ok(&cluster, &node, &channel);
+}

@@ -66,11 +66,37 @@ pub enum Ensured {
     Unchanged,
 }
 
+/// A daemon this process started, and whether it asked it to stop.
+struct Started {
+    child: Child,
+    stop_requested: bool,
+}
+
+/// How a daemon this process started ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DaemonExit {
+    /// The agent stopped it (its domain has no claim left here): expected.
+    StoppedByAgent,
+    /// It exited or was killed without the agent asking: the health loop
+    /// starts it again, and the user should know.
+    Unexpected,
+}
+
+impl DaemonExit {
+    /// An exit after the agent's SIGTERM (or SIGKILL past the grace) is the
+    /// agent's doing whatever its status (`nvidia-imex` exits 0 on
+    /// SIGTERM); any other exit, even status 0, is not: a daemon serves
+    /// until it is told to stop.
+    pub fn classify(stop_requested: bool) -> Self {
+        if stop_requested { Self::StoppedByAgent } else { Self::Unexpected }
+    }
+}
+
 pub struct Daemons {
     root: PathBuf,
     programs: Option<ImexPrograms>,
     /// Daemons this process started, reaped when they exit.
-    children: Mutex<HashMap<String, Child>>,
+    children: Mutex<HashMap<String, Started>>,
 }
 
 impl Daemons {
@@ -180,7 +206,7 @@ impl Daemons {
             std::thread::sleep(Duration::from_millis(2));
         }
         tracing::info!(domain, pid = child.id(), "started nvidia-imex");
-        self.children.lock().unwrap_or_else(|p| p.into_inner()).insert(domain.to_owned(), child);
+        self.children().insert(domain.to_owned(), Started { child, stop_requested: false });
         Ok(())
     }
 
@@ -205,44 +231,70 @@ impl Daemons {
     }
 
     /// Stops the domain's daemon (SIGTERM, then SIGKILL) and removes its
-    /// directory.
-    pub fn stop(&self, domain: &str) -> Result<(), String> {
+    /// directory; how it ended when this process had started it.
+    pub fn stop(&self, domain: &str) -> Result<Option<DaemonExit>, String> {
+        let mut exit = None;
+        let mut reap = || {
+            for (reaped, how) in self.reap() {
+                if reaped == domain {
+                    exit = Some(how);
+                }
+            }
+        };
         if let Some(pid) = self.find(domain) {
+            if let Some(started) = self.children().get_mut(domain) {
+                started.stop_requested = true;
+            }
             signal(pid, rustix::process::Signal::TERM)?;
             let deadline = Instant::now() + STOP_GRACE;
             while self.find(domain).is_some() && Instant::now() < deadline {
-                self.reap();
+                reap();
                 std::thread::sleep(Duration::from_millis(20));
             }
             if let Some(pid) = self.find(domain) {
                 signal(pid, rustix::process::Signal::KILL)?;
                 while self.find(domain).is_some() {
-                    self.reap();
+                    reap();
                     std::thread::sleep(Duration::from_millis(10));
                 }
             }
             tracing::info!(domain, "stopped nvidia-imex");
             kill_point::reached(Step::DomainDaemonStopped);
         }
-        self.reap();
+        reap();
         let dir = self.dir(domain);
         match std::fs::remove_dir_all(&dir) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Ok(()) => Ok(exit),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(exit),
             Err(e) => Err(format!("removing {}: {e}", dir.display())),
         }
     }
 
-    /// Collects the exit status of daemons this process started.
-    pub fn reap(&self) {
-        let mut children = self.children.lock().unwrap_or_else(|p| p.into_inner());
-        children.retain(|domain, child| match child.try_wait() {
+    fn children(&self) -> std::sync::MutexGuard<'_, HashMap<String, Started>> {
+        self.children.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Collects the exit status of daemons this process started: an exit
+    /// the agent asked for is logged at info, any other warns.
+    pub fn reap(&self) -> Vec<(String, DaemonExit)> {
+        let mut exits = Vec::new();
+        self.children().retain(|domain, started| match started.child.try_wait() {
             Ok(Some(status)) => {
-                tracing::warn!(domain, %status, "nvidia-imex exited");
+                let exit = DaemonExit::classify(started.stop_requested);
+                match exit {
+                    DaemonExit::StoppedByAgent => {
+                        tracing::info!(domain, %status, "nvidia-imex exited, stopped by the agent")
+                    }
+                    DaemonExit::Unexpected => {
+                        tracing::warn!(domain, %status, "nvidia-imex exited unexpectedly; the health loop starts it again")
+                    }
+                }
+                exits.push((domain.clone(), exit));
                 false
             }
             _ => true,
         });
+        exits
     }
 
     /// The pid of the domain's daemon: a live process whose command line
@@ -289,5 +341,46 @@ fn signal(pid: i32, signal: rustix::process::Signal) -> Result<(), String> {
     match rustix::process::kill_process(pid, signal) {
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
         Err(e) => Err(format!("signalling nvidia-imex (pid {}): {e}", pid.as_raw_nonzero())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::Ipv4Addr;
+
+    use gpu_dra_driver::driver_root::fake_imex;
+
+    use super::*;
+
+    #[test]
+    fn only_an_exit_the_agent_did_not_ask_for_is_unexpected() {
+        assert_eq!(DaemonExit::classify(true), DaemonExit::StoppedByAgent);
+        assert_eq!(DaemonExit::classify(false), DaemonExit::Unexpected);
+    }
+
+    /// The fake `nvidia-imex` exits 0 on SIGTERM, as the real one does:
+    /// the agent's own stop is told apart from a kill it did not make.
+    #[test]
+    fn a_stopped_daemon_is_the_agents_doing_and_a_killed_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        fake_imex::install(&dir.path().join("driver")).unwrap();
+        let daemons = Daemons::new(dir.path().join("domains"), ImexPrograms::find(&dir.path().join("driver")));
+        let peers = [IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))];
+
+        assert_eq!(daemons.ensure("stopped", &peers).unwrap(), Ensured::Started);
+        assert_eq!(daemons.stop("stopped").unwrap(), Some(DaemonExit::StoppedByAgent));
+        assert!(!daemons.dir("stopped").exists());
+
+        assert_eq!(daemons.ensure("killed", &peers).unwrap(), Ensured::Started);
+        let pid = daemons.find("killed").unwrap();
+        signal(pid, rustix::process::Signal::KILL).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let mut exits = Vec::new();
+        while exits.is_empty() && Instant::now() < deadline {
+            exits = daemons.reap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(exits, [("killed".to_owned(), DaemonExit::Unexpected)]);
+        assert_eq!(daemons.stop("killed").unwrap(), None, "nothing left to stop");
     }
 }

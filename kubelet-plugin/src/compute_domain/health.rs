@@ -6,7 +6,8 @@
 //! controller turns it into the node's status in the domain), and new
 //! channel prepares there fail at once while it is not ready. A domain a
 //! host-managed daemon serves is only asked, never started or signalled.
-//! Each pass also releases prepared claims deleted from the API (see
+//! A write the API refuses is retried each pass and logged once
+//! ([`super::ready_condition`]). Each pass also releases prepared claims deleted from the API (see
 //! [`DomainPreparer::deleted_claims`]).
 
 use std::collections::HashMap;
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 
+use super::ready_condition::ChannelClaim;
 use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
 use crate::prepare::types::ClaimSource;
 
@@ -53,6 +55,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     }
     let records = preparer.prepared();
     written.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
+    preparer.write_failures.retain(|uid| records.iter().any(|r| r.uid == uid));
     let mut domains: Vec<(String, String)> = records
         .iter()
         .filter_map(|r| r.compute_domain.as_ref())
@@ -77,11 +80,15 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
                 continue;
             }
             let Some(device) = record.devices.first() else { continue };
-            match preparer.conditions.set_ready(&record.namespace, &record.name, &device.device_name, &state).await {
-                Ok(()) => {
-                    written.insert(record.uid.clone(), state.clone());
-                }
-                Err(error) => tracing::warn!(claim = record.name, %error, "cannot write the channel's Ready condition"),
+            let claim = ChannelClaim {
+                namespace: &record.namespace,
+                name: &record.name,
+                uid: &record.uid,
+                domain_uid: &uid,
+                device: &device.device_name,
+            };
+            if preparer.write_ready(&claim, &state).await {
+                written.insert(record.uid.clone(), state.clone());
             }
         }
     }

@@ -40,6 +40,7 @@ pub mod claim_plan;
 pub mod daemons;
 pub mod health;
 pub mod host_imex;
+pub mod ready_condition;
 pub mod serve;
 mod serving;
 pub mod status;
@@ -61,6 +62,7 @@ use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, Pre
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
+use ready_condition::{ChannelClaim, ConditionError, Explanation, WriteFailures};
 pub(crate) use serving::Server;
 
 /// The record of device nodes this agent created (removed when no claim
@@ -82,7 +84,8 @@ pub trait DomainLookup: Send + Sync + 'static {
     }
 }
 
-/// Writes the `Ready` condition of a prepared device on its claim.
+/// Writes the `Ready` condition of a prepared device on its claim, and
+/// the Event that explains why the API server refuses it.
 pub trait ConditionWriter: Send + Sync + 'static {
     fn set_ready(
         &self,
@@ -90,7 +93,9 @@ pub trait ConditionWriter: Send + Sync + 'static {
         name: &str,
         device: &str,
         state: &DaemonState,
-    ) -> impl std::future::Future<Output = Result<(), String>> + Send;
+    ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
+
+    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), String>> + Send;
 }
 
 #[derive(Debug, Clone)]
@@ -121,6 +126,8 @@ pub struct DomainPreparer<S, D, W> {
     lock: tokio::sync::Mutex<()>,
     /// The last answer of each domain's daemon (the health loop's).
     pub(crate) states: Mutex<HashMap<String, DaemonState>>,
+    /// Condition writes that failed, logged once each.
+    pub(crate) write_failures: WriteFailures,
 }
 
 impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W> {
@@ -138,6 +145,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             conditions,
             lock: tokio::sync::Mutex::new(()),
             states: Mutex::new(HashMap::new()),
+            write_failures: WriteFailures::default(),
         };
         preparer.recover()?;
         Ok(preparer)
@@ -286,12 +294,15 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         kill_point::reached(Step::DomainRecorded);
         match self.bring_up(&valid.uid, record, &plan, &domain_name, until).await {
             Ok(devices) => {
-                let state = DaemonState::Ready;
-                if let Err(error) =
-                    self.conditions.set_ready(&valid.namespace, &valid.name, &plan.devices[0].1, &state).await
-                {
-                    tracing::warn!(claim = %valid, %error, "cannot set the channel's Ready condition; the health loop retries");
-                }
+                let claim = ChannelClaim {
+                    namespace: &valid.namespace,
+                    name: &valid.name,
+                    uid: valid.uid.as_str(),
+                    domain_uid: &domain_uid,
+                    device: &plan.devices[0].1,
+                };
+                // A failure is the health loop's to retry (logged once).
+                self.write_ready(&claim, &DaemonState::Ready).await;
                 Ok(devices)
             }
             Err(error) => {

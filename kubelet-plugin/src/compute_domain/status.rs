@@ -1,19 +1,23 @@
 //! The API edges of the ComputeDomain side: domains from a reflector
 //! store, and each prepared device's `Ready` condition on its claim
-//! (`status.devices`, which the controller reads for the domain's status).
+//! (`status.devices`, which the controller reads for the domain's status),
+//! with the Warning Event that explains a refused write.
 
 use gpu_dra_driver::compute_domain::DRIVER_NAME;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
 use kube::Api;
 use kube::api::PostParams;
 use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::ready_condition::{ConditionError, Explanation};
 use super::{ConditionWriter, DomainLookup};
+use crate::observe::telemetry::idle_events::REPORTING_CONTROLLER;
 
 /// Domains as a reflector store holds them.
 pub struct StoreDomains {
@@ -98,18 +102,60 @@ pub fn with_condition(claim: &ResourceClaim, node: &str, device: &str, state: &D
 }
 
 impl ConditionWriter for KubeConditions {
-    async fn set_ready(&self, namespace: &str, name: &str, device: &str, state: &DaemonState) -> Result<(), String> {
+    async fn set_ready(
+        &self,
+        namespace: &str,
+        name: &str,
+        device: &str,
+        state: &DaemonState,
+    ) -> Result<(), ConditionError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
         for _ in 0..3 {
-            let claim = api.get(name).await.map_err(|e| format!("reading claim {namespace}/{name}: {e}"))?;
+            let claim = api
+                .get(name)
+                .await
+                .map_err(|e| ConditionError::from_kube(format!("reading claim {namespace}/{name}"), e))?;
             let Some(updated) = with_condition(&claim, &self.node, device, state) else { return Ok(()) };
             match api.replace_status(name, &PostParams::default(), &updated).await {
                 Ok(_) => return Ok(()),
                 Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => return Err(format!("writing the status of claim {namespace}/{name}: {e}")),
+                Err(e) => {
+                    return Err(ConditionError::from_kube(
+                        format!("writing the status of claim {namespace}/{name}"),
+                        e,
+                    ));
+                }
             }
         }
-        Err(format!("claim {namespace}/{name} kept changing while its condition was written"))
+        Err(ConditionError::Failed(format!("claim {namespace}/{name} kept changing while its condition was written")))
+    }
+
+    /// An `events.k8s.io/v1` Warning, named after what it is about and the
+    /// time (an Event's note cannot change, so each explanation is new).
+    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+        let stamp = k8s_openapi::jiff::Timestamp::now();
+        let about = explanation.regarding.name.as_deref().unwrap_or("claim");
+        let name = format!("{about}.{:x}", stamp.as_nanosecond());
+        let event = Event {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(explanation.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            event_time: Some(MicroTime(stamp)),
+            reporting_controller: Some(REPORTING_CONTROLLER.into()),
+            reporting_instance: Some(format!("{REPORTING_CONTROLLER}-{}", self.node)),
+            action: Some("WriteReadyCondition".into()),
+            reason: Some(explanation.reason.into()),
+            type_: Some("Warning".into()),
+            note: Some(explanation.note.clone()),
+            regarding: Some(explanation.regarding.clone()),
+            related: explanation.related.clone(),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &explanation.namespace);
+        api.create(&PostParams::default(), &event).await.map_err(|e| format!("creating Event {name}: {e}"))?;
+        Ok(())
     }
 }
 

@@ -37,12 +37,26 @@ impl DomainLookup for Domains {
     }
 }
 
+/// Conditions written; while `refusal` holds an error, writes fail with
+/// it; the Events that explained a refusal.
 #[derive(Clone, Default)]
-struct Conditions(Arc<Mutex<Vec<(String, DaemonState)>>>);
+struct Conditions {
+    written: Arc<Mutex<Vec<(String, DaemonState)>>>,
+    refusal: Arc<Mutex<Option<ConditionError>>>,
+    explained: Arc<Mutex<Vec<Explanation>>>,
+}
 
 impl ConditionWriter for Conditions {
-    async fn set_ready(&self, _ns: &str, name: &str, _device: &str, state: &DaemonState) -> Result<(), String> {
-        self.0.lock().unwrap().push((name.to_owned(), state.clone()));
+    async fn set_ready(&self, _ns: &str, name: &str, _device: &str, state: &DaemonState) -> Result<(), ConditionError> {
+        if let Some(error) = self.refusal.lock().unwrap().clone() {
+            return Err(error);
+        }
+        self.written.lock().unwrap().push((name.to_owned(), state.clone()));
+        Ok(())
+    }
+
+    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+        self.explained.lock().unwrap().push(explanation.clone());
         Ok(())
     }
 }
@@ -186,7 +200,7 @@ async fn a_channel_is_prepared_over_one_daemon_with_the_domains_peers_and_cleane
     assert!(spec.contains("/dev/nvidia-caps-imex-channels/channel0") && spec.contains("\"major\": 234"), "{spec}");
     use std::os::unix::fs::FileTypeExt;
     assert!(std::fs::metadata(node.channel_node()).unwrap().file_type().is_char_device());
-    assert_eq!(node.conditions.0.lock().unwrap().as_slice(), [("pod-a-channel".to_owned(), DaemonState::Ready)]);
+    assert_eq!(node.conditions.written.lock().unwrap().as_slice(), [("pod-a-channel".to_owned(), DaemonState::Ready)]);
 
     // A second pod's claim of the same domain: the same daemon; prepare again: the same answer.
     let b = node.channel_claim("pod-b-channel", UID_B);
@@ -229,7 +243,7 @@ async fn a_not_ready_daemon_blocks_new_channels_at_once_and_flips_the_condition(
     let mut written = HashMap::new();
     health::pass_for_tests(&p, &mut written).await;
     assert_eq!(
-        node.conditions.0.lock().unwrap().last().unwrap(),
+        node.conditions.written.lock().unwrap().last().unwrap(),
         &("pod-a-channel".to_owned(), DaemonState::NotReady("NOT_READY".into()))
     );
     let b = node.channel_claim("pod-b-channel", UID_B);
@@ -243,10 +257,55 @@ async fn a_not_ready_daemon_blocks_new_channels_at_once_and_flips_the_condition(
     assert_eq!(node.files("state/checkpoint"), [format!("{UID_A}.json")], "b rolled back");
     std::fs::remove_file(node.root().join("driver/imex.not-ready")).unwrap();
     health::pass_for_tests(&p, &mut written).await;
-    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::Ready);
+    assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::Ready);
     prepare(&p, &b).await.unwrap();
     unprepare(&p, &a).await;
     unprepare(&p, &b).await;
+}
+
+/// A refused condition write: the prepare still succeeds, the refusal is
+/// explained once on the domain (naming the claim) however many health
+/// passes retry it, and the condition lands once the API accepts it.
+#[tokio::test]
+async fn a_refused_condition_is_explained_once_and_written_when_allowed() {
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let refusal = ConditionError::Refused {
+        action: "writing the status of claim team/pod-a-channel".into(),
+        code: 403,
+        reason: "Forbidden".into(),
+        message: "cannot associated-node:update resource \"resourceclaims/driver\"".into(),
+    };
+    *node.conditions.refusal.lock().unwrap() = Some(refusal);
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    prepare(&p, &a).await.unwrap();
+    let mut written = HashMap::new();
+    for _ in 0..5 {
+        health::pass_for_tests(&p, &mut written).await;
+    }
+    let explained = node.conditions.explained.lock().unwrap().clone();
+    assert_eq!(explained.len(), 1, "once, not every pass: {explained:#?}");
+    let event = &explained[0];
+    assert_eq!((event.namespace.as_str(), event.reason), ("team", ready_condition::REFUSED_REASON));
+    assert_eq!(
+        (event.regarding.kind.as_deref(), event.regarding.name.as_deref(), event.regarding.uid.as_deref()),
+        (Some("ComputeDomain"), Some("job"), Some(DOMAIN))
+    );
+    assert_eq!(event.related.as_ref().and_then(|r| r.name.as_deref()), Some("pod-a-channel"));
+    assert!(
+        event.note.contains("ResourceClaim team/pod-a-channel")
+            && event.note.contains("HTTP 403 Forbidden")
+            && event.note.contains("associated-node:update on resourceclaims/driver for compute-domain.nvidia.com"),
+        "{}",
+        event.note
+    );
+    assert!(node.conditions.written.lock().unwrap().is_empty());
+
+    *node.conditions.refusal.lock().unwrap() = None;
+    health::pass_for_tests(&p, &mut written).await;
+    assert_eq!(node.conditions.written.lock().unwrap().as_slice(), [("pod-a-channel".to_owned(), DaemonState::Ready)]);
+    assert_eq!(node.conditions.explained.lock().unwrap().len(), 1);
+    unprepare(&p, &a).await;
 }
 
 #[tokio::test]
@@ -396,13 +455,13 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     assert!(node.imex_log().is_empty(), "no daemon of ours: {:?}", node.imex_log());
     assert_eq!(node.files("state/domains"), Vec::<String>::new());
     assert!(node.channel_node().exists());
-    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::Ready);
+    assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::Ready);
 
     // Its readiness is the node's: not ready blocks new channels at once.
     std::fs::write(node.root().join("driver/imex.not-ready"), "").unwrap();
     let mut written = HashMap::new();
     health::pass_for_tests(&p, &mut written).await;
-    assert_eq!(node.conditions.0.lock().unwrap().last().unwrap().1, DaemonState::NotReady("NOT_READY".into()));
+    assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::NotReady("NOT_READY".into()));
     assert!(node.imex_log().is_empty(), "the health loop starts none either");
     let b = node.channel_claim("pod-b-channel", UID_B);
     let error = prepare(&p, &b).await.unwrap_err();
