@@ -135,6 +135,20 @@ impl MockGpuNode {
         out
     }
 
+    /// Whether GPU `minor` is in MIG mode now (the mock's state file, or
+    /// the table's until the first change).
+    pub fn mig_mode(&self, minor: u32) -> bool {
+        let from_state = std::fs::read_to_string(self.state()).ok().and_then(|text| {
+            text.lines().find_map(|line| {
+                let f: Vec<&str> = line.split('|').collect();
+                (f.len() == 4 && f[0] == "mode" && f[1] == minor.to_string()).then(|| f[2] == "1")
+            })
+        });
+        from_state.unwrap_or_else(|| {
+            self.inventory.gpus.iter().any(|g| g.minor == minor && !matches!(g.mig, MigMode::Disabled))
+        })
+    }
+
     /// Makes the mock report processes on GPU `minor` (NVML_ERROR_IN_USE
     /// for destroying its instances or switching its MIG mode).
     pub fn set_busy(&self, minor: Option<u32>) {
