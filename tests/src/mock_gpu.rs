@@ -50,6 +50,8 @@ impl MockGpuNode {
             "Character devices:\n195 nvidia\n235 nvidia-uvm\n236 nvidia-caps\n\nBlock devices:\n8 sd\n",
         )
         .expect("devices");
+        std::fs::create_dir_all(proc.join("driver/nvidia-caps")).expect("nvidia-caps");
+        std::fs::write(proc.join("driver/nvidia-caps/mig-minors"), mig_minors(&node.inventory)).expect("mig-minors");
         node
     }
 
@@ -175,4 +177,22 @@ impl MockGpuNode {
 /// Whether `path` holds `needle` (a spec, a log).
 pub fn file_contains(path: &Path, needle: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle))
+}
+
+/// The driver's `/proc/driver/nvidia-caps/mig-minors` table for every
+/// GPU instance and compute instance id a GPU could have, with the minors
+/// the mock gives its capability files (gi: 3 + 135 * minor + 9 * G; ci:
+/// that + 1 + C), so the administrator's instances have theirs too.
+fn mig_minors(inventory: &Inventory) -> String {
+    let mut table = String::from("config 1\nmonitor 2\n");
+    for gpu in &inventory.gpus {
+        for gi in 0..15 {
+            let base = 3 + 135 * gpu.minor + 9 * gi;
+            table.push_str(&format!("gpu{}/gi{gi}/access {base}\n", gpu.minor));
+            for ci in 0..8 {
+                table.push_str(&format!("gpu{}/gi{gi}/ci{ci}/access {}\n", gpu.minor, base + 1 + ci));
+            }
+        }
+    }
+    table
 }
