@@ -292,6 +292,26 @@ mod tests {
     }
 
     #[test]
+    fn a_mig_mode_refresh_replaces_only_that_gpus_mig_state() {
+        use gpu_dra_driver::inventory::MigMode;
+        let yaml = "gpus: [{model: H100-80GB, count: 2, mig: [{gpus: [0], dynamic: true}]}]";
+        let before = fake::parse(yaml, &NodeName::new("n").unwrap()).unwrap();
+        let mut current = Arc::new(before.clone());
+        Arc::make_mut(&mut current).gpus[0].faults.push(Fault::Xid(79));
+        // NVML after the switch: GPU 0 out of MIG mode.
+        let mut found = before.gpus[0].clone();
+        found.mig = MigMode::Disabled;
+        assert!(replace_mig_state(&mut current, found.clone()));
+        assert_eq!(current.gpus[0].mig, MigMode::Disabled);
+        assert_eq!(current.gpus[0].faults, [Fault::Xid(79)], "faults seen meanwhile stay");
+        assert_eq!(current.gpus[1], before.gpus[1], "the other GPU is untouched");
+        assert!(!replace_mig_state(&mut current, found.clone()), "the same state again is no change");
+        let mut stranger = found;
+        stranger.uuid = "GPU-not-here".into();
+        assert!(!replace_mig_state(&mut current, stranger));
+    }
+
+    #[test]
     fn a_missing_file_fails_at_start() {
         let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let err = rt
