@@ -194,13 +194,17 @@ fn start_telemetry(
     Some(tokio::spawn(task.run()))
 }
 
+/// What re-reads a GPU after dynamic MIG switched its MIG mode (NVML
+/// only: a fake inventory has no MIG mode to switch).
+type ModeRefresh = Option<Arc<dyn crate::mig::lifecycle::MigModeObserver>>;
+
 /// The inventory as a stream of snapshots: the fake file (re-read when it
 /// changes), else NVML with critical XID events, and then also what
 /// follows the MIG mode switches of dynamic MIG.
 fn watch_inventory(
     args: &RunArgs,
     dynamic_mig: &Arc<DynamicMigSelection>,
-) -> anyhow::Result<(watch::Receiver<Arc<Inventory>>, Option<Arc<dyn crate::mig::lifecycle::MigModeObserver>>)> {
+) -> anyhow::Result<(watch::Receiver<Arc<Inventory>>, ModeRefresh)> {
     let node = args.node.node_name.clone();
     match &args.node.fake_inventory {
         Some(file) => {
