@@ -65,7 +65,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     let dynamic_mig = DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone());
     let mig = if dynamic_mig.enabled() { mig_host(args) } else { None };
     seed_ours(args, &dynamic_mig, mig.as_ref())?;
-    let inventory = watch_inventory(args, &dynamic_mig)?;
+    let (inventory, mode_refresh) = watch_inventory(args, &dynamic_mig)?;
+    // Every MIG mode switch (prepare, unprepare, start-up) re-reads the GPU.
+    let mig = mig.map(|host| crate::mig::lifecycle::MigHost { mode_observer: mode_refresh, ..host });
     tracing::info!(devices = inventory.borrow().published_devices().len(), "inventory loaded");
 
     let user_agent = concat!("gpu-kubelet-plugin/", env!("CARGO_PKG_VERSION"));
@@ -192,22 +194,28 @@ fn start_telemetry(
     Some(tokio::spawn(task.run()))
 }
 
+/// What re-reads a GPU after dynamic MIG switched its MIG mode (NVML
+/// only: a fake inventory has no MIG mode to switch).
+type ModeRefresh = Option<Arc<dyn crate::mig::lifecycle::MigModeObserver>>;
+
 /// The inventory as a stream of snapshots: the fake file (re-read when it
-/// changes), else NVML with critical XID events.
+/// changes), else NVML with critical XID events, and then also what
+/// follows the MIG mode switches of dynamic MIG.
 fn watch_inventory(
     args: &RunArgs,
     dynamic_mig: &Arc<DynamicMigSelection>,
-) -> anyhow::Result<watch::Receiver<Arc<Inventory>>> {
+) -> anyhow::Result<(watch::Receiver<Arc<Inventory>>, ModeRefresh)> {
     let node = args.node.node_name.clone();
     match &args.node.fake_inventory {
         Some(file) => {
             let interval = Duration::from_millis(args.fake_inventory_poll_ms);
-            Ok(inventory_watch::watch_fake_file(file.clone(), node, interval, Arc::clone(dynamic_mig))?)
+            Ok((inventory_watch::watch_fake_file(file.clone(), node, interval, Arc::clone(dynamic_mig))?, None))
         }
         None => {
             let source = crate::host::driver_files::nvml_source(&args.driver_root, &args.host);
-            Ok(inventory_watch::watch_nvml(source, dynamic_mig)
-                .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?)
+            let (inventory, refresh) = inventory_watch::watch_nvml(source, Arc::clone(dynamic_mig))
+                .context("discovering GPUs through NVML (use --fake-inventory on nodes without GPUs)")?;
+            Ok((inventory, Some(refresh as Arc<dyn crate::mig::lifecycle::MigModeObserver>)))
         }
     }
 }
@@ -318,6 +326,7 @@ fn mig_host(args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
         Ok(nvml) => Some(crate::mig::lifecycle::MigHost {
             control: Arc::new(crate::mig::nvml::NvmlMigControl::new(nvml)),
             proc_root: args.host.proc_root.clone(),
+            mode_observer: None,
         }),
         Err(error) => {
             tracing::warn!(%error, "NVML cannot be opened for dynamic MIG; claims for dynamic MIG devices will fail");

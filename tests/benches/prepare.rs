@@ -239,7 +239,11 @@ fn dynamic_mig(rounds: usize, fsync: &Stats) {
         let library =
             clone.driver_root().join(gpu_dra_driver::driver_root::fake_tree::LIBDIR).join("libnvidia-ml.so.1");
         let nvml = nvml_wrapper::Nvml::builder().lib_path(library.as_os_str()).init().expect("mock NVML");
-        let host = MigHost { control: std::sync::Arc::new(NvmlMigControl::new(nvml)), proc_root: clone.proc_root() };
+        let host = MigHost {
+            control: std::sync::Arc::new(NvmlMigControl::new(nvml)),
+            proc_root: clone.proc_root(),
+            mode_observer: None,
+        };
         (clone, host)
     };
     let intent = |minor: usize, profile: &str, id: u32, index: u32, start: u32, size: u32| MigIntent {

@@ -37,6 +37,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <pthread.h>
 
 typedef int nvmlReturn_t;
 #define NVML_SUCCESS 0
@@ -285,10 +286,19 @@ static nvmlReturn_t copy_string(const char *value, char *out, unsigned int lengt
     return NVML_SUCCESS;
 }
 
+/* Sessions are counted as NVIDIA's library counts them: every nvmlInit
+ * is paired with an nvmlShutdown, and NVML stays usable until the last
+ * one. The table (and the instance state) is read when the first session
+ * opens, never under another session's feet. */
+static pthread_mutex_t session_lock = PTHREAD_MUTEX_INITIALIZER;
+
 nvmlReturn_t nvmlInit_v2(void) {
-    if (!load_table()) return NVML_ERROR_UNKNOWN;
-    initialized = 1;
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&session_lock);
+    nvmlReturn_t result = NVML_SUCCESS;
+    if (initialized == 0 && !load_table()) result = NVML_ERROR_UNKNOWN;
+    else initialized++;
+    pthread_mutex_unlock(&session_lock);
+    return result;
 }
 
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
@@ -297,8 +307,11 @@ nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
 }
 
 nvmlReturn_t nvmlShutdown(void) {
-    initialized = 0;
-    return NVML_SUCCESS;
+    pthread_mutex_lock(&session_lock);
+    nvmlReturn_t result = initialized == 0 ? NVML_ERROR_UNINITIALIZED : NVML_SUCCESS;
+    if (initialized > 0) initialized--;
+    pthread_mutex_unlock(&session_lock);
+    return result;
 }
 
 const char *nvmlErrorString(nvmlReturn_t result) {

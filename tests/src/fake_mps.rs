@@ -88,12 +88,19 @@ pub fn driver_root(dir: &Path) -> PathBuf {
     let root = dir.join("driver-root");
     fake_tree::build(&root, "580.82.07", &[("libcuda.so", "libcuda.so.1"), ("libnvidia-ml.so", "libnvidia-ml.so.1")])
         .unwrap_or_else(|e| panic!("fake driver root: {e}"));
+    install_programs(&root);
+    root
+}
+
+/// Puts the fake `nvidia-cuda-mps-control` and `nvidia-smi` in `root`'s
+/// `usr/bin` (a driver root made elsewhere, e.g. the mock NVML's).
+pub fn install_programs(root: &Path) {
+    std::fs::create_dir_all(root.join("usr/bin")).unwrap_or_else(|e| panic!("usr/bin: {e}"));
     for (name, body) in [("nvidia-cuda-mps-control", MPS_CONTROL), ("nvidia-smi", NVIDIA_SMI)] {
         let path = root.join("usr/bin").join(name);
         std::fs::write(&path, format!("#!/bin/sh\n{COMMON}{body}")).unwrap_or_else(|e| panic!("{name}: {e}"));
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap_or_else(|e| panic!("{e}"));
     }
-    root
 }
 
 fn lines(path: &Path) -> Vec<String> {

@@ -79,6 +79,30 @@ pub enum Outcome {
     Refused(String),
 }
 
+/// A copy of the chart under `dir` without its schema: what the
+/// render-time checks alone refuse (as with `helm install
+/// --skip-schema-validation`).
+pub fn chart_without_schema(dir: &Path) -> PathBuf {
+    let chart = workspace_root().join("charts/gpu-dra-driver");
+    let copy = dir.join("gpu-dra-driver");
+    for entry in walk(&chart) {
+        let target = copy.join(entry.strip_prefix(&chart).expect("under the chart"));
+        std::fs::create_dir_all(target.parent().expect("a parent")).expect("chart copy");
+        std::fs::copy(&entry, &target).expect("chart copy");
+    }
+    std::fs::remove_file(copy.join("values.schema.json")).expect("the schema");
+    copy
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("chart directory") {
+        let path = entry.expect("chart entry").path();
+        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
+    }
+    files
+}
+
 /// Renders every case in one Python process (loading Helm's library once).
 pub fn render_all(tmp_dir: &Path, cases: &[(&str, Value)]) -> BTreeMap<String, Outcome> {
     render_chart(tmp_dir, &workspace_root().join("charts/gpu-dra-driver"), cases)

@@ -50,6 +50,8 @@ impl MockGpuNode {
             "Character devices:\n195 nvidia\n235 nvidia-uvm\n236 nvidia-caps\n\nBlock devices:\n8 sd\n",
         )
         .expect("devices");
+        std::fs::create_dir_all(proc.join("driver/nvidia-caps")).expect("nvidia-caps");
+        std::fs::write(proc.join("driver/nvidia-caps/mig-minors"), mig_minors(&node.inventory)).expect("mig-minors");
         node
     }
 
@@ -135,6 +137,20 @@ impl MockGpuNode {
         out
     }
 
+    /// Whether GPU `minor` is in MIG mode now (the mock's state file, or
+    /// the table's until the first change).
+    pub fn mig_mode(&self, minor: u32) -> bool {
+        let from_state = std::fs::read_to_string(self.state()).ok().and_then(|text| {
+            text.lines().find_map(|line| {
+                let f: Vec<&str> = line.split('|').collect();
+                (f.len() == 4 && f[0] == "mode" && f[1] == minor.to_string()).then(|| f[2] == "1")
+            })
+        });
+        from_state.unwrap_or_else(|| {
+            self.inventory.gpus.iter().any(|g| g.minor == minor && !matches!(g.mig, MigMode::Disabled))
+        })
+    }
+
     /// Makes the mock report processes on GPU `minor` (NVML_ERROR_IN_USE
     /// for destroying its instances or switching its MIG mode).
     pub fn set_busy(&self, minor: Option<u32>) {
@@ -161,4 +177,22 @@ impl MockGpuNode {
 /// Whether `path` holds `needle` (a spec, a log).
 pub fn file_contains(path: &Path, needle: &str) -> bool {
     std::fs::read_to_string(path).is_ok_and(|t| t.contains(needle))
+}
+
+/// The driver's `/proc/driver/nvidia-caps/mig-minors` table for every
+/// GPU instance and compute instance id a GPU could have, with the minors
+/// the mock gives its capability files (gi: 3 + 135 * minor + 9 * G; ci:
+/// that + 1 + C), so the administrator's instances have theirs too.
+fn mig_minors(inventory: &Inventory) -> String {
+    let mut table = String::from("config 1\nmonitor 2\n");
+    for gpu in &inventory.gpus {
+        for gi in 0..15 {
+            let base = 3 + 135 * gpu.minor + 9 * gi;
+            table.push_str(&format!("gpu{}/gi{gi}/access {base}\n", gpu.minor));
+            for ci in 0..8 {
+                table.push_str(&format!("gpu{}/gi{gi}/ci{ci}/access {}\n", gpu.minor, base + 1 + ci));
+            }
+        }
+    }
+    table
 }

@@ -23,7 +23,7 @@ pub fn build_library(root: &Path, version: &str) {
     fake_tree::build(root, version, &[("libcuda.so", "libcuda.so.1")]).expect("driver root");
     let nvml = root.join(LIBDIR).join(format!("libnvidia-ml.so.{version}"));
     let built = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
+        .args(["-shared", "-fPIC", "-pthread", "-O1", "-Wl,-soname,libnvidia-ml.so.1", "-o"])
         .arg(&nvml)
         .arg(workspace_root().join("tests/mock-nvml/mock_nvml.c"))
         .status()

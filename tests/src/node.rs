@@ -59,6 +59,17 @@ impl RunningNode {
             .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
     }
 
+    /// A new plugin process with `options` on the node's files (the old
+    /// one must be gone: stopped, or killed at a kill point), registered
+    /// with the kubelet stand-in.
+    pub fn respawn(&mut self, options: &PluginOptions) {
+        self.process = PluginProcess::spawn(&self.dirs, options).expect("plugin process");
+        self.plugin = self
+            .runtime
+            .block_on(self.kubelet.wait_and_register(WAIT))
+            .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
+    }
+
     /// Stores an allocated claim `default/<name>`; returns the kubelet's
     /// reference to it.
     pub fn claim(&self, name: &str, results: &[Allocated], config: Vec<DeviceAllocationConfiguration>) -> Claim {

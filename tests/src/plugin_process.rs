@@ -75,6 +75,16 @@ impl Default for PluginOptions {
     }
 }
 
+impl PluginOptions {
+    /// The same options with `GPU_DRA_KILL_AT=<step>`: the plugin kills
+    /// itself with SIGKILL when it reaches that step.
+    pub fn killing_at(&self, step: &str) -> Self {
+        let mut options = self.clone();
+        options.env.push(("GPU_DRA_KILL_AT".into(), step.into()));
+        options
+    }
+}
+
 /// A running plugin process; killed (SIGKILL) when dropped.
 pub struct PluginProcess {
     child: Child,

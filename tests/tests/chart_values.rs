@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{
-    Outcome, args, check_types, container, one, render_chart, render_chart_unlinted, rendered,
+    Outcome, args, chart_without_schema, check_types, container, one, render_chart, render_chart_unlinted, rendered,
 };
 use integration_tests::workspace_root;
 use serde_json::{Value, json};
@@ -23,28 +23,6 @@ fn tmp_dir() -> &'static Path {
 
 fn chart() -> PathBuf {
     workspace_root().join("charts/gpu-dra-driver")
-}
-
-/// A copy of the chart without its schema: what the render-time checks
-/// alone refuse (as with `helm install --skip-schema-validation`).
-fn chart_without_schema(dir: &Path) -> PathBuf {
-    let copy = dir.join("gpu-dra-driver");
-    for entry in walk(&chart()) {
-        let target = copy.join(entry.strip_prefix(chart()).unwrap());
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        std::fs::copy(&entry, &target).unwrap();
-    }
-    std::fs::remove_file(copy.join("values.schema.json")).unwrap();
-    copy
-}
-
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
-    }
-    files
 }
 
 /// `over` merged into `base`, maps key by key.
@@ -138,6 +116,7 @@ fn string_values() -> Vec<(&'static str, Value, Value)> {
     let fake = json!({"fakeInventory": {"enabled": true}});
     let monitor = json!({"metrics": {"serviceMonitor": {"enabled": true}}});
     let no_le = json!({"controller": {"leaderElection": false}});
+    let dynamic_mig = json!({"dynamicMig": {"enabled": true}});
     vec![
         ("driverName", json!({}), json!("gpu.example.com")),
         ("image.repository", json!({}), json!("registry.example.com/gpu")),
@@ -155,6 +134,8 @@ fn string_values() -> Vec<(&'static str, Value, Value)> {
         ("kubeletPlugin.kubeletPluginsDirectoryPath", json!({}), json!("/var/lib/k0s/kubelet/plugins")),
         ("kubeletPlugin.priorityClassName", json!({}), json!("gpu-critical")),
         ("kubeletPlugin.extraArgs[0]", json!({}), json!("--mps-ready-timeout-ms=30000")),
+        ("dynamicMig.gpus", dynamic_mig.clone(), json!("none")),
+        ("dynamicMig.gpus[0]", dynamic_mig, json!("GPU-4f1c2a00-0000-0000-0000-000000000001")),
         ("controller.priorityClassName", json!({}), json!("ops-high")),
         ("controller.explainAfter", json!({}), json!("1m")),
         ("controller.deallocateAfter", json!({}), json!("10m")),

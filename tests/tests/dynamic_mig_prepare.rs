@@ -18,7 +18,7 @@ use gpu_kubelet_plugin::state::checkpoint::{
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};
-use integration_tests::plugin_process::{PluginOptions, PluginProcess};
+use integration_tests::plugin_process::PluginOptions;
 use kubelet_proto::dra_v1::Claim;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n    mig:\n      - gpus: [0]\n        dynamic: true\n      \
@@ -30,22 +30,6 @@ const ONE: &str = "gpu-0-mig-1g10gb-19-6";
 
 fn start(options: PluginOptions) -> RunningNode {
     RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options)
-}
-
-/// A new plugin process on the node's files (the old one must be gone),
-/// registered with the kubelet stand-in.
-fn respawn(node: &mut RunningNode, options: &PluginOptions) {
-    node.process = PluginProcess::spawn(&node.dirs, options).expect("plugin process");
-    node.plugin = node
-        .runtime
-        .block_on(node.kubelet.wait_and_register(WAIT))
-        .unwrap_or_else(|e| panic!("{e}\n{}", node.process.log()));
-}
-
-fn killing_at(options: &PluginOptions, step: &str) -> PluginOptions {
-    let mut options = options.clone();
-    options.env.push(("GPU_DRA_KILL_AT".into(), step.into()));
-    options
 }
 
 fn gpu0(gpu: &MockGpuNode) -> Vec<MockInstance> {
@@ -123,12 +107,12 @@ fn kill_and_restart(
     claim: &Claim,
 ) {
     node.process.terminate(WAIT).expect("SIGTERM");
-    respawn(node, &killing_at(options, step));
+    node.respawn(&options.killing_at(step));
     let answered = call(node, claim);
     assert!(!answered, "{step}: the call was answered, the kill point never reached\n{}", node.process.log());
     let status = node.process.wait_timeout(Duration::from_secs(30)).expect("wait").expect("the plugin killed itself");
     assert!(!status.success(), "{step}: {status:?}");
-    respawn(node, options);
+    node.respawn(options);
 }
 
 #[test]
@@ -161,8 +145,15 @@ fn sigkill_at_every_step_of_prepare_and_unprepare_leaks_and_loses_nothing() {
         check_settled(&gpu, &node, step, false);
         summary.insert(step, "rolled back, retried");
     }
-    for step in ["after-compute-destroyed", "after-compute-destroyed:3", "after-gpu-destroyed", "after-gpu-destroyed:2"]
-    {
+    // (`after-gpu-destroyed:3`: every instance gone, the spec and the
+    // record not yet.)
+    for step in [
+        "after-compute-destroyed",
+        "after-compute-destroyed:3",
+        "after-gpu-destroyed",
+        "after-gpu-destroyed:2",
+        "after-gpu-destroyed:3",
+    ] {
         let first = node.prepare(std::slice::from_ref(&claim));
         let ids: Vec<Vec<String>> = first[&claim.uid].clone().unwrap().into_iter().map(|d| d.cdi_device_ids).collect();
         kill_and_restart(&mut node, &options, step, unprepare, &claim);
@@ -261,7 +252,7 @@ fn a_static_gpu_keeps_its_instances_whatever_the_checkpoint_says() {
         for record in &records {
             checkpoint.write(&ClaimUid::new(record.uid.as_str()).unwrap(), record).unwrap();
         }
-        respawn(&mut node, &options);
+        node.respawn(&options);
         assert_eq!(static_instances(&gpu), [(0, 4), (4, 4)], "{dynamic}: start-up\n{}", node.process.log());
         let forged_claims: Vec<Claim> =
             records.iter().map(|r| integration_tests::kubelet::claim("default", &r.name, &r.uid)).collect();

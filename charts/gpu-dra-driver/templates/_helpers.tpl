@@ -49,15 +49,43 @@ app.kubernetes.io/instance: {{ .Release.Name | quote }}
 {{- end -}}
 
 {{- /* The gates this driver has, TimeSlicingSettings=true,MPSSupport=false;
-NVIDIA's other gates are checked in validate.yaml and never passed on. */ -}}
+NVIDIA's other gates are checked in validate.yaml and never passed on.
+dynamicMig.enabled turns DynamicMIG on. */ -}}
 {{- define "gpu-dra-driver.featureGates" -}}
+{{- $set := deepCopy (.Values.featureGates | default dict) -}}
+{{- if include "gpu-dra-driver.dynamicMig" . -}}
+{{- $_ := set $set "DynamicMIG" true -}}
+{{- end -}}
 {{- $gates := list -}}
-{{- range $name, $on := .Values.featureGates -}}
+{{- range $name, $on := $set -}}
 {{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG") -}}
 {{- $gates = append $gates (printf "%s=%t" $name $on) -}}
 {{- end -}}
 {{- end -}}
 {{- join "," $gates -}}
+{{- end -}}
+
+{{- /* "true" when dynamic MIG is on (dynamicMig.enabled or NVIDIA's
+featureGates.DynamicMIG), else empty. */ -}}
+{{- define "gpu-dra-driver.dynamicMig" -}}
+{{- if or (dig "enabled" false (.Values.dynamicMig | default dict)) (get (.Values.featureGates | default dict) "DynamicMIG") -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* dynamicMig.gpus as the plugin's --dynamic-mig-gpus value: auto,
+none, or the list joined with commas. */ -}}
+{{- define "gpu-dra-driver.dynamicMigGpus" -}}
+{{- $gpus := dig "gpus" "auto" (.Values.dynamicMig | default dict) -}}
+{{- if kindIs "slice" $gpus -}}
+{{- $items := list -}}
+{{- range $gpus -}}
+{{- $items = append $items (ternary (printf "%d" (int64 .)) (toString .) (or (kindIs "float64" .) (kindIs "int" .) (kindIs "int64" .))) -}}
+{{- end -}}
+{{- join "," $items -}}
+{{- else -}}
+{{- toString $gpus -}}
+{{- end -}}
 {{- end -}}
 
 {{- /* The log filter: logLevel, or NVIDIA's logVerbosity when set. */ -}}

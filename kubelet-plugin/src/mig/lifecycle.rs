@@ -12,12 +12,21 @@ use super::kill_point::{self, Step};
 use super::order;
 use super::{MadeInstance, MigIntent, ObservedInstance, caps};
 
-/// What dynamic MIG works with on a node: NVML and the `/proc` that shows
-/// new instances' capabilities.
+/// What dynamic MIG works with on a node: NVML, the `/proc` that shows
+/// new instances' capabilities, and who must hear of a MIG mode switch.
 #[derive(Clone)]
 pub struct MigHost {
     pub control: Arc<dyn MigControl>,
     pub proc_root: PathBuf,
+    /// Told after every MIG mode switch; `None` where nothing follows it.
+    pub mode_observer: Option<Arc<dyn MigModeObserver>>,
+}
+
+/// Hears that the plugin switched a GPU's MIG mode, so what the node
+/// publishes follows the GPU: out of MIG mode it is one whole GPU, back in
+/// MIG mode it offers its MIG devices again. Called from blocking threads.
+pub trait MigModeObserver: Send + Sync {
+    fn mig_mode_switched(&self, gpu_uuid: &str);
 }
 
 impl std::fmt::Debug for MigHost {
@@ -144,6 +153,9 @@ pub fn switch_mig_mode(host: &MigHost, gpu: &str, on: bool) -> Result<(), String
     }
     let MigModeState { current, .. } = control.set_mig_mode(gpu, on).map_err(|e| e.to_string())?;
     kill_point::reached(Step::AfterMigMode);
+    if let Some(observer) = host.mode_observer.as_ref().filter(|_| current == on) {
+        observer.mig_mode_switched(gpu);
+    }
     if current != on {
         return Err(format!(
             "GPU {gpu} needs a reset to turn MIG mode {want} (the change is pending): reset it with nvidia-smi -r -i \
@@ -179,7 +191,7 @@ mod tests {
             minors.push_str(&format!("gpu0/gi{gi}/ci0/access {}\n", 4 + 9 * gi));
         }
         std::fs::write(proc_root.path().join("driver/nvidia-caps/mig-minors"), minors).unwrap();
-        (MigHost { control, proc_root: proc_root.path().to_path_buf() }, proc_root)
+        (MigHost { control, proc_root: proc_root.path().to_path_buf(), mode_observer: None }, proc_root)
     }
 
     #[test]
@@ -225,5 +237,29 @@ mod tests {
         control.gpus.lock().unwrap().get_mut("GPU-a").unwrap().switchable = false;
         let error = switch_mig_mode(&host, "GPU-a", false).unwrap_err();
         assert!(error.contains("needs a reset"), "{error}");
+    }
+
+    #[derive(Default)]
+    struct Heard(std::sync::Mutex<Vec<String>>);
+
+    impl MigModeObserver for Heard {
+        fn mig_mode_switched(&self, gpu_uuid: &str) {
+            self.0.lock().unwrap().push(gpu_uuid.to_string());
+        }
+    }
+
+    #[test]
+    fn the_observer_hears_each_switch_that_took_effect() {
+        let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
+        let (mut host, _dir) = host(control.clone());
+        let heard = Arc::new(Heard::default());
+        host.mode_observer = Some(heard.clone());
+        switch_mig_mode(&host, "GPU-a", false).unwrap();
+        switch_mig_mode(&host, "GPU-a", false).unwrap();
+        switch_mig_mode(&host, "GPU-a", true).unwrap();
+        assert_eq!(*heard.0.lock().unwrap(), ["GPU-a", "GPU-a"], "off, then on; the no-op is not a switch");
+        control.gpus.lock().unwrap().get_mut("GPU-a").unwrap().switchable = false;
+        switch_mig_mode(&host, "GPU-a", false).unwrap_err();
+        assert_eq!(heard.0.lock().unwrap().len(), 2, "a switch pending a reset changed nothing yet");
     }
 }

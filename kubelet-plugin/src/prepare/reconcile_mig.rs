@@ -6,7 +6,9 @@
 //!   owns is destroyed, and a completed record's instance that vanished
 //!   (or lost its compute instance) is made again at its placement, its
 //!   new UUID and caps recorded and its spec rewritten, before the kubelet
-//!   is served (so before the claim's containers start).
+//!   is served (so before the claim's containers start); a whole GPU a
+//!   completed record holds is taken out of MIG mode again if it is back
+//!   in it.
 //!
 //! A GPU not managed dynamically (an administrator's MIG layout, or MIG
 //! off) is never touched, whatever a record says.
@@ -109,7 +111,29 @@ pub(super) fn settle(
             }
         }
     }
+    for (uid, gpu) in whole_gpus_back_in_mig_mode(inventory, kept) {
+        tracing::warn!(claim_uid = %uid, %gpu, "a prepared claim holds this GPU whole but it is in MIG mode again; turning MIG mode off");
+        match lifecycle::switch_mig_mode(host, &gpu, false) {
+            Ok(()) if !report.remade.contains(&uid) => report.remade.push(uid),
+            Ok(()) => {}
+            Err(error) => {
+                tracing::error!(claim_uid = %uid, %gpu, %error, "turning MIG mode off for a prepared claim failed; its containers get a GPU in MIG mode")
+            }
+        }
+    }
     report
+}
+
+/// (claim, GPU) of every whole GPU a completed record took out of MIG mode
+/// that is dynamic (so in MIG mode, without foreign instances) again: an
+/// unprepare stopped after its switch, or a GPU reset.
+fn whole_gpus_back_in_mig_mode(inventory: &Inventory, kept: &HashMap<String, ClaimRecord>) -> Vec<(String, String)> {
+    kept.values()
+        .filter(|r| r.state == PrepareState::PrepareCompleted)
+        .flat_map(|r| r.devices.iter().filter_map(|d| d.mig_mode_off.as_ref()).map(|off| (r.uid.clone(), off)))
+        .filter(|(_, off)| inventory.gpus.iter().any(|g| g.uuid == off.gpu_uuid && g.dynamic_mig().is_some()))
+        .map(|(uid, off)| (uid, off.gpu_uuid.clone()))
+        .collect()
 }
 
 /// Makes a prepared claim's vanished device again and records it.

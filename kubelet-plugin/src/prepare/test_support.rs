@@ -170,10 +170,11 @@ impl Harness {
                 ready: std::time::Duration::from_millis(300),
                 exit: std::time::Duration::from_millis(300),
             },
-            mig: self
-                .mig
-                .clone()
-                .map(|control| crate::mig::lifecycle::MigHost { control, proc_root: self.dir.path().join("proc") }),
+            mig: self.mig.clone().map(|control| crate::mig::lifecycle::MigHost {
+                control,
+                proc_root: self.dir.path().join("proc"),
+                mode_observer: None,
+            }),
             selection: None,
         }
     }

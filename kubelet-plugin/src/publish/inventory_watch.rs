@@ -94,14 +94,16 @@ async fn follow_file(
 }
 
 /// Discovers through NVML, then follows critical XID events in a blocking
-/// thread. Must be called inside a tokio runtime.
+/// thread and the MIG mode switches the plugin makes (through the returned
+/// [`MigModeRefresh`]). Must be called inside a tokio runtime.
 pub fn watch_nvml(
     source: NvmlSource,
-    selection: &DynamicMigSelection,
-) -> Result<watch::Receiver<Arc<Inventory>>, DiscoveryError> {
+    selection: Arc<DynamicMigSelection>,
+) -> Result<(watch::Receiver<Arc<Inventory>>, Arc<MigModeRefresh>), DiscoveryError> {
     let mut first = source.discover()?;
     selection.apply(&mut first);
     let (tx, rx) = watch::channel(Arc::new(first));
+    let refresh = Arc::new(MigModeRefresh { source: source.clone(), tx: tx.clone(), selection });
     std::thread::Builder::new().name("nvml-events".into()).spawn(move || nvml_events::run(&source, tx)).map_err(
         |e| {
             DiscoveryError::Nvml(gpu_dra_driver::inventory::nvml::NvmlDiscoveryError::LibraryUnavailable(format!(
@@ -109,7 +111,51 @@ pub fn watch_nvml(
             )))
         },
     )?;
-    Ok(rx)
+    Ok((rx, refresh))
+}
+
+/// Re-reads a GPU's MIG state through NVML after the plugin switched its
+/// MIG mode (a claim for the whole GPU): out of MIG mode it is published
+/// as one GPU, back in MIG mode with its MIG devices and counters. Only
+/// that GPU's MIG fields change; faults seen meanwhile stay.
+pub struct MigModeRefresh {
+    source: NvmlSource,
+    tx: watch::Sender<Arc<Inventory>>,
+    selection: Arc<DynamicMigSelection>,
+}
+
+impl crate::mig::lifecycle::MigModeObserver for MigModeRefresh {
+    fn mig_mode_switched(&self, gpu_uuid: &str) {
+        let mut fresh = match self.source.discover() {
+            Ok(fresh) => fresh,
+            Err(error) => {
+                tracing::error!(gpu = %gpu_uuid, %error, "re-reading the GPU after a MIG mode switch failed; its slices stay as they were until the plugin restarts");
+                return;
+            }
+        };
+        fresh.gpus.retain(|g| g.uuid == gpu_uuid);
+        self.selection.apply(&mut fresh);
+        let Some(found) = fresh.gpus.pop() else {
+            tracing::error!(gpu = %gpu_uuid, "NVML no longer lists the GPU whose MIG mode was switched");
+            return;
+        };
+        let changed = self.tx.send_if_modified(|current| replace_mig_state(current, found));
+        tracing::info!(gpu = %gpu_uuid, changed, "MIG mode switched; the inventory follows");
+    }
+}
+
+/// Puts `found`'s MIG mode and profiles in place of the same GPU's in
+/// `current`; whether anything changed.
+fn replace_mig_state(current: &mut Arc<Inventory>, found: gpu_dra_driver::inventory::Gpu) -> bool {
+    let Some(index) = current.gpus.iter().position(|g| g.uuid == found.uuid) else { return false };
+    let gpu = &current.gpus[index];
+    if gpu.mig == found.mig && gpu.mig_capabilities == found.mig_capabilities {
+        return false;
+    }
+    let next = Arc::make_mut(current);
+    next.gpus[index].mig = found.mig;
+    next.gpus[index].mig_capabilities = found.mig_capabilities;
+    true
 }
 
 /// Adds `fault` to the GPU with `uuid` (or, with instance ids, to its MIG
@@ -243,6 +289,26 @@ mod tests {
         std::fs::write(&path, TWO_GPUS).unwrap();
         rx.changed().await.unwrap();
         assert!(rx.borrow().gpus[1].faults.is_empty());
+    }
+
+    #[test]
+    fn a_mig_mode_refresh_replaces_only_that_gpus_mig_state() {
+        use gpu_dra_driver::inventory::MigMode;
+        let yaml = "gpus: [{model: H100-80GB, count: 2, mig: [{gpus: [0], dynamic: true}]}]";
+        let before = fake::parse(yaml, &NodeName::new("n").unwrap()).unwrap();
+        let mut current = Arc::new(before.clone());
+        Arc::make_mut(&mut current).gpus[0].faults.push(Fault::Xid(79));
+        // NVML after the switch: GPU 0 out of MIG mode.
+        let mut found = before.gpus[0].clone();
+        found.mig = MigMode::Disabled;
+        assert!(replace_mig_state(&mut current, found.clone()));
+        assert_eq!(current.gpus[0].mig, MigMode::Disabled);
+        assert_eq!(current.gpus[0].faults, [Fault::Xid(79)], "faults seen meanwhile stay");
+        assert_eq!(current.gpus[1], before.gpus[1], "the other GPU is untouched");
+        assert!(!replace_mig_state(&mut current, found.clone()), "the same state again is no change");
+        let mut stranger = found;
+        stranger.uuid = "GPU-not-here".into();
+        assert!(!replace_mig_state(&mut current, stranger));
     }
 
     #[test]
