@@ -4,10 +4,12 @@
 //! Grouped by concern: what the kubelet talks to (`kubelet_api`), what the
 //! cluster is told (`publish`), what a claim does to the node (`prepare`),
 //! what survives a crash (`state`), the node's driver installation
-//! (`host`), what an operator reads (`observe`), and dynamic MIG (`mig`).
+//! (`host`), what an operator reads (`observe`), dynamic MIG (`mig`),
+//! ComputeDomains (`compute_domain`) and the process's own heap (`heap`).
 
 pub mod cli;
 pub mod compute_domain;
+pub mod heap;
 pub mod host;
 pub use gpu_dra_driver::service::http;
 pub use gpu_dra_driver::service::kube_client;

@@ -273,6 +273,8 @@ impl Publisher {
                         resync_at = Instant::now() + self.config.resync;
                         self.status.set_published(devices, self.generation);
                         tracing::info!(devices, generation = self.generation, "ResourceSlices published");
+                        // Building the slices is the agent's largest burst.
+                        crate::heap::release_free_pages();
                     }
                     Err(error) => {
                         tracing::warn!(%error, retry_in = ?backoff, "publishing ResourceSlices failed");
