@@ -31,7 +31,23 @@ pub struct MockInstance {
 
 pub struct MockGpuNode {
     pub dir: tempfile::TempDir,
+    /// The host's /proc stand-in, in memory where the machine has a tmpfs
+    /// (`/dev/shm`) as procfs is: the mock rewrites its MIG capability
+    /// tree on every change, and on a disk file system those thousands of
+    /// metadata changes would be committed by the plugin's next fsync,
+    /// charging the mock's bookkeeping to the plugin's prepare.
+    proc: tempfile::TempDir,
     pub inventory: Inventory,
+}
+
+/// A directory in memory (`/dev/shm`) where there is one, else in the
+/// system's temporary directory.
+fn memory_backed_dir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("mock-proc")
+        .tempdir_in("/dev/shm")
+        .or_else(|_| tempfile::tempdir())
+        .expect("temp dir")
 }
 
 impl MockGpuNode {
@@ -39,7 +55,7 @@ impl MockGpuNode {
     /// models, MIG layouts, `dynamic: true` for MIG mode with no instances).
     pub fn new(inventory_yaml: &str) -> Self {
         let inventory = fake::parse(inventory_yaml, &NodeName::new("node-a").expect("node")).expect("inventory");
-        let node = MockGpuNode { dir: tempfile::tempdir().expect("temp dir"), inventory };
+        let node = MockGpuNode { dir: tempfile::tempdir().expect("temp dir"), proc: memory_backed_dir(), inventory };
         build_library(&node.driver_root(), DRIVER_VERSION);
         std::fs::write(node.table(), table(&node.inventory, DRIVER_VERSION)).expect("table");
         sys_tree(&node.dir.path().join("sys"), &node.inventory);
@@ -60,7 +76,7 @@ impl MockGpuNode {
     }
 
     pub fn proc_root(&self) -> PathBuf {
-        self.dir.path().join("proc")
+        self.proc.path().to_path_buf()
     }
 
     pub fn table(&self) -> PathBuf {

@@ -203,6 +203,26 @@ impl PluginProcess {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
+
+    /// The address `--metrics-addr 127.0.0.1:0` bound, from the log's
+    /// `serving /metrics` line (`None` if it never came).
+    pub fn metrics_addr(&mut self, timeout: Duration) -> Option<String> {
+        let line = self.wait_for_log("serving /metrics", timeout)?;
+        line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).map(str::to_owned)
+    }
+}
+
+/// The body of `GET /metrics` at `addr` (a minimal blocking HTTP/1.1 GET).
+pub fn scrape_metrics(addr: &str) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr)?;
+    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    if !response.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other(format!("GET /metrics: {response}")));
+    }
+    Ok(response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default())
 }
 
 impl Drop for PluginProcess {

@@ -4,8 +4,6 @@
 //! them. Also what dcgm-exporter's DRA mode reads from our slices, and the
 //! sampling cost (printed, not asserted).
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
@@ -13,7 +11,7 @@ use integration_tests::kubelet::{KubeletConfig, claim};
 use integration_tests::mock_gpu::MockGpuNode;
 use integration_tests::mock_nvml_node::{Load, MockNvmlNode, write_loads};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
-use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess, scrape_metrics};
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
@@ -39,18 +37,11 @@ fn options(node: &MockNvmlNode, extra: &[&str]) -> PluginOptions {
 }
 
 fn metrics_addr(process: &mut PluginProcess) -> String {
-    let line = process.wait_for_log("serving /metrics", WAIT).unwrap_or_else(|| panic!("{}", process.log()));
-    line.split_whitespace().find_map(|w| w.strip_prefix("addr=")).unwrap_or_else(|| panic!("{line}")).to_owned()
+    process.metrics_addr(WAIT).unwrap_or_else(|| panic!("no metrics address in\n{}", process.log()))
 }
 
-/// `/metrics`, by a minimal blocking HTTP/1.1 GET.
 fn scrape(addr: &str) -> String {
-    let mut stream = TcpStream::connect(addr).expect("connecting to /metrics");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+    scrape_metrics(addr).expect("GET /metrics")
 }
 
 /// The lines of `family` (exactly: `name{` or `name `).
@@ -288,8 +279,13 @@ fn a_dynamic_mig_device_is_reported_while_its_claim_is_prepared() {
         );
     }
 
+    // NVML's share of the prepare is timed apart from the driver's own.
+    let count = |operation: &str| format!("gpu_dra_mig_nvml_duration_seconds_count{{operation=\"{operation}\"}} 1");
+    assert!(text.contains(&count("prepare")), "{text}");
+
     node.unprepare(&[claim_ref]);
     wait_until("the MIG device's lines to go", &log, || !mentions(&scrape(&addr)));
+    assert!(scrape(&addr).contains(&count("unprepare")));
 }
 
 /// dcgm-exporter's DRA mode maps `(pool, device)` back to a GPU through

@@ -5,6 +5,7 @@
 //! |---|---|---|
 //! | `gpu_dra_requests_total` | counter | `operation`, `api` (kubelet gRPC calls) |
 //! | `gpu_dra_request_duration_seconds` | histogram | `operation` (one gRPC call) |
+//! | `gpu_dra_mig_nvml_duration_seconds` | histogram | `operation` (NVML's part of one dynamic-MIG claim: instances made or destroyed, MIG mode switched) |
 //! | `gpu_dra_claims_total` | counter | `operation`, `result` (one per claim in a call) |
 //! | `gpu_dra_errors_total` | counter | `kind` |
 //! | `gpu_dra_published_devices` | gauge | |
@@ -140,6 +141,7 @@ pub struct Metrics {
     registry: Registry,
     requests: Family<CallLabels, Counter>,
     duration: HistogramFamily,
+    mig_nvml: HistogramFamily,
     claims: Family<ClaimLabels, Counter>,
     errors: Family<ErrorLabels, Counter>,
     published_devices: Gauge<i64, AtomicI64>,
@@ -182,6 +184,13 @@ impl Metrics {
             Unit::Seconds,
             duration.clone(),
         );
+        let mig_nvml: HistogramFamily = Family::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "mig_nvml_duration",
+            "Time NVML took to make or destroy one claim's dynamic MIG instances (and switch MIG mode)",
+            Unit::Seconds,
+            mig_nvml.clone(),
+        );
         let claims = Family::<ClaimLabels, Counter>::default();
         registry.register("claims", "Claims prepared or unprepared, by result", claims.clone());
         let errors = Family::<ErrorLabels, Counter>::default();
@@ -199,13 +208,30 @@ impl Metrics {
         if let Some(store) = telemetry {
             root.register_collector(Box::new(store));
         }
-        Self { registry: root, requests, duration, claims, errors, published_devices, slice_generation, registered }
+        Self {
+            registry: root,
+            requests,
+            duration,
+            mig_nvml,
+            claims,
+            errors,
+            published_devices,
+            slice_generation,
+            registered,
+        }
     }
 
     /// One kubelet call took `elapsed`.
     pub fn request(&self, operation: Operation, api: ApiVersion, elapsed: Duration) {
         self.requests.get_or_create(&CallLabels { operation, api }).inc();
         self.duration.get_or_create(&OperationLabels { operation }).observe(elapsed.as_secs_f64());
+    }
+
+    /// NVML took `elapsed` to make (prepare) or destroy (unprepare) one
+    /// claim's dynamic MIG instances: the GPU's share of a prepare, told
+    /// apart from the driver's own.
+    pub fn mig_nvml(&self, operation: Operation, elapsed: Duration) {
+        self.mig_nvml.get_or_create(&OperationLabels { operation }).observe(elapsed.as_secs_f64());
     }
 
     /// One claim of a call ended with `result`; a failure also counts as an
@@ -278,7 +304,10 @@ mod tests {
         m.error(ErrorKind::Checkpoint);
         m.set_published(8, 3);
         m.set_registered(true);
+        m.mig_nvml(Operation::Prepare, Duration::from_millis(4));
         let text = m.encode().unwrap();
+        assert!(text.contains("gpu_dra_mig_nvml_duration_seconds_count{operation=\"prepare\"} 1"), "{text}");
+        assert!(text.contains("gpu_dra_mig_nvml_duration_seconds_sum{operation=\"prepare\"} 0.004"), "{text}");
         assert_eq!(
             line(&text, "gpu_dra_requests_total{operation=\"prepare\",api=\"v1\"}"),
             "gpu_dra_requests_total{operation=\"prepare\",api=\"v1\"} 1"

@@ -15,6 +15,7 @@
 //! order, MIG mode is turned on again, then the spec and the record go.
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
@@ -25,7 +26,7 @@ use super::types::{ClaimSource, PreparedDevice, ValidClaim};
 use super::{Failure, Preparer, blocking, kind, mps};
 use crate::mig::kill_point::{self, Step};
 use crate::mig::{MigIntent, lifecycle};
-use crate::observe::metrics::ErrorKind;
+use crate::observe::metrics::{ErrorKind, Operation};
 use crate::state::checkpoint::{ClaimRecord, DynamicMigDevice};
 use gpu_dra_driver::opaque_config::ResolvedConfig;
 
@@ -69,14 +70,19 @@ impl<S: ClaimSource> Preparer<S> {
         let intents: Vec<MigIntent> = dynamic.devices.iter().map(|(_, i)| i.clone()).collect();
         let whole: Vec<String> = dynamic.whole_gpus.iter().map(|(_, w)| w.gpu_uuid.clone()).collect();
         let made = blocking(move || {
-            for gpu in &whole {
-                lifecycle::switch_mig_mode(&host, gpu, false)?;
-            }
-            let refs: Vec<&MigIntent> = intents.iter().collect();
-            lifecycle::make_all(&host, &refs)
+            timed(|| {
+                for gpu in &whole {
+                    lifecycle::switch_mig_mode(&host, gpu, false)?;
+                }
+                let refs: Vec<&MigIntent> = intents.iter().collect();
+                lifecycle::make_all(&host, &refs)
+            })
         })
         .await
-        .and_then(|r| r);
+        .and_then(|(made, took)| {
+            self.nvml_took(Operation::Prepare, took);
+            made
+        });
         let made = match made {
             Ok(made) => made,
             Err(message) => return Err(self.undo(claim, Failure { kind: ErrorKind::Prepare, message }).await),
@@ -191,14 +197,32 @@ impl<S: ClaimSource> Preparer<S> {
         // (Once out of MIG mode, a GPU is no longer listed as dynamic.)
         let whole: Vec<String> =
             whole.into_iter().filter(|gpu| inventory.gpus.iter().any(|g| &g.uuid == gpu)).collect();
-        blocking(move || {
-            let refs: Vec<&MigIntent> = ours.iter().collect();
-            lifecycle::unmake_all(&host, &refs)?;
-            for gpu in &whole {
-                lifecycle::switch_mig_mode(&host, gpu, true)?;
-            }
-            Ok(())
+        let (unmade, took) = blocking(move || {
+            timed(|| {
+                let refs: Vec<&MigIntent> = ours.iter().collect();
+                lifecycle::unmake_all(&host, &refs)?;
+                for gpu in &whole {
+                    lifecycle::switch_mig_mode(&host, gpu, true)?;
+                }
+                Ok(())
+            })
         })
-        .await?
+        .await?;
+        self.nvml_took(Operation::Unprepare, took);
+        unmade
     }
+
+    /// `gpu_dra_mig_nvml_duration_seconds`: NVML's share of a claim.
+    fn nvml_took(&self, operation: Operation, took: Duration) {
+        if let Some(metrics) = &self.metrics {
+            metrics.mig_nvml(operation, took);
+        }
+    }
+}
+
+/// `work`'s result and how long it took.
+fn timed<T>(work: impl FnOnce() -> T) -> (T, Duration) {
+    let started = Instant::now();
+    let result = work();
+    (result, started.elapsed())
 }
