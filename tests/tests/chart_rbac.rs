@@ -185,12 +185,7 @@ fn fault_path_calls() -> Vec<(String, ApiCall)> {
     });
     controller.kill();
     plugin.kill().unwrap();
-    let records = server.faults().requests();
-    let mut calls = Vec::new();
-    for agent in ["gpu-kubelet-plugin", "gpu-dra-controller"] {
-        calls.extend(calls_by(&records, &format!("{agent}/")).into_iter().map(|c| (agent.to_string(), c)));
-    }
-    calls
+    agents_calls(&server)
 }
 
 /// The calls of the idle-claim watch (on by default with NVML, which the
@@ -237,6 +232,16 @@ fn idle_warning_calls() -> Vec<(String, ApiCall)> {
     wait_until("the idle-claim Events to go", &|| node.process.log(), || events() == 0);
     let records = node.server.faults().requests();
     calls_by(&records, "gpu-kubelet-plugin/").into_iter().map(|c| ("gpu-kubelet-plugin".to_string(), c)).collect()
+}
+
+/// Every call the plugin and the controller made to `server`, by agent.
+fn agents_calls(server: &ApiServer) -> Vec<(String, ApiCall)> {
+    let records = server.faults().requests();
+    let mut calls = Vec::new();
+    for agent in ["gpu-kubelet-plugin", "gpu-dra-controller"] {
+        calls.extend(calls_by(&records, &format!("{agent}/")).into_iter().map(|c| (agent.to_string(), c)));
+    }
+    calls
 }
 
 #[test]
@@ -340,12 +345,7 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
     });
     controller.kill();
     plugin.kill().unwrap();
-    let records = server.faults().requests();
-    let mut calls = Vec::new();
-    for agent in ["gpu-kubelet-plugin", "gpu-dra-controller"] {
-        calls.extend(calls_by(&records, &format!("{agent}/")).into_iter().map(|c| (agent.to_string(), c)));
-    }
-    calls
+    agents_calls(&server)
 }
 
 /// With `resources.computeDomains.enabled`, the chart's `-compute-domains`
