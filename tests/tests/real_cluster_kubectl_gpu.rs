@@ -120,12 +120,12 @@ async fn kubectl_gpu_reads_the_real_control_plane(release: Release) {
     install(&cluster, &chart(tmp_dir(), json!({"webhook": {"enabled": false}}))).await;
     let inventories = workspace_root().join("examples/inventories");
 
-    // The H100 node: the mock NVML (gpu-0 at 64 %), /metrics on an address
-    // the API server may proxy to (it refuses loopback pod IPs).
+    // The H100 node: the mock NVML (the notebook's GPU at 64 %, set once
+    // the scheduler has chosen it), /metrics on an address the API server
+    // may proxy to (it refuses loopback pod IPs).
     let host = HostAddress::acquire();
     let dgx_text = std::fs::read_to_string(inventories.join("dgx-h100.yaml")).expect("inventory");
     let gpus = MockNvmlNode::new(&dgx_text);
-    gpus.set_loads(&[(&gpus.uuid("gpu-0"), Load::gpu(64))]);
     let mut extra_args = gpus.args();
     extra_args.extend(["--telemetry-interval-ms", "200"].map(String::from));
     let options = PluginOptions {
@@ -174,6 +174,9 @@ async fn kubectl_gpu_reads_the_real_control_plane(release: Release) {
     let kubelet = Kubelet::new(KubeletConfig::new(&dgx.dirs.registry, "gpu.nvidia.com"));
     let plugin = kubelet.wait_and_register(WAIT).await.unwrap_or_else(|e| panic!("{e}\n{}", dgx.process.log()));
     let notebook = &placed[0];
+    // The scheduler may pick any of the DGX's GPUs for it.
+    let (_, notebook_gpu) = allocation(notebook).into_iter().next().unwrap_or_default();
+    gpus.set_loads(&[(&gpus.uuid(&notebook_gpu), Load::gpu(64))]);
     let notebook_name = notebook.metadata.name.clone().unwrap_or_default();
     let uid = notebook.metadata.uid.clone().unwrap_or_default();
     let prepared = kubelet.prepare(&plugin, &[claim("default", &notebook_name, &uid)]).await;
