@@ -299,7 +299,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                     name: &valid.name,
                     uid: valid.uid.as_str(),
                     domain_uid: &domain_uid,
-                    device: &plan.devices[0].1,
+                    // The plan has at least one device (claim_plan refuses none).
+                    device: plan.devices.first().map_or("", |(_, device)| device.as_str()),
                 };
                 // A failure is the health loop's to retry (logged once).
                 self.write_ready(&claim, &DaemonState::Ready).await;
