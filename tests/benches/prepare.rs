@@ -201,7 +201,7 @@ fn main() {
     );
     drop(mig);
 
-    dynamic_mig(rounds.min(100), &fsync);
+    dynamic_mig(rounds, &fsync);
     println!(
         "\ntargets: prepare p99 ≤ 2× the fsync cost of a prepare (dynamic MIG: our overhead around the mock's creation time); plugin RSS ≤ 16 MiB (16384 KiB)"
     );

@@ -1,9 +1,9 @@
 //! A GPU node whose NVML is the mock `libnvidia-ml` (`tests/mock-nvml`),
 //! built from a fake inventory: the table of GPUs, MIG modes, profiles,
 //! placements and an administrator's instances; a driver root the plugin
-//! loads it from; `/sys` and `/proc` (boot id, device majors) under a
-//! temporary root; the mock's instance state and capability files there
-//! too, so instances the plugin makes survive its restarts and can be
+//! loads it from; `/sys` under a temporary root; `/proc` (boot id, device
+//! majors, MIG capability files) and the mock's instance state in memory,
+//! so instances the plugin makes survive its restarts and can be
 //! inspected.
 
 use std::collections::BTreeMap;
@@ -31,12 +31,14 @@ pub struct MockInstance {
 
 pub struct MockGpuNode {
     pub dir: tempfile::TempDir,
-    /// The host's /proc stand-in, in memory where the machine has a tmpfs
-    /// (`/dev/shm`) as procfs is: the mock rewrites its MIG capability
-    /// tree on every change, and on a disk file system those thousands of
-    /// metadata changes would be committed by the plugin's next fsync,
-    /// charging the mock's bookkeeping to the plugin's prepare.
-    proc: tempfile::TempDir,
+    /// What a real node keeps in the kernel and the GPUs rather than on
+    /// its disk, in memory where the machine has a tmpfs (`/dev/shm`): the
+    /// host's /proc stand-in (`proc/`) and the mock's instance table
+    /// (`nvml-state`). The mock rewrites both on every change, fsyncing the
+    /// table; on a disk file system those writes would share the journal
+    /// with the plugin's own fsyncs and charge the mock's bookkeeping to
+    /// the plugin's prepare.
+    memory: tempfile::TempDir,
     pub inventory: Inventory,
 }
 
@@ -44,7 +46,7 @@ pub struct MockGpuNode {
 /// system's temporary directory.
 fn memory_backed_dir() -> tempfile::TempDir {
     tempfile::Builder::new()
-        .prefix("mock-proc")
+        .prefix("mock-gpu")
         .tempdir_in("/dev/shm")
         .or_else(|_| tempfile::tempdir())
         .expect("temp dir")
@@ -55,11 +57,12 @@ impl MockGpuNode {
     /// models, MIG layouts, `dynamic: true` for MIG mode with no instances).
     pub fn new(inventory_yaml: &str) -> Self {
         let inventory = fake::parse(inventory_yaml, &NodeName::new("node-a").expect("node")).expect("inventory");
-        let node = MockGpuNode { dir: tempfile::tempdir().expect("temp dir"), proc: memory_backed_dir(), inventory };
+        let node = MockGpuNode { dir: tempfile::tempdir().expect("temp dir"), memory: memory_backed_dir(), inventory };
         build_library(&node.driver_root(), DRIVER_VERSION);
         std::fs::write(node.table(), table(&node.inventory, DRIVER_VERSION)).expect("table");
         sys_tree(&node.dir.path().join("sys"), &node.inventory);
         let proc = node.proc_root();
+        std::fs::create_dir(&proc).expect("proc root");
         write_boot_id(&proc);
         std::fs::write(
             proc.join("devices"),
@@ -76,7 +79,7 @@ impl MockGpuNode {
     }
 
     pub fn proc_root(&self) -> PathBuf {
-        self.proc.path().to_path_buf()
+        self.memory.path().join("proc")
     }
 
     pub fn table(&self) -> PathBuf {
@@ -85,7 +88,7 @@ impl MockGpuNode {
 
     /// The mock's instance table (`MOCK_NVML_STATE`).
     pub fn state(&self) -> PathBuf {
-        self.dir.path().join("nvml-state")
+        self.memory.path().join("nvml-state")
     }
 
     /// Plugin options that discover through the mock, with `gates`.

@@ -223,6 +223,33 @@ impl Gpu {
     pub fn device_name(&self) -> Result<DeviceName, InvalidName> {
         DeviceName::new(format!("gpu-{}", self.minor))
     }
+
+    /// The devices this GPU offers, in [`Inventory::published_devices`]'
+    /// order: the whole GPU when MIG is off, otherwise its MIG devices by
+    /// placement; when dynamic, one device per profile and placement
+    /// (smallest first), then the whole GPU where MIG mode can be switched.
+    fn push_published<'a>(&'a self, out: &mut Vec<PublishedDevice<'a>>) {
+        match &self.mig {
+            MigMode::Disabled => out.push(PublishedDevice::Gpu(self)),
+            MigMode::Enabled(migs) => {
+                let mut migs: Vec<&MigDevice> = migs.iter().collect();
+                migs.sort_by_key(|m| (m.placement.start, m.profile.gi_profile_id));
+                out.extend(migs.into_iter().map(|mig| PublishedDevice::Mig { parent: self, mig }));
+            }
+            MigMode::Dynamic(_) => {
+                // Without a profile table there is nothing to offer (`select` never does this).
+                let Some(caps) = &self.mig_capabilities else { return };
+                out.extend(caps.devices().map(|(profile, placement)| PublishedDevice::DynamicMig {
+                    parent: self,
+                    profile,
+                    placement,
+                }));
+                if caps.mig_mode_switchable {
+                    out.push(PublishedDevice::Gpu(self));
+                }
+            }
+        }
+    }
 }
 
 impl MigDevice {
@@ -275,34 +302,31 @@ impl Inventory {
     pub fn published_devices(&self) -> Vec<PublishedDevice<'_>> {
         let mut out = Vec::new();
         for gpu in &self.gpus {
-            match &gpu.mig {
-                MigMode::Disabled => out.push(PublishedDevice::Gpu(gpu)),
-                MigMode::Enabled(migs) => {
-                    let mut migs: Vec<&MigDevice> = migs.iter().collect();
-                    migs.sort_by_key(|m| (m.placement.start, m.profile.gi_profile_id));
-                    out.extend(migs.into_iter().map(|mig| PublishedDevice::Mig { parent: gpu, mig }));
-                }
-                MigMode::Dynamic(_) => {
-                    // Without a profile table there is nothing to offer (`select` never does this).
-                    let Some(caps) = &gpu.mig_capabilities else { continue };
-                    out.extend(caps.devices().map(|(profile, placement)| PublishedDevice::DynamicMig {
-                        parent: gpu,
-                        profile,
-                        placement,
-                    }));
-                    if caps.mig_mode_switchable {
-                        out.push(PublishedDevice::Gpu(gpu));
-                    }
-                }
-            }
+            gpu.push_published(&mut out);
         }
         out
     }
 
     /// Looks a published device up by its device name.
+    ///
+    /// Every name starts with its GPU's `gpu-<minor>`, so only that GPU's
+    /// devices are named and compared: a prepare looks each of its devices
+    /// up several times, and a dynamic MIG GPU offers dozens.
     pub fn find_device(&self, name: &DeviceName) -> Option<PublishedDevice<'_>> {
-        self.published_devices().into_iter().find(|d| d.name().is_ok_and(|n| &n == name))
+        let minor = gpu_minor_of(name.as_str());
+        let mut candidates = Vec::new();
+        for gpu in self.gpus.iter().filter(|g| minor.is_none_or(|m| g.minor == m)) {
+            gpu.push_published(&mut candidates);
+        }
+        candidates.into_iter().find(|d| d.name().is_ok_and(|n| &n == name))
     }
+}
+
+/// The GPU minor a device name starts with (`gpu-3`, `gpu-3-mig-...`).
+fn gpu_minor_of(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("gpu-")?;
+    let digits = rest.split('-').next()?;
+    digits.parse().ok()
 }
 
 /// Where an inventory comes from.
@@ -405,6 +429,22 @@ mod tests {
         let found = inv.find_device(&DeviceName::new("gpu-1-mig-3g40gb-9-4").unwrap()).unwrap();
         assert_eq!(found.gpu().minor, 1);
         assert!(inv.find_device(&DeviceName::new("gpu-2").unwrap()).is_none());
+    }
+
+    #[test]
+    fn find_device_agrees_with_the_published_list() {
+        let mut partitioned = gpu(1);
+        partitioned.mig = MigMode::Enabled(vec![mig("3g.40gb", 9, 4, 4), mig("1g.10gb", 19, 0, 1)]);
+        let inv = inventory(vec![gpu(0), partitioned, gpu(10), gpu(12)]);
+        for device in inv.published_devices() {
+            let name = device.name().unwrap();
+            let found = inv.find_device(&name).unwrap();
+            assert_eq!(found.name().unwrap(), name);
+            assert_eq!(found.gpu().uuid, device.gpu().uuid);
+        }
+        for absent in ["gpu-01", "gpu-2", "gpu-1", "gpu-12-mig-1g10gb-19-0", "gpu-x", "mig-1", "gpu"] {
+            assert!(inv.find_device(&DeviceName::new(absent).unwrap()).is_none(), "{absent}");
+        }
     }
 
     #[test]

@@ -366,19 +366,21 @@ impl<S: ClaimSource> Preparer<S> {
         if let Some(daemon) = &daemon {
             mps::add_edits(&mut spec.spec, daemon, &uid);
         }
-        let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
-        if let Some(dev_root) = &self.config.dev_root {
-            let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
-            crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
-        }
         let mut record = self.started_record(&claim, &planned, &spec);
         for (device, slice) in record.devices.iter_mut().zip(slices) {
             device.time_slice = slice;
         }
         record.mps = daemon;
         if !dynamic.is_empty() {
+            // The spec of stand-ins showed one can be built; the real one is
+            // built once the instances exist (their device nodes with it).
             let context = with_mig::Context { planned: &planned, resolved: &resolved, inventory: &base_inventory };
             return self.prepare_dynamic(&claim, record, dynamic, context).await;
+        }
+        let bytes = spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))?;
+        if let Some(dev_root) = &self.config.dev_root {
+            let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
+            crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
         }
         if time_sliced || record.mps.is_some() {
             return self.prepare_shared(&claim, record, bytes).await;

@@ -246,3 +246,35 @@ async fn mps_runs_on_a_dynamic_mig_device() {
     assert_eq!(n.control.count(&n.gpu0), 0);
     assert!(gpu.calls.lock().unwrap().iter().any(|c| c.contains("DEFAULT")), "{:?}", gpu.calls);
 }
+
+#[tokio::test]
+async fn a_record_or_spec_that_cannot_be_written_leaves_no_instance() {
+    let n = node_with_mig();
+    n.h.source.put(allocated(A, "a", &[FOUR, ONE]));
+    let (p, _) = n.h.open();
+
+    // The record cannot be written (a directory holds its name): nothing is made.
+    let record = n.h.dir.path().join(format!("state/checkpoint/{A}.json"));
+    std::fs::create_dir(&record).unwrap();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    assert!(error.contains(A), "{error}");
+    assert_eq!(n.control.count(&n.gpu0), 0, "nothing made without a record");
+    assert!(!n.control.calls.lock().unwrap().iter().any(|c| c.starts_with("create-gi") && c.contains(&n.gpu0)));
+    std::fs::remove_dir(&record).unwrap();
+
+    // The spec cannot be written, after the instances exist: they go again.
+    let spec_path = n.h.dir.path().join(format!("cdi/k8s.gpu.nvidia.com-claim_{A}.json"));
+    std::fs::create_dir(&spec_path).unwrap();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    assert!(error.contains("writing CDI spec"), "{error}");
+    assert_eq!(n.control.count(&n.gpu0), 0, "the instances are destroyed");
+    std::fs::remove_dir(&spec_path).unwrap();
+
+    let devices = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert_eq!(devices.len(), 2, "a retry succeeds");
+    assert_eq!(n.control.count(&n.gpu0), 2);
+    assert_eq!(records(&n.h).len(), 1);
+    p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert_eq!(n.control.count(&n.gpu0), 0);
+    assert!(n.h.cdi_files().is_empty() && n.h.checkpoint_files().is_empty());
+}

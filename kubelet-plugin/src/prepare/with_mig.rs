@@ -10,21 +10,29 @@
 //!    shares GPUs, which records the instances before starting a daemon);
 //! 4. record `PrepareCompleted` with the instances.
 //!
+//! Steps 1 to 4 run in one blocking task (1 and 2 for a claim that shares
+//! its devices): each hand-off between the async workers and a blocking
+//! thread adds a wake-up to the kubelet's wait.
+//!
 //! Any failure after 1 rolls back: the instances (found by placement, so
 //! also those a crash left half-made) are destroyed in reverse creation
 //! order, MIG mode is turned on again, then the spec and the record go.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use gpu_dra_driver::cdi;
+use gpu_dra_driver::cdi::{self, DriverEdits};
 use gpu_dra_driver::inventory::Inventory;
+use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
+use super::files::Files;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
 use super::{Failure, Preparer, blocking, kind, mps};
 use crate::mig::kill_point::{self, Step};
+use crate::mig::lifecycle::MigHost;
 use crate::mig::{MigIntent, lifecycle};
 use crate::observe::metrics::{ErrorKind, Operation};
 use crate::state::checkpoint::{ClaimRecord, DynamicMigDevice};
@@ -58,96 +66,80 @@ impl<S: ClaimSource> Preparer<S> {
         }
         // Planned on stand-ins for the instances; planned again once they exist.
         let wants_daemon = record.mps.take().is_some();
-
-        let (files, owned_uid, started) = (self.files.clone(), claim.uid.clone(), record.clone());
-        blocking(move || files.record_started(&owned_uid, &started))
-            .await
-            .and_then(|r| r)
-            .map_err(kind(ErrorKind::Checkpoint))?;
-        self.records().insert(uid.clone(), record.clone());
-        kill_point::reached(Step::AfterRecord);
-
-        let intents: Vec<MigIntent> = dynamic.devices.iter().map(|(_, i)| i.clone()).collect();
-        let whole: Vec<String> = dynamic.whole_gpus.iter().map(|(_, w)| w.gpu_uuid.clone()).collect();
-        let made = blocking(move || {
-            timed(|| {
-                for gpu in &whole {
-                    lifecycle::switch_mig_mode(&host, gpu, false)?;
-                }
-                let refs: Vec<&MigIntent> = intents.iter().collect();
-                lifecycle::make_all(&host, &refs)
-            })
-        })
-        .await
-        .and_then(|(made, took)| {
-            self.nvml_took(Operation::Prepare, took);
-            made
-        });
-        let made = match made {
-            Ok(made) => made,
-            Err(message) => return Err(self.undo(claim, Failure { kind: ErrorKind::Prepare, message }).await),
+        let shares = wants_daemon || record.devices.iter().any(|d| d.time_slice.is_some());
+        let spec = SpecParts {
+            driver: self.config.driver.clone(),
+            edits: self.config.driver_edits.get(),
+            inventory: Arc::clone(cx.inventory),
+            uid: claim.uid.clone(),
+            names: cx.planned.iter().map(|d| d.device.clone()).collect(),
+            dev_root: self.config.dev_root.clone(),
         };
-        for ((index, _), instance) in dynamic.devices.iter().zip(made) {
-            if let Some(mig) = record.devices[*index].dynamic_mig.as_mut() {
-                mig.made = Some(instance);
+        let task = MakeTask {
+            uid: claim.uid.clone(),
+            files: self.files.clone(),
+            host,
+            started: record.clone(),
+            made: dynamic.devices.iter().map(|(index, intent)| (*index, intent.clone())).collect(),
+            whole: dynamic.whole_gpus.iter().map(|(_, w)| w.gpu_uuid.clone()).collect(),
+            // A claim that shares its devices plans its MPS daemon on the
+            // instances and writes its spec through the shared path.
+            spec: (!shares).then_some(spec.clone()),
+        };
+        let done = match blocking(move || task.run()).await {
+            Ok(done) => done,
+            Err(message) => {
+                // The task died (a panic): its record may be on disk.
+                self.records().insert(uid.clone(), record);
+                return Err(self.undo(claim, Failure { kind: ErrorKind::Prepare, message }).await);
             }
-        }
-
-        let spec = self.spec_with_instances(claim, &mut record, wants_daemon, &cx);
-        let bytes = match spec {
-            Ok(bytes) => bytes,
-            Err(failure) => return Err(self.undo(claim, failure).await),
         };
-        if record.mps.is_some() || record.devices.iter().any(|d| d.time_slice.is_some()) {
-            let prepared = self.prepare_shared(claim, record, bytes).await;
-            self.tell_selection();
-            return prepared;
+        if let Some(took) = done.nvml {
+            self.nvml_took(Operation::Prepare, took);
         }
-        let (files, owned_uid) = (self.files.clone(), claim.uid.clone());
-        let completed = blocking(move || files.complete(&owned_uid, record, &bytes))
-            .await
-            .map_err(|e| (ErrorKind::Checkpoint, e))
-            .and_then(|r| r);
-        match completed {
-            Ok(record) => {
+        match done.reached {
+            Reached::NotRecorded(message) => Err(Failure { kind: ErrorKind::Checkpoint, message }),
+            Reached::Failed(failure) => {
+                self.records().insert(uid.clone(), record);
+                Err(self.undo(claim, failure).await)
+            }
+            Reached::Completed(record) => {
                 let devices = record.prepared_devices();
                 self.records().insert(uid, record);
                 self.tell_selection();
                 tracing::info!(claim = %claim, devices = devices.len(), "prepared (dynamic MIG)");
                 Ok(devices)
             }
-            Err((kind, message)) => Err(self.undo(claim, Failure { kind, message }).await),
+            Reached::Made(mut made) => {
+                self.records().insert(uid.clone(), made.clone());
+                let bytes = match self.shared_spec(claim, &mut made, wants_daemon, &cx, &spec) {
+                    Ok(bytes) => bytes,
+                    Err(failure) => return Err(self.undo(claim, failure).await),
+                };
+                let prepared = self.prepare_shared(claim, made, bytes).await;
+                self.tell_selection();
+                prepared
+            }
         }
     }
 
-    /// The claim's MPS daemon (now that its MIG UUIDs exist) and CDI spec.
-    fn spec_with_instances(
+    /// The MPS daemon (now that its MIG UUIDs exist) and the CDI spec of a
+    /// claim that shares its dynamic MIG devices.
+    fn shared_spec(
         &self,
         claim: &ValidClaim,
         record: &mut ClaimRecord,
         wants_daemon: bool,
         cx: &Context<'_>,
+        spec: &SpecParts,
     ) -> Result<Vec<u8>, Failure> {
-        let view = dynamic_mig::overlay_record(cx.inventory, record);
         if wants_daemon {
+            let view = dynamic_mig::overlay_record(cx.inventory, record);
             record.mps =
                 mps::plan_daemon(&claim.uid, cx.planned, cx.resolved, &view, &self.config.gates, &self.config.mps_dir)
                     .map_err(kind(ErrorKind::Config))?;
         }
-        let names: Vec<_> = cx.planned.iter().map(|d| d.device.clone()).collect();
-        let edits = self.config.driver_edits.get();
-        let mut spec = cdi::claim_spec(&self.config.driver, &view, &edits, &claim.uid, &names)
-            .map_err(|e| format!("building the CDI spec: {e}"))
-            .map_err(kind(ErrorKind::Cdi))?;
-        if let Some(daemon) = &record.mps {
-            mps::add_edits(&mut spec.spec, daemon, claim.uid.as_str());
-        }
-        dynamic_mig::add_uuid_env(&mut spec.spec, claim.uid.as_str(), record);
-        if let Some(dev_root) = &self.config.dev_root {
-            let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
-            crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
-        }
-        spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))
+        spec.build(record)
     }
 
     /// Tells the dynamic GPU selection which MIG instances the records hold.
@@ -217,6 +209,113 @@ impl<S: ClaimSource> Preparer<S> {
         if let Some(metrics) = &self.metrics {
             metrics.mig_nvml(operation, took);
         }
+    }
+}
+
+/// What a dynamic prepare's spec is built from, owned so that the
+/// blocking task that makes the instances also writes the spec.
+#[derive(Clone)]
+struct SpecParts {
+    driver: DriverName,
+    edits: Arc<DriverEdits>,
+    /// The node's inventory; the record's instances are laid over it.
+    inventory: Arc<Inventory>,
+    uid: ClaimUid,
+    names: Vec<DeviceName>,
+    dev_root: Option<PathBuf>,
+}
+
+impl SpecParts {
+    /// The claim's CDI spec with the record's instances (and MPS daemon).
+    fn build(&self, record: &ClaimRecord) -> Result<Vec<u8>, Failure> {
+        let view = dynamic_mig::overlay_record(&self.inventory, record);
+        let mut spec = cdi::claim_spec(&self.driver, &view, &self.edits, &self.uid, &self.names)
+            .map_err(|e| format!("building the CDI spec: {e}"))
+            .map_err(kind(ErrorKind::Cdi))?;
+        if let Some(daemon) = &record.mps {
+            mps::add_edits(&mut spec.spec, daemon, self.uid.as_str());
+        }
+        dynamic_mig::add_uuid_env(&mut spec.spec, self.uid.as_str(), record);
+        if let Some(dev_root) = &self.dev_root {
+            let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
+            crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
+        }
+        spec.to_json().map_err(|e| format!("encoding the CDI spec: {e}")).map_err(kind(ErrorKind::Cdi))
+    }
+}
+
+/// A dynamic prepare's blocking part, run on one thread so that the
+/// kubelet's call waits for one hand-off rather than three: record
+/// `PrepareStarted`, switch MIG mode and make the instances, then (for a
+/// claim that shares nothing) write the spec and record `PrepareCompleted`.
+struct MakeTask {
+    uid: ClaimUid,
+    files: Arc<Files>,
+    host: MigHost,
+    /// The `PrepareStarted` record, naming every intent.
+    started: ClaimRecord,
+    /// Each intent, by index in the record's devices, in the claim's order.
+    made: Vec<(usize, MigIntent)>,
+    /// Whole GPUs to take out of MIG mode.
+    whole: Vec<String>,
+    /// Set when the task also writes the spec and completes.
+    spec: Option<SpecParts>,
+}
+
+/// How far a [`MakeTask`] got.
+struct Done {
+    reached: Reached,
+    /// NVML's share, when the task got to call it.
+    nvml: Option<Duration>,
+}
+
+enum Reached {
+    /// `PrepareStarted` was not written: nothing to undo.
+    NotRecorded(String),
+    /// Failed after the record: the caller rolls back.
+    Failed(Failure),
+    /// The instances exist (in the record); the spec is the caller's.
+    Made(ClaimRecord),
+    /// The spec is written and the record says completed.
+    Completed(ClaimRecord),
+}
+
+impl MakeTask {
+    fn run(self) -> Done {
+        let uid = self.uid;
+        if let Err(message) = self.files.record_started(&uid, &self.started) {
+            return Done { reached: Reached::NotRecorded(message), nvml: None };
+        }
+        kill_point::reached(Step::AfterRecord);
+        let (made, took) = timed(|| {
+            for gpu in &self.whole {
+                lifecycle::switch_mig_mode(&self.host, gpu, false)?;
+            }
+            let intents: Vec<&MigIntent> = self.made.iter().map(|(_, i)| i).collect();
+            lifecycle::make_all(&self.host, &intents)
+        });
+        let nvml = Some(took);
+        let made = match made {
+            Ok(made) => made,
+            Err(message) => {
+                return Done { reached: Reached::Failed(Failure { kind: ErrorKind::Prepare, message }), nvml };
+            }
+        };
+        let mut record = self.started;
+        for ((index, _), instance) in self.made.iter().zip(made) {
+            if let Some(mig) = record.devices.get_mut(*index).and_then(|d| d.dynamic_mig.as_mut()) {
+                mig.made = Some(instance);
+            }
+        }
+        let Some(spec) = self.spec else { return Done { reached: Reached::Made(record), nvml } };
+        let reached = match spec.build(&record) {
+            Ok(bytes) => match self.files.complete(&uid, record, &bytes) {
+                Ok(record) => Reached::Completed(record),
+                Err((kind, message)) => Reached::Failed(Failure { kind, message }),
+            },
+            Err(failure) => Reached::Failed(failure),
+        };
+        Done { reached, nvml }
     }
 }
 
