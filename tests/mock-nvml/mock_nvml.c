@@ -742,46 +742,65 @@ static void mkdirs(const char *path) {
 
 static unsigned int gi_cap_minor(unsigned int minor, unsigned int gi) { return 3 + 135 * minor + 9 * gi; }
 
-/* Makes <proc>/driver/nvidia/capabilities/gpu<minor>/mig match the GPU's instances. */
+/* Writes a capability `access` file unless it exists (its minor never
+   changes: it follows from the GPU minor and the instance ids). */
+static void write_access(const char *path, unsigned int minor) {
+    struct stat st;
+    if (stat(path, &st) == 0) return;
+    FILE *f = fopen(path, "w");
+    if (!f) return;
+    fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", minor);
+    fclose(f);
+}
+
+/* Removes <dir>/ci<ci> if it exists. */
+static void remove_ci(const char *dir, unsigned int ci) {
+    char path[4200];
+    struct stat st;
+    snprintf(path, sizeof path, "%s/ci%u", dir, ci);
+    if (stat(path, &st) != 0) return;
+    snprintf(path, sizeof path, "%s/ci%u/access", dir, ci);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/ci%u", dir, ci);
+    rmdir(path);
+}
+
+/* Makes <proc>/driver/nvidia/capabilities/gpu<minor>/mig match the GPU's
+   instances, changing only the entries of instances that came or went, as
+   the driver does (rewriting every possible path on each change cost a
+   millisecond of a core per NVML call and churned the dentry cache). */
 static void sync_caps(mock_gpu *g) {
     const char *root = env_path("MOCK_NVML_PROC_ROOT");
     if (!root) return;
     char dir[4096], path[4200];
     for (unsigned int gi = 0; gi <= MAX_GI_ID; gi++) {
         snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/gpu%u/mig/gi%u", root, g->minor, gi);
-        /* Only what exists is removed: removing all 288 possible paths on
-           every change cost a millisecond of a core per NVML call. */
+        mock_gpu *m = NULL;
+        for (unsigned int i = 0; i < g->mig_count; i++)
+            if (g->migs[i]->gi_id == gi) m = g->migs[i];
         struct stat st;
-        if (stat(dir, &st) != 0) continue;
-        for (unsigned int ci = 0; ci < 8; ci++) {
-            snprintf(path, sizeof path, "%s/ci%u/access", dir, ci);
+        int exists = stat(dir, &st) == 0;
+        if (!m) {
+            if (!exists) continue;
+            for (unsigned int ci = 0; ci < 8; ci++) remove_ci(dir, ci);
+            snprintf(path, sizeof path, "%s/access", dir);
             unlink(path);
-            snprintf(path, sizeof path, "%s/ci%u", dir, ci);
-            rmdir(path);
+            rmdir(dir);
+            continue;
         }
+        unsigned int gi_minor = gi_cap_minor(g->minor, gi);
+        if (!exists) mkdirs(dir);
         snprintf(path, sizeof path, "%s/access", dir);
-        unlink(path);
-        rmdir(dir);
-    }
-    for (unsigned int i = 0; i < g->mig_count; i++) {
-        mock_gpu *m = g->migs[i];
-        unsigned int gi_minor = gi_cap_minor(g->minor, m->gi_id);
-        snprintf(dir, sizeof dir, "%s/driver/nvidia/capabilities/gpu%u/mig/gi%u", root, g->minor, m->gi_id);
-        mkdirs(dir);
-        snprintf(path, sizeof path, "%s/access", dir);
-        FILE *f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", gi_minor);
-            fclose(f);
-        }
-        if (!m->has_ci) continue;
-        snprintf(path, sizeof path, "%s/ci%u", dir, m->ci_id);
-        mkdir(path, 0755);
-        snprintf(path, sizeof path, "%s/ci%u/access", dir, m->ci_id);
-        f = fopen(path, "w");
-        if (f) {
-            fprintf(f, "DeviceFileMinor: %u\nDeviceFileMode: 292\nDeviceFileModify: 1\n", gi_minor + 1 + m->ci_id);
-            fclose(f);
+        write_access(path, gi_minor);
+        for (unsigned int ci = 0; ci < 8; ci++) {
+            if (m->has_ci && ci == m->ci_id) {
+                snprintf(path, sizeof path, "%s/ci%u", dir, ci);
+                mkdir(path, 0755);
+                snprintf(path, sizeof path, "%s/ci%u/access", dir, ci);
+                write_access(path, gi_minor + 1 + ci);
+            } else if (exists) {
+                remove_ci(dir, ci);
+            }
         }
     }
 }
