@@ -79,10 +79,6 @@ pub struct WebhookProcess {
     log: PathBuf,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map(|a| a.port()).unwrap_or(0)
-}
-
 /// Writes a fresh self-signed pair for `localhost` to `tls.crt`/`tls.key`
 /// in `dir` (each replaced at once); returns the certificate's PEM.
 pub fn write_cert(dir: &Path) -> String {
@@ -119,7 +115,7 @@ impl WebhookProcess {
             server.create(&gpu_slice(&name, options.gpus_per_node)).expect("slice");
         }
         write_cert(dir.path());
-        let (port, metrics_port) = (free_port(), free_port());
+        let [port, metrics_port] = crate::ports::reserve();
         let log = dir.path().join("controller.log");
         let stderr = std::fs::File::create(&log).expect("a log file");
         let mut cmd = match options.fd_limit {

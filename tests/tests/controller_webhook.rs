@@ -25,10 +25,6 @@ fn write_cert(dir: &Path) -> String {
     pem
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
-}
-
 struct Webhook {
     _server: ApiServer,
     dir: tempfile::TempDir,
@@ -57,7 +53,7 @@ impl Webhook {
         .unwrap();
         server.create(&slice).unwrap();
         write_cert(dir.path());
-        let port = free_port();
+        let [port] = integration_tests::ports::reserve();
         let port_text = port.to_string();
         let cert = dir.path().join("tls.crt");
         let key = dir.path().join("tls.key");

@@ -297,9 +297,10 @@ async fn nvidia_integer_sharing(cluster: &Cluster) {
     .await;
     let mut placed = Vec::new();
     for pod in &pods {
-        // The real 1.37 scheduler sometimes leaves one replica "cannot
-        // allocate all claims" although the GPU has a share left (seen in
-        // about one run in three; not explained yet). It places it when it
+        // The real scheduler (seen on 1.37 and on 1.34) sometimes leaves
+        // one replica "cannot allocate all claims" although the GPU has a
+        // share left (not explained yet; compare kubernetes#133705 and
+        // #134100, consumable-capacity bugs). It places it when it
         // retries its unschedulable pods, within 5 minutes
         // (podMaxInUnschedulablePodsDuration), as a user's cluster would.
         let (node, claim) = phase.scheduled_within(namespace, pod, UNSCHEDULABLE_FLUSH).await;

@@ -116,7 +116,7 @@ impl Cluster {
         std::fs::write(path.join("tokens.csv"), format!("{admin_token},admin,admin-uid,\"system:masters\"\n"))
             .expect("token file");
         let gates = release.feature_gates.iter().map(|g| format!("{g}=true")).collect::<Vec<_>>().join(",");
-        let [etcd_client, etcd_peer, apiserver, controller_manager, scheduler] = free_ports();
+        let [etcd_client, etcd_peer, apiserver, controller_manager, scheduler] = crate::ports::reserve();
         let url = format!("https://127.0.0.1:{apiserver}");
         let admin_kubeconfig = path.join("admin.kubeconfig");
         std::fs::write(&admin_kubeconfig, kubeconfig_yaml(&url, &pki.ca_cert, &admin_token)).expect("kubeconfig");
@@ -371,14 +371,6 @@ fn kubeconfig_yaml(url: &str, ca: &Path, token: &str) -> String {
          context:\n    cluster: real\n    user: user\ncurrent-context: real\n",
         ca.display()
     )
-}
-
-/// Loopback ports free at the time of asking (all held until all are
-/// chosen, so they differ).
-fn free_ports<const N: usize>() -> [u16; N] {
-    let listeners: Vec<std::net::TcpListener> =
-        (0..N).map(|_| std::net::TcpListener::bind("127.0.0.1:0").expect("a free port")).collect();
-    std::array::from_fn(|i| listeners[i].local_addr().expect("port").port())
 }
 
 fn unique() -> String {

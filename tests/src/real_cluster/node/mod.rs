@@ -31,7 +31,7 @@ use kube::api::Api;
 pub use binaries::{NodeBinaries, node_binaries};
 
 use super::process::ControlPlaneProcess;
-use super::{Cluster, free_ports, unique};
+use super::{Cluster, unique};
 
 /// The sandbox ("pause") image: a shell that sleeps until SIGTERM.
 pub const PAUSE_IMAGE: &str = "localhost/gpu-dra-driver/pause:busybox";
@@ -231,7 +231,7 @@ impl RealNode {
     }
 
     fn start_kubelet(&mut self, cluster: &Cluster) {
-        let [port, healthz] = free_ports();
+        let [port, healthz] = crate::ports::reserve();
         let config = self.dir.path().join("kubelet.yaml");
         let yaml = config::kubelet(&config::KubeletSettings {
             containerd_socket: &self.containerd_socket(),
