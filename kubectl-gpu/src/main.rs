@@ -13,6 +13,7 @@ mod output;
 mod utilization;
 mod why;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,7 +43,8 @@ struct Cli {
     /// Output format.
     #[arg(short = 'o', long = "output", global = true, value_enum, default_value_t = Format::Table)]
     output: Format,
-    /// How long `claims` waits for the node agents' metrics (e.g. 5s, 500ms).
+    /// How long `claims` waits for the node agents' metrics (e.g. 5s,
+    /// 500ms; 0s skips them).
     #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = gpu_dra_controller::service::duration::parse)]
     metrics_timeout: Duration,
     #[command(subcommand)]
@@ -103,7 +105,11 @@ async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
         Command::Claims => {
             let scope = (!cli.all_namespaces).then_some(namespace.as_str());
             let mut summaries = claims::summarize(&cluster::claims(client, scope).await?);
-            let per_node = node_metrics::scrape_nodes(client, &claims::nodes(&summaries), cli.metrics_timeout).await;
+            let per_node = if cli.metrics_timeout.is_zero() {
+                BTreeMap::new()
+            } else {
+                node_metrics::scrape_nodes(client, &claims::nodes(&summaries), cli.metrics_timeout).await
+            };
             let warnings = claims::attach_utilization(&mut summaries, &per_node);
             let text = match format {
                 Format::Table if summaries.is_empty() => "No resourceclaims found.\n".to_string(),

@@ -400,5 +400,12 @@ default     render         allocated   pod/render-0   node-d   gpu=gpu-0   -
     let v: Value = serde_json::from_str(&json).unwrap();
     assert_eq!(v[2]["utilization"], json!({"percent": {"mean": 37.0, "devices": {"gpu-0": 37.0}}}), "{v}");
     assert!(v[1]["utilization"]["unavailable"].as_str().is_some_and(|r| r.starts_with("node node-b: ")), "{v}");
+
+    // 0s skips the node agents: no utilization, no warnings, no wait for the silent one.
+    let started = Instant::now();
+    let out = kubectl_gpu_in(server, dir.path(), &["claims", "--metrics-timeout", "0s"]);
+    assert_eq!(stdout_ok(&out), expected.replace("37%", "-"));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     drop(silent);
 }
