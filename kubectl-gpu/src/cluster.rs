@@ -47,11 +47,44 @@ pub struct Snapshot {
     pub nodes: Vec<Node>,
 }
 
+/// The chart's roles for `kubectl gpu`'s users, named in a refusal.
+pub const VIEWER_ROLE: &str = "ClusterRole <release>-gpu-viewer";
+pub const METRICS_ROLE: &str = "Role <release>-gpu-metrics-reader (in the driver's namespace)";
+
+/// An API server's answer in its own words and code; a refusal (403) also
+/// says which of the chart's roles grants the call.
+pub fn server_reason(error: &kube::Error, role: &str) -> String {
+    match error {
+        kube::Error::Api(status) => {
+            let code = match status.reason.as_str() {
+                "" => status.code.to_string(),
+                reason => format!("{} {reason}", status.code),
+            };
+            let hint = if status.code == 403 {
+                format!("; the chart's {role} grants it: ask your cluster's administrator to bind it to you")
+            } else {
+                String::new()
+            };
+            format!("{} ({code}){hint}", status.message.trim())
+        }
+        other => other.to_string(),
+    }
+}
+
+/// `doing` failed: the server's answer as [`server_reason`] words it; any
+/// other error with its causes.
+fn failed(error: kube::Error, doing: String) -> anyhow::Error {
+    match error {
+        kube::Error::Api(_) => anyhow::anyhow!("{doing}: {}", server_reason(&error, VIEWER_ROLE)),
+        other => anyhow::Error::new(other).context(doing),
+    }
+}
+
 async fn list<K>(api: Api<K>, what: &str) -> Result<Vec<K>>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    Ok(api.list(&ListParams::default()).await.with_context(|| format!("listing {what}"))?.items)
+    Ok(api.list(&ListParams::default()).await.map_err(|e| failed(e, format!("listing {what}")))?.items)
 }
 
 /// Slices, classes, all claims and nodes.
@@ -76,7 +109,10 @@ pub async fn claims(client: &kube::Client, namespace: Option<&str>) -> Result<Ve
 
 /// A pod by name; `None` when there is none.
 pub async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<Pod>> {
-    Api::<Pod>::namespaced(client.clone(), namespace).get_opt(name).await.with_context(|| format!("getting pod {name}"))
+    Api::<Pod>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
+        .map_err(|e| failed(e, format!("getting pod {name}")))
 }
 
 /// The claim templates of a namespace (a pending pod's claims may not exist yet).

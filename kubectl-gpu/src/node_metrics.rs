@@ -17,6 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
+use crate::cluster::{METRICS_ROLE, VIEWER_ROLE, server_reason};
 use crate::utilization::{Sample, parse};
 
 /// The chart's labels on the kubelet-plugin DaemonSet's pods.
@@ -59,22 +60,12 @@ pub fn by_node(pods: &[Pod]) -> BTreeMap<String, PluginPod> {
     ranked.into_iter().map(|(node, _, plugin)| (node.to_string(), plugin)).collect()
 }
 
-/// A kube error as a short reason: the API server's message and code.
-fn reason(error: &kube::Error) -> String {
-    match error {
-        kube::Error::Api(status) if status.reason.is_empty() => format!("{} ({})", status.message.trim(), status.code),
-        kube::Error::Api(status) => format!("{} ({} {})", status.message.trim(), status.code, status.reason),
-        other => other.to_string(),
-    }
-}
-
 async fn scrape(client: &kube::Client, pod: &PluginPod) -> Result<Vec<Sample>, String> {
     let path = format!("/api/v1/namespaces/{}/pods/{}:{}/proxy/metrics", pod.namespace, pod.name, pod.port);
     let request = http::Request::get(&path).body(Vec::new()).map_err(|e| e.to_string())?;
-    let text = client
-        .request_text(request)
-        .await
-        .map_err(|e| format!("its node agent {}/{} did not answer: {}", pod.namespace, pod.name, reason(&e)))?;
+    let text = client.request_text(request).await.map_err(|e| {
+        format!("its node agent {}/{} did not answer: {}", pod.namespace, pod.name, server_reason(&e, METRICS_ROLE))
+    })?;
     Ok(parse(&text))
 }
 
@@ -93,7 +84,10 @@ pub async fn scrape_nodes(
     let api = Api::<Pod>::all(client.clone());
     let listed = match tokio::time::timeout(deadline, api.list(&ListParams::default().labels(PLUGIN_SELECTOR))).await {
         Ok(Ok(list)) => Ok(by_node(&list.items)),
-        Ok(Err(e)) => Err(format!("cannot list the node agents' pods (label {PLUGIN_SELECTOR}): {}", reason(&e))),
+        Ok(Err(e)) => Err(format!(
+            "cannot list the node agents' pods (label {PLUGIN_SELECTOR}): {}",
+            server_reason(&e, VIEWER_ROLE)
+        )),
         Err(_) => Err(format!("listing the node agents' pods: {}", late())),
     };
     let pods = match listed {

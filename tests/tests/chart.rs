@@ -4,13 +4,13 @@
 //! must change what it says. RBAC and the coexistence check are in
 //! `chart_rbac.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
 use integration_tests::helm::{Outcome, args, check_types, container, kinds, mount, one, render_all, rendered, volume};
 use integration_tests::workspace_root;
 use k8s_openapi::api::resource::v1::DeviceClass;
-use serde_json::json;
+use serde_json::{Value, json};
 
 /// The cases the tests render: the defaults and each documented option.
 fn outcomes() -> &'static BTreeMap<String, Outcome> {
@@ -36,6 +36,7 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("service-monitor", json!({"metrics": {"serviceMonitor": {"enabled": true}}})),
             ("single-replica", json!({"controller": {"replicas": 1, "leaderElection": false}})),
             ("json-logs", json!({"logFormat": "json", "logLevel": "debug"})),
+            ("no-viewer-roles", json!({"kubectlGpu": {"viewerRoles": false}})),
             ("no-classes", json!({"deviceClasses": {"create": false}})),
             ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}})),
             (
@@ -83,13 +84,13 @@ fn every_case_renders_lint_clean_and_parses_as_kubernetes_types() {
 fn the_default_install() {
     let (objects, notes) = rendered(outcomes(), "default");
     let expected: BTreeMap<String, usize> = [
-        ("ClusterRole", 2),
+        ("ClusterRole", 3),
         ("ClusterRoleBinding", 2),
         ("DaemonSet", 1),
         ("Deployment", 1),
         ("DeviceClass", 2),
         ("PodDisruptionBudget", 1),
-        ("Role", 1),
+        ("Role", 2),
         ("RoleBinding", 1),
         ("Secret", 1),
         ("Service", 3),
@@ -221,6 +222,11 @@ fn the_default_install() {
     }
     assert!(
         notes.contains("kubectl get resourceslices") && notes.contains("describe resourceclaim <claim>"),
+        "{notes}"
+    );
+    assert!(
+        notes.contains("the ClusterRole\n   gpu-dra-driver-gpu-viewer")
+            && notes.contains("gpu-dra-driver-gpu-metrics-reader\n   in namespace gpu-dra-driver"),
         "{notes}"
     );
 }
@@ -381,11 +387,42 @@ fn each_option_changes_what_it_says() {
 
     let (objects, _) = rendered(all, "single-replica");
     assert_eq!(one(&objects, "Deployment", "controller")["spec"]["replicas"], 1);
-    assert!(!objects.iter().any(|o| o["kind"] == "Role" || o["kind"] == "RoleBinding"));
+    let leader_election = |o: &&Value| {
+        (o["kind"] == "Role" || o["kind"] == "RoleBinding")
+            && !o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with("-gpu-metrics-reader"))
+    };
+    assert!(!objects.iter().any(|o| leader_election(&o)));
+
     assert!(
         args(container(one(&objects, "Deployment", "controller"), "controller"))
             .contains(&"--leader-elect=false".to_string())
     );
+
+    // kubectl gpu's viewer roles: made (reads only; the pod proxy only in
+    // the release's namespace), never bound; left out when asked.
+    let (objects, _) = rendered(all, "default");
+    let viewer = one(&objects, "ClusterRole", "gpu-viewer");
+    let verbs: BTreeSet<&str> = viewer["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|r| r["verbs"].as_array().unwrap())
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(verbs, BTreeSet::from(["get", "list"]), "{viewer}");
+    let metrics = one(&objects, "Role", "gpu-metrics-reader");
+    assert_eq!(metrics["metadata"]["namespace"], "gpu-dra-driver");
+    assert_eq!(metrics["rules"], json!([{"apiGroups": [""], "resources": ["pods/proxy"], "verbs": ["get"]}]));
+    let bound_to = |name: &str| {
+        objects.iter().any(|o| {
+            o["kind"].as_str().is_some_and(|k| k.ends_with("Binding"))
+                && o["roleRef"]["name"].as_str().is_some_and(|r| r.ends_with(name))
+        })
+    };
+    assert!(!bound_to("-gpu-viewer") && !bound_to("-gpu-metrics-reader"));
+    let (objects, _) = rendered(all, "no-viewer-roles");
+    assert_eq!(kinds(&objects)["ClusterRole"], 2);
+    assert_eq!(kinds(&objects)["Role"], 1);
 
     let (objects, _) = rendered(all, "json-logs");
     let controller = container(one(&objects, "Deployment", "controller"), "controller");

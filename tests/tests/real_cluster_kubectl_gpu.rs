@@ -22,7 +22,8 @@ use integration_tests::real_cluster::host_address::HostAddress;
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::{controller, kubectl_gpu, run, stdout_ok, workspace_root};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::authentication::v1::TokenRequest;
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -117,7 +118,8 @@ async fn kubectl_gpu_reads_the_real_control_plane_1_37() {
 
 async fn kubectl_gpu_reads_the_real_control_plane(release: Release) {
     let cluster = Cluster::start(release).await;
-    install(&cluster, &chart(tmp_dir(), json!({"webhook": {"enabled": false}}))).await;
+    let objects = chart(tmp_dir(), json!({"webhook": {"enabled": false}}));
+    install(&cluster, &objects).await;
     let inventories = workspace_root().join("examples/inventories");
 
     // The H100 node: the mock NVML (the notebook's GPU at 64 %, set once
@@ -255,4 +257,96 @@ async fn kubectl_gpu_reads_the_real_control_plane(release: Release) {
     assert!(results[0].to_string().contains(DGX), "placed on the DGX: {fit}");
     assert_eq!((results[1]["name"].as_str(), results[1]["allocated"].as_bool()), (Some("nine"), Some(false)), "{fit}");
     assert!(results[1]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{fit}");
+
+    // A user holding only the chart's two viewer roles sees the same.
+    let analyst = tmp_dir().join(format!("analyst-{}.kubeconfig", release.minor));
+    cluster.write_kubeconfig(&analyst, &service_account_token(&cluster, "default", "analyst").await);
+    let refused = run(kubectl_gpu(), &["--kubeconfig", analyst.to_str().expect("path"), "nodes"], None);
+    let why_not = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && why_not.starts_with("error: listing "), "{why_not}");
+    assert!(why_not.contains(" is forbidden: User \"system:serviceaccount:default:analyst\" cannot list"), "{why_not}");
+    assert!(
+        why_not.trim_end().ends_with(
+            "(403 Forbidden); the chart's ClusterRole <release>-gpu-viewer grants it: ask your cluster's \
+             administrator to bind it to you"
+        ),
+        "{why_not}"
+    );
+    let as_user = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", analyst.to_str().expect("path")];
+        all.extend_from_slice(args);
+        let out = run(kubectl_gpu(), &all, None);
+        out.status.success().then(|| {
+            (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+        })
+    };
+    // The viewer ClusterRole alone: everything but the utilization, whose
+    // warning names the Role that grants it.
+    bind(&cluster, &objects, "ClusterRole", "-gpu-viewer", "analyst").await;
+    eventually(
+        "the analyst's kubectl gpu claims, the pod proxy refused",
+        || async {
+            let (_, warnings) = as_user(&["claims", "--metrics-timeout", "3s"])?;
+            warnings
+                .contains(
+                    "(403 Forbidden); the chart's Role <release>-gpu-metrics-reader (in the driver's namespace) \
+                     grants it: ask your cluster's administrator to bind it to you",
+                )
+                .then_some(())
+        },
+        logs,
+    )
+    .await;
+    bind(&cluster, &objects, "Role", "-gpu-metrics-reader", "analyst").await;
+    let (as_admin, _) = kubectl_gpu_on(&cluster, &["why", "pod/big-model"]);
+    eventually(
+        "the analyst's kubectl gpu, once both roles are bound",
+        || async {
+            let (claims, warnings) = as_user(&["claims", "--metrics-timeout", "3s"])?;
+            let utilization =
+                claims.lines().any(|l| l.starts_with(&format!("default     {notebook_name}")) && l.ends_with("64%"));
+            let (nodes, _) = as_user(&["nodes"])?;
+            let (why, _) = as_user(&["why", "pod/big-model"])?;
+            let fits = as_user(&["fit", "-f", file.path().to_str().expect("path")]).is_some();
+            (utilization && !warnings.contains(DGX) && nodes.lines().count() == 3 && why == as_admin && fits)
+                .then_some(())
+        },
+        logs,
+    )
+    .await;
+}
+
+/// A token for `namespace/name`, a ServiceAccount made here (standing for
+/// a user the chart's roles are bound to).
+async fn service_account_token(cluster: &Cluster, namespace: &str, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.admin(), namespace);
+    let account: ServiceAccount = serde_json::from_value(json!({"metadata": {"name": name}})).expect("ServiceAccount");
+    accounts.create(&PostParams::default(), &account).await.unwrap_or_else(|e| panic!("ServiceAccount: {e}"));
+    let request: TokenRequest =
+        serde_json::from_value(json!({"spec": {"expirationSeconds": 3600}})).expect("TokenRequest");
+    let answer = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .unwrap_or_else(|e| panic!("TokenRequest for {namespace}/{name}: {e}"));
+    answer.status.and_then(|s| s.token).expect("TokenRequest answered without a token")
+}
+
+/// Binds the chart's `kind` (ClusterRole or Role) whose name ends in
+/// `suffix` (found among the rendered `objects`) to the ServiceAccount
+/// `default/account`, as an administrator following the README would.
+async fn bind(cluster: &Cluster, objects: &[Value], kind: &str, suffix: &str, account: &str) {
+    let role = objects
+        .iter()
+        .find(|o| o["kind"] == kind && o["metadata"]["name"].as_str().is_some_and(|n| n.ends_with(suffix)))
+        .and_then(|o| o["metadata"]["name"].as_str())
+        .unwrap_or_else(|| panic!("the chart renders no {kind} *{suffix}"));
+    let mut metadata = json!({"name": format!("{account}{suffix}")});
+    if kind == "Role" {
+        metadata["namespace"] = json!(NAMESPACE);
+    }
+    let binding = json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": format!("{kind}Binding"),
+        "metadata": metadata,
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": role},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": "default"}]});
+    create_all(&cluster.admin(), &[binding]).await.unwrap_or_else(|e| panic!("binding {role}: {e}"));
 }
