@@ -9,6 +9,8 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTe
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+const USER_AGENT: &str = concat!("kubectl-gpu/", env!("CARGO_PKG_VERSION"));
+
 /// A client and the namespace the kubeconfig's context names.
 pub struct Connection {
     pub client: kube::Client,
@@ -33,6 +35,9 @@ pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result
         None => kube::Config::infer().await.context("no kubeconfig found (set KUBECONFIG or pass --kubeconfig)")?,
     };
     let default_namespace = config.default_namespace.clone();
+    let mut config = config;
+    // Names the plugin in the API server's audit log, as kubectl names itself.
+    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
     let client = kube::Client::try_from(config).context("cannot build a client from the kubeconfig")?;
     Ok(Connection { client, default_namespace })
 }

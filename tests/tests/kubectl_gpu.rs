@@ -409,3 +409,77 @@ default     render         allocated   pod/render-0   node-d   gpu=gpu-0   -
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     drop(silent);
 }
+
+/// The chart's roles for `kubectl gpu`'s users grant exactly what its four
+/// commands call: the rules of the ClusterRole `*-gpu-viewer` and the Role
+/// `*-gpu-metrics-reader` against the stand-in's record of the requests
+/// sent with the `kubectl-gpu/` User-Agent.
+#[test]
+fn the_charts_viewer_roles_are_exactly_what_it_calls() {
+    use integration_tests::apiserver::audit::calls_by;
+    use integration_tests::helm::{one, render_all, rendered};
+    use std::collections::BTreeSet;
+
+    let server = cluster();
+    server.create_with_status(&plugin_pod("plugin-b", H100_NODE, "127.0.0.1", 9)).unwrap();
+    let trainer: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "trainer-0", "namespace": "default"},
+        "spec": {"nodeName": H100_NODE, "containers": [{"name": "train", "image": "busybox"}],
+                 "resourceClaims": [{"name": "gpu", "resourceClaimName": "trainer"}]},
+    }))
+    .unwrap();
+    server.create(&trainer).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let claims_file = dir.path().join("claims.yaml");
+    std::fs::write(
+        &claims_file,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one, namespace: default}\n\
+         spec: {spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}}\n",
+    )
+    .unwrap();
+    let file = claims_file.to_str().unwrap();
+    for args in [
+        &["nodes"][..],
+        &["claims", "-A", "--metrics-timeout", "2s"],
+        &["claims"],
+        &["why", "typo"],
+        &["why", "pod/trainer-0"],
+        &["fit", "-f", file],
+    ] {
+        stdout_ok(&kubectl_gpu_in(&server, dir.path(), args));
+    }
+    let calls = calls_by(&server.faults().requests(), "kubectl-gpu/");
+
+    let outcomes = render_all(Path::new(env!("CARGO_TARGET_TMPDIR")), &[("default", json!({}))]);
+    let (objects, _) = rendered(&outcomes, "default");
+    let mut grants: BTreeSet<(String, String, String, Option<String>)> = BTreeSet::new();
+    for role in [one(&objects, "ClusterRole", "-gpu-viewer"), one(&objects, "Role", "-gpu-metrics-reader")] {
+        let namespace = role["metadata"]["namespace"].as_str().map(String::from);
+        for rule in role["rules"].as_array().unwrap() {
+            let strings = |field: &str| -> Vec<String> {
+                rule[field].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
+            };
+            for group in strings("apiGroups") {
+                for resource in strings("resources") {
+                    for verb in strings("verbs") {
+                        grants.insert((verb, group.clone(), resource.clone(), namespace.clone()));
+                    }
+                }
+            }
+        }
+    }
+    let allowed = |verb: &str, group: &str, resource: &str, namespace: Option<&str>| {
+        grants.iter().any(|(v, g, r, ns)| {
+            v == verb && g == group && r == resource && ns.as_deref().is_none_or(|ns| namespace == Some(ns))
+        })
+    };
+    let denied: Vec<_> =
+        calls.iter().filter(|c| !allowed(c.verb, &c.group, &c.resource, c.namespace.as_deref())).collect();
+    assert!(denied.is_empty(), "kubectl gpu makes calls its roles do not allow: {denied:#?}");
+    let unused: Vec<_> = grants
+        .iter()
+        .filter(|(v, g, r, _)| !calls.iter().any(|c| c.verb == v && c.group == *g && c.resource == *r))
+        .collect();
+    assert!(unused.is_empty(), "the roles grant what kubectl gpu never does: {unused:#?}");
+    assert!(calls.iter().any(|c| c.resource == "pods/proxy" && c.namespace.as_deref() == Some("gpu-dra-driver")));
+}

@@ -26,6 +26,9 @@ pub struct ApiCall {
 /// non-resource URLs (`/version`, discovery), which every authenticated
 /// user may read (the `system:discovery` ClusterRole).
 pub fn api_call(record: &RequestRecord) -> Option<ApiCall> {
+    if let Some(call) = pod_proxy_call(record) {
+        return Some(call);
+    }
     let target = kinds::parse_path(&record.path)?;
     let verb = match (record.method.as_str(), target.name.is_some()) {
         ("GET", _) if record.watch => "watch",
@@ -41,6 +44,29 @@ pub fn api_call(record: &RequestRecord) -> Option<ApiCall> {
     let resource =
         if target.status { format!("{}/status", target.kind.plural) } else { target.kind.plural.to_string() };
     Some(ApiCall { verb, group: target.kind.group.to_string(), resource, namespace: target.namespace })
+}
+
+/// A request through a pod's proxy (`/api/v1/namespaces/NS/pods/NAME[:PORT]/proxy/...`),
+/// which Kubernetes authorizes as the request's method, lowercased, on
+/// `pods/proxy` (`RequestInfoFactory` in apiserver's `request/requestinfo.go`).
+fn pod_proxy_call(record: &RequestRecord) -> Option<ApiCall> {
+    let path = record.path.split('?').next().unwrap_or_default();
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let ["api", "v1", "namespaces", namespace, "pods", _, "proxy", ..] = segments.as_slice() else { return None };
+    let verb = match record.method.as_str() {
+        "GET" => "get",
+        "POST" => "create",
+        "PUT" => "update",
+        "PATCH" => "patch",
+        "DELETE" => "delete",
+        _ => return None,
+    };
+    Some(ApiCall {
+        verb,
+        group: String::new(),
+        resource: "pods/proxy".into(),
+        namespace: Some((*namespace).to_string()),
+    })
 }
 
 /// The distinct calls made by clients whose `User-Agent` starts with
