@@ -146,13 +146,14 @@ fn sigkill_at_every_step_of_prepare_and_unprepare_leaks_and_loses_nothing() {
         summary.insert(step, "rolled back, retried");
     }
     // (`after-gpu-destroyed:3`: every instance gone, the spec and the
-    // record not yet.)
+    // record not yet; `after-spec-removed`: the record alone left.)
     for step in [
         "after-compute-destroyed",
         "after-compute-destroyed:3",
         "after-gpu-destroyed",
         "after-gpu-destroyed:2",
         "after-gpu-destroyed:3",
+        "after-spec-removed",
     ] {
         let first = node.prepare(std::slice::from_ref(&claim));
         let ids: Vec<Vec<String>> = first[&claim.uid].clone().unwrap().into_iter().map(|d| d.cdi_device_ids).collect();

@@ -90,6 +90,7 @@ impl Files {
     /// removed the record stays, so the next attempt or start-up retries.
     pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), String> {
         durable::remove(&self.cdi_dir, spec_file).map_err(|e| format!("removing CDI spec {spec_file}: {e}"))?;
+        crate::state::kill_point::reached(crate::state::kill_point::Step::AfterSpecRemoved);
         self.checkpoint.remove(uid).map_err(|e| e.to_string())
     }
 }

@@ -27,6 +27,9 @@ pub enum Step {
     AfterGpuDestroyed,
     /// Dynamic MIG: MIG mode was switched (off at prepare, on at unprepare).
     AfterMigMode,
+    /// Unprepare (every claim but a ComputeDomain's): the claim's spec is
+    /// removed, its record not yet.
+    AfterSpecRemoved,
     /// ComputeDomain prepare: the `PrepareStarted` record is written.
     DomainRecorded,
     /// ComputeDomain prepare: the daemon's configuration and peer list are
@@ -50,7 +53,7 @@ pub enum Step {
 }
 
 impl Step {
-    pub const ALL: [Step; 16] = [
+    pub const ALL: [Step; 17] = [
         Step::AfterRecord,
         Step::AfterGpuInstance,
         Step::AfterComputeInstance,
@@ -58,6 +61,7 @@ impl Step {
         Step::AfterComputeDestroyed,
         Step::AfterGpuDestroyed,
         Step::AfterMigMode,
+        Step::AfterSpecRemoved,
         Step::DomainRecorded,
         Step::DomainDaemonConfigured,
         Step::DomainDaemonStarted,
@@ -78,6 +82,7 @@ impl Step {
             Step::AfterComputeDestroyed => "after-compute-destroyed",
             Step::AfterGpuDestroyed => "after-gpu-destroyed",
             Step::AfterMigMode => "after-mig-mode",
+            Step::AfterSpecRemoved => "after-spec-removed",
             Step::DomainRecorded => "cd-recorded",
             Step::DomainDaemonConfigured => "cd-daemon-configured",
             Step::DomainDaemonStarted => "cd-daemon-started",
