@@ -44,10 +44,13 @@ impl ControlPlaneProcess {
     }
 
     /// The last `lines` lines of its log.
+    /// The last `lines` lines of the log, a run of lines that differ only
+    /// in their klog header (`E1126 18:55:52.440616   13555 `) shown once
+    /// with its count, so that a retry loop does not hide what came before.
     pub fn log_tail(&self, lines: usize) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let all: Vec<&str> = text.lines().collect();
-        all[all.len().saturating_sub(lines)..].join("\n")
+        let collapsed = collapse_repeats(text.lines());
+        collapsed[collapsed.len().saturating_sub(lines)..].join("\n")
     }
 
     pub fn log_path(&self) -> &Path {
@@ -79,5 +82,60 @@ impl ControlPlaneProcess {
 impl Drop for ControlPlaneProcess {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// Lines with runs of repeats (the same message under another klog
+/// header) folded into the first, with how many followed.
+fn collapse_repeats<'a>(lines: impl Iterator<Item = &'a str>) -> Vec<String> {
+    // klog: severity+date, time, thread id, then the message.
+    let message = |line: &'a str| -> &'a str {
+        let mut rest = line;
+        for _ in 0..3 {
+            rest = rest.trim_start().split_once(char::is_whitespace).map_or("", |(_, r)| r);
+        }
+        if rest.is_empty() { line } else { rest }
+    };
+    let mut out: Vec<String> = Vec::new();
+    let mut previous: Option<&str> = None;
+    let mut repeats = 0usize;
+    let flush = |out: &mut Vec<String>, repeats: usize| {
+        if repeats > 0 {
+            out.push(format!("    (the line above {repeats} more times)"));
+        }
+    };
+    for line in lines {
+        if previous.is_some_and(|p| message(p) == message(line)) {
+            repeats += 1;
+            continue;
+        }
+        flush(&mut out, repeats);
+        repeats = 0;
+        out.push(line.to_string());
+        previous = Some(line);
+    }
+    flush(&mut out, repeats);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn repeated_klog_messages_are_folded() {
+        let log = "I1126 18:54:18.1   1 a.go:1] start\n\
+                   E1126 18:55:52.4   13555 c.go:435] failed: not created yet\n\
+                   E1126 18:55:52.5   13555 c.go:435] failed: not created yet\n\
+                   E1126 18:55:52.6   13555 c.go:435] failed: not created yet\n\
+                   I1126 18:55:53.0   1 a.go:2] done";
+        let lines: Vec<&str> = log.lines().map(str::trim).collect();
+        assert_eq!(
+            super::collapse_repeats(lines.into_iter()),
+            [
+                "I1126 18:54:18.1   1 a.go:1] start",
+                "E1126 18:55:52.4   13555 c.go:435] failed: not created yet",
+                "    (the line above 2 more times)",
+                "I1126 18:55:53.0   1 a.go:2] done",
+            ]
+        );
     }
 }
