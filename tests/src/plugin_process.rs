@@ -18,6 +18,36 @@ pub struct PluginDirs {
     pub kubeconfig: PathBuf,
 }
 
+/// Whatever a plugin started under these directories (IMEX daemons, which
+/// outlive a plugin by design so that the next one adopts them) ends with
+/// them: a test leaves no process behind, passed or failed.
+impl Drop for PluginDirs {
+    fn drop(&mut self) {
+        kill_processes_naming(self.root.path());
+    }
+}
+
+/// SIGKILLs every process (but this one) whose command line names `dir`.
+pub fn kill_processes_naming(dir: &Path) {
+    // With the separator: `/tmp/.tmpAbc` must not match `/tmp/.tmpAbcd`.
+    let mut needle = dir.as_os_str().as_encoded_bytes().to_vec();
+    needle.push(b'/');
+    let Ok(entries) = std::fs::read_dir("/proc") else { return };
+    let me = std::process::id();
+    for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok()) {
+        if pid == me {
+            continue;
+        }
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else { continue };
+        if cmdline.windows(needle.len()).any(|w| w == needle.as_slice())
+            && let Ok(pid) = i32::try_from(pid)
+        {
+            // SAFETY: kill(2) with a pid read from /proc; a process gone meanwhile is ESRCH.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+}
+
 impl PluginDirs {
     /// Fresh directories; `inventory_yaml` becomes the fake inventory file.
     pub fn new(inventory_yaml: &str) -> std::io::Result<Self> {
