@@ -228,8 +228,8 @@ fn dynamic_mig(rounds: usize, fsync: &Stats) {
     let mut options = gpu.plugin_options("DynamicMIG=true");
     // A free port chosen here: the plugin logs only warnings, as in the
     // other cases, so its log does not say which port it bound.
-    let addr =
-        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").to_string();
+    let [port] = integration_tests::ports::reserve();
+    let addr = format!("127.0.0.1:{port}");
     options.log_level = "warn".into();
     options.metrics_addr = addr.clone();
     let node = RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options);

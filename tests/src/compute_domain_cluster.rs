@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, TemplateName};
+use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainSpec};
 use gpu_dra_driver::driver_root::{fake_imex, fake_tree};
 use k8s_openapi::api::core::v1::Node as NodeObject;
 use k8s_openapi::api::events::v1::Event;
@@ -251,17 +251,7 @@ impl Cluster {
 
     /// NVIDIA's example shape: `numNodes` and a template name.
     pub fn apply_domain(&self, num_nodes: u32) -> ComputeDomain {
-        let domain = ComputeDomain::new(
-            "default",
-            "job",
-            ComputeDomainSpec {
-                num_nodes,
-                channel: Some(ChannelSpec {
-                    resource_claim_template: TemplateName { name: "job-channel".into() },
-                    allocation_mode: None,
-                }),
-            },
-        );
+        let domain = ComputeDomain::new("default", "job", ComputeDomainSpec::with_template(num_nodes, "job-channel"));
         self.server.create(&domain).unwrap()
     }
 
@@ -335,4 +325,21 @@ impl Cluster {
 
 pub fn claim_ref(stored: &ResourceClaim) -> Claim {
     claim("default", stored.metadata.name.as_deref().unwrap(), stored.metadata.uid.as_deref().unwrap())
+}
+
+/// One node in a one-node domain, with pod `worker-0`'s channel claim
+/// allocated there (which lists the node in the domain's status).
+pub fn one_node_domain() -> (Cluster, Node, Claim) {
+    let cluster = Cluster::start();
+    let node = Node::start(&cluster.server, &cluster.rt, 0, 1, 20_000);
+    cluster.apply_domain(1);
+    let logs = || cluster.controller.log();
+    wait_until("the workload template", || cluster.template().is_some(), logs);
+    let channel = cluster.allocated_channel("worker-0", "gb200-0");
+    wait_until(
+        "the node in the domain",
+        || cluster.domain().and_then(|d| d.status).is_some_and(|s| s.nodes.len() == 1),
+        logs,
+    );
+    (cluster, node, channel)
 }

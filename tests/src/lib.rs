@@ -19,6 +19,7 @@ pub mod mock_nvml_node;
 pub mod node;
 pub mod plugin_process;
 pub mod ports;
+pub mod rbac;
 pub mod real_cluster;
 pub mod webhook_process;
 

@@ -70,6 +70,30 @@ impl RunningNode {
             .unwrap_or_else(|e| panic!("{e}\n{}", self.process.log()));
     }
 
+    /// Restarts the plugin so that it SIGKILLs itself at kill point `step`
+    /// during `call` (which must therefore get no answer), then starts it
+    /// again with `options`.
+    pub fn killed_during(&mut self, options: &PluginOptions, step: &str, call: impl FnOnce(&RunningNode) -> bool) {
+        self.process.terminate(WAIT).expect("SIGTERM");
+        self.respawn(&options.killing_at(step));
+        let answered = call(self);
+        assert!(!answered, "{step}: the call was answered, the kill point never reached\n{}", self.process.log());
+        let status =
+            self.process.wait_timeout(Duration::from_secs(30)).expect("wait").expect("the plugin killed itself");
+        assert!(!status.success(), "{step}: {status:?}");
+        self.respawn(options);
+    }
+
+    /// Whether a NodePrepareResources call for `claim` was answered at all.
+    pub fn prepare_answered(&self, claim: &Claim) -> bool {
+        self.runtime.block_on(self.kubelet.prepare_raw(&self.plugin, std::slice::from_ref(claim))).is_ok()
+    }
+
+    /// Whether a NodeUnprepareResources call for `claim` was answered at all.
+    pub fn unprepare_answered(&self, claim: &Claim) -> bool {
+        self.runtime.block_on(self.kubelet.unprepare_raw(&self.plugin, std::slice::from_ref(claim))).is_ok()
+    }
+
     /// Stores an allocated claim `default/<name>`; returns the kubelet's
     /// reference to it.
     pub fn claim(&self, name: &str, results: &[Allocated], config: Vec<DeviceAllocationConfiguration>) -> Claim {

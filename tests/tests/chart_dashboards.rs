@@ -7,7 +7,6 @@
 //! API stand-in); none from a list kept here.
 
 use std::collections::BTreeSet;
-use std::io::{Read, Write};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -74,12 +73,8 @@ fn controller_metrics_text() -> String {
         assert!(Instant::now() < deadline, "the controller serves no /metrics:\n{log}");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let mut stream = std::net::TcpStream::connect(&addr).expect("connecting to the controller's /metrics");
-    write!(stream, "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").expect("request");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).expect("response");
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    response.split_once("\r\n\r\n").map(|(_, body)| body.to_owned()).unwrap_or_default()
+    integration_tests::plugin_process::scrape_metrics(&addr)
+        .unwrap_or_else(|e| panic!("the controller's /metrics: {e}"))
 }
 
 #[test]

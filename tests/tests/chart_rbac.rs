@@ -14,6 +14,7 @@ use integration_tests::build::{Artifact, cargo_build};
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{Outcome, one, render_all, render_chart, rendered};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::rbac::{Grant, allows, role_grants};
 use integration_tests::workspace_root;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
@@ -22,46 +23,18 @@ const WAIT: Duration = Duration::from_secs(60);
 
 // --------------------------------------------------------------------- RBAC
 
-/// (verb, group, resource) an RBAC rule allows, and the namespace it is
-/// limited to (a Role's) or none (a ClusterRole's).
-type Grant = (String, String, String, Option<String>);
-
 /// What the rendered RBAC grants each service account.
 fn grants(objects: &[Value]) -> BTreeMap<String, BTreeSet<Grant>> {
     let mut by_account: BTreeMap<String, BTreeSet<Grant>> = BTreeMap::new();
     for binding in objects.iter().filter(|o| o["kind"] == "ClusterRoleBinding" || o["kind"] == "RoleBinding") {
         let role_kind = binding["roleRef"]["kind"].as_str().unwrap();
         let role = one(objects, role_kind, binding["roleRef"]["name"].as_str().unwrap());
-        let namespace = role["metadata"]["namespace"].as_str().map(String::from);
         for subject in binding["subjects"].as_array().unwrap() {
             assert_eq!(subject["kind"], "ServiceAccount");
-            let account = by_account.entry(subject["name"].as_str().unwrap().to_string()).or_default();
-            for rule in role["rules"].as_array().unwrap() {
-                for group in rule["apiGroups"].as_array().unwrap() {
-                    for resource in rule["resources"].as_array().unwrap() {
-                        for verb in rule["verbs"].as_array().unwrap() {
-                            account.insert((
-                                verb.as_str().unwrap().to_string(),
-                                group.as_str().unwrap().to_string(),
-                                resource.as_str().unwrap().to_string(),
-                                namespace.clone(),
-                            ));
-                        }
-                    }
-                }
-            }
+            by_account.entry(subject["name"].as_str().unwrap().to_string()).or_default().extend(role_grants(role));
         }
     }
     by_account
-}
-
-fn allows(grants: &BTreeSet<Grant>, call: &ApiCall) -> bool {
-    grants.iter().any(|(verb, group, resource, namespace)| {
-        verb == call.verb
-            && *group == call.group
-            && *resource == call.resource
-            && namespace.as_ref().is_none_or(|ns| call.namespace.as_ref() == Some(ns))
-    })
 }
 
 /// What the real authorizer checks for `agent`'s `call`: the call itself
@@ -278,7 +251,7 @@ fn rbac_is_exactly_the_calls_the_binaries_make() {
 /// refused, so explained) until the domain is Ready, then unprepared and
 /// the domain deleted.
 fn compute_domain_calls() -> Vec<(String, ApiCall)> {
-    use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomain, ComputeDomainSpec, Readiness, TemplateName};
+    use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainSpec, Readiness};
     use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
     use k8s_openapi::api::core::v1::Node;
     use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -299,9 +272,7 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
     let mut controller = ControllerProcess::spawn(&kubeconfig, "rbac", &["--compute-domains"]).unwrap();
     let logs = || format!("{}\n{}", plugin.log(), controller.log());
 
-    let channel =
-        ChannelSpec { resource_claim_template: TemplateName { name: "job-channel".into() }, allocation_mode: None };
-    let spec = ComputeDomainSpec { num_nodes: 1, channel: Some(channel) };
+    let spec = ComputeDomainSpec::with_template(1, "job-channel");
     let domain = server.create(&ComputeDomain::new("default", "job", spec)).unwrap();
     let template = || server.get::<ResourceClaimTemplate>(Some("default"), "job-channel").ok();
     wait_until("the domain's template", &logs, || template().is_some());

@@ -16,27 +16,10 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::api::Readiness;
 use gpu_dra_driver::compute_domain::imex;
 use gpu_dra_driver::driver_root::fake_imex;
-use integration_tests::compute_domain_cluster::{Cluster, Node, WAIT, wait_until};
+use integration_tests::compute_domain_cluster::{Cluster, Node, WAIT, one_node_domain, wait_until};
 use integration_tests::plugin_process::PluginOptions;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
-
-/// One node in a one-node domain, with pod `worker-0`'s channel claim
-/// allocated there (which lists the node in the domain's status).
-fn one_node_domain() -> (Cluster, Node, Claim) {
-    let cluster = Cluster::start();
-    let node = Node::start(&cluster.server, &cluster.rt, 0, 1, 20_000);
-    cluster.apply_domain(1);
-    let logs = || cluster.controller.log();
-    wait_until("the workload template", || cluster.template().is_some(), logs);
-    let channel = cluster.allocated_channel("worker-0", "gb200-0");
-    wait_until(
-        "the node in the domain",
-        || cluster.domain().and_then(|d| d.status).is_some_and(|s| s.nodes.len() == 1),
-        logs,
-    );
-    (cluster, node, channel)
-}
 
 fn killing_at(options: &PluginOptions, step: &str) -> PluginOptions {
     let mut options = options.clone();

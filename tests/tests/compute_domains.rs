@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_driver::compute_domain::api::{ComputeDomain, Readiness};
 use integration_tests::compute_domain_cluster::{
-    CD_DRIVER, Cluster, Node, example_documents, example_domain, wait_until,
+    CD_DRIVER, Cluster, Node, example_documents, example_domain, one_node_domain, wait_until,
 };
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use kubelet_proto::dra_v1::Claim;
@@ -153,18 +153,8 @@ fn a_domain_beyond_its_clique_is_explained_and_other_cliques_never_join() {
 /// kept as it was (no second daemon, the same answer).
 #[test]
 fn a_killed_node_agent_neither_leaks_nor_doubles_a_daemon() {
-    let cluster = Cluster::start();
+    let (cluster, mut node, claim) = one_node_domain();
     let rt = &cluster.rt;
-    let mut node = Node::start(&cluster.server, rt, 0, 1, 20_000);
-    let logs = || format!("controller:\n{}", cluster.controller.log());
-    cluster.apply_domain(1);
-    wait_until("the workload template", || cluster.template().is_some(), logs);
-    let claim = cluster.allocated_channel("worker-0", "gb200-0");
-    wait_until(
-        "the node in the domain",
-        || cluster.domain().and_then(|d| d.status).is_some_and(|s| s.nodes.len() == 1),
-        logs,
-    );
 
     // Killed while waiting for READY.
     std::fs::write(node.driver_root.join("imex.not-ready"), "").unwrap();

@@ -16,7 +16,6 @@ use gpu_kubelet_plugin::state::checkpoint::PrepareState;
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::mock_gpu::MockGpuNode;
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
-use integration_tests::plugin_process::PluginOptions;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kubelet_proto::dra_v1::Claim;
 
@@ -91,18 +90,6 @@ fn prepared(node: &RunningNode, claim: &Claim, step: &str) {
     assert_eq!(devices.len(), 1, "{step}");
 }
 
-/// Restarts `node` with `options` plus a kill point, makes `call` (which
-/// must not be answered: the plugin dies at the point), then restarts it
-/// with `options`.
-fn killed_during(node: &mut RunningNode, options: &PluginOptions, step: &str, call: impl FnOnce(&RunningNode) -> bool) {
-    node.process.terminate(WAIT).expect("SIGTERM");
-    node.respawn(&options.killing_at(step));
-    assert!(!call(node), "{step}: answered, the kill point was never reached\n{}", node.process.log());
-    let status = node.process.wait_timeout(Duration::from_secs(30)).expect("wait").expect("the plugin killed itself");
-    assert!(!status.success(), "{step}: {status:?}");
-    node.respawn(options);
-}
-
 #[test]
 fn the_slices_follow_the_mig_mode_a_whole_gpu_claim_switches() {
     let gpu = MockGpuNode::new(INVENTORY);
@@ -128,20 +115,14 @@ fn the_slices_follow_the_mig_mode_a_whole_gpu_claim_switches() {
     check(&gpu, &node, false, "unprepare after the restart");
 
     // Killed right after turning MIG mode off: start-up rolls back.
-    let prepare = |node: &RunningNode| {
-        node.runtime.block_on(node.kubelet.prepare_raw(&node.plugin, std::slice::from_ref(&claim))).is_ok()
-    };
-    killed_during(&mut node, &options, "after-mig-mode", prepare);
+    node.killed_during(&options, "after-mig-mode", |node| node.prepare_answered(&claim));
     check(&gpu, &node, false, "prepare killed after the switch");
     prepared(&node, &claim, "retry");
     check(&gpu, &node, true, "retry");
 
     // Killed right after turning MIG mode on again: the claim is still
     // prepared, so start-up gives it its GPU back; the retry unprepares.
-    let unprepare = |node: &RunningNode| {
-        node.runtime.block_on(node.kubelet.unprepare_raw(&node.plugin, std::slice::from_ref(&claim))).is_ok()
-    };
-    killed_during(&mut node, &options, "after-mig-mode", unprepare);
+    node.killed_during(&options, "after-mig-mode", |node| node.unprepare_answered(&claim));
     check(&gpu, &node, true, "unprepare killed after the switch");
     node.unprepare(std::slice::from_ref(&claim));
     check(&gpu, &node, false, "unprepare retried");

@@ -8,7 +8,6 @@
 //! - forged records naming GPU 1's instances never get them destroyed.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use gpu_dra_driver::names::ClaimUid;
 use gpu_kubelet_plugin::mig::{MadeInstance, MigIntent};
@@ -99,34 +98,12 @@ fn check_settled(gpu: &MockGpuNode, node: &RunningNode, step: &str, prepared: bo
     assert_eq!(static_instances(gpu), [(0, 4), (4, 4)], "{step}: the static GPU");
 }
 
-fn kill_and_restart(
-    node: &mut RunningNode,
-    options: &PluginOptions,
-    step: &str,
-    call: impl FnOnce(&RunningNode, &Claim) -> bool,
-    claim: &Claim,
-) {
-    node.process.terminate(WAIT).expect("SIGTERM");
-    node.respawn(&options.killing_at(step));
-    let answered = call(node, claim);
-    assert!(!answered, "{step}: the call was answered, the kill point never reached\n{}", node.process.log());
-    let status = node.process.wait_timeout(Duration::from_secs(30)).expect("wait").expect("the plugin killed itself");
-    assert!(!status.success(), "{step}: {status:?}");
-    node.respawn(options);
-}
-
 #[test]
 fn sigkill_at_every_step_of_prepare_and_unprepare_leaks_and_loses_nothing() {
     let gpu = MockGpuNode::new(INVENTORY);
     let options = gpu.plugin_options(GATES);
     let mut node = start(options.clone());
     let claim = node.gpu_claim("mixed", &[FOUR, TWO, ONE]);
-    let prepare = |node: &RunningNode, claim: &Claim| {
-        node.runtime.block_on(node.kubelet.prepare_raw(&node.plugin, std::slice::from_ref(claim))).is_ok()
-    };
-    let unprepare = |node: &RunningNode, claim: &Claim| {
-        node.runtime.block_on(node.kubelet.unprepare_raw(&node.plugin, std::slice::from_ref(claim))).is_ok()
-    };
     let mut summary = BTreeMap::new();
     for step in [
         "after-record",
@@ -136,7 +113,7 @@ fn sigkill_at_every_step_of_prepare_and_unprepare_leaks_and_loses_nothing() {
         "after-compute-instance:2",
         "after-spec",
     ] {
-        kill_and_restart(&mut node, &options, step, prepare, &claim);
+        node.killed_during(&options, step, |node| node.prepare_answered(&claim));
         check_settled(&gpu, &node, step, false);
         let retry = node.prepare(std::slice::from_ref(&claim));
         assert_eq!(retry[&claim.uid].as_ref().map(Vec::len), Ok(3), "{step}: the retry\n{}", node.process.log());
@@ -157,7 +134,7 @@ fn sigkill_at_every_step_of_prepare_and_unprepare_leaks_and_loses_nothing() {
     ] {
         let first = node.prepare(std::slice::from_ref(&claim));
         let ids: Vec<Vec<String>> = first[&claim.uid].clone().unwrap().into_iter().map(|d| d.cdi_device_ids).collect();
-        kill_and_restart(&mut node, &options, step, unprepare, &claim);
+        node.killed_during(&options, step, |node| node.unprepare_answered(&claim));
         // Start-up made the claim whole again: not lost, same CDI ids.
         check_settled(&gpu, &node, step, true);
         let repeat = node.prepare(std::slice::from_ref(&claim));

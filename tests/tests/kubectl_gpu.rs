@@ -418,6 +418,7 @@ default     render         allocated   pod/render-0   node-d   gpu=gpu-0   -
 fn the_charts_viewer_roles_are_exactly_what_it_calls() {
     use integration_tests::apiserver::audit::calls_by;
     use integration_tests::helm::{one, render_all, rendered};
+    use integration_tests::rbac::{Grant, allows, role_grants};
     use std::collections::BTreeSet;
 
     let server = cluster();
@@ -452,29 +453,12 @@ fn the_charts_viewer_roles_are_exactly_what_it_calls() {
 
     let outcomes = render_all(Path::new(env!("CARGO_TARGET_TMPDIR")), &[("default", json!({}))]);
     let (objects, _) = rendered(&outcomes, "default");
-    let mut grants: BTreeSet<(String, String, String, Option<String>)> = BTreeSet::new();
-    for role in [one(&objects, "ClusterRole", "-gpu-viewer"), one(&objects, "Role", "-gpu-metrics-reader")] {
-        let namespace = role["metadata"]["namespace"].as_str().map(String::from);
-        for rule in role["rules"].as_array().unwrap() {
-            let strings = |field: &str| -> Vec<String> {
-                rule[field].as_array().unwrap().iter().map(|v| v.as_str().unwrap().to_string()).collect()
-            };
-            for group in strings("apiGroups") {
-                for resource in strings("resources") {
-                    for verb in strings("verbs") {
-                        grants.insert((verb, group.clone(), resource.clone(), namespace.clone()));
-                    }
-                }
-            }
-        }
-    }
-    let allowed = |verb: &str, group: &str, resource: &str, namespace: Option<&str>| {
-        grants.iter().any(|(v, g, r, ns)| {
-            v == verb && g == group && r == resource && ns.as_deref().is_none_or(|ns| namespace == Some(ns))
-        })
-    };
-    let denied: Vec<_> =
-        calls.iter().filter(|c| !allowed(c.verb, &c.group, &c.resource, c.namespace.as_deref())).collect();
+    let grants: BTreeSet<Grant> =
+        [one(&objects, "ClusterRole", "-gpu-viewer"), one(&objects, "Role", "-gpu-metrics-reader")]
+            .into_iter()
+            .flat_map(role_grants)
+            .collect();
+    let denied: Vec<_> = calls.iter().filter(|c| !allows(&grants, c)).collect();
     assert!(denied.is_empty(), "kubectl gpu makes calls its roles do not allow: {denied:#?}");
     let unused: Vec<_> = grants
         .iter()

@@ -1,21 +1,11 @@
 use super::*;
-use gpu_dra_driver::compute_domain::api::{ChannelSpec, ComputeDomainSpec, TemplateName};
+use gpu_dra_driver::compute_domain::api::ComputeDomainSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
 const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 
 fn domain(num_nodes: u32) -> ComputeDomain {
-    let mut d = ComputeDomain::new(
-        "default",
-        "job",
-        ComputeDomainSpec {
-            num_nodes,
-            channel: Some(ChannelSpec {
-                resource_claim_template: TemplateName { name: "job-channel".into() },
-                allocation_mode: None,
-            }),
-        },
-    );
+    let mut d = ComputeDomain::new("default", "job", ComputeDomainSpec::with_template(num_nodes, "job-channel"));
     d.metadata.uid = Some(UID.into());
     d.metadata.finalizers = Some(vec![FINALIZER.into()]);
     d

@@ -92,6 +92,20 @@ pub struct ComputeDomainSpec {
     pub channel: Option<ChannelSpec>,
 }
 
+impl ComputeDomainSpec {
+    /// `numNodes` and the workload template's name, channel mode left to
+    /// its default: the shape of NVIDIA's examples.
+    pub fn with_template(num_nodes: u32, template: &str) -> Self {
+        Self {
+            num_nodes,
+            channel: Some(ChannelSpec {
+                resource_claim_template: TemplateName { name: template.to_owned() },
+                allocation_mode: None,
+            }),
+        }
+    }
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }

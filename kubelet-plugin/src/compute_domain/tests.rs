@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_dra_driver::compute_domain::api::{
-    ChannelSpec, ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness, TemplateName,
-};
+use gpu_dra_driver::compute_domain::api::{ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness};
 use gpu_dra_driver::driver_root::fake_imex;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
@@ -93,17 +91,7 @@ impl Node {
     }
 
     fn set_members(&self, members: &[&str]) {
-        let mut domain = ComputeDomain::new(
-            "team",
-            "job",
-            ComputeDomainSpec {
-                num_nodes: 0,
-                channel: Some(ChannelSpec {
-                    resource_claim_template: TemplateName { name: "job-channel".into() },
-                    allocation_mode: None,
-                }),
-            },
-        );
+        let mut domain = ComputeDomain::new("team", "job", ComputeDomainSpec::with_template(0, "job-channel"));
         domain.metadata.uid = Some(DOMAIN.into());
         domain.status = Some(ComputeDomainStatus {
             status: Readiness::NotReady,
