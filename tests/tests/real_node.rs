@@ -313,7 +313,13 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     // The kubelet, on its node credential, was refused nothing it needed
     // for the claim (the Node authorizer lets it read its pods' claims).
     let kubelet = node.log("kubelet");
-    let refused: Vec<&str> = kubelet.lines().filter(|l| l.contains("forbidden") && l.contains("resource")).collect();
+    // (Except its status manager reading a pod already deleted: the Node
+    // authorizer drops a pod's edge to its node when the pod goes, so that
+    // read is refused; seen in about one run in ten, harmless.)
+    let after_deletion =
+        |l: &str| l.contains("Failed to get status for pod") && l.contains("no relationship found between node");
+    let refused: Vec<&str> =
+        kubelet.lines().filter(|l| l.contains("forbidden") && l.contains("resource") && !after_deletion(l)).collect();
     assert!(refused.is_empty(), "the kubelet was refused: {refused:#?}");
 
     // A running pod deleted: the kubelet kills its container and
