@@ -315,7 +315,7 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     let kubelet = node.log("kubelet");
     // (Except its status manager reading a pod already deleted: the Node
     // authorizer drops a pod's edge to its node when the pod goes, so that
-    // read is refused; seen in about one run in ten, harmless.)
+    // read is refused; seen once in this stop's CI runs, harmless.)
     let after_deletion =
         |l: &str| l.contains("Failed to get status for pod") && l.contains("no relationship found between node");
     let refused: Vec<&str> =
