@@ -114,7 +114,9 @@ fn init_logging(format: service::args::LogFormat) {
     if let Some(Ok(quiet)) = gpu_dra_driver::service::kube_client::request_log_directive(&user_filter).map(str::parse) {
         filter = filter.add_directive(quiet);
     }
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    // Colours only on a terminal: logs in files and `kubectl logs` stay greppable.
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
         service::args::LogFormat::Json => builder.json().init(),
         service::args::LogFormat::Text => builder.init(),

@@ -60,9 +60,25 @@ fn main() -> anyhow::Result<()> {
         [] => standin(),
         ["--real-cluster"] => real_cluster::run("1.37"),
         ["--real-cluster", minor] => real_cluster::run(minor),
-        _ => bail!("usage: demo [--real-cluster [1.34|1.37]]"),
+        ["-h" | "--help"] => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        _ => bail!("unknown arguments {args:?}\n{USAGE}"),
     }
 }
+
+const USAGE: &str = "\
+usage: cargo run -p integration-tests --example demo [-- OPTIONS]
+
+The whole system on loopback, no cluster and no GPU: an API-server stand-in,
+two fake GPU nodes running the real node agent, and the real controller.
+
+options:
+  --real-cluster [1.34|1.37]  the same against the real control plane of that
+                              release (built once by tests/kube-bins/build.sh)
+  -h, --help                  this text
+";
 
 /// The demo on the API-server stand-in (the default: no Go, seconds).
 fn standin() -> anyhow::Result<()> {

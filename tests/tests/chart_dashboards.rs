@@ -37,20 +37,6 @@ fn series_names(text: &str, names: &mut BTreeSet<String>) {
     }
 }
 
-/// The log without its terminal colours.
-fn without_ansi(text: &str) -> String {
-    let mut out = String::new();
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            chars.by_ref().find(char::is_ascii_alphabetic);
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
-
 /// `GET /metrics` of a running controller: `gpu-dra-controller run` on the
 /// API stand-in, serving on a free port.
 fn controller_metrics_text() -> String {
@@ -62,7 +48,9 @@ fn controller_metrics_text() -> String {
         ControllerProcess::spawn_serving(&kubeconfig, "dashboards", "127.0.0.1:0", &[]).expect("the controller");
     let deadline = Instant::now() + Duration::from_secs(60);
     let addr = loop {
-        let log = without_ansi(&controller.log());
+        let log = controller.log();
+        // Its standard error is a pipe here, as in a pod: no terminal colours.
+        assert!(!log.contains('\u{1b}'), "the controller's log to a pipe carries escape sequences:\n{log:?}");
         if let Some(addr) = log
             .lines()
             .find(|l| l.contains("serving /metrics"))

@@ -27,6 +27,21 @@ fn the_whole_system_demo_runs_end_to_end() {
     }
 }
 
+/// `demo -- --help` prints its usage and exits 0; an unknown argument
+/// fails with the usage.
+#[test]
+fn the_demo_prints_its_usage() {
+    let demo = cargo_build(Artifact::Example { package: "integration-tests", example: "demo" }, None);
+    let help = Command::new(&demo).arg("--help").output().expect("running the demo");
+    let stdout = String::from_utf8_lossy(&help.stdout);
+    assert!(help.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&help.stderr));
+    assert!(stdout.starts_with("usage: cargo run -p integration-tests --example demo"), "{stdout}");
+    assert!(stdout.contains("--real-cluster [1.34|1.37]"), "{stdout}");
+    let wrong = Command::new(&demo).arg("--no-such-flag").output().expect("running the demo");
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && stderr.contains("--no-such-flag") && stderr.contains("usage:"), "{stderr}");
+}
+
 /// `demo -- --real-cluster 1.37`, as the README shows it: the real
 /// controller manager makes the claims, the real scheduler binds the pods
 /// with devices from our slices, the controller explains the one that

@@ -30,18 +30,11 @@ fn python_with_grpcio() -> PathBuf {
     if imports(&system) {
         return system;
     }
-    let venv = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-grpcio");
-    let python = venv.join("bin/python");
-    if !imports(&python) {
-        let made = Command::new("python3").arg("-m").arg("venv").arg(&venv).status().expect("python3 runs");
-        assert!(made.success(), "python3 -m venv {} failed", venv.display());
-        let pip = Command::new(&python)
-            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "grpcio"])
-            .status()
-            .expect("pip runs");
-        assert!(pip.success(), "pip install grpcio failed");
-    }
-    python
+    let venv = integration_tests::helm::python_venv(&PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("python-grpcio"));
+    integration_tests::first_use::install_once(&venv.join("installed-grpcio"), || {
+        integration_tests::helm::pip_install(&venv, "grpcio")
+    });
+    venv.join("bin/python")
 }
 
 #[test]
