@@ -330,7 +330,8 @@ async fn readme_claims_are_scheduled_as_it_says(release: Release) {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn k8s_1_34_readme_claims_are_scheduled_as_it_says() {
-    readme_claims_are_scheduled_as_it_says(V1_34).await
+    // Consumable capacity and partitionable devices are alpha in 1.34.
+    readme_claims_are_scheduled_as_it_says(V1_34.with_optional_gates()).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -308,7 +308,8 @@ fn gib(quantity: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn k8s_1_34_dynamic_mig_claims_are_scheduled_at_placements_that_fit() {
-    dynamic_mig_claims_are_scheduled_at_placements_that_fit(V1_34).await
+    // Partitionable devices (shared counters) are alpha in 1.34.
+    dynamic_mig_claims_are_scheduled_at_placements_that_fit(V1_34.with_optional_gates()).await
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -3,8 +3,10 @@
 //! their Go modules (`tests/kube-bins/`), started on loopback in a
 //! temporary directory and torn down with every process and file on drop.
 //!
-//! - The API server serves `resource.k8s.io/v1` with the DRA gates our
-//!   features need ([`Release::feature_gates`]), signs service-account
+//! - The API server serves `resource.k8s.io/v1` with the release's
+//!   default gates, as users run it, or with the optional DRA gates our
+//!   features use turned on ([`Release::with_optional_gates`]) for the
+//!   tests that need them; it signs service-account
 //!   tokens with a key made by the test, and authorizes with `Node,RBAC`:
 //!   the plugin and controller run on their own ServiceAccount tokens
 //!   ([`Cluster::pod_bound_token`]) and the real authorizer and admission
@@ -39,18 +41,47 @@ pub use binaries::{Binaries, binaries, cached_binaries};
 use pki::Pki;
 use process::ControlPlaneProcess;
 
-/// A Kubernetes release the tests run against.
+/// A Kubernetes release the tests run against, with the feature gates its
+/// users have: the release's defaults, or with the optional DRA gates our
+/// features use turned on ([`Release::with_optional_gates`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Release {
     /// "1.37": the directory `tests/kube-bins/k8s-<minor>` pins its patch.
     pub minor: &'static str,
-    /// `--feature-gates` for all three components: the DRA gates our
-    /// features need that the release has and does not lock, read from its
+    /// The DRA gates our features use that the release has, off by
+    /// default, and does not lock, read from its
     /// `pkg/features/kube_features.go` (a gate locked to its default --
     /// GA and `LockToDefault` -- is on and is left out).
-    pub feature_gates: &'static [&'static str],
-    /// The API server's `--runtime-config`: API versions the gates need.
-    pub runtime_config: &'static [&'static str],
+    optional_gates: &'static [&'static str],
+    /// The API server's `--runtime-config` those gates need.
+    optional_runtime_config: &'static [&'static str],
+    /// Whether the optional gates are on (else the release's defaults).
+    gates_on: bool,
+}
+
+impl Release {
+    /// The same release with the optional DRA gates on: for the features
+    /// that need them there (consumable capacity, partitionable devices
+    /// and device taints are alpha in 1.34).
+    pub const fn with_optional_gates(self) -> Self {
+        Self { gates_on: true, ..self }
+    }
+
+    /// `--feature-gates` for all three components (empty: the defaults).
+    pub fn feature_gates(&self) -> &'static [&'static str] {
+        if self.gates_on { self.optional_gates } else { &[] }
+    }
+
+    /// The API server's `--runtime-config` (empty: the defaults).
+    pub fn runtime_config(&self) -> &'static [&'static str] {
+        if self.gates_on { self.optional_runtime_config } else { &[] }
+    }
+
+    /// "1.34 (default gates)" or "1.34 (optional DRA gates on)", for messages.
+    pub fn describe(&self) -> String {
+        let gates = if self.gates_on { "optional DRA gates on" } else { "default gates" };
+        format!("{} ({gates})", self.minor)
+    }
 }
 
 /// 1.34: DRA is GA; partitionable devices, consumable capacity, device
@@ -59,28 +90,20 @@ pub struct Release {
 /// GA and locked since 1.32 in every release here.
 pub const V1_34: Release = Release {
     minor: "1.34",
-    feature_gates: &[
-        "DRAAdminAccess",
-        "DRAConsumableCapacity",
-        "DRADeviceTaints",
-        "DRAExtendedResource",
-        "DRAPartitionableDevices",
-        "DRAPrioritizedList",
-    ],
+    optional_gates: &["DRAConsumableCapacity", "DRADeviceTaints", "DRAExtendedResource", "DRAPartitionableDevices"],
     // DRADeviceTaints makes the kube-scheduler watch DeviceTaintRules,
     // which 1.34 serves only in v1alpha3 (off by default): without it the
     // scheduler's DRA plugin never syncs and no claim is ever allocated.
-    runtime_config: &["resource.k8s.io/v1alpha3=true"],
+    optional_runtime_config: &["resource.k8s.io/v1alpha3=true"],
+    gates_on: false,
 };
 
-/// 1.37: admin access, prioritized lists and extended resources are GA and
-/// locked; device taints are GA (not locked); partitionable devices and
-/// consumable capacity are beta (on).
-pub const V1_37: Release = Release {
-    minor: "1.37",
-    feature_gates: &["DRAConsumableCapacity", "DRADeviceTaints", "DRAPartitionableDevices"],
-    runtime_config: &[],
-};
+/// 1.37: admin access, prioritized lists, device taints and extended
+/// resources are GA; partitionable devices and consumable capacity are
+/// beta and on: its defaults are what our features use, so there is no
+/// optional gate to turn on.
+pub const V1_37: Release =
+    Release { minor: "1.37", optional_gates: &[], optional_runtime_config: &[], gates_on: false };
 
 /// The oldest and the newest supported release.
 pub const RELEASES: [Release; 2] = [V1_34, V1_37];
@@ -115,7 +138,7 @@ impl Cluster {
         let admin_token = format!("admin-{}", unique());
         std::fs::write(path.join("tokens.csv"), format!("{admin_token},admin,admin-uid,\"system:masters\"\n"))
             .expect("token file");
-        let gates = release.feature_gates.iter().map(|g| format!("{g}=true")).collect::<Vec<_>>().join(",");
+        let gates = release.feature_gates().iter().map(|g| format!("{g}=true")).collect::<Vec<_>>().join(",");
         let [etcd_client, etcd_peer, apiserver, controller_manager, scheduler] = crate::ports::reserve();
         let url = format!("https://127.0.0.1:{apiserver}");
         let admin_kubeconfig = path.join("admin.kubeconfig");
@@ -175,7 +198,7 @@ impl Cluster {
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
                 format!("--feature-gates={gates}"),
-                format!("--runtime-config={}", release.runtime_config.join(",")),
+                format!("--runtime-config={}", release.runtime_config().join(",")),
             ],
         );
         let common = |port: u16| {
@@ -207,7 +230,7 @@ impl Cluster {
                 Api::<ServiceAccount>::namespaced(c, "default").get_opt("default").await.ok().flatten().is_some()
             })
             .await;
-        eprintln!("real cluster {}: ready in {:.1} s", release.minor, started.elapsed().as_secs_f64());
+        eprintln!("real cluster {}: ready in {:.1} s", release.describe(), started.elapsed().as_secs_f64());
         cluster
     }
 
