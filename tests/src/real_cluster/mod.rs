@@ -219,7 +219,13 @@ impl Cluster {
             format!("--service-account-private-key-file={}", p(&pki.service_account_private)),
         ]);
         spawn("kube-controller-manager", &bins.kube_controller_manager, args);
-        spawn("kube-scheduler", &bins.kube_scheduler, common(scheduler));
+        let mut args = common(scheduler);
+        // For a look at the scheduler's DRA plugin (`-v=5`: in-flight claims,
+        // the assume cache; `-v=6`: every device it counts as allocated).
+        if let Ok(level) = std::env::var(SCHEDULER_VERBOSITY) {
+            args.push(format!("-v={level}"));
+        }
+        spawn("kube-scheduler", &bins.kube_scheduler, args);
 
         let admin = client(&admin_kubeconfig).await;
         let mut cluster = Self { release, processes, url, pki, admin_kubeconfig, admin, dir };
@@ -370,8 +376,24 @@ impl Drop for Cluster {
         while let Some(mut process) = self.processes.pop() {
             process.kill();
         }
+        if let Some(keep) = std::env::var_os(KEEP_LOGS) {
+            let into = Path::new(&keep).join(self.dir.path().file_name().unwrap_or_default());
+            let _ = std::fs::create_dir_all(&into);
+            for entry in std::fs::read_dir(self.dir.path()).into_iter().flatten().flatten() {
+                if entry.path().extension().is_some_and(|e| e == "log") {
+                    let _ = std::fs::copy(entry.path(), into.join(entry.file_name()));
+                }
+            }
+            eprintln!("real cluster {}: logs kept in {}", self.release.describe(), into.display());
+        }
     }
 }
+
+/// Environment: the kube-scheduler's `-v` level (default: its own, 0).
+pub const SCHEDULER_VERBOSITY: &str = "GPU_DRA_TEST_SCHEDULER_V";
+/// Environment: a directory where each cluster's component logs are copied
+/// when it stops (default: they go with its temporary directory).
+pub const KEEP_LOGS: &str = "GPU_DRA_TEST_KEEP_LOGS";
 
 async fn ready(client: &kube::Client) -> bool {
     let request = http::Request::get("/readyz").body(Vec::new()).expect("request");
