@@ -52,6 +52,17 @@ etcd_version=$(required_version "$here/etcd" go.etcd.io/etcd/server/v3)
 cache=${GPU_DRA_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra-driver}
 mkdir -p "$cache"
 
+# progress_every <seconds> <what>: a line on stderr every <seconds> until
+# killed, so that a long silent `go build` (minutes on 2 cores) shows it
+# is alive.
+progress_every() {
+	local every=$1 what=$2 began=$SECONDS
+	# sleep holds no pipe of ours: killed, the ticker leaves nothing open.
+	while sleep "$every" </dev/null >/dev/null 2>&1; do
+		echo "build.sh: still $what ($((SECONDS - began)) s so far)" >&2
+	done
+}
+
 # build_into <final dir> <module dir> <ldflags> <packages...>
 # (build tags from $tags when set)
 # (a package path ending in /vN builds a binary named after the element
@@ -68,11 +79,15 @@ build_into() {
 		chmod 755 "$tmp"
 		echo "build.sh: building $* into $final (once per machine and version; minutes on a small machine)" >&2
 		local start=$SECONDS
+		progress_every 60 "building $*" &
+		local ticker=$!
 		(cd "$module" && go build -trimpath ${tags:+-tags "$tags"} -ldflags="-s -w $ldflags" -o "$tmp/" "$@") >&2 || {
+			kill "$ticker" 2>/dev/null
 			rm -rf "$tmp"
 			echo "build.sh: building $* failed" >&2
 			exit 1
 		}
+		kill "$ticker" 2>/dev/null
 		[[ -e $tmp/server ]] && mv "$tmp/server" "$tmp/etcd"
 		mv "$tmp" "$final"
 		echo "build.sh: built $* in $((SECONDS - start)) s" >&2
