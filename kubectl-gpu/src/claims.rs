@@ -136,8 +136,9 @@ mod tests {
     /// many more there were.
     #[test]
     fn reserved_for_is_shown_up_to_the_apis_maximum() {
-        let reserved: Vec<serde_json::Value> =
-            (0..10_000).map(|i| json!({"resource": "pods", "name": format!("p-{i}"), "uid": format!("u-{i}")})).collect();
+        let reserved: Vec<serde_json::Value> = (0..10_000)
+            .map(|i| json!({"resource": "pods", "name": format!("p-{i}"), "uid": format!("u-{i}")}))
+            .collect();
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"name": "c", "namespace": "ns"}, "spec": {},
             "status": {"reservedFor": reserved}

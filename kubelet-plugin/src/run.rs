@@ -109,7 +109,8 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
-    let telemetry_task = telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service, &metrics));
+    let telemetry_task =
+        telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service, &metrics));
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),

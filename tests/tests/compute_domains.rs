@@ -247,10 +247,7 @@ fn an_undecodable_domain_is_reported_on_itself_and_the_others_are_served() {
 
     let about_huge = || -> Vec<k8s_openapi::api::events::v1::Event> {
         let events: Vec<k8s_openapi::api::events::v1::Event> = cluster.server.list(Some("default"), "").unwrap();
-        events
-            .into_iter()
-            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("huge"))
-            .collect()
+        events.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("huge")).collect()
     };
     wait_until("the bad domain's Event", || !about_huge().is_empty(), logs);
     let events = about_huge();

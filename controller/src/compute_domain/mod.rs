@@ -72,9 +72,12 @@ where
 /// `rejected_total` and left out.
 fn watch_domains(client: &Client, rejected: &Rejections, rejected_total: Counter) -> Store<ComputeDomain> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &decoded_watch::api_resource::<ComputeDomain>());
-    let mut decoder = Decoder::<ComputeDomain>::new(rejected.clone(), Box::new(move |_| {
-        rejected_total.inc();
-    }));
+    let mut decoder = Decoder::<ComputeDomain>::new(
+        rejected.clone(),
+        Box::new(move |_| {
+            rejected_total.inc();
+        }),
+    );
     let (reader, writer) = reflector::store();
     let stream = watcher(api, watcher::Config::default())
         .default_backoff()
@@ -175,7 +178,8 @@ impl Reconciler {
         let mut now = HashSet::new();
         for rejection in rejected {
             let about = regarding(&rejection.namespace, &rejection.name, &rejection.uid);
-            let note = rejection.note(gpu_dra_driver::compute_domain::api::KIND, gpu_dra_driver::compute_domain::api::UNDECODABLE_FIX);
+            let note = rejection
+                .note(gpu_dra_driver::compute_domain::api::KIND, gpu_dra_driver::compute_domain::api::UNDECODABLE_FIX);
             let verdict = Verdict { reason: rejection.reason(), note };
             if let Err(error) = self.events.ensure(&about, &verdict).await
                 && !matches!(error, WriteError::NotLeading)

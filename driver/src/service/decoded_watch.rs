@@ -152,11 +152,9 @@ where
     /// `object` as `K`, or `None` (recorded) when it does not decode.
     fn typed(&mut self, object: &DynamicObject) -> Option<K> {
         let uid = object.metadata.uid.clone().unwrap_or_default();
-        let decoded = serde_json::to_value(object)
-            .map_err(|e| (".".to_owned(), e.to_string()))
-            .and_then(|value| {
-                serde_path_to_error::deserialize::<_, K>(value).map_err(|e| (e.path().to_string(), e.inner().to_string()))
-            });
+        let decoded = serde_json::to_value(object).map_err(|e| (".".to_owned(), e.to_string())).and_then(|value| {
+            serde_path_to_error::deserialize::<_, K>(value).map_err(|e| (e.path().to_string(), e.inner().to_string()))
+        });
         match decoded {
             Ok(typed) => {
                 self.rejections.lock().remove(&uid);
@@ -252,10 +250,11 @@ mod tests {
     fn a_list_with_one_bad_object_keeps_the_others_and_reports_it_once_across_relists() {
         let (mut decoder, rejections, counted) = decoder();
         for _ in 0..3 {
-            let events: Vec<String> = [Event::Init, Event::InitApply(bad("b")), Event::InitApply(good("g")), Event::InitDone]
-                .into_iter()
-                .map(|e| name(&decoder.decode(e)))
-                .collect();
+            let events: Vec<String> =
+                [Event::Init, Event::InitApply(bad("b")), Event::InitApply(good("g")), Event::InitDone]
+                    .into_iter()
+                    .map(|e| name(&decoder.decode(e)))
+                    .collect();
             assert_eq!(events, ["init", "none", "init-apply cm-g", "init-done"]);
         }
         assert_eq!(counted.load(Ordering::Relaxed), 1, "logged and counted once");

@@ -99,14 +99,12 @@ mod tests {
         assert_eq!(parse(&["--telemetry-interval-ms", "0"]).unwrap().interval(), None);
         assert_eq!(parse(&["--idle-threshold-percent", "0"]).unwrap().idle_policy(), None);
         assert_eq!(parse(&["--telemetry-names", "dcgm"]).unwrap().telemetry_names, Naming::Dcgm);
-        for (flag, value) in
-            [
+        for (flag, value) in [
             ("--telemetry-interval-ms", "50"),
             ("--idle-threshold-percent", "101"),
             ("--idle-window-seconds", "0"),
             ("--max-claim-series", "65537"),
-        ]
-        {
+        ] {
             let err = parse(&[flag, value]).unwrap_err();
             assert!(err.contains(flag) && err.contains(value), "{err}");
         }

@@ -170,12 +170,11 @@ fn pick(naming: Naming, native: &'static str, dcgm: &'static str) -> &'static st
 /// The families of `snapshot`: every name of [`metric_names`], each with
 /// the rows it has (a family with no rows still names itself).
 pub fn families(snapshot: &Snapshot, cx: &Context<'_>) -> Vec<Family> {
-    let series: Vec<(&DeviceReading, Vec<(String, String)>)> =
-        snapshot
-            .devices
-            .iter()
-            .flat_map(|d| series_labels(d, &snapshot.unlabelled_claims, cx).into_iter().map(move |l| (d, l)))
-            .collect();
+    let series: Vec<(&DeviceReading, Vec<(String, String)>)> = snapshot
+        .devices
+        .iter()
+        .flat_map(|d| series_labels(d, &snapshot.unlabelled_claims, cx).into_iter().map(move |l| (d, l)))
+        .collect();
     let mut out: Vec<Family> = FIELDS
         .iter()
         .map(|field| {
