@@ -10,6 +10,10 @@ pub const DNS1123_LABEL_MAX: usize = 63;
 pub const DNS1123_SUBDOMAIN_MAX: usize = 253;
 /// Longest label value and label-name part.
 pub const LABEL_VALUE_MAX: usize = 63;
+/// Most entries of a ResourceClaim's `status.reservedFor`
+/// (`ResourceClaimReservedForMaxSize`, resource.k8s.io/v1): what we read,
+/// keep or print of one is cut there, whatever a server sends.
+pub const RESERVED_FOR_MAX: usize = 256;
 
 fn is_lower_alnum(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()

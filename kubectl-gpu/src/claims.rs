@@ -4,7 +4,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use gpu_dra_driver::k8s_format::RESERVED_FOR_MAX;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReference};
 use serde::Serialize;
 
 use crate::explain;
@@ -39,6 +40,20 @@ fn node_of(claim: &ResourceClaim) -> Option<String> {
     by_selector.or_else(|| allocation.devices.as_ref()?.results.as_ref()?.first().map(|r| r.pool.clone()))
 }
 
+/// `pod/<name>` for each consumer, up to the API's maximum
+/// ([`RESERVED_FOR_MAX`]); more (a forged answer) end in `+<n> more`.
+fn consumers(reserved_for: &[ResourceClaimConsumerReference]) -> Vec<String> {
+    let mut shown: Vec<String> = reserved_for
+        .iter()
+        .take(RESERVED_FOR_MAX)
+        .map(|p| format!("{}/{}", p.resource.trim_end_matches('s'), p.name))
+        .collect();
+    if reserved_for.len() > RESERVED_FOR_MAX {
+        shown.push(format!("+{} more", reserved_for.len() - RESERVED_FOR_MAX));
+    }
+    shown
+}
+
 /// Rows in namespace/name order.
 pub fn summarize(claims: &[ResourceClaim]) -> Vec<ClaimSummary> {
     let mut rows: Vec<ClaimSummary> = claims
@@ -52,10 +67,7 @@ pub fn summarize(claims: &[ResourceClaim]) -> Vec<ClaimSummary> {
                 namespace: c.metadata.namespace.clone().unwrap_or_default(),
                 name: c.metadata.name.clone().unwrap_or_default(),
                 state: if allocation.is_some() { "allocated" } else { "pending" }.to_string(),
-                pods: status
-                    .and_then(|s| s.reserved_for.as_ref())
-                    .map(|r| r.iter().map(|p| format!("{}/{}", p.resource.trim_end_matches('s'), p.name)).collect())
-                    .unwrap_or_default(),
+                pods: status.and_then(|s| s.reserved_for.as_deref()).map(consumers).unwrap_or_default(),
                 devices: explain::devices(allocation_json.as_ref(), node.as_deref()),
                 node,
                 utilization: None,
@@ -119,6 +131,24 @@ mod tests {
     use super::*;
     use crate::output::Paint;
     use serde_json::json;
+
+    /// A forged answer with 10,000 consumers: the API's 256 shown, and how
+    /// many more there were.
+    #[test]
+    fn reserved_for_is_shown_up_to_the_apis_maximum() {
+        let reserved: Vec<serde_json::Value> = (0..10_000)
+            .map(|i| json!({"resource": "pods", "name": format!("p-{i}"), "uid": format!("u-{i}")}))
+            .collect();
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns"}, "spec": {},
+            "status": {"reservedFor": reserved}
+        }))
+        .unwrap();
+        let pods = &summarize(&[claim])[0].pods;
+        assert_eq!(pods.len(), RESERVED_FOR_MAX + 1);
+        assert_eq!(pods[RESERVED_FOR_MAX - 1], "pod/p-255");
+        assert_eq!(pods[RESERVED_FOR_MAX], "+9744 more");
+    }
 
     #[test]
     fn rows_show_pods_node_devices_and_what_the_agents_say() {

@@ -23,6 +23,7 @@ use crate::observe::telemetry::holders::ClaimPods;
 use crate::observe::telemetry::idle::IdleTracker;
 use crate::observe::telemetry::idle_events::IdleEvents;
 use crate::observe::telemetry::sampler::NvmlReader;
+use crate::observe::telemetry::series_cap::ClaimSeriesCap;
 use crate::observe::telemetry::task::TelemetryTask;
 use crate::prepare::claims::{ClaimSourceConfig, KubeClaimSource};
 use crate::prepare::{Preparer, PreparerConfig};
@@ -108,7 +109,8 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
-    let telemetry_task = telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service));
+    let telemetry_task =
+        telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service, &metrics));
 
     let config = ServeConfig {
         paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
@@ -165,6 +167,7 @@ fn start_telemetry(
     client: &kube::Client,
     inventory: &watch::Receiver<Arc<Inventory>>,
     preparer: &Arc<Preparer<KubeClaimSource>>,
+    metrics: &Metrics,
 ) -> Option<tokio::task::JoinHandle<()>> {
     let interval = args.telemetry.interval()?;
     let nvml = match crate::host::driver_files::nvml_source(&args.driver_root, &args.host).init_nvml() {
@@ -189,6 +192,8 @@ fn start_telemetry(
         reader: Box::new(NvmlReader::new(nvml)),
         idle,
         interval,
+        cap: ClaimSeriesCap::new(args.telemetry.max_claim_series),
+        dropped: metrics.claim_series_dropped(),
     };
     tracing::info!(interval_ms = args.telemetry.telemetry_interval_ms, "device telemetry on");
     Some(tokio::spawn(task.run()))

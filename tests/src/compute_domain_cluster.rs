@@ -235,7 +235,19 @@ pub struct Cluster {
 
 impl Cluster {
     pub fn start() -> Self {
+        Self::start_over(&[])
+    }
+
+    /// Starts with `stored` (untyped objects of kinds the stand-in serves,
+    /// written as given: no schema) in the API before the controller
+    /// lists them.
+    pub fn start_over(stored: &[serde_json::Value]) -> Self {
         let server = ApiServer::start_in_thread().unwrap();
+        for object in stored {
+            let kind = object["kind"].as_str().and_then(crate::apiserver::kinds::by_kind).expect("a served kind");
+            let namespace = object["metadata"]["namespace"].as_str();
+            server.store().create(kind, namespace, object.clone(), "kubectl").unwrap();
+        }
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();

@@ -208,3 +208,60 @@ fn the_example_job_uses_the_domains_template() {
     assert!(claims.iter().any(|c| c.resource_claim_template_name.as_ref() == Some(template)));
     let _: ResourceClaimTemplate = serde_json::from_value(documents[2].clone()).unwrap();
 }
+
+/// One ComputeDomain the code cannot hold (`spec.numNodes` 4294967296, past
+/// the `u32` it is read into) beside a good one: the good one is
+/// reconciled and its channel prepares, the bad one gets one Warning Event
+/// naming the field and the fix, and neither watch fails for it (kube's
+/// watcher fails a whole list on one undecodable object).
+///
+/// The stand-in stores the object as given, as a real API server does
+/// when its CRD has no bound on the field: an object stored before the
+/// chart's CRD had `maximum` (or under an older chart's CRD) still reaches
+/// the watches. A real server with the current CRD refuses it at admission.
+#[test]
+fn an_undecodable_domain_is_reported_on_itself_and_the_others_are_served() {
+    // Stored before the controller and the node agent start, so that it is
+    // in their first list (a watch event that does not decode is skipped by
+    // kube's watcher; a list that does not decode fails whole).
+    let huge = serde_json::json!({
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "ComputeDomain",
+        "metadata": {"namespace": "default", "name": "huge"},
+        "spec": {"numNodes": 4_294_967_296_u64, "channel": {"resourceClaimTemplate": {"name": "huge-channel"}}}
+    });
+    let cluster = Cluster::start_over(&[huge]);
+    let node = Node::start(&cluster.server, &cluster.rt, 0, 1, 20_000);
+    let logs = || format!("controller:\n{}\nnode:\n{}", cluster.controller.log(), node.process.log());
+    cluster.apply_domain(1);
+
+    wait_until("the good domain's template", || cluster.template().is_some(), logs);
+    let channel = cluster.allocated_channel("worker-0", "gb200-0");
+    wait_until(
+        "the node in the good domain",
+        || cluster.domain().and_then(|d| d.status).is_some_and(|s| s.nodes.len() == 1),
+        logs,
+    );
+    let devices = node.prepare(&cluster.rt, std::slice::from_ref(&channel)).remove(0);
+    assert!(devices.is_ok(), "{devices:?}\n{}", logs());
+
+    let about_huge = || -> Vec<k8s_openapi::api::events::v1::Event> {
+        let events: Vec<k8s_openapi::api::events::v1::Event> = cluster.server.list(Some("default"), "").unwrap();
+        events.into_iter().filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("huge")).collect()
+    };
+    wait_until("the bad domain's Event", || !about_huge().is_empty(), logs);
+    let events = about_huge();
+    assert_eq!(events.len(), 1, "{events:?}");
+    let event = &events[0];
+    assert_eq!((event.type_.as_deref(), event.reason.as_deref()), (Some("Warning"), Some("InvalidSpec")));
+    let regarding = event.regarding.as_ref().unwrap();
+    assert_eq!(regarding.kind.as_deref(), Some("ComputeDomain"));
+    let note = event.note.as_deref().unwrap_or_default();
+    assert!(note.contains("spec.numNodes") && note.contains("4294967296"), "{note}");
+    assert!(note.contains("delete it and create it again"), "{note}");
+    assert!(
+        cluster.server.get::<ResourceClaimTemplate>(Some("default"), "huge-channel").is_err(),
+        "nothing is done for the bad domain"
+    );
+    assert!(node.process.log().contains("default/huge"), "the node agent logs it\n{}", node.process.log());
+}

@@ -8,12 +8,15 @@
 //! claims), the `compute-domain.nvidia.com` slices (each node's clique) and
 //! Nodes (their addresses) into reflector stores, and while this replica
 //! leads, plans every domain each pass and carries out what differs.
+//! Domains are decoded one at a time ([`decoded_watch`]): one the code
+//! cannot hold is left out and explained by a Warning Event on itself,
+//! and the others are reconciled.
 //! Nothing it writes needs a node agent: a domain is released when its
 //! template is gone, whatever claims or agents remain.
 
 pub mod plan;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,12 +24,14 @@ use futures::StreamExt as _;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
 use gpu_dra_driver::compute_domain::devices::slice_clique;
 use gpu_dra_driver::compute_domain::{DOMAIN_LABEL, DRIVER_NAME, FINALIZER};
+use gpu_dra_driver::service::decoded_watch::{self, Decoder, Rejection, Rejections};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
-use kube::api::{DeleteParams, PostParams};
+use kube::api::{DeleteParams, DynamicObject, PostParams};
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
+use prometheus_client::metrics::counter::Counter;
 
 use crate::service::cluster::Verdict;
 use crate::service::events::{EventWriter, Regarding};
@@ -38,6 +43,8 @@ const PASS: Duration = Duration::from_millis(500);
 
 struct Stores {
     domains: Store<ComputeDomain>,
+    /// Domains that do not decode (left out of `domains`).
+    rejected: Rejections,
     templates: Store<ResourceClaimTemplate>,
     claims: Store<ResourceClaim>,
     slices: Store<ResourceSlice>,
@@ -61,10 +68,40 @@ where
     reader
 }
 
-/// Runs until the process ends.
-pub async fn run(client: Client, writes: Writes, events: EventWriter) {
+/// The domains, each decoded on its own; one that does not is counted in
+/// `rejected_total` and left out.
+fn watch_domains(client: &Client, rejected: &Rejections, rejected_total: Counter) -> Store<ComputeDomain> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &decoded_watch::api_resource::<ComputeDomain>());
+    let mut decoder = Decoder::<ComputeDomain>::new(
+        rejected.clone(),
+        Box::new(move |_| {
+            rejected_total.inc();
+        }),
+    );
+    let (reader, writer) = reflector::store();
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |item| std::future::ready(item.map(|e| decoder.decode(e)).transpose()))
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while let Some(item) = stream.next().await {
+            if let Err(error) = item {
+                tracing::warn!(%error, "ComputeDomain watch failed; retrying");
+            }
+        }
+    });
+    reader
+}
+
+/// Runs until the process ends; `rejected_total` counts domains found
+/// undecodable.
+pub async fn run(client: Client, writes: Writes, events: EventWriter, rejected_total: Counter) {
+    let rejected = Rejections::default();
     let stores = Stores {
-        domains: watch(Api::all(client.clone()), watcher::Config::default()),
+        domains: watch_domains(&client, &rejected, rejected_total),
+        rejected,
         templates: watch(Api::all(client.clone()), watcher::Config::default().labels(DOMAIN_LABEL)),
         claims: watch(Api::all(client.clone()), watcher::Config::default().labels(DOMAIN_LABEL)),
         slices: watch(
@@ -86,7 +123,7 @@ pub async fn run(client: Client, writes: Writes, events: EventWriter) {
         }
     }
     tracing::info!("reconciling ComputeDomains");
-    let mut reconciler = Reconciler { client, writes, events };
+    let mut reconciler = Reconciler { client, writes, events, explained_rejections: HashSet::new() };
     loop {
         if reconciler.writes.leadership.is_leading() {
             reconciler.pass(&stores).await;
@@ -99,6 +136,18 @@ struct Reconciler {
     client: Client,
     writes: Writes,
     events: EventWriter,
+    /// Undecodable domains given an Event, to forget once they are gone.
+    explained_rejections: HashSet<Regarding>,
+}
+
+fn regarding(namespace: &str, name: &str, uid: &str) -> Regarding {
+    Regarding {
+        api_version: gpu_dra_driver::compute_domain::api::API_VERSION,
+        kind: gpu_dra_driver::compute_domain::api::KIND,
+        namespace: namespace.to_owned(),
+        name: name.to_owned(),
+        uid: uid.to_owned(),
+    }
 }
 
 /// Each node's address and clique.
@@ -123,7 +172,33 @@ fn node_facts(stores: &Stores) -> (BTreeMap<String, NodeFacts>, BTreeMap<String,
 }
 
 impl Reconciler {
+    /// One Warning Event on each undecodable domain (the writer keeps it
+    /// once written); an Event of one gone is forgotten.
+    async fn explain_rejected(&mut self, rejected: &[Rejection]) {
+        let mut now = HashSet::new();
+        for rejection in rejected {
+            let about = regarding(&rejection.namespace, &rejection.name, &rejection.uid);
+            let note = rejection
+                .note(gpu_dra_driver::compute_domain::api::KIND, gpu_dra_driver::compute_domain::api::UNDECODABLE_FIX);
+            let verdict = Verdict { reason: rejection.reason(), note };
+            if let Err(error) = self.events.ensure(&about, &verdict).await
+                && !matches!(error, WriteError::NotLeading)
+            {
+                tracing::warn!(%error, domain = %rejection.object("ComputeDomain"), "explaining an undecodable ComputeDomain failed; retrying");
+            }
+            now.insert(about);
+        }
+        let gone: Vec<Regarding> = self.explained_rejections.difference(&now).cloned().collect();
+        for about in gone {
+            if self.events.clear(&about).await.is_ok() {
+                self.explained_rejections.remove(&about);
+            }
+        }
+        self.explained_rejections.extend(now);
+    }
+
     async fn pass(&mut self, stores: &Stores) {
+        self.explain_rejected(&stores.rejected.current()).await;
         let (nodes, clique_sizes) = node_facts(stores);
         let mut channels: BTreeMap<String, Vec<ChannelClaim>> = BTreeMap::new();
         for claim in stores.claims.state() {
@@ -205,13 +280,7 @@ impl Reconciler {
             current.status = Some(status);
             current = self.writes.run(api.replace_status(&name, &PostParams::default(), &current)).await?;
         }
-        let regarding = Regarding {
-            api_version: gpu_dra_driver::compute_domain::api::API_VERSION,
-            kind: gpu_dra_driver::compute_domain::api::KIND,
-            namespace: namespace.clone(),
-            name: name.clone(),
-            uid: plan::domain_uid(domain).to_owned(),
-        };
+        let regarding = regarding(&namespace, &name, plan::domain_uid(domain));
         if plan.problems.is_empty() || plan.remove_finalizer {
             self.events.clear(&regarding).await?;
         } else {

@@ -6,6 +6,7 @@
 //! | `gpu_dra_controller_claims_allocated_total` | counter | |
 //! | `gpu_dra_controller_claims_deallocated_total` | counter | |
 //! | `gpu_dra_controller_errors_total` | counter | `kind` |
+//! | `gpu_dra_controller_invalid_objects_total` | counter | `kind` (objects found undecodable, once each; ignored, with a Warning Event on each) |
 //! | `gpu_dra_controller_reconcile_duration_seconds` | histogram | |
 //! | `gpu_dra_controller_fleet_devices` | gauge | |
 //! | `gpu_dra_controller_claims` | gauge | |
@@ -44,6 +45,7 @@ pub struct Metrics {
     pub allocated: Counter,
     pub deallocated: Counter,
     pub errors: Family<KindLabel, Counter>,
+    pub invalid_objects: Family<KindLabel, Counter>,
     pub reconcile: Histogram,
     pub fleet_devices: Gauge<i64, AtomicI64>,
     pub claims: Gauge<i64, AtomicI64>,
@@ -71,6 +73,13 @@ impl Metrics {
         for kind in ERROR_KINDS {
             let _ = errors.get_or_create(&KindLabel { kind: kind.to_owned() });
         }
+        let invalid_objects = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "invalid_objects",
+            "Objects found undecodable (once each), ignored and explained by a Warning Event on each",
+            invalid_objects.clone(),
+        );
+        let _ = invalid_objects.get_or_create(&KindLabel { kind: "ComputeDomain".to_owned() });
         let reconcile = Histogram::new(exponential_buckets(0.0005, 4.0, 10));
         registry.register_with_unit("reconcile_duration", "One reconcile pass", Unit::Seconds, reconcile.clone());
         let fleet_devices = Gauge::default();
@@ -92,6 +101,7 @@ impl Metrics {
             allocated,
             deallocated,
             errors,
+            invalid_objects,
             reconcile,
             fleet_devices,
             claims,

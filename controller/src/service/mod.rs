@@ -126,7 +126,8 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     let writes = leadership::Writes { leadership, call_timeout: args.api_timeout };
     if args.compute_domains {
         let events = events::EventWriter::new(client.clone(), &identity, args.event_qps, writes.clone());
-        tokio::spawn(crate::compute_domain::run(client.clone(), writes.clone(), events));
+        let invalid = metrics.invalid_objects.get_or_create(&metrics::KindLabel { kind: "ComputeDomain".to_owned() });
+        tokio::spawn(crate::compute_domain::run(client.clone(), writes.clone(), events, invalid.clone()));
     }
     let mut owner = reconcile::Owner::new(client, state, &args, &identity, metrics, synced, writes);
     tokio::select! {

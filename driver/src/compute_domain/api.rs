@@ -15,6 +15,10 @@ pub const KIND: &str = "ComputeDomain";
 pub const PLURAL: &str = "computedomains";
 pub const CHANNEL_CONFIG_KIND: &str = "ComputeDomainChannelConfig";
 pub const DAEMON_CONFIG_KIND: &str = "ComputeDomainDaemonConfig";
+/// What to do about a domain the driver cannot read (a field past the
+/// bound of its type, stored before the chart's CRD had the bound).
+pub const UNDECODABLE_FIX: &str = "A ComputeDomain's spec cannot change: delete it and create it again \
+     with values in range (spec.numNodes: 0 to 4294967295), which the chart's CRD also enforces";
 
 /// A set of nodes prepared to run one multi-node workload: an IMEX daemon
 /// on each, sharing one NVLink clique, and a channel for each workload pod.

@@ -11,6 +11,8 @@ use gpu_dra_driver::compute_domain::DRIVER_NAME;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::DriverName;
+use gpu_dra_driver::service::decoded_watch::{self, Decoder, Rejections};
+use kube::api::DynamicObject;
 use kube::runtime::reflector;
 use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::watch;
@@ -57,8 +59,20 @@ pub async fn start(
         PublisherConfig { kind: SliceKind::ComputeDomains, ..PublisherConfig::new(node.clone(), driver.clone()) };
     tasks.push(tokio::spawn(publisher::run(client.clone(), publisher, inventory.clone(), status)));
 
+    // Each domain decoded on its own: one the code cannot hold is logged,
+    // counted and left out; the controller explains it with an Event.
     let (store, writer) = reflector::store::<ComputeDomain>();
-    let stream = watcher(kube::Api::all(client.clone()), watcher::Config::default()).default_backoff().reflect(writer);
+    let api: kube::Api<DynamicObject> =
+        kube::Api::all_with(client.clone(), &decoded_watch::api_resource::<ComputeDomain>());
+    let counter = metrics.clone();
+    let mut decoder = Decoder::<ComputeDomain>::new(
+        Rejections::default(),
+        Box::new(move |_| counter.invalid_object(gpu_dra_driver::compute_domain::api::KIND)),
+    );
+    let stream = watcher(api, watcher::Config::default())
+        .default_backoff()
+        .filter_map(move |item| std::future::ready(item.map(|e| decoder.decode(e)).transpose()))
+        .reflect(writer);
     tasks.push(tokio::spawn(async move {
         futures::pin_mut!(stream);
         while let Some(item) = stream.next().await {

@@ -11,6 +11,8 @@
 //! | `gpu_dra_published_devices` | gauge | |
 //! | `gpu_dra_slice_generation` | gauge | |
 //! | `gpu_dra_registered` | gauge | 1 once the kubelet confirmed registration |
+//! | `gpu_dra_invalid_objects_total` | counter | `kind` (watched objects found undecodable, once each; ignored) |
+//! | `gpu_dra_claim_series_dropped_total` | counter | claims refused per-claim telemetry series by `--max-claim-series` (once each time one goes without) |
 //!
 //! With telemetry on, the device and claim families of
 //! [`crate::observe::telemetry::families`] are encoded beside them.
@@ -124,6 +126,11 @@ struct ClaimLabels {
 }
 
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct ErrorLabels {
     kind: ErrorKind,
 }
@@ -147,6 +154,8 @@ pub struct Metrics {
     published_devices: Gauge<i64, AtomicI64>,
     slice_generation: Gauge<i64, AtomicI64>,
     registered: Gauge<i64, AtomicI64>,
+    invalid_objects: Family<KindLabels, Counter>,
+    claim_series_dropped: Counter,
 }
 
 impl fmt::Debug for Metrics {
@@ -205,6 +214,18 @@ impl Metrics {
         );
         let registered = Gauge::<i64, AtomicI64>::default();
         registry.register("registered", "1 once the kubelet confirmed the plugin's registration", registered.clone());
+        let invalid_objects = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "invalid_objects",
+            "Watched objects found undecodable (once each), which the plugin ignores",
+            invalid_objects.clone(),
+        );
+        let claim_series_dropped = Counter::default();
+        registry.register(
+            "claim_series_dropped",
+            "Prepared claims refused per-claim telemetry series by --max-claim-series (once each time one goes without)",
+            claim_series_dropped.clone(),
+        );
         if let Some(store) = telemetry {
             root.register_collector(Box::new(store));
         }
@@ -218,7 +239,20 @@ impl Metrics {
             published_devices,
             slice_generation,
             registered,
+            invalid_objects,
+            claim_series_dropped,
         }
+    }
+
+    /// A watched object of `kind` was found undecodable.
+    pub fn invalid_object(&self, kind: &str) {
+        self.invalid_objects.get_or_create(&KindLabels { kind: kind.to_owned() }).inc();
+    }
+
+    /// The counter of claims refused per-claim series (the telemetry
+    /// task adds to it).
+    pub fn claim_series_dropped(&self) -> Counter {
+        self.claim_series_dropped.clone()
     }
 
     /// One kubelet call took `elapsed`.

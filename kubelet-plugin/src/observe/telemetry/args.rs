@@ -6,6 +6,7 @@ use clap::Args;
 
 use super::Naming;
 use super::idle::IdlePolicy;
+use super::series_cap::DEFAULT_MAX_CLAIM_SERIES;
 
 #[derive(Debug, Clone, Args)]
 pub struct TelemetryArgs {
@@ -31,6 +32,16 @@ pub struct TelemetryArgs {
     #[arg(long, env = "IDLE_WINDOW_SECONDS", default_value_t = 1800, value_name = "SECONDS",
           value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub idle_window_seconds: u64,
+    /// At most this many claim label sets carry per-claim telemetry series
+    /// on this node (0 to 65536): one per device and claim (`native`), one
+    /// per device, claim and pod (`dcgm`). Each gives one series per
+    /// device family. A claim that would pass it gets no series of its own
+    /// (its devices keep their unlabelled ones) and is counted in
+    /// gpu_dra_claim_series_dropped_total; a claim keeps its series while
+    /// it is prepared.
+    #[arg(long, env = "MAX_CLAIM_SERIES", default_value_t = DEFAULT_MAX_CLAIM_SERIES, value_name = "SETS",
+          value_parser = clap::value_parser!(u32).range(0..=65_536))]
+    pub max_claim_series: u32,
 }
 
 impl TelemetryArgs {
@@ -83,12 +94,17 @@ mod tests {
         assert_eq!(t.interval(), Some(Duration::from_secs(15)));
         assert_eq!(t.idle_policy(), Some(IdlePolicy { threshold_percent: 5.0, window: Duration::from_secs(1800) }));
         assert_eq!(t.telemetry_names, Naming::Native);
+        assert_eq!(t.max_claim_series, 256);
+        assert_eq!(parse(&["--max-claim-series", "0"]).unwrap().max_claim_series, 0);
         assert_eq!(parse(&["--telemetry-interval-ms", "0"]).unwrap().interval(), None);
         assert_eq!(parse(&["--idle-threshold-percent", "0"]).unwrap().idle_policy(), None);
         assert_eq!(parse(&["--telemetry-names", "dcgm"]).unwrap().telemetry_names, Naming::Dcgm);
-        for (flag, value) in
-            [("--telemetry-interval-ms", "50"), ("--idle-threshold-percent", "101"), ("--idle-window-seconds", "0")]
-        {
+        for (flag, value) in [
+            ("--telemetry-interval-ms", "50"),
+            ("--idle-threshold-percent", "101"),
+            ("--idle-window-seconds", "0"),
+            ("--max-claim-series", "65537"),
+        ] {
             let err = parse(&[flag, value]).unwrap_err();
             assert!(err.contains(flag) && err.contains(value), "{err}");
         }

@@ -5,7 +5,10 @@
 //!
 //! A device a claim holds has one series per holder (ours) or per pod
 //! (dcgm-exporter's, which labels each series with one pod); a device no
-//! claim holds has one series without claim labels.
+//! claim holds has one series without claim labels, and so has one whose
+//! claims were all refused series by the cap ([`super::series_cap`]).
+
+use std::collections::BTreeSet;
 
 use super::{ClaimHolder, DeviceReading, DeviceSample, Snapshot};
 
@@ -167,8 +170,11 @@ fn pick(naming: Naming, native: &'static str, dcgm: &'static str) -> &'static st
 /// The families of `snapshot`: every name of [`metric_names`], each with
 /// the rows it has (a family with no rows still names itself).
 pub fn families(snapshot: &Snapshot, cx: &Context<'_>) -> Vec<Family> {
-    let series: Vec<(&DeviceReading, Vec<(String, String)>)> =
-        snapshot.devices.iter().flat_map(|d| series_labels(d, cx).into_iter().map(move |l| (d, l))).collect();
+    let series: Vec<(&DeviceReading, Vec<(String, String)>)> = snapshot
+        .devices
+        .iter()
+        .flat_map(|d| series_labels(d, &snapshot.unlabelled_claims, cx).into_iter().map(move |l| (d, l)))
+        .collect();
     let mut out: Vec<Family> = FIELDS
         .iter()
         .map(|field| {
@@ -213,6 +219,7 @@ fn node_families(snapshot: &Snapshot) -> Vec<Family> {
     let idle_rows = snapshot
         .idle
         .iter()
+        .filter(|r| !snapshot.unlabelled_claims.contains(&r.claim.uid))
         .map(|r| Row {
             labels: vec![
                 ("claim_namespace".into(), r.claim.namespace.clone()),
@@ -255,15 +262,18 @@ fn node_families(snapshot: &Snapshot) -> Vec<Family> {
     ]
 }
 
-/// The label sets of a device's series.
-fn series_labels(d: &DeviceReading, cx: &Context<'_>) -> Vec<Vec<(String, String)>> {
+/// The label sets of a device's series (none for the claims in
+/// `unlabelled`).
+fn series_labels(d: &DeviceReading, unlabelled: &BTreeSet<String>, cx: &Context<'_>) -> Vec<Vec<(String, String)>> {
+    let holders: Vec<&ClaimHolder> =
+        d.holders.iter().map(AsRef::as_ref).filter(|h| !unlabelled.contains(&h.uid)).collect();
     match cx.naming {
-        Naming::Native => native_labels(d),
-        Naming::Dcgm => dcgm_labels(d, cx),
+        Naming::Native => native_labels(d, &holders),
+        Naming::Dcgm => dcgm_labels(d, &holders, cx),
     }
 }
 
-fn native_labels(d: &DeviceReading) -> Vec<Vec<(String, String)>> {
+fn native_labels(d: &DeviceReading, holders: &[&ClaimHolder]) -> Vec<Vec<(String, String)>> {
     let id = &d.identity;
     let mut base = vec![
         ("device".to_string(), id.device.clone()),
@@ -275,10 +285,10 @@ fn native_labels(d: &DeviceReading) -> Vec<Vec<(String, String)>> {
         base.push(("mig_profile".into(), mig.profile.clone()));
         base.push(("parent_uuid".into(), mig.parent_uuid.clone()));
     }
-    if d.holders.is_empty() {
+    if holders.is_empty() {
         return vec![base];
     }
-    d.holders
+    holders
         .iter()
         .map(|h| {
             let mut labels = base.clone();
@@ -302,7 +312,7 @@ fn claim_labels(h: &ClaimHolder) -> [(String, String); 4] {
 /// `Hostname`, `GPU_I_PROFILE`/`GPU_I_ID` for MIG; per pod `pod`,
 /// `namespace` and its DRA mode's `dra_*` labels. (`container`: a claim
 /// names pods, not containers, so it is left out.)
-fn dcgm_labels(d: &DeviceReading, cx: &Context<'_>) -> Vec<Vec<(String, String)>> {
+fn dcgm_labels(d: &DeviceReading, holders: &[&ClaimHolder], cx: &Context<'_>) -> Vec<Vec<(String, String)>> {
     let id = &d.identity;
     let gpu_uuid = id.mig.as_ref().map_or(&id.uuid, |m| &m.parent_uuid);
     let mut base = vec![("gpu".to_string(), id.gpu_minor.to_string()), ("UUID".to_string(), gpu_uuid.clone())];
@@ -319,7 +329,7 @@ fn dcgm_labels(d: &DeviceReading, cx: &Context<'_>) -> Vec<Vec<(String, String)>
     }
     base.push(("Hostname".into(), cx.hostname.to_string()));
     let mut out = Vec::new();
-    for h in &d.holders {
+    for h in holders {
         let mut dra = vec![
             ("dra_claim_name".to_string(), h.name.clone()),
             ("dra_claim_namespace".to_string(), h.namespace.clone()),

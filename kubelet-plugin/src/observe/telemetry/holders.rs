@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use gpu_dra_driver::k8s_format::RESERVED_FOR_MAX;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use tokio::time::Instant;
@@ -16,12 +17,14 @@ use super::snapshot::PreparedClaim;
 /// How often a known claim's `reservedFor` is read again.
 pub const REFRESH: Duration = Duration::from_secs(60);
 
-/// The pods of a claim's `reservedFor`, sorted by name.
+/// The pods of a claim's `reservedFor`, sorted by name; at most the API's
+/// [`RESERVED_FOR_MAX`] entries are read.
 pub fn reserving_pods(claim: &ResourceClaim) -> Vec<PodRef> {
     let mut pods: Vec<PodRef> = claim
         .status
         .iter()
         .flat_map(|s| s.reserved_for.iter().flatten())
+        .take(RESERVED_FOR_MAX)
         .filter(|r| r.resource == "pods" && r.api_group.as_deref().unwrap_or("").is_empty())
         .map(|r| PodRef { name: r.name.clone(), uid: r.uid.clone() })
         .collect();
@@ -98,5 +101,25 @@ mod tests {
         assert_eq!(pods.iter().map(|p| p.name.as_str()).collect::<Vec<_>>(), ["web-0", "web-1"]);
         assert_eq!(pods[0].uid, "uid-web-0");
         assert!(reserving_pods(&ResourceClaim::default()).is_empty());
+    }
+
+    /// A server (forged, or a future API) sending more than the API's 256.
+    #[test]
+    fn reserved_for_is_read_up_to_the_apis_maximum() {
+        let consumers = (0..10_000)
+            .map(|i| ResourceClaimConsumerReference {
+                api_group: None,
+                resource: "pods".into(),
+                name: format!("p-{i:05}"),
+                uid: format!("u-{i}"),
+            })
+            .collect();
+        let claim = ResourceClaim {
+            status: Some(ResourceClaimStatus { reserved_for: Some(consumers), ..Default::default() }),
+            ..Default::default()
+        };
+        let pods = reserving_pods(&claim);
+        assert_eq!(pods.len(), RESERVED_FOR_MAX);
+        assert_eq!(pods.last().map(|p| p.name.as_str()), Some("p-00255"));
     }
 }

@@ -6,7 +6,8 @@
 //! ([`DeviceIdentity`]) and the prepared claims ([`ClaimHolder`], with the
 //! pods of the claim's `reservedFor`) into a [`Snapshot`] → [`families`]
 //! turns the snapshot into metric families (pure) → the `/metrics`
-//! endpoint encodes the last snapshot ([`TelemetryStore`]). The idle-claim
+//! endpoint encodes the last snapshot ([`TelemetryStore`]). At most
+//! `--max-claim-series` claim label sets are published ([`series_cap`]). The idle-claim
 //! watch ([`idle`]) reads the same snapshots.
 //!
 //! A reading NVML cannot give (MIG utilization needs DCGM profiling, a
@@ -19,9 +20,11 @@ pub mod holders;
 pub mod idle;
 pub mod idle_events;
 pub mod sampler;
+pub mod series_cap;
 pub mod snapshot;
 pub mod task;
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, RwLock};
 
 use prometheus_client::collector::Collector;
@@ -127,6 +130,9 @@ pub struct Snapshot {
     pub idle: Vec<IdleReport>,
     /// How long the last NVML pass took; `None` before the first.
     pub sample_seconds: Option<f64>,
+    /// UIDs of the claims refused series by the cap ([`series_cap`]): their
+    /// devices' series carry no claim labels for them.
+    pub unlabelled_claims: BTreeSet<String>,
 }
 
 /// The last snapshot, shared between the sampling task (writer) and the
@@ -154,6 +160,10 @@ impl TelemetryStore {
             Ok(mut guard) => *guard = Arc::new(snapshot),
             Err(poisoned) => *poisoned.into_inner() = Arc::new(snapshot),
         }
+    }
+
+    pub fn naming(&self) -> Naming {
+        self.naming
     }
 
     pub fn snapshot(&self) -> Arc<Snapshot> {

@@ -15,6 +15,7 @@ use super::holders::ClaimPods;
 use super::idle::IdleTracker;
 use super::idle_events::IdleEvents;
 use super::sampler::{DeviceReader, sample_all};
+use super::series_cap::ClaimSeriesCap;
 use super::snapshot::{self, PreparedClaim};
 use super::{Snapshot, TelemetryStore};
 
@@ -30,6 +31,10 @@ pub struct TelemetryTask {
     /// The idle watch and its Events; `None` when off.
     pub idle: Option<(IdleTracker, IdleEvents)>,
     pub interval: Duration,
+    /// Which claims get series (`--max-claim-series`).
+    pub cap: ClaimSeriesCap,
+    /// Claims refused series (`gpu_dra_claim_series_dropped_total`).
+    pub dropped: prometheus_client::metrics::counter::Counter,
 }
 
 impl TelemetryTask {
@@ -77,12 +82,15 @@ impl TelemetryTask {
             }
             None => Vec::new(),
         };
-        self.store.publish(Snapshot {
+        let mut snapshot = Snapshot {
             devices: readings,
             prepared_claims: claims.len(),
             idle,
             sample_seconds: Some(took.as_secs_f64()),
-        });
+            ..Snapshot::default()
+        };
+        self.dropped.inc_by(self.cap.apply(&mut snapshot, self.store.naming()));
+        self.store.publish(snapshot);
         true
     }
 }

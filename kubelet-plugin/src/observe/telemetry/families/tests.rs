@@ -69,6 +69,7 @@ fn snapshot() -> Snapshot {
         prepared_claims: 1,
         idle: vec![],
         sample_seconds: Some(0.004),
+        ..Snapshot::default()
     }
 }
 
