@@ -136,9 +136,8 @@ async fn a_listed_channel_goes_only_if_it_is_the_agents_device() {
     symlink(&victim, dir.join("channel2")).unwrap();
     let mode = rustix::fs::Mode::from_raw_mode(0o600);
     let char_device = rustix::fs::FileType::CharacterDevice;
-    rustix::fs::mknodat(rustix::fs::CWD, &dir.join("channel3"), char_device, mode, rustix::fs::makedev(1, 3)).unwrap();
-    rustix::fs::mknodat(rustix::fs::CWD, &dir.join("channel4"), char_device, mode, rustix::fs::makedev(234, 4))
-        .unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, dir.join("channel3"), char_device, mode, rustix::fs::makedev(1, 3)).unwrap();
+    rustix::fs::mknodat(rustix::fs::CWD, dir.join("channel4"), char_device, mode, rustix::fs::makedev(234, 4)).unwrap();
     std::fs::create_dir_all(node.root().join("state")).unwrap();
     let list = json!({"channels": [1, 2, 3, 4]});
     std::fs::write(node.root().join("state/device-nodes.json"), list.to_string()).unwrap();
@@ -229,7 +228,7 @@ async fn an_unprivileged_or_foreign_nvidia_imex_is_not_the_hosts() {
     std::fs::write(&config, imex::daemon_config(&nodes, &etc.join("imex.log"))).unwrap();
     let proc_root = node.root().join("proc");
     // Root runs a copy that is not the driver's program.
-    let foreign = run(&impostor(&node.root().join("impostor")), &config);
+    let mut foreign = run(&impostor(&node.root().join("impostor")), &config);
     foreign.show_in(&proc_root);
     // Nobody runs the driver's very program (readable by all here).
     for dir in [node.root().to_path_buf(), node.root().join("driver")] {
@@ -241,7 +240,6 @@ async fn an_unprivileged_or_foreign_nvidia_imex_is_not_the_hosts() {
     std::os::unix::process::CommandExt::uid(command.arg("-c").arg(&config), 65534);
     let mut unprivileged = Stranger(command.spawn().unwrap());
     unprivileged.show_in(&proc_root);
-    let mut foreign = foreign;
 
     let p = node.open();
     let a = node.channel_claim("pod-a-channel", UID_A);

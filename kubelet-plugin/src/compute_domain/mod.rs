@@ -285,6 +285,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         for stray in self.daemons.strays() {
             tracing::warn!(path = %stray.display(), "not a daemon directory the agent made (a directory named by a ComputeDomain UID); left alone");
         }
+        // Checked now, so a damaged list is reported at start-up.
+        let _ = self.created_nodes();
         let records: Vec<ClaimRecord> = loaded.valid.into_iter().map(|(_, record)| record).collect();
         self.collect_garbage(&records)?;
         self.revive_daemons(&records);

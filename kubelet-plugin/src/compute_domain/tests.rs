@@ -447,7 +447,7 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     let a = node.channel_claim("pod-a-channel", UID_A);
     prepare(&p, &a).await.unwrap();
     let host_start = format!("start {} # this rack 10.0.0.1 10.0.0.7", etc.join("config.cfg").display());
-    assert_eq!(node.imex_log(), [host_start.clone()], "no daemon of ours");
+    assert_eq!(node.imex_log(), std::slice::from_ref(&host_start), "no daemon of ours");
     assert_eq!(node.files("state/domains"), Vec::<String>::new());
     assert!(node.channel_node().exists());
     assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::Ready);
@@ -457,7 +457,7 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     let mut written = HashMap::new();
     health::pass_for_tests(&p, &mut written).await;
     assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::NotReady("NOT_READY".into()));
-    assert_eq!(node.imex_log(), [host_start.clone()], "the health loop starts none either");
+    assert_eq!(node.imex_log(), std::slice::from_ref(&host_start), "the health loop starts none either");
     let b = node.channel_claim("pod-b-channel", UID_B);
     let error = prepare(&p, &b).await.unwrap_err();
     assert!(
