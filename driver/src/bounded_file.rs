@@ -174,6 +174,31 @@ impl Dir {
         read_open(fd, &path, max_len)
     }
 
+    /// Opens the regular file `name` for appending, creating it with `mode`
+    /// when missing (a log a child process writes): a symlink is refused
+    /// (`O_NOFOLLOW`), and so is anything but a regular file (a FIFO opens
+    /// at once, `O_NONBLOCK`, and is refused).
+    pub fn open_append(&self, name: &str, mode: u32) -> io::Result<File> {
+        plain(name)?;
+        let flags =
+            OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK;
+        let path = self.path.join(name);
+        let fd = rustix::fs::openat(&self.fd, name, flags, Mode::from_raw_mode(mode)).map_err(|e| match e {
+            rustix::io::Errno::LOOP => {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("{} {}", path.display(), ReadProblem::Symlink))
+            }
+            e => io::Error::from(e),
+        })?;
+        let kind = FileType::from_raw_mode(rustix::fs::fstat(&fd)?.st_mode);
+        if kind != FileType::RegularFile {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{} is a {}; only a regular file is written", path.display(), kind_name(kind)),
+            ));
+        }
+        Ok(File::from(fd))
+    }
+
     /// Removes the entry `name` (a symlink itself, never what it names);
     /// whether there was one.
     pub fn remove_file(&self, name: &str) -> io::Result<bool> {
@@ -181,6 +206,17 @@ impl Dir {
         match rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()) {
             Ok(()) => Ok(true),
             Err(rustix::io::Errno::NOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The entry `name`'s own status (a symlink's, never what it names);
+    /// `None` when there is none.
+    pub fn entry_stat(&self, name: &str) -> io::Result<Option<rustix::fs::Stat>> {
+        plain(name)?;
+        match rustix::fs::statat(&self.fd, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(stat) => Ok(Some(stat)),
+            Err(rustix::io::Errno::NOENT) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
@@ -321,5 +357,23 @@ mod tests {
         assert!(!dir.remove_file("linked-file").unwrap());
         assert!(dir.remove_file("../outside/file").is_err());
         assert_eq!(std::fs::read(outside.join("file")).unwrap(), b"keep", "the link went, not its target");
+    }
+
+    #[test]
+    fn a_file_is_appended_to_but_never_through_a_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let target = tmp.path().join("target");
+        symlink(&target, tmp.path().join("link")).unwrap();
+        fifo(&tmp.path().join("fifo"));
+        let dir = Dir::open(tmp.path()).unwrap();
+        use std::io::Write as _;
+        dir.open_append("log", 0o600).unwrap().write_all(b"a").unwrap();
+        dir.open_append("log", 0o600).unwrap().write_all(b"b").unwrap();
+        assert_eq!(std::fs::read(tmp.path().join("log")).unwrap(), b"ab");
+        let error = dir.open_append("link", 0o600).unwrap_err();
+        assert!(error.to_string().contains("is a symbolic link"), "{error}");
+        assert!(std::fs::symlink_metadata(&target).is_err(), "nothing created through the link");
+        assert!(dir.open_append("fifo", 0o600).is_err(), "no hang on a FIFO");
+        assert!(dir.open_append("../x", 0o600).is_err());
     }
 }

@@ -86,6 +86,25 @@ checked_name!(
     check_claim_uid
 );
 
+checked_name!(
+    /// A ComputeDomain's UID (a claim config's `domainID`), in the same
+    /// RFC 4122 normalized form: the name of the domain's daemon directory,
+    /// so never a path.
+    DomainUid,
+    "ComputeDomain UID",
+    check_claim_uid
+);
+
+/// Read from a state file: a value that breaks the rule fails to decode,
+/// so a record naming a path as its domain is damaged, never used.
+impl<'de> serde::Deserialize<'de> for DomainUid {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = String::deserialize(deserializer)?;
+        Self::new(value).map_err(serde::de::Error::custom)
+    }
+}
+
+/// The rule of every Kubernetes UID we put in a path.
 fn check_claim_uid(s: &str) -> Result<(), String> {
     let normalized = s.len() == 36 && uuid::Uuid::try_parse(s).is_ok_and(|u| u.hyphenated().to_string() == s);
     if normalized {
@@ -125,6 +144,12 @@ mod tests {
             assert!(ClaimUid::new(bad).is_err(), "{bad:?}");
         }
         assert!(NodeName::new("Node_1").is_err());
+        for bad in ["/outside/dom", "../../..", "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a/x"] {
+            assert!(DomainUid::new(bad).is_err(), "{bad:?}");
+            assert!(serde_json::from_value::<DomainUid>(serde_json::json!(bad)).is_err(), "{bad:?}");
+        }
+        let uid: DomainUid = serde_json::from_value(serde_json::json!("0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a")).unwrap();
+        assert_eq!(uid.as_str(), "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a");
     }
 
     #[test]

@@ -7,7 +7,7 @@ use gpu_dra_driver::cdi::{CLAIM_CLASS, vendor};
 use gpu_dra_driver::compute_domain::api::{AllocationMode, DomainConfig, decode_config};
 use gpu_dra_driver::compute_domain::devices::{CHANNEL_DEVICE, DAEMON_DEVICE};
 use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, channel_path};
-use gpu_dra_driver::names::{ClaimUid, DriverName};
+use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::kubelet_api::grpc::PreparedDevice;
@@ -88,6 +88,9 @@ pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan
             ));
         }
     };
+    // The UID names the domain's daemon directory: checked here, where it
+    // enters, so no path ever reaches the state directory.
+    let domain_uid = DomainUid::new(domain_uid).map_err(|e| format!("{path}.domainID: {e}"))?;
     Ok(ClaimPlan {
         domain: DomainClaim {
             domain_uid,
@@ -175,7 +178,7 @@ mod tests {
             plan(&claim("channel-0", "ComputeDomainChannelConfig", None), "compute-domain.nvidia.com", "n1").unwrap();
         assert_eq!(p.domain.kind, DomainClaimKind::Channel);
         assert_eq!(p.domain.channels, [0]);
-        assert_eq!(p.domain.domain_uid, DOMAIN);
+        assert_eq!(p.domain.domain_uid.as_str(), DOMAIN);
         let all =
             plan(&claim("channel-0", "ComputeDomainChannelConfig", Some("All")), "compute-domain.nvidia.com", "n1");
         assert_eq!(all.unwrap().domain.channels.len(), CHANNEL_COUNT as usize);
@@ -205,5 +208,18 @@ mod tests {
         unconfigured.spec.as_mut().unwrap().devices.as_mut().unwrap().config = None;
         let error = plan(&unconfigured, "compute-domain.nvidia.com", "n1").unwrap_err();
         assert!(error.contains("needs a ComputeDomainChannelConfig"), "{error}");
+    }
+
+    /// The domain's UID names a directory: a path in its place is refused
+    /// where it enters, naming the field.
+    #[test]
+    fn a_domain_id_that_is_no_uid_is_refused() {
+        for bad in ["/outside/dom", "../../..", "job"] {
+            let mut forged = claim("channel-0", "ComputeDomainChannelConfig", None);
+            let devices = forged.spec.as_mut().unwrap().devices.as_mut().unwrap();
+            devices.config.as_mut().unwrap()[0].opaque.as_mut().unwrap().parameters.0["domainID"] = json!(bad);
+            let error = plan(&forged, "compute-domain.nvidia.com", "n1").unwrap_err();
+            assert!(error.starts_with("spec.devices.config.domainID: ") && error.contains("UID"), "{bad}: {error}");
+        }
     }
 }

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gpu_dra_driver::compute_domain::imex::DaemonState;
+use gpu_dra_driver::names::DomainUid;
 
 use super::ready_condition::ChannelClaim;
 use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
@@ -56,7 +57,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     let records = preparer.prepared();
     written.retain(|uid, _| records.iter().any(|r| &r.uid == uid));
     preparer.write_failures.retain(|uid| records.iter().any(|r| r.uid == uid));
-    let mut domains: Vec<(String, String)> = records
+    let mut domains: Vec<(String, DomainUid)> = records
         .iter()
         .filter_map(|r| r.compute_domain.as_ref())
         .map(|d| (d.namespace.clone(), d.domain_uid.clone()))
@@ -67,13 +68,13 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
         let state = match keep_serving(preparer, &namespace, &uid) {
             Ok(server) => preparer.query(&uid, &server).await,
             Err(error) => {
-                tracing::warn!(domain = uid, %error, "cannot keep the IMEX daemon running");
+                tracing::warn!(domain = %uid, %error, "cannot keep the IMEX daemon running");
                 DaemonState::NotReady(error)
             }
         };
-        let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.clone(), state.clone());
+        let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), state.clone());
         if before.as_ref() != Some(&state) {
-            tracing::info!(domain = uid, node = preparer.node(), ?state, "IMEX daemon state changed");
+            tracing::info!(domain = %uid, node = preparer.node(), ?state, "IMEX daemon state changed");
         }
         for record in records.iter().filter(|r| r.compute_domain.as_ref().is_some_and(|d| d.domain_uid == uid)) {
             if written.get(&record.uid) == Some(&state) {
@@ -84,7 +85,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
                 namespace: &record.namespace,
                 name: &record.name,
                 uid: &record.uid,
-                domain_uid: &uid,
+                domain_uid: uid.as_str(),
                 device: &device.device_name,
             };
             if preparer.write_ready(&claim, &state).await {
@@ -99,7 +100,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
 fn keep_serving<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     namespace: &str,
-    uid: &str,
+    uid: &DomainUid,
 ) -> Result<Server, String> {
     match preparer.peers_of(namespace, uid) {
         Some(peers) => {

@@ -7,14 +7,21 @@
 //! asking it `nvidia-imex-ctl -q` for readiness; a domain it does not
 //! cover is refused per claim with what to change.
 //!
-//! Found in the host's process table (`--proc-root`): an `nvidia-imex`
-//! whose `-c` is not a configuration this driver writes
+//! Found in the host's process table (`--proc-root`) by what the kernel
+//! says, not by a name any process may take: a process running the driver
+//! root's very `nvidia-imex` file (see [`super::process`]), root-owned, as
+//! root (uid 0), whose `-c` is not a configuration this driver writes
 //! (`…/domains/<domainUID>/imexd.cfg`, under this agent's state directory
-//! or another instance's). Its files are read through `<proc>/<pid>/root`,
-//! the host's view of its paths.
+//! or another instance's). An unprivileged process, or one running any
+//! other file called `nvidia-imex`, is no host daemon: it blocks nothing.
+//! Its files are read through `<proc>/<pid>/root`, the host's view of its
+//! paths.
 
 use std::net::IpAddr;
+use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
+
+use super::process::{self, Process, Program};
 
 /// Where the daemon reads its configuration without `-c` (NVIDIA's package).
 pub const DEFAULT_CONFIG: &str = "/etc/nvidia-imex/config.cfg";
@@ -31,14 +38,11 @@ pub struct HostDaemon {
     root: PathBuf,
 }
 
-/// The configuration an `nvidia-imex` command line runs with, `None` when
-/// it is not `nvidia-imex` (argument 0, or 1 under a shell).
-pub fn daemon_config_of(args: &[&[u8]]) -> Option<PathBuf> {
-    if !args.iter().take(2).any(|a| a.ends_with(b"/nvidia-imex") || *a == b"nvidia-imex") {
-        return None;
-    }
-    let config = args.windows(2).find(|w| w[0] == b"-c").map(|w| w[1]).unwrap_or(DEFAULT_CONFIG.as_bytes());
-    Some(PathBuf::from(String::from_utf8_lossy(config).into_owned()))
+/// The configuration an `nvidia-imex` command line names (`-c`), else
+/// the package's default.
+pub fn config_arg(args: &[Vec<u8>]) -> PathBuf {
+    let config = args.windows(2).find(|w| w[0] == b"-c").map_or(DEFAULT_CONFIG.as_bytes(), |w| w[1].as_slice());
+    PathBuf::from(std::ffi::OsStr::from_bytes(config))
 }
 
 /// The peer list file a configuration names.
@@ -67,32 +71,25 @@ fn written_by_this_driver(config: &Path, ours: &Path) -> bool {
     config.starts_with(ours) || shaped
 }
 
-/// The first host-managed `nvidia-imex` in `proc_root`: one whose
-/// configuration this driver did not write.
-pub fn detect(proc_root: &Path, ours: &Path) -> Option<HostDaemon> {
-    let mut pids: Vec<u32> = std::fs::read_dir(proc_root)
-        .ok()?
-        .flatten()
-        .filter_map(|e| e.file_name().to_str().and_then(|n| n.parse().ok()))
-        .collect();
-    pids.sort_unstable();
-    pids.into_iter().find_map(|pid| {
+/// The first host-managed `nvidia-imex` in `proc_root`: root's process
+/// running the root-owned `program` (the driver root's `nvidia-imex`),
+/// with a configuration this driver did not write.
+pub fn detect(proc_root: &Path, ours: &Path, program: &Program) -> Option<HostDaemon> {
+    if !program.owned_by_root() {
+        return None;
+    }
+    process::pids(proc_root).into_iter().find_map(|pid| {
         let dir = proc_root.join(pid.to_string());
-        let cmdline = std::fs::read(dir.join("cmdline")).ok()?;
-        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
-        let config = daemon_config_of(&args)?;
-        if written_by_this_driver(&config, ours) || !alive(&dir) {
+        let process = Process::read(&dir)?;
+        if process.uid != (0, 0) || !program.runs_in(&dir, &process) {
             return None;
         }
-        Some(HostDaemon { pid, config, root: dir.join("root") })
+        let config = config_arg(&process.args);
+        if written_by_this_driver(&config, ours) {
+            return None;
+        }
+        Some(HostDaemon { pid: u32::try_from(pid).ok()?, config, root: dir.join("root") })
     })
-}
-
-fn alive(proc_dir: &Path) -> bool {
-    std::fs::read_to_string(proc_dir.join("stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with(['Z', 'X'])))
-        .unwrap_or(false)
 }
 
 impl HostDaemon {
@@ -132,17 +129,15 @@ impl HostDaemon {
 mod tests {
     use super::*;
 
-    fn args(line: &str) -> Vec<&[u8]> {
-        line.split(' ').map(str::as_bytes).collect()
+    fn args(line: &str) -> Vec<Vec<u8>> {
+        line.split(' ').map(|a| a.as_bytes().to_vec()).collect()
     }
 
     #[test]
     fn an_imex_command_line_names_its_configuration() {
-        assert_eq!(daemon_config_of(&args("/usr/bin/nvidia-imex -c /etc/x.cfg")), Some("/etc/x.cfg".into()));
-        assert_eq!(daemon_config_of(&args("nvidia-imex")), Some(DEFAULT_CONFIG.into()));
-        assert_eq!(daemon_config_of(&args("/bin/sh /r/usr/bin/nvidia-imex -c /c.cfg")), Some("/c.cfg".into()));
-        assert_eq!(daemon_config_of(&args("/usr/bin/nvidia-imex-ctl -q")), None);
-        assert_eq!(daemon_config_of(&args("/bin/sleep 1")), None);
+        assert_eq!(config_arg(&args("/usr/bin/nvidia-imex -c /etc/x.cfg")), PathBuf::from("/etc/x.cfg"));
+        assert_eq!(config_arg(&args("nvidia-imex")), PathBuf::from(DEFAULT_CONFIG));
+        assert_eq!(config_arg(&args("/bin/sh /r/usr/bin/nvidia-imex -c /c.cfg")), PathBuf::from("/c.cfg"));
     }
 
     #[test]
@@ -152,24 +147,5 @@ mod tests {
         let peers: Vec<IpAddr> = ["10.0.0.1", "10.0.0.2", "10.0.0.3"].iter().map(|a| a.parse().unwrap()).collect();
         assert_eq!(missing_peers("# rack 1\n10.0.0.1\n\n10.0.0.2 # tray 2\n", &peers), [peers[2]]);
         assert!(missing_peers("10.0.0.3\n10.0.0.2\n10.0.0.1\n10.0.0.9\n", &peers).is_empty());
-    }
-
-    #[test]
-    fn our_daemons_and_dead_ones_are_not_the_hosts() {
-        let proc = tempfile::tempdir().unwrap();
-        let add = |pid: u32, cmdline: &str, state: &str| {
-            let dir = proc.path().join(pid.to_string());
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(dir.join("cmdline"), cmdline.replace(' ', "\0")).unwrap();
-            std::fs::write(dir.join("stat"), format!("{pid} (nvidia-imex) {state} 1")).unwrap();
-        };
-        add(10, "/usr/bin/nvidia-imex -c /state/domains/d1/imexd.cfg", "S");
-        add(11, "/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg", "Z");
-        add(9, "/bin/sh /r/usr/bin/nvidia-imex -c /other/compute-domains/domains/d2/imexd.cfg", "S");
-        assert_eq!(detect(proc.path(), Path::new("/state/domains")), None);
-        add(12, "/usr/bin/nvidia-imex -c /etc/nvidia-imex/config.cfg", "S");
-        let host = detect(proc.path(), Path::new("/state/domains")).unwrap();
-        assert_eq!((host.pid, host.config.as_path()), (12, Path::new("/etc/nvidia-imex/config.cfg")));
-        assert_eq!(host.readable(Path::new("/etc/n.cfg")), proc.path().join("12/root/etc/n.cfg"));
     }
 }

@@ -35,12 +35,25 @@
 //! kubelet could not unprepare them, so no daemon runs on for nothing.
 //! Every step between two side effects is a kill point for the crash
 //! tests ([`crate::state::kill_point`]).
+//!
+//! State files are input like any other: a path is never read from one.
+//! A record's spec file is derived from its claim UID and its daemon's
+//! directory from its domain UID ([`records`]); the created device nodes
+//! are listed by channel number ([`created_nodes`]); a daemon is the one
+//! the agent started, by pid, start time and executable ([`daemons`]). A
+//! state file that breaks these rules is damaged: set aside
+//! (`*.damaged`), logged once with what to do, counted in
+//! `gpu_dra_errors_total{kind="checkpoint"}`, and nothing it names is
+//! touched.
 
 pub mod claim_plan;
+pub mod created_nodes;
 pub mod daemons;
 pub mod health;
 pub mod host_imex;
+pub mod process;
 pub mod ready_condition;
+pub mod records;
 pub mod serve;
 mod serving;
 pub mod status;
@@ -48,26 +61,25 @@ pub mod status;
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainNode};
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
-use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
+use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 
 use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
+use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
-use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
+use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
 use ready_condition::{ChannelClaim, ConditionError, Explanation, WriteFailures};
 pub(crate) use serving::Server;
 
-/// The record of device nodes this agent created (removed when no claim
-/// holds a channel any more).
-const CREATED_NODES: &str = "device-nodes.json";
 const CDI_FILE_MODE: u32 = 0o644;
 /// How often a prepare re-checks what it waits for.
 const POLL: Duration = Duration::from_millis(100);
@@ -128,6 +140,16 @@ pub struct DomainPreparer<S, D, W> {
     pub(crate) states: Mutex<HashMap<String, DaemonState>>,
     /// Condition writes that failed, logged once each.
     pub(crate) write_failures: WriteFailures,
+    /// Damaged state files set aside, and where they are counted.
+    damaged: AtomicU64,
+    metrics: OnceLock<Arc<Metrics>>,
+}
+
+/// The usable records, and the claims whose records were set aside (their
+/// spec files are kept: the claim may be in use).
+struct Records {
+    valid: Vec<(ClaimUid, ClaimRecord)>,
+    set_aside_owners: BTreeSet<String>,
 }
 
 impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W> {
@@ -146,32 +168,111 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             lock: tokio::sync::Mutex::new(()),
             states: Mutex::new(HashMap::new()),
             write_failures: WriteFailures::default(),
+            damaged: AtomicU64::new(0),
+            metrics: OnceLock::new(),
         };
         preparer.recover()?;
         Ok(preparer)
     }
 
-    fn records(&self) -> Result<Vec<ClaimRecord>, String> {
-        let loaded = self.checkpoint.load().map_err(|e| e.to_string())?;
-        for damaged in &loaded.damaged {
-            tracing::warn!(path = %damaged.path.display(), reason = %damaged.reason, "unreadable compute-domain record kept aside");
+    /// Counts damaged state in `metrics` (`gpu_dra_errors_total{kind="checkpoint"}`),
+    /// including what start-up set aside before.
+    pub fn count_damage_in(&self, metrics: Arc<Metrics>) {
+        for _ in 0..self.damaged.load(Ordering::Relaxed) {
+            metrics.error(ErrorKind::Checkpoint);
         }
-        Ok(loaded.records)
+        let _ = self.metrics.set(metrics);
+    }
+
+    /// Damaged state files set aside so far.
+    pub fn damaged(&self) -> u64 {
+        self.damaged.load(Ordering::Relaxed)
+    }
+
+    /// Sets the damaged state file `path` aside, with one log line saying
+    /// why and what to do, and counts it.
+    fn set_aside(&self, path: &std::path::Path, reason: &str, kept: &str) {
+        let dir = path.parent().unwrap_or(&self.config.state_dir);
+        match checkpoint::set_aside_file(dir, path) {
+            Ok(aside) => tracing::error!(
+                file = %path.display(), %reason, aside = %aside.display(),
+                "damaged compute-domain state; set aside, nothing it names is touched: {kept}"
+            ),
+            Err(error) => {
+                tracing::error!(file = %path.display(), %reason, %error, "damaged compute-domain state; setting it aside failed")
+            }
+        }
+        self.damaged.fetch_add(1, Ordering::Relaxed);
+        if let Some(metrics) = self.metrics.get() {
+            metrics.error(ErrorKind::Checkpoint);
+        }
+    }
+
+    /// The records, checked ([`records::check`]); damaged ones are set aside.
+    fn load(&self) -> Result<Records, String> {
+        let loaded = self.checkpoint.load().map_err(|e| e.to_string())?;
+        let mut owners: BTreeSet<String> = loaded.set_aside_owners.into_iter().collect();
+        const KEPT: &str = "the claim's CDI spec is kept until the kubelet unprepares it";
+        for damaged in &loaded.damaged {
+            self.set_aside(&damaged.path, &damaged.reason, KEPT);
+            owners.insert(damaged.uid.clone());
+            owners.extend(damaged.names_other.clone());
+        }
+        let mut valid = Vec::new();
+        for record in loaded.records {
+            match records::check(&record, &self.config.driver) {
+                Ok(uid) => valid.push((uid, record)),
+                Err(reason) => {
+                    self.set_aside(&self.checkpoint.record_path(&record.uid), &reason, KEPT);
+                    owners.insert(record.uid);
+                }
+            }
+        }
+        Ok(Records { valid, set_aside_owners: owners })
+    }
+
+    fn records(&self) -> Result<Vec<ClaimRecord>, String> {
+        Ok(self.load()?.valid.into_iter().map(|(_, record)| record).collect())
+    }
+
+    /// The claim's record, if usable; a damaged one is set aside.
+    fn record_of(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, String> {
+        match self.checkpoint.read_one(uid) {
+            Ok(Some(record)) => match records::check(&record, &self.config.driver) {
+                Ok(_) => Ok(Some(record)),
+                Err(reason) => {
+                    let kept = "the claim's CDI spec is kept until the kubelet unprepares it";
+                    self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, kept);
+                    Ok(None)
+                }
+            },
+            Ok(None) => Ok(None),
+            Err(reason) => {
+                self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, "");
+                Ok(None)
+            }
+        }
     }
 
     /// Rolls back unfinished and other-boot records, then removes what no
     /// record needs: daemons, device nodes, spec files.
     fn recover(&self) -> Result<(), String> {
-        for record in self.records()? {
+        let loaded = self.load()?;
+        for (uid, record) in &loaded.valid {
             let stale = record.state == PrepareState::PrepareStarted || record.boot_id != self.config.boot_id;
             if stale {
-                let uid = ClaimUid::new(record.uid.as_str()).map_err(|e| e.to_string())?;
                 tracing::info!(claim = %record.uid, state = ?record.state, "rolling back an unfinished compute-domain prepare");
-                self.remove_claim(&uid, record.cdi_spec_file.as_deref())?;
+                self.remove_claim(uid)?;
             }
         }
-        let records = self.records()?;
-        let owned: BTreeSet<String> = records.iter().filter_map(|r| r.cdi_spec_file.clone()).collect();
+        let loaded = self.load()?;
+        let mut owned: BTreeSet<String> =
+            loaded.valid.iter().map(|(uid, _)| cdi::claim_spec_file_name(&self.config.driver, uid)).collect();
+        for owner in &loaded.set_aside_owners {
+            if let Ok(uid) = ClaimUid::new(owner.as_str()) {
+                owned.insert(cdi::claim_spec_file_name(&self.config.driver, &uid));
+            }
+        }
         let prefix = cdi::claim_spec_file_prefix(&self.config.driver);
         if let Ok(entries) = std::fs::read_dir(&self.config.cdi_dir) {
             for name in entries.flatten().filter_map(|e| e.file_name().into_string().ok()) {
@@ -181,6 +282,12 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 }
             }
         }
+        for stray in self.daemons.strays() {
+            tracing::warn!(path = %stray.display(), "not a daemon directory the agent made (a directory named by a ComputeDomain UID); left alone");
+        }
+        // Checked now, so a damaged list is reported at start-up.
+        let _ = self.created_nodes();
+        let records: Vec<ClaimRecord> = loaded.valid.into_iter().map(|(_, record)| record).collect();
         self.collect_garbage(&records)?;
         self.revive_daemons(&records);
         Ok(())
@@ -189,45 +296,64 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     /// Stops daemons of domains no record holds; removes created device
     /// nodes when no record holds a channel.
     fn collect_garbage(&self, records: &[ClaimRecord]) -> Result<(), String> {
-        let needed: BTreeSet<&str> =
-            records.iter().filter_map(|r| r.compute_domain.as_ref()).map(|d| d.domain_uid.as_str()).collect();
+        let needed: BTreeSet<&DomainUid> =
+            records.iter().filter_map(|r| r.compute_domain.as_ref()).map(|d| &d.domain_uid).collect();
         for domain in self.daemons.domains() {
-            if !needed.contains(domain.as_str()) {
+            if !needed.contains(&domain) {
                 self.daemons.stop(&domain)?;
-                self.states.lock().unwrap_or_else(|p| p.into_inner()).remove(&domain);
+                self.states.lock().unwrap_or_else(|p| p.into_inner()).remove(domain.as_str());
             }
         }
         let channels_held = records.iter().filter_map(|r| r.compute_domain.as_ref()).any(|d| !d.channels.is_empty());
-        if !channels_held {
-            for path in self.created_nodes() {
-                match std::fs::remove_file(&path) {
-                    Ok(()) => tracing::info!(path = %path.display(), "removed a channel device node"),
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(format!("removing {}: {e}", path.display())),
+        if channels_held {
+            return Ok(());
+        }
+        let Some(created) = self.created_nodes() else { return Ok(()) };
+        if let Some(root) = &self.config.dev_root {
+            let major = self.channel_major();
+            for id in created {
+                if created_nodes::remove_node(root, id, major)? {
+                    tracing::info!(channel = id, "removed a channel device node");
                 }
             }
-            if let Some(root) = &self.config.dev_root {
-                let _ = std::fs::remove_dir(root.join(imex::CHANNEL_DIR.trim_start_matches('/')));
-            }
-            durable::remove(&self.config.state_dir, CREATED_NODES).map_err(|e| e.to_string())?;
+            let _ = std::fs::remove_dir(root.join(imex::CHANNEL_DIR.trim_start_matches('/')));
         }
+        durable::remove(&self.config.state_dir, created_nodes::FILE).map_err(|e| e.to_string())?;
         Ok(())
     }
 
-    fn created_nodes(&self) -> Vec<PathBuf> {
-        std::fs::read(self.config.state_dir.join(CREATED_NODES))
-            .ok()
-            .and_then(|b| serde_json::from_slice(&b).ok())
-            .unwrap_or_default()
+    /// The channels whose nodes this agent created; `None` when the list
+    /// is damaged (set aside here: nothing it lists is removed).
+    fn created_nodes(&self) -> Option<BTreeSet<u32>> {
+        match created_nodes::read(&self.config.state_dir, self.config.dev_root.as_deref()) {
+            Ok(channels) => Some(channels),
+            Err(reason) => {
+                let kept = "the channel device nodes it listed are left in place; remove a stale \
+                    /dev/nvidia-caps-imex-channels/channel<N> by hand once no workload on the node uses it";
+                self.set_aside(&self.config.state_dir.join(created_nodes::FILE), &reason, kept);
+                None
+            }
+        }
     }
 
-    /// Removes the claim's record, then its spec (a spec no record owns is
-    /// removed at start-up, so a kill between leaks nothing).
-    fn remove_claim(&self, uid: &ClaimUid, spec_file: Option<&str>) -> Result<(), String> {
+    /// The IMEX channels' major, from `<proc>/devices`.
+    fn channel_major(&self) -> Option<u32> {
+        let devices = gpu_dra_driver::bounded_file::read_to_string(
+            &self.config.proc_root.join("devices"),
+            64 * 1024,
+            gpu_dra_driver::bounded_file::Links::Follow,
+        );
+        devices.ok().and_then(|t| imex::channel_major(&t))
+    }
+
+    /// Removes the claim's record, then its spec, whose name is derived
+    /// from the claim's UID (a spec no record owns is removed at start-up,
+    /// so a kill between leaks nothing).
+    fn remove_claim(&self, uid: &ClaimUid) -> Result<(), String> {
         self.checkpoint.remove(uid).map_err(|e| e.to_string())?;
         kill_point::reached(Step::DomainUnrecorded);
-        if let Some(file) = spec_file {
-            durable::remove(&self.config.cdi_dir, file).map_err(|e| format!("removing CDI spec {file}: {e}"))?;
+        let file = cdi::claim_spec_file_name(&self.config.driver, uid);
+        if durable::remove(&self.config.cdi_dir, &file).map_err(|e| format!("removing CDI spec {file}: {e}"))? {
             kill_point::reached(Step::DomainSpecRemoved);
         }
         Ok(())
@@ -246,11 +372,11 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     async fn prepare_one(&self, claim: &ClaimRef, deadline: &Deadline) -> ClaimOutcome {
         let valid = claim.validate().map_err(|e| e.to_string())?;
-        if let Some(record) = self.checkpoint.read_one(&valid.uid)? {
+        if let Some(record) = self.record_of(&valid.uid)? {
             if record.state == PrepareState::PrepareCompleted {
                 return Ok(record.prepared_devices());
             }
-            self.remove_claim(&valid.uid, record.cdi_spec_file.as_deref())?;
+            self.remove_claim(&valid.uid)?;
         }
         let until = deadline.work_until();
         let object = self
@@ -264,7 +390,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         }
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
-        let domain = self.find_domain(&valid.namespace, &domain_uid, until).await.ok_or_else(|| {
+        let domain = self.find_domain(&valid.namespace, domain_uid.as_str(), until).await.ok_or_else(|| {
             if self.domains.synced() {
                 format!(
                     "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
@@ -298,7 +424,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                     namespace: &valid.namespace,
                     name: &valid.name,
                     uid: valid.uid.as_str(),
-                    domain_uid: &domain_uid,
+                    domain_uid: domain_uid.as_str(),
                     // The plan has at least one device (claim_plan refuses none).
                     device: plan.devices.first().map_or("", |(_, device)| device.as_str()),
                 };
@@ -307,7 +433,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 Ok(devices)
             }
             Err(error) => {
-                let rollback = self.remove_claim(&valid.uid, Some(&spec_file)).and_then(|()| {
+                let rollback = self.remove_claim(&valid.uid).and_then(|()| {
                     let records = self.records()?;
                     self.collect_garbage(&records)
                 });
@@ -345,7 +471,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         let node = self.config.node.as_str();
         let peers = loop {
-            let domain = self.domains.find(&plan.domain.namespace, domain_uid);
+            let domain = self.domains.find(&plan.domain.namespace, domain_uid.as_str());
             if let Some(peers) = domain.as_ref().and_then(|d| self.peers(d)) {
                 break peers;
             }
@@ -379,7 +505,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         };
         loop {
             let state = self.query(domain_uid, &server).await;
-            self.states.lock().unwrap_or_else(|p| p.into_inner()).insert(domain_uid.clone(), state.clone());
+            self.states.lock().unwrap_or_else(|p| p.into_inner()).insert(domain_uid.to_string(), state.clone());
             match state {
                 DaemonState::Ready => break,
                 DaemonState::NotReady(answer) if ensured == Ensured::Unchanged => {
@@ -396,8 +522,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 DaemonState::NotReady(_) => tokio::time::sleep(POLL).await,
             }
         }
-        let major =
-            std::fs::read_to_string(self.config.proc_root.join("devices")).ok().and_then(|t| imex::channel_major(&t));
+        let major = self.channel_major();
         let (spec, mut devices) = claim_plan::cdi_spec(&self.config.driver, uid, plan, major, domain_name)?;
         if let (Some(root), Some(major)) = (&self.config.dev_root, major) {
             self.create_nodes(root, major, &plan.domain.channels)?;
@@ -405,7 +530,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         for device in &mut devices {
             device.pool_name = node.to_owned();
         }
-        let spec_file = record.cdi_spec_file.clone().unwrap_or_default();
+        let spec_file = cdi::claim_spec_file_name(&self.config.driver, uid);
         let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
         durable::write(&self.config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
             .map_err(|e| format!("writing CDI spec {spec_file}: {e}"))?;
@@ -432,16 +557,19 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// Creates the missing channel nodes, recording each before it exists.
     fn create_nodes(&self, dev_root: &std::path::Path, major: u32, channels: &[u32]) -> Result<(), String> {
-        let mut created = self.created_nodes();
+        let Some(mut created) = self.created_nodes() else {
+            return Err(format!(
+                "{} was damaged (set aside): no channel node is created until the next prepare",
+                self.config.state_dir.join(created_nodes::FILE).display()
+            ));
+        };
         for id in channels {
             let path = dev_root.join(imex::channel_path(*id).trim_start_matches('/'));
             if std::fs::symlink_metadata(&path).is_ok() {
                 continue;
             }
-            if !created.contains(&path) {
-                created.push(path.clone());
-                let bytes = serde_json::to_vec(&created).map_err(|e| e.to_string())?;
-                durable::write(&self.config.state_dir, CREATED_NODES, &bytes, 0o600)
+            if created.insert(*id) {
+                created_nodes::write(&self.config.state_dir, &created)
                     .map_err(|e| format!("recording device nodes: {e}"))?;
             }
             let node = gpu_dra_driver::cdi::spec::DeviceNode::char(imex::channel_path(*id), major, *id);
@@ -461,9 +589,9 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// Removes the claim's record and spec, then what no record needs.
     pub(crate) fn release(&self, uid: &ClaimUid) -> Result<(), String> {
-        if let Some(record) = self.checkpoint.read_one(uid)? {
-            self.remove_claim(uid, record.cdi_spec_file.as_deref())?;
-        }
+        // A record set aside as damaged leaves its spec for this unprepare.
+        self.record_of(uid)?;
+        self.remove_claim(uid)?;
         let records = self.records()?;
         self.collect_garbage(&records)
     }
@@ -477,8 +605,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         self.config.node.as_str()
     }
 
-    pub(crate) fn peers_of(&self, namespace: &str, uid: &str) -> Option<Vec<IpAddr>> {
-        self.domains.find(namespace, uid).and_then(|d| self.peers(&d))
+    pub(crate) fn peers_of(&self, namespace: &str, uid: &DomainUid) -> Option<Vec<IpAddr>> {
+        self.domains.find(namespace, uid.as_str()).and_then(|d| self.peers(&d))
     }
 }
 
@@ -506,5 +634,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
     }
 }
 
+#[cfg(test)]
+mod forged_tests;
 #[cfg(test)]
 mod tests;

@@ -117,6 +117,7 @@ pub async fn start(
         .map_err(anyhow::Error::msg)
         .context("opening the compute-domain checkpoint")?,
     );
+    preparer.count_damage_in(metrics.clone());
     let interval = Duration::from_millis(args.imex_health_interval_ms);
     tasks.push(tokio::spawn(super::health::run(preparer.clone(), interval)));
 

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use gpu_dra_driver::compute_domain::imex::DaemonState;
-use gpu_dra_driver::names::ClaimUid;
+use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
-use super::host_imex::{self, HostDaemon};
+use super::host_imex::HostDaemon;
 use super::{ConditionWriter, DomainLookup, DomainPreparer};
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
@@ -31,11 +31,11 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     /// directories, before the domain store has synced; a domain a
     /// host-managed daemon now serves is left to it.
     pub(super) fn revive_daemons(&self, records: &[ClaimRecord]) {
-        let mut domains: Vec<&str> = records
+        let mut domains: Vec<&DomainUid> = records
             .iter()
             .filter(|r| r.state == PrepareState::PrepareCompleted)
             .filter_map(|r| r.compute_domain.as_ref())
-            .map(|d| d.domain_uid.as_str())
+            .map(|d| &d.domain_uid)
             .collect();
         domains.sort_unstable();
         domains.dedup();
@@ -44,10 +44,10 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 continue;
             }
             match self.daemons.revive(domain) {
-                Ok(true) => tracing::info!(domain, "started the IMEX daemon of a prepared claim again"),
+                Ok(true) => tracing::info!(%domain, "started the IMEX daemon of a prepared claim again"),
                 Ok(false) => {}
                 Err(error) => {
-                    tracing::warn!(domain, %error, "cannot start the IMEX daemon again; the health loop retries")
+                    tracing::warn!(%domain, %error, "cannot start the IMEX daemon again; the health loop retries")
                 }
             }
         }
@@ -55,12 +55,12 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// A host-managed `nvidia-imex`, if the host runs one.
     pub(crate) fn host_daemon(&self) -> Option<HostDaemon> {
-        host_imex::detect(&self.config.proc_root, self.daemons.root())
+        self.daemons.host_daemon(&self.config.proc_root)
     }
 
     /// Who serves `domain_uid` here: our daemon when it runs or the host
     /// runs none; else the host's, when it lists every peer.
-    pub(crate) fn server(&self, domain_uid: &str, peers: &[IpAddr], domain_name: &str) -> Result<Server, String> {
+    pub(crate) fn server(&self, domain_uid: &DomainUid, peers: &[IpAddr], domain_name: &str) -> Result<Server, String> {
         if self.daemons.find(domain_uid).is_some() {
             return Ok(Server::Own);
         }
@@ -74,7 +74,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     }
 
     /// Asks the domain's daemon whether it is ready.
-    pub(crate) async fn query(&self, domain_uid: &str, server: &Server) -> DaemonState {
+    pub(crate) async fn query(&self, domain_uid: &DomainUid, server: &Server) -> DaemonState {
         match server {
             Server::Own => self.daemons.query(domain_uid).await,
             Server::Host(host) => self.daemons.query_host(host).await,

@@ -14,11 +14,15 @@ use serde_json::json;
 use super::*;
 use crate::prepare::test_support::MapSource;
 
-const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
-const NODE: &str = "gb200-0";
+pub(super) const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+pub(super) const NODE: &str = "gb200-0";
+
+pub(super) fn domain() -> DomainUid {
+    DomainUid::new(DOMAIN).unwrap()
+}
 
 #[derive(Clone, Default)]
-struct Domains(Arc<Mutex<Option<ComputeDomain>>>, Arc<std::sync::atomic::AtomicBool>);
+pub(super) struct Domains(Arc<Mutex<Option<ComputeDomain>>>, Arc<std::sync::atomic::AtomicBool>);
 
 impl DomainLookup for Domains {
     /// Synced unless a test says otherwise (the flag holds "not yet").
@@ -38,8 +42,8 @@ impl DomainLookup for Domains {
 /// Conditions written; while `refusal` holds an error, writes fail with
 /// it; the Events that explained a refusal.
 #[derive(Clone, Default)]
-struct Conditions {
-    written: Arc<Mutex<Vec<(String, DaemonState)>>>,
+pub(super) struct Conditions {
+    pub(super) written: Arc<Mutex<Vec<(String, DaemonState)>>>,
     refusal: Arc<Mutex<Option<ConditionError>>>,
     explained: Arc<Mutex<Vec<Explanation>>>,
 }
@@ -59,17 +63,17 @@ impl ConditionWriter for Conditions {
     }
 }
 
-struct Node {
+pub(super) struct Node {
     dir: tempfile::TempDir,
     claims: MapSource,
     domains: Domains,
-    conditions: Conditions,
+    pub(super) conditions: Conditions,
 }
 
-type Preparer = DomainPreparer<MapSource, Domains, Conditions>;
+pub(super) type Preparer = DomainPreparer<MapSource, Domains, Conditions>;
 
 impl Node {
-    fn new(members: &[&str]) -> Self {
+    pub(super) fn new(members: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         fake_imex::install(&dir.path().join("driver")).unwrap();
         std::fs::create_dir_all(dir.path().join("proc")).unwrap();
@@ -86,11 +90,11 @@ impl Node {
         node
     }
 
-    fn root(&self) -> &Path {
+    pub(super) fn root(&self) -> &Path {
         self.dir.path()
     }
 
-    fn set_members(&self, members: &[&str]) {
+    pub(super) fn set_members(&self, members: &[&str]) {
         let mut domain = ComputeDomain::new("team", "job", ComputeDomainSpec::with_template(0, "job-channel"));
         domain.metadata.uid = Some(DOMAIN.into());
         domain.status = Some(ComputeDomainStatus {
@@ -110,7 +114,7 @@ impl Node {
         *self.domains.0.lock().unwrap() = Some(domain);
     }
 
-    fn open(&self) -> Preparer {
+    pub(super) fn open(&self) -> Preparer {
         let config = DomainConfig {
             driver: DriverName::new("compute-domain.nvidia.com").unwrap(),
             node: NodeName::new(NODE).unwrap(),
@@ -128,7 +132,7 @@ impl Node {
     }
 
     /// A channel claim of the domain allocated here; returns its reference.
-    fn channel_claim(&self, name: &str, uid: &str) -> ClaimRef {
+    pub(super) fn channel_claim(&self, name: &str, uid: &str) -> ClaimRef {
         let claim: ResourceClaim = serde_json::from_value(json!({
             "metadata": {"namespace": "team", "name": name, "uid": uid},
             "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
@@ -142,15 +146,15 @@ impl Node {
         ClaimRef { namespace: "team".into(), name: name.into(), uid: uid.into() }
     }
 
-    fn imex_log(&self) -> Vec<String> {
+    pub(super) fn imex_log(&self) -> Vec<String> {
         fake_imex::daemon_log(&self.root().join("driver"))
     }
 
-    fn channel_node(&self) -> PathBuf {
+    pub(super) fn channel_node(&self) -> PathBuf {
         self.root().join("dev/nvidia-caps-imex-channels/channel0")
     }
 
-    fn files(&self, dir: &str) -> Vec<String> {
+    pub(super) fn files(&self, dir: &str) -> Vec<String> {
         let Ok(entries) = std::fs::read_dir(self.root().join(dir)) else { return Vec::new() };
         let mut names: Vec<String> = entries.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect();
         names.sort();
@@ -158,14 +162,14 @@ impl Node {
     }
 }
 
-const UID_A: &str = "11111111-2222-4333-8444-555555555551";
-const UID_B: &str = "11111111-2222-4333-8444-555555555552";
+pub(super) const UID_A: &str = "11111111-2222-4333-8444-555555555551";
+pub(super) const UID_B: &str = "11111111-2222-4333-8444-555555555552";
 
-async fn prepare(p: &Preparer, claim: &ClaimRef) -> ClaimOutcome {
+pub(super) async fn prepare(p: &Preparer, claim: &ClaimRef) -> ClaimOutcome {
     p.prepare(vec![claim.clone()], Deadline::default_from_now()).await.remove(&claim.uid).unwrap()
 }
 
-async fn unprepare(p: &Preparer, claim: &ClaimRef) {
+pub(super) async fn unprepare(p: &Preparer, claim: &ClaimRef) {
     let out = p.unprepare(vec![claim.clone()], Deadline::default_from_now()).await;
     out[&claim.uid].as_ref().unwrap();
 }
@@ -195,7 +199,7 @@ async fn a_channel_is_prepared_over_one_daemon_with_the_domains_peers_and_cleane
     prepare(&p, &b).await.unwrap();
     assert_eq!(prepare(&p, &a).await.unwrap(), devices);
     assert_eq!(node.imex_log().len(), 1, "{:?}", node.imex_log());
-    assert!(p.daemons.find(DOMAIN).is_some());
+    assert!(p.daemons.find(&domain()).is_some());
 
     // A node joins: the daemon is told the new peer list.
     node.set_members(&[NODE, "gb200-1", "gb200-2", "gb200-3", "gb200-4"]);
@@ -209,11 +213,11 @@ async fn a_channel_is_prepared_over_one_daemon_with_the_domains_peers_and_cleane
     );
 
     unprepare(&p, &a).await;
-    assert!(p.daemons.find(DOMAIN).is_some(), "pod b still holds the domain");
+    assert!(p.daemons.find(&domain()).is_some(), "pod b still holds the domain");
     assert!(node.channel_node().exists());
     unprepare(&p, &b).await;
     unprepare(&p, &b).await;
-    assert!(p.daemons.find(DOMAIN).is_none());
+    assert!(p.daemons.find(&domain()).is_none());
     assert!(node.imex_log().last().unwrap().starts_with("stop "), "{:?}", node.imex_log());
     assert!(!node.channel_node().exists() && !node.root().join("dev/nvidia-caps-imex-channels").exists());
     assert_eq!(node.files("cdi"), Vec::<String>::new());
@@ -338,26 +342,27 @@ async fn start_up_rolls_back_a_prepare_killed_at_any_step() {
             std::fs::remove_file(node.channel_node()).unwrap();
             std::fs::remove_file(node.root().join("state/device-nodes.json")).unwrap();
         }
-        let daemons = Daemons::new(node.root().join("state/domains"), None);
+        let daemons =
+            Daemons::new(node.root().join("state/domains"), daemons::ImexPrograms::find(&node.root().join("driver")));
         if step == "recorded" {
-            daemons.stop(DOMAIN).unwrap();
+            daemons.stop(&domain()).unwrap();
         }
         let p = node.open();
         if step == "completed" {
             assert_eq!(node.files("state/checkpoint"), [format!("{UID_A}.json")]);
-            assert!(p.daemons.find(DOMAIN).is_some() && spec.exists() && node.channel_node().exists());
+            assert!(p.daemons.find(&domain()).is_some() && spec.exists() && node.channel_node().exists());
         } else {
             assert_eq!(node.files("state/checkpoint"), Vec::<String>::new(), "{step}");
             assert_eq!(node.files("cdi"), Vec::<String>::new(), "{step}");
             assert_eq!(node.files("state/domains"), Vec::<String>::new(), "{step}");
-            assert!(p.daemons.find(DOMAIN).is_none() && !node.channel_node().exists(), "{step}");
+            assert!(p.daemons.find(&domain()).is_none() && !node.channel_node().exists(), "{step}");
         }
         prepare(&p, &a).await.unwrap();
         let starts = node.imex_log().iter().filter(|l| l.starts_with("start")).count();
         let stops = node.imex_log().iter().filter(|l| l.starts_with("stop")).count();
         assert_eq!(starts - stops, 1, "{step}: one daemon runs: {:?}", node.imex_log());
         unprepare(&p, &a).await;
-        assert!(p.daemons.find(DOMAIN).is_none(), "{step}");
+        assert!(p.daemons.find(&domain()).is_none(), "{step}");
     }
 }
 
@@ -371,16 +376,17 @@ async fn a_daemon_lost_with_the_agent_is_started_again_and_a_deleted_claim_relea
     let a = node.channel_claim("pod-a-channel", UID_A);
     let p = node.open();
     prepare(&p, &a).await.unwrap();
-    let pid = p.daemons.find(DOMAIN).unwrap();
+    let pid = p.daemons.find(&domain()).unwrap();
     drop(p);
     rustix::process::kill_process(rustix::process::Pid::from_raw(pid).unwrap(), rustix::process::Signal::KILL).unwrap();
-    let daemons = Daemons::new(node.root().join("state/domains"), None);
-    while daemons.find(DOMAIN).is_some() {
+    let daemons =
+        Daemons::new(node.root().join("state/domains"), daemons::ImexPrograms::find(&node.root().join("driver")));
+    while daemons.find(&domain()).is_some() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let unknown = node.domains.0.lock().unwrap().take();
     let p = node.open();
-    let revived = p.daemons.find(DOMAIN).expect("started again at start-up");
+    let revived = p.daemons.find(&domain()).expect("started again at start-up");
     assert_ne!(revived, pid);
     let starts = || node.imex_log().iter().filter(|l| l.starts_with("start ")).count();
     for _ in 0..200 {
@@ -393,18 +399,18 @@ async fn a_daemon_lost_with_the_agent_is_started_again_and_a_deleted_claim_relea
     // The domain not yet in the store: the health loop keeps that daemon, no second one.
     let mut written = HashMap::new();
     health::pass_for_tests(&p, &mut written).await;
-    assert_eq!(p.daemons.find(DOMAIN), Some(revived));
+    assert_eq!(p.daemons.find(&domain()), Some(revived));
     *node.domains.0.lock().unwrap() = unknown;
     // Channel prepares keep working on the revived daemon.
     let b = node.channel_claim("pod-b-channel", UID_B);
     prepare(&p, &b).await.unwrap();
-    assert_eq!(p.daemons.find(DOMAIN), Some(revived));
+    assert_eq!(p.daemons.find(&domain()), Some(revived));
 
     // Both claims deleted from the API with no unprepare: released.
     node.claims.remove("pod-a-channel");
     node.claims.remove("pod-b-channel");
     health::pass_for_tests(&p, &mut written).await;
-    assert!(p.daemons.find(DOMAIN).is_none());
+    assert!(p.daemons.find(&domain()).is_none());
     assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
     assert_eq!(node.files("cdi"), Vec::<String>::new());
     assert_eq!(node.files("state/domains"), Vec::<String>::new());
@@ -413,16 +419,16 @@ async fn a_daemon_lost_with_the_agent_is_started_again_and_a_deleted_claim_relea
     unprepare(&p, &a).await;
 }
 
-/// A host-managed `nvidia-imex` (a fake one from another driver root, seen
+/// A host-managed `nvidia-imex` (the driver root's program run by root, seen
 /// in the node's process table): never a second daemon beside it; a
 /// domain it lists is served through it, its readiness asked of it; a
 /// domain it does not list is refused with what to do; it is never stopped.
 #[tokio::test]
 async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_others() {
     let node = Node::new(&[NODE]);
-    let host_root = node.root().join("host-root");
-    fake_imex::install(&host_root).unwrap();
-    let etc = host_root.join("etc/nvidia-imex");
+    // The host runs the driver root's own program, as root.
+    let host_root = node.root().join("driver");
+    let etc = node.root().join("etc/nvidia-imex");
     std::fs::create_dir_all(&etc).unwrap();
     let nodes = etc.join("nodes_config.cfg");
     std::fs::write(&nodes, "# this rack\n10.0.0.1\n10.0.0.7\n").unwrap();
@@ -440,7 +446,8 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     let p = node.open();
     let a = node.channel_claim("pod-a-channel", UID_A);
     prepare(&p, &a).await.unwrap();
-    assert!(node.imex_log().is_empty(), "no daemon of ours: {:?}", node.imex_log());
+    let host_start = format!("start {} # this rack 10.0.0.1 10.0.0.7", etc.join("config.cfg").display());
+    assert_eq!(node.imex_log(), std::slice::from_ref(&host_start), "no daemon of ours");
     assert_eq!(node.files("state/domains"), Vec::<String>::new());
     assert!(node.channel_node().exists());
     assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::Ready);
@@ -450,7 +457,7 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
     let mut written = HashMap::new();
     health::pass_for_tests(&p, &mut written).await;
     assert_eq!(node.conditions.written.lock().unwrap().last().unwrap().1, DaemonState::NotReady("NOT_READY".into()));
-    assert!(node.imex_log().is_empty(), "the health loop starts none either");
+    assert_eq!(node.imex_log(), std::slice::from_ref(&host_start), "the health loop starts none either");
     let b = node.channel_claim("pod-b-channel", UID_B);
     let error = prepare(&p, &b).await.unwrap_err();
     assert!(
@@ -474,10 +481,9 @@ async fn a_host_managed_daemon_serves_the_domains_it_lists_and_refuses_the_other
         )) && error.contains("systemctl disable --now nvidia-imex"),
         "{error}"
     );
-    assert!(node.imex_log().is_empty());
     assert_eq!(node.files("state/checkpoint"), Vec::<String>::new());
     assert_eq!(host.try_wait().unwrap(), None, "the host's daemon is never stopped");
-    assert_eq!(fake_imex::daemon_log(&host_root).len(), 1, "nor signalled: {:?}", fake_imex::daemon_log(&host_root));
+    assert_eq!(fake_imex::daemon_log(&host_root), [host_start], "nor signalled, and no daemon of ours");
     host.kill().unwrap();
     host.wait().unwrap();
 }

@@ -30,17 +30,9 @@ impl ClaimFiles {
 /// Checks that `record` names only the files derived from its UID; the
 /// UID (checked) on success, else why not, naming the field.
 pub fn check(record: &ClaimRecord, driver: &DriverName, mps_dir: &Path) -> Result<ClaimUid, String> {
-    let uid = ClaimUid::new(record.uid.as_str()).map_err(|e| format!("field `uid`: {e}"))?;
+    let uid = check_uid(record)?;
     let files = ClaimFiles::new(driver, &uid, mps_dir);
-    if let Some(name) = &record.cdi_spec_file
-        && *name != files.spec_file
-    {
-        return Err(format!(
-            "field `cdiSpecFile` is {}, but this claim's spec file is {:?}: a record names only its own files",
-            quoted(name),
-            files.spec_file
-        ));
-    }
+    check_spec_file(record, &files.spec_file)?;
     if let Some(daemon) = &record.mps
         && daemon.root != files.mps_root
     {
@@ -51,6 +43,23 @@ pub fn check(record: &ClaimRecord, driver: &DriverName, mps_dir: &Path) -> Resul
         ));
     }
     Ok(uid)
+}
+
+/// The record's claim UID, checked.
+pub fn check_uid(record: &ClaimRecord) -> Result<ClaimUid, String> {
+    ClaimUid::new(record.uid.as_str()).map_err(|e| format!("field `uid`: {e}"))
+}
+
+/// Checks that the record's `cdiSpecFile`, if any, is `derived` (the name
+/// [`cdi::claim_spec_file_name`] gives its claim).
+pub fn check_spec_file(record: &ClaimRecord, derived: &str) -> Result<(), String> {
+    match &record.cdi_spec_file {
+        Some(name) if name != derived => Err(format!(
+            "field `cdiSpecFile` is {}, but this claim's spec file is {derived:?}: a record names only its own files",
+            quoted(name)
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// The most of a stored value a message quotes.

@@ -16,7 +16,7 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_dra_driver::bounded_file::{self, Links};
-use gpu_dra_driver::names::ClaimUid;
+use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
 use crate::mig::{MadeInstance, MigIntent};
 use crate::prepare::types::PreparedDevice;
@@ -195,8 +195,9 @@ pub struct ClaimRecord {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DomainClaim {
-    /// The ComputeDomain's UID (the config's `domainID`).
-    pub domain_uid: String,
+    /// The ComputeDomain's UID (the config's `domainID`); a record holding
+    /// anything else (a path) does not decode, so it is damaged.
+    pub domain_uid: DomainUid,
     /// The claim's namespace, which is the domain's.
     pub namespace: String,
     pub kind: DomainClaimKind,
@@ -400,25 +401,33 @@ impl CheckpointDir {
     /// An earlier damaged file of the same name is kept too (`.damaged.2`,
     /// ...). A symlink is moved itself, never what it names.
     pub fn set_aside(&self, damaged: &DamagedRecord) -> Result<PathBuf, CheckpointError> {
-        let target = (1..=1000)
-            .map(|n| {
-                let mut target = damaged.path.clone().into_os_string();
-                target.push(DAMAGED_SUFFIX);
-                if n > 1 {
-                    target.push(format!(".{n}"));
-                }
-                PathBuf::from(target)
-            })
-            .find(|t| fs::symlink_metadata(t).is_err())
-            .ok_or_else(|| CheckpointError::Write {
-                path: damaged.path.clone(),
-                error: io::Error::other("1000 damaged copies of this record are kept already"),
-            })?;
-        fs::rename(&damaged.path, &target)
-            .and_then(|()| durable::sync_dir(&self.dir))
-            .map_err(|error| CheckpointError::Write { path: target.clone(), error })?;
-        Ok(target)
+        set_aside_file(&self.dir, &damaged.path)
     }
+}
+
+/// Moves the damaged state file `path` (an entry of `dir`) aside to
+/// `<path>.damaged` (`.damaged.2`, ... when earlier ones are kept): kept
+/// for a person to look at, never read again. A symlink is moved itself,
+/// never what it names.
+pub fn set_aside_file(dir: &Path, path: &Path) -> Result<PathBuf, CheckpointError> {
+    let target = (1..=1000)
+        .map(|n| {
+            let mut target = path.to_path_buf().into_os_string();
+            target.push(DAMAGED_SUFFIX);
+            if n > 1 {
+                target.push(format!(".{n}"));
+            }
+            PathBuf::from(target)
+        })
+        .find(|t| fs::symlink_metadata(t).is_err())
+        .ok_or_else(|| CheckpointError::Write {
+            path: path.to_path_buf(),
+            error: io::Error::other("1000 damaged copies of this file are kept already"),
+        })?;
+    fs::rename(path, &target)
+        .and_then(|()| durable::sync_dir(dir))
+        .map_err(|error| CheckpointError::Write { path: target.clone(), error })?;
+    Ok(target)
 }
 
 /// Why a record file was not used.
