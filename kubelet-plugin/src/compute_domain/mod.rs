@@ -94,6 +94,14 @@ pub trait DomainLookup: Send + Sync + 'static {
     fn synced(&self) -> bool {
         true
     }
+
+    /// The domain as the API server has it now, for one the lookup lacks
+    /// although it has listed: a watch may deliver a domain made moments
+    /// ago after its claim is already allocated and being prepared (seen
+    /// on a loaded machine). `None` when the API has no such domain either.
+    fn read_live(&self, namespace: &str, uid: &str) -> impl std::future::Future<Output = Option<ComputeDomain>> + Send {
+        std::future::ready(self.find(namespace, uid))
+    }
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim, and
@@ -451,8 +459,14 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         loop {
             let domain = self.domains.find(namespace, uid);
-            if domain.is_some() || self.domains.synced() || tokio::time::Instant::now() >= wait_until {
+            if domain.is_some() {
                 return domain;
+            }
+            if self.domains.synced() {
+                return self.domains.read_live(namespace, uid).await;
+            }
+            if tokio::time::Instant::now() >= wait_until {
+                return None;
             }
             tokio::time::sleep(POLL).await;
         }

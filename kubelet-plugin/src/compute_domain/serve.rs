@@ -111,7 +111,7 @@ pub async fn start(
             config,
             Daemons::new(state_dir.join("domains"), programs),
             KubeClaimSource::new(client.clone(), ClaimSourceConfig::default()),
-            StoreDomains::new(store),
+            StoreDomains::new(store, client.clone()),
             KubeConditions { client: client.clone(), node: node.to_string() },
         )
         .map_err(anyhow::Error::msg)

@@ -6,11 +6,12 @@
 use gpu_dra_driver::compute_domain::DRIVER_NAME;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
+use gpu_dra_driver::service::decoded_watch;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
 use kube::Api;
-use kube::api::PostParams;
+use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -19,16 +20,19 @@ use super::ready_condition::{ConditionError, Explanation};
 use super::{ConditionWriter, DomainLookup};
 use crate::observe::telemetry::idle_events::REPORTING_CONTROLLER;
 
-/// Domains as a reflector store holds them.
+/// Domains as a reflector store holds them, and as the API server has
+/// them for one the store lacks.
 pub struct StoreDomains {
     pub store: Store<ComputeDomain>,
     /// Set once the store has its first complete list.
     pub synced: Arc<AtomicBool>,
+    /// The client the live read lists a namespace's domains with.
+    client: kube::Client,
 }
 
 impl StoreDomains {
     /// The lookup over `store`, marked synced when the store is ready.
-    pub fn new(store: Store<ComputeDomain>) -> Self {
+    pub fn new(store: Store<ComputeDomain>, client: kube::Client) -> Self {
         let synced = Arc::new(AtomicBool::new(false));
         let (flag, waiting) = (synced.clone(), store.clone());
         tokio::spawn(async move {
@@ -36,7 +40,7 @@ impl StoreDomains {
                 flag.store(true, Ordering::Release);
             }
         });
-        Self { store, synced }
+        Self { store, synced, client }
     }
 }
 
@@ -51,6 +55,28 @@ impl DomainLookup for StoreDomains {
             .iter()
             .find(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
             .map(|d| (**d).clone())
+    }
+
+    /// One list of the namespace's domains (a consistent read, through
+    /// the agent's client and its timeouts), each decoded on its own as
+    /// the watch does; a failed list reads as "not there", the answer the
+    /// store gave.
+    async fn read_live(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+        let resource = decoded_watch::api_resource::<ComputeDomain>();
+        let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
+        let listed = match api.list(&ListParams::default()).await {
+            Ok(listed) => listed,
+            Err(error) => {
+                tracing::warn!(%error, namespace, uid, "listing ComputeDomains for one the watch has not delivered");
+                return None;
+            }
+        };
+        let object = listed.items.into_iter().find(|d| d.metadata.uid.as_deref() == Some(uid))?;
+        let domain = serde_json::to_value(object).ok().and_then(|v| serde_json::from_value::<ComputeDomain>(v).ok());
+        if domain.is_some() {
+            tracing::info!(namespace, uid, "ComputeDomain read from the API: the watch had not delivered it yet");
+        }
+        domain
     }
 }
 

@@ -21,8 +21,15 @@ pub(super) fn domain() -> DomainUid {
     DomainUid::new(DOMAIN).unwrap()
 }
 
+/// The node's view of the domain, whether its watch has listed ("not
+/// yet" while the flag holds), and the domain only the API server has so
+/// far (the watch has not delivered it).
 #[derive(Clone, Default)]
-pub(super) struct Domains(Arc<Mutex<Option<ComputeDomain>>>, Arc<std::sync::atomic::AtomicBool>);
+pub(super) struct Domains(
+    Arc<Mutex<Option<ComputeDomain>>>,
+    Arc<std::sync::atomic::AtomicBool>,
+    Arc<Mutex<Option<ComputeDomain>>>,
+);
 
 impl DomainLookup for Domains {
     /// Synced unless a test says otherwise (the flag holds "not yet").
@@ -31,11 +38,13 @@ impl DomainLookup for Domains {
     }
 
     fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
-        self.0
-            .lock()
-            .unwrap()
-            .clone()
-            .filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
+        let found = self.0.lock().unwrap().clone();
+        found.filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
+    }
+
+    async fn read_live(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+        let live = self.2.lock().unwrap().clone().or_else(|| self.0.lock().unwrap().clone());
+        live.filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
     }
 }
 
@@ -515,4 +524,26 @@ async fn a_prepare_waits_for_the_domain_watchs_first_list() {
     let error = prepare(&p, &a).await.unwrap_err();
     assert!(error.starts_with("no ComputeDomain with UID"), "{error}");
     assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// The watch has listed but not yet delivered a domain made moments ago
+/// (its claim was allocated first): the prepare reads it from the API
+/// server rather than call it deleted. Seen in the real-cluster suites on
+/// a loaded machine, where every channel prepare failed that way.
+#[tokio::test]
+async fn a_domain_the_watch_has_not_delivered_yet_is_read_from_the_api() {
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    let domain = node.domains.0.lock().unwrap().take();
+    *node.domains.2.lock().unwrap() = domain.clone();
+    // The watch delivers it a moment later; the prepare then waits for
+    // the node's place in it as always.
+    let domains = node.domains.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        *domains.0.lock().unwrap() = domain;
+    });
+    prepare(&p, &a).await.unwrap();
+    unprepare(&p, &a).await;
 }
