@@ -358,7 +358,9 @@ impl Publisher {
             }
         }
         // Each round that learns of a dropped field publishes again without
-        // it; a field is learned once, so this ends.
+        // it. Fields are few and each is learned once, so this ends; should
+        // a server keep flipping (slices stored under different gates), the
+        // last round stands and the watch's next difference syncs again.
         for _ in 0..GatedField::ALL.len() {
             if let Some(devices) = self.publish(inventory).await? {
                 return Ok(devices);
