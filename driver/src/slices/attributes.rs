@@ -58,6 +58,11 @@ pub mod taint {
     pub const NO_EXECUTE: &str = "NoExecute";
     /// Informational (1.35+): tolerated by everything, blocks nothing.
     pub const NONE: &str = "None";
+
+    /// Whether a taint with `effect` keeps new claims off the device.
+    pub fn blocks(effect: &str) -> bool {
+        effect == NO_SCHEDULE || effect == NO_EXECUTE
+    }
 }
 
 /// The apiserver's limit on string attribute values.

@@ -11,6 +11,7 @@ pub mod attributes;
 pub mod consumable_shares;
 pub mod partitionable;
 mod request_policy;
+pub mod served;
 pub mod shares;
 pub mod validation;
 
@@ -39,6 +40,8 @@ pub struct SliceBuilder {
     /// Dynamic MIG GPUs are published as partitionable devices
     /// (`DynamicMIG`); without the gate they publish nothing.
     dynamic_mig: bool,
+    /// The gated fields the server drops ([`served`]).
+    not_served: served::NotServed,
 }
 
 /// Why slices could not be built.
@@ -66,6 +69,7 @@ impl SliceBuilder {
             shares: false,
             consumable_shares: consumable_shares::SharesMode::Disabled,
             dynamic_mig: false,
+            not_served: served::NotServed::none(),
         }
     }
 
@@ -94,6 +98,17 @@ impl SliceBuilder {
         self
     }
 
+    /// Slices for a server that drops `not_served`: where a dropped field
+    /// is what keeps a device from being misused, the device is left out
+    /// instead. Without taints a faulty device (one a `NoSchedule` or
+    /// `NoExecute` taint would mark) is withheld until it recovers; without
+    /// counters, dynamic MIG devices (whose overlapping placements only the
+    /// counters keep apart) are.
+    pub fn serving(mut self, not_served: &served::NotServed) -> Self {
+        self.not_served = not_served.clone();
+        self
+    }
+
     /// More XIDs that leave a device allocatable (`--additional-xids-to-ignore`).
     pub fn ignoring_xids(mut self, xids: impl IntoIterator<Item = u32>) -> Self {
         self.taints.ignored_xids.extend(xids);
@@ -114,19 +129,25 @@ impl SliceBuilder {
     pub fn build(&self, inventory: &Inventory, generation: i64) -> Result<Vec<ResourceSlice>, SliceError> {
         let mut entries = Vec::new();
         let mut sets = Vec::new();
+        let counters = !self.not_served.contains(served::GatedField::SharedCounters);
+        let taints = !self.not_served.contains(served::GatedField::Taints);
         for gpu in &inventory.gpus {
-            if let (true, Some((caps, _))) = (self.dynamic_mig, gpu.dynamic_mig()) {
+            if let (true, true, Some((caps, _))) = (self.dynamic_mig, counters, gpu.dynamic_mig()) {
                 sets.push((gpu.minor, partitionable::counter_set(gpu, caps)));
             }
         }
         for d in inventory.published_devices() {
             let dynamic = d.gpu().dynamic_mig().is_some();
-            if dynamic && !self.dynamic_mig {
+            if dynamic && !(self.dynamic_mig && counters) {
                 // A dynamic GPU without the gate is a MIG GPU without
-                // instances: nothing to offer.
+                // instances: nothing to offer. Without counters its
+                // placements would overlap.
                 continue;
             }
             let mut device = attributes::to_api_device(&self.driver, inventory, &d, &self.taints)?;
+            if !taints && device.taints.iter().flatten().any(|t| attributes::taint::blocks(&t.effect)) {
+                continue;
+            }
             if dynamic {
                 // Made per claim: never shared between claims.
                 device.consumes_counters = partitionable::consumption(&d).map(|c| vec![c]);
@@ -241,6 +262,28 @@ mod tests {
         gpus[7].faults.push(Fault::Xid(79));
         let slices = builder().build(&inventory(gpus), 1).unwrap();
         assert_eq!(sizes(&slices), [64, 64, 2]);
+    }
+
+    #[test]
+    fn without_taints_served_a_faulty_gpu_is_withheld_until_it_recovers() {
+        let names = |slices: &[ResourceSlice]| -> Vec<String> {
+            slices.iter().flat_map(|s| s.spec.devices.iter().flatten()).map(|d| d.name.clone()).collect()
+        };
+        let mut gpus: Vec<_> = (0..4).map(gpu).collect();
+        gpus[1].faults.push(Fault::Xid(79));
+        gpus[2].faults.push(Fault::Lost);
+        gpus[3].faults.push(Fault::Xid(43));
+        let not_served = served::NotServed::by_default_on(35);
+        let rules = ServerRules { minor: 35 };
+        let slices = builder().for_server(rules).serving(&not_served).build(&inventory(gpus.clone()), 1).unwrap();
+        assert_eq!(names(&slices), ["gpu-0", "gpu-3"], "an application XID does not withhold");
+        let served = builder().for_server(rules).build(&inventory(gpus.clone()), 1).unwrap();
+        assert_eq!(names(&served), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"], "with taints served, they say it");
+        for g in &mut gpus {
+            g.faults.clear();
+        }
+        let healthy = builder().serving(&not_served).build(&inventory(gpus), 1).unwrap();
+        assert_eq!(names(&healthy), ["gpu-0", "gpu-1", "gpu-2", "gpu-3"]);
     }
 
     #[test]

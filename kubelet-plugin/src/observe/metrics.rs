@@ -13,6 +13,8 @@
 //! | `gpu_dra_registered` | gauge | 1 once the kubelet confirmed registration |
 //! | `gpu_dra_invalid_objects_total` | counter | `kind` (watched objects found undecodable, once each; ignored) |
 //! | `gpu_dra_claim_series_dropped_total` | counter | claims refused per-claim telemetry series by `--max-claim-series` (once each time one goes without) |
+//! | `gpu_dra_slice_writes_total` | counter | `op` (`create`, `update`, `delete`: ResourceSlice writes sent) |
+//! | `gpu_dra_slice_fields_not_served` | gauge | `field` (1: the API server drops it, its gate is off) |
 //!
 //! With telemetry on, the device and claim families of
 //! [`crate::observe::telemetry::families`] are encoded beside them.
@@ -30,7 +32,8 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::observe::telemetry::TelemetryStore;
-use crate::publish::publisher::{PublishError, PublishObserver};
+use crate::publish::publisher::{PublishError, PublishObserver, SliceWrite};
+use gpu_dra_driver::slices::served::GatedField;
 
 /// What the kubelet asked for.
 #[derive(Debug, Clone, Copy, Hash, PartialEq, Eq)]
@@ -135,6 +138,16 @@ struct ErrorLabels {
     kind: ErrorKind,
 }
 
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct SliceWriteLabels {
+    op: &'static str,
+}
+
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct FieldLabels {
+    field: &'static str,
+}
+
 type HistogramFamily = Family<OperationLabels, Histogram, fn() -> Histogram>;
 
 /// Latency buckets from 0.5 ms to ~16 s: a prepare is a few fsyncs when all
@@ -156,6 +169,8 @@ pub struct Metrics {
     registered: Gauge<i64, AtomicI64>,
     invalid_objects: Family<KindLabels, Counter>,
     claim_series_dropped: Counter,
+    slice_writes: Family<SliceWriteLabels, Counter>,
+    fields_not_served: Family<FieldLabels, Gauge<i64, AtomicI64>>,
 }
 
 impl fmt::Debug for Metrics {
@@ -226,6 +241,14 @@ impl Metrics {
             "Prepared claims refused per-claim telemetry series by --max-claim-series (once each time one goes without)",
             claim_series_dropped.clone(),
         );
+        let slice_writes = Family::<SliceWriteLabels, Counter>::default();
+        registry.register("slice_writes", "ResourceSlice writes sent to the API server, by op", slice_writes.clone());
+        let fields_not_served = Family::<FieldLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "slice_fields_not_served",
+            "1 for a ResourceSlice field the API server drops (its feature gate is off)",
+            fields_not_served.clone(),
+        );
         if let Some(store) = telemetry {
             root.register_collector(Box::new(store));
         }
@@ -241,6 +264,8 @@ impl Metrics {
             registered,
             invalid_objects,
             claim_series_dropped,
+            slice_writes,
+            fields_not_served,
         }
     }
 
@@ -317,6 +342,14 @@ impl PublishObserver for Metrics {
     fn failed(&self, _error: &PublishError) {
         self.error(ErrorKind::Publish);
     }
+
+    fn wrote(&self, op: SliceWrite) {
+        self.slice_writes.get_or_create(&SliceWriteLabels { op: op.as_str() }).inc();
+    }
+
+    fn field_served(&self, field: GatedField, served: bool) {
+        self.fields_not_served.get_or_create(&FieldLabels { field: field.name() }).set(i64::from(!served));
+    }
 }
 
 #[cfg(test)]
@@ -375,7 +408,17 @@ mod tests {
     fn the_publisher_reports_through_the_observer() {
         let m = Metrics::new();
         PublishObserver::published(&m, 4, 2);
+        m.wrote(SliceWrite::Create);
+        m.wrote(SliceWrite::Update);
+        m.wrote(SliceWrite::Update);
+        m.field_served(GatedField::Taints, false);
+        m.field_served(GatedField::AllowMultipleAllocations, false);
+        m.field_served(GatedField::AllowMultipleAllocations, true);
         let text = m.encode().unwrap();
         assert!(text.contains("gpu_dra_published_devices 4"), "{text}");
+        assert!(text.contains("gpu_dra_slice_writes_total{op=\"update\"} 2"), "{text}");
+        assert!(text.contains("gpu_dra_slice_writes_total{op=\"create\"} 1"), "{text}");
+        assert!(text.contains("gpu_dra_slice_fields_not_served{field=\"taints\"} 1"), "{text}");
+        assert!(text.contains("gpu_dra_slice_fields_not_served{field=\"allowMultipleAllocations\"} 0"), "{text}");
     }
 }

@@ -13,6 +13,14 @@
 //! all of a node's slices at its start, and a driver's after 30 s without a
 //! plugin), after the watch re-lists, and every `resync` period. Failures
 //! back off exponentially up to `max_backoff`.
+//!
+//! A field whose feature gate is off on the API server is dropped from what
+//! we write ([`served`](gpu_dra_driver::slices::served)). Each write's answer
+//! is compared with what was sent; a dropped field is learned once, logged
+//! once with the gate that serves it, shown in a metric, and from then on
+//! left out of every comparison (else every sync would see a difference and
+//! write again, without end). Where the field is what keeps a device from
+//! being misused (taints, counters) the device is withheld instead.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,8 +29,11 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use gpu_dra_driver::feature_gates::FeatureGates;
+use gpu_dra_driver::feature_gates::Gate;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::slices::consumable_shares::SharesMode;
+use gpu_dra_driver::slices::served::{GatedField, NotServed, WriteVerdict, judge_write};
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, SliceError};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{ResourceSlice, ResourceSliceSpec};
@@ -97,6 +108,29 @@ pub trait PublishObserver: Send + Sync {
     fn published(&self, devices: usize, generation: i64);
     /// A sync failed; it is retried after a backoff.
     fn failed(&self, error: &PublishError);
+    /// One slice write was sent to the server.
+    fn wrote(&self, _op: SliceWrite) {}
+    /// The server was found to drop (`served: false`) or to keep a gated
+    /// field.
+    fn field_served(&self, _field: GatedField, _served: bool) {}
+}
+
+/// A write of one ResourceSlice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum SliceWrite {
+    Create,
+    Update,
+    Delete,
+}
+
+impl SliceWrite {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SliceWrite::Create => "create",
+            SliceWrite::Update => "update",
+            SliceWrite::Delete => "delete",
+        }
+    }
 }
 
 /// The publisher's state for `/readyz` and metrics.
@@ -147,6 +181,18 @@ impl PublishStatus {
             o.failed(error);
         }
     }
+
+    fn wrote(&self, op: SliceWrite) {
+        if let Some(o) = &self.observer {
+            o.wrote(op);
+        }
+    }
+
+    fn field_served(&self, field: GatedField, served: bool) {
+        if let Some(o) = &self.observer {
+            o.field_served(field, served);
+        }
+    }
 }
 
 /// Why a sync failed.
@@ -160,48 +206,6 @@ pub enum PublishError {
     Write { action: &'static str, slice: String, error: kube::Error },
     #[error("ResourceSlice {0} kept changing under us ({CONFLICT_RETRIES} conflicts in a row)")]
     Conflicts(String),
-    #[error(
-        "the apiserver dropped the shared GPUs' allowMultipleAllocations from ResourceSlice {0}: \
-         its DRAConsumableCapacity feature gate is off (default before Kubernetes 1.36); \
-         fix: enable it on the apiserver and scheduler, or turn this driver's ConsumableCapacity off"
-    )]
-    ConsumableCapacityOff(String),
-    #[error(
-        "the apiserver dropped the dynamic MIG devices' shared counters from ResourceSlice {0} (deleted again: \
-         without counters, overlapping MIG devices could be allocated together): its DRAPartitionableDevices \
-         feature gate is off (default before Kubernetes 1.36); fix: enable it on the apiserver and scheduler, or \
-         turn this driver's DynamicMIG off"
-    )]
-    PartitionableDevicesOff(String),
-}
-
-/// Whether the server kept a slice but not its counter sets or its devices'
-/// counter consumptions, as an apiserver without `DRAPartitionableDevices`
-/// does: dynamic MIG devices without counters would let overlapping
-/// placements be allocated together.
-fn dropped_counters(desired: &ResourceSlice, written: &ResourceSlice) -> bool {
-    let counted = |s: &ResourceSlice| {
-        s.spec.shared_counters.as_ref().map_or(0, Vec::len)
-            + s.spec
-                .devices
-                .iter()
-                .flatten()
-                .filter(|d| d.consumes_counters.as_ref().is_some_and(|c| !c.is_empty()))
-                .count()
-    };
-    counted(written) < counted(desired)
-}
-
-/// Whether the server kept a slice but not its devices'
-/// `allowMultipleAllocations`, as an apiserver without
-/// `DRAConsumableCapacity` does (it drops fields of gates that are off).
-/// Left unnoticed, every sync would see a difference and write again, and
-/// the shares would silently be whole-GPU allocations.
-fn dropped_multiple_allocations(desired: &ResourceSlice, written: &ResourceSlice) -> bool {
-    let shared = |s: &ResourceSlice| {
-        s.spec.devices.iter().flatten().filter(|d| d.allow_multiple_allocations == Some(true)).count()
-    };
-    shared(written) < shared(desired)
 }
 
 /// Publishes until every inventory sender is gone. The entry point the
@@ -223,11 +227,16 @@ struct Publisher {
     config: PublisherConfig,
     builder: SliceBuilder,
     status: Arc<PublishStatus>,
-    /// The inventory the current generation describes.
-    target: Option<Arc<Inventory>>,
+    /// The inventory, and the dropped fields that withhold devices, that the
+    /// current generation describes.
+    target: Option<(Arc<Inventory>, NotServed)>,
     generation: i64,
     /// What the last sync wanted on the server, by slice name.
     desired: BTreeMap<String, ResourceSliceSpec>,
+    /// The gated fields this server was seen to drop.
+    not_served: NotServed,
+    /// The server's minor release, once known (for what we log).
+    server_minor: Option<u32>,
     nodes: Api<Node>,
     /// The Node as the slices' owner, so the garbage collector removes them
     /// with the Node (as NVIDIA's and the Go helper's slices are owned).
@@ -252,6 +261,8 @@ impl Publisher {
             target: None,
             generation: 0,
             desired: BTreeMap::new(),
+            not_served: NotServed::none(),
+            server_minor: None,
         }
     }
 
@@ -314,9 +325,12 @@ impl Publisher {
     /// Whether a watch event shows the server away from what we published.
     fn drifted(&self, event: &watcher::Event<ResourceSlice>) -> bool {
         match event {
-            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => {
-                s.metadata.name.as_ref().and_then(|n| self.desired.get(n)).is_none_or(|d| !as_published(&s.spec, d))
-            }
+            watcher::Event::Apply(s) | watcher::Event::InitApply(s) => s
+                .metadata
+                .name
+                .as_ref()
+                .and_then(|n| self.desired.get(n))
+                .is_none_or(|d| !as_published(&s.spec, d, &self.not_served)),
             watcher::Event::Delete(_) => true,
             // A re-list may have missed deletions: compare after it.
             watcher::Event::InitDone => true,
@@ -332,6 +346,7 @@ impl Publisher {
                 Ok(info) => {
                     let rules = server_rules(&info.minor);
                     tracing::info!(version = %info.git_version, minor = rules.minor, "publishing for this server's rules");
+                    self.server_minor = Some(rules.minor);
                     self.builder = self.builder.clone().for_server(rules);
                 }
                 Err(error) => {
@@ -342,6 +357,27 @@ impl Publisher {
                 }
             }
         }
+        // Each round that learns of a dropped field publishes again without
+        // it. Fields are few and each is learned once, so this ends; should
+        // a server keep flipping (slices stored under different gates), the
+        // last round stands and the watch's next difference syncs again.
+        for _ in 0..GatedField::ALL.len() {
+            if let Some(devices) = self.publish(inventory).await? {
+                return Ok(devices);
+            }
+        }
+        self.publish(inventory).await.map(|devices| devices.unwrap_or_else(|| self.published_devices()))
+    }
+
+    /// Devices in what the last round wanted published.
+    fn published_devices(&self) -> usize {
+        self.desired.values().map(|s| s.devices.as_ref().map_or(0, Vec::len)).sum()
+    }
+
+    /// Lists, then creates, replaces and deletes slices until the server
+    /// holds what the inventory says; `None` when a write showed the server
+    /// dropping a field we did not know it drops (publish again).
+    async fn publish(&mut self, inventory: &Arc<Inventory>) -> Result<Option<usize>, PublishError> {
         let selector = self.config.field_selector();
         let existing = self
             .api
@@ -349,13 +385,14 @@ impl Publisher {
             .await
             .map_err(|error| PublishError::List { selector: selector.clone(), error })?
             .items;
-        if self.target.as_ref().is_none_or(|t| **t != **inventory) {
+        let withheld = withholding(&self.not_served);
+        if self.target.as_ref().is_none_or(|(i, w)| **i != **inventory || *w != withheld) {
             self.generation = self.next_generation(inventory, &existing)?;
-            self.target = Some(inventory.clone());
+            self.target = Some((inventory.clone(), withheld));
         }
         self.resolve_owner().await;
         let mut desired = match self.config.kind {
-            SliceKind::Gpus => self.builder.build(inventory, self.generation)?,
+            SliceKind::Gpus => self.builder.clone().serving(&self.not_served).build(inventory, self.generation)?,
             SliceKind::ComputeDomains => {
                 let clique = gpu_dra_driver::compute_domain::devices::node_clique(inventory).unwrap_or_else(|error| {
                     tracing::warn!(%error, "publishing no ComputeDomain devices");
@@ -379,16 +416,50 @@ impl Publisher {
         for slice in &desired {
             let name = slice.metadata.name.clone().unwrap_or_default();
             let current = by_name.remove(&name);
-            self.write(slice, &name, current).await?;
+            if let Some(verdict) = self.write(slice, &name, current).await?
+                && self.learn(&name, &verdict)
+            {
+                return Ok(None);
+            }
         }
         for name in by_name.into_keys() {
+            self.status.wrote(SliceWrite::Delete);
             match self.api.delete(&name, &DeleteParams::default()).await {
                 Ok(_) => tracing::info!(slice = %name, "deleted a ResourceSlice the inventory no longer has"),
                 Err(kube::Error::Api(s)) if s.code == 404 => {}
                 Err(error) => return Err(PublishError::Write { action: "deleting", slice: name, error }),
             }
         }
-        Ok(desired.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum())
+        Ok(Some(desired.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum()))
+    }
+
+    /// Takes in what a write's answer says of the gated fields; whether the
+    /// slices must be built again (a field that withholds devices is newly
+    /// known dropped, or served again). Each change is logged once and shown
+    /// in the metric.
+    fn learn(&mut self, slice: &str, verdict: &WriteVerdict) -> bool {
+        let before = withholding(&self.not_served);
+        for &field in &verdict.dropped {
+            if self.not_served.insert(field) {
+                self.status.field_served(field, false);
+                let release = self.server_minor.map_or_else(|| "unknown".to_string(), |m| format!("1.{m}"));
+                tracing::warn!(
+                    slice,
+                    field = field.name(),
+                    gate = field.gate(),
+                    kubernetes = %release,
+                    "{}",
+                    not_served_message(field, self.server_minor, &self.config)
+                );
+            }
+        }
+        for &field in &verdict.served {
+            if self.not_served.remove(field) {
+                self.status.field_served(field, true);
+                tracing::info!(slice, field = field.name(), gate = field.gate(), "the API server now keeps this field");
+            }
+        }
+        withholding(&self.not_served) != before
     }
 
     /// Looks the Node up once; without it (not created yet, or no RBAC to
@@ -422,10 +493,12 @@ impl Publisher {
         if self.target.is_none()
             && let Some(generation) = server_max
         {
-            let same = self.builder.build(inventory, generation)?;
+            let same = self.builder.clone().serving(&self.not_served).build(inventory, generation)?;
             let unchanged = same.len() == existing.len()
                 && same.iter().all(|d| {
-                    existing.iter().any(|e| e.metadata.name == d.metadata.name && as_published(&e.spec, &d.spec))
+                    existing
+                        .iter()
+                        .any(|e| e.metadata.name == d.metadata.name && as_published(&e.spec, &d.spec, &self.not_served))
                 });
             if unchanged {
                 return Ok(generation);
@@ -434,40 +507,37 @@ impl Publisher {
         Ok(self.generation.max(server_max.unwrap_or(0)) + 1)
     }
 
-    /// Creates or replaces one slice, re-reading and retrying on 409.
+    /// Creates or replaces one slice, re-reading and retrying on 409;
+    /// what the server's answer says of the gated fields (`None`: nothing
+    /// written, the server already held it).
     async fn write(
         &self,
         desired: &ResourceSlice,
         name: &str,
         mut current: Option<ResourceSlice>,
-    ) -> Result<(), PublishError> {
+    ) -> Result<Option<WriteVerdict>, PublishError> {
         let err = |action, error| PublishError::Write { action, slice: name.to_string(), error };
         for _ in 0..CONFLICT_RETRIES {
             let result = match &current {
                 Some(cur)
-                    if as_published(&cur.spec, &desired.spec)
+                    if as_published(&cur.spec, &desired.spec, &self.not_served)
                         && cur.metadata.owner_references == desired.metadata.owner_references =>
                 {
-                    return Ok(());
+                    return Ok(None);
                 }
                 Some(cur) => {
                     let mut next = desired.clone();
                     next.metadata.resource_version = cur.metadata.resource_version.clone();
+                    self.status.wrote(SliceWrite::Update);
                     self.api.replace(name, &PostParams::default(), &next).await.map_err(|e| ("updating", e))
                 }
-                None => self.api.create(&PostParams::default(), desired).await.map_err(|e| ("creating", e)),
+                None => {
+                    self.status.wrote(SliceWrite::Create);
+                    self.api.create(&PostParams::default(), desired).await.map_err(|e| ("creating", e))
+                }
             };
             match result {
-                Ok(written) if dropped_multiple_allocations(desired, &written) => {
-                    return Err(PublishError::ConsumableCapacityOff(name.to_string()));
-                }
-                Ok(written) if dropped_counters(desired, &written) => {
-                    if let Err(error) = self.api.delete(name, &DeleteParams::default()).await {
-                        tracing::error!(slice = name, %error, "cannot delete a slice whose counters the server dropped");
-                    }
-                    return Err(PublishError::PartitionableDevicesOff(name.to_string()));
-                }
-                Ok(_) => return Ok(()),
+                Ok(written) => return Ok(Some(judge_write(&desired.spec, &written.spec))),
                 // 409: AlreadyExists on create or Conflict on a stale
                 // resourceVersion. Re-read and try again.
                 Err((_, kube::Error::Api(s))) if s.code == 409 => {
@@ -482,6 +552,60 @@ impl Publisher {
     }
 }
 
+/// The dropped fields that change what the slice builder publishes (it
+/// withholds the devices they would have kept from misuse); the others only
+/// change how the server's copy is compared.
+fn withholding(not_served: &NotServed) -> NotServed {
+    let mut out = NotServed::none();
+    for field in not_served.iter().filter(|f| matches!(f, GatedField::Taints | GatedField::SharedCounters)) {
+        out.insert(field);
+    }
+    out
+}
+
+/// What a dropped field means for this node and how to serve it, said once.
+fn not_served_message(field: GatedField, minor: Option<u32>, config: &PublisherConfig) -> String {
+    let release = minor.map_or_else(|| "this Kubernetes release".to_string(), |m| format!("Kubernetes 1.{m}"));
+    let default = match field.served_by_default_from() {
+        Some(from) => format!("on by default from 1.{from}"),
+        None => "alpha, off by default".to_string(),
+    };
+    let cause = format!(
+        "the API server ({release}) drops the ResourceSlice field {} because its feature gate {} is off ({default})",
+        field.name(),
+        field.gate()
+    );
+    let turn_on = format!("turn the {} feature gate on on the API server and the scheduler", field.gate());
+    match field {
+        GatedField::Taints => format!(
+            "{cause}: faulty GPUs are left out of the slices until they recover, rather than published tainted \
+             (untainted, a claim could be given one); to publish them tainted, {turn_on}"
+        ),
+        GatedField::AllowMultipleAllocations | GatedField::RequestPolicy => {
+            let setting =
+                if config.gates.enabled(Gate::ConsumableShares) && config.consumable_shares != SharesMode::Disabled {
+                    format!("--consumable-shares={} (ConsumableShares)", config.consumable_shares)
+                } else if config.gates.enabled(Gate::ConsumableCapacity) {
+                    "ConsumableCapacity".to_string()
+                } else {
+                    "this plugin's settings".to_string()
+                };
+            format!(
+                "{cause}: the devices {setting} publishes for sharing are whole devices to this cluster, one claim \
+                 each (a second replica does not schedule on the same GPU); fix: {turn_on}, or share one \
+                 ResourceClaim between the pods (a GPU sharing config: time-slicing or MPS)"
+            )
+        }
+        GatedField::SharedCounters => format!(
+            "{cause}: dynamic MIG devices are left out of the slices (without counters, overlapping MIG devices \
+             could be allocated together); fix: {turn_on}, or turn this driver's DynamicMIG off"
+        ),
+        GatedField::BindingConditions | GatedField::ListAttributes | GatedField::NodeAllocatableResources => {
+            format!("{cause}: the scheduler does not see it; fix: {turn_on}")
+        }
+    }
+}
+
 /// The rules of a server whose `/version` says `minor` (`"35"`, or `"35+"`
 /// from managed clusters); older or unreadable ones get 1.34's.
 fn server_rules(minor: &str) -> ServerRules {
@@ -492,14 +616,16 @@ fn server_rules(minor: &str) -> ServerRules {
 
 /// Whether the server's copy of a slice says what we published: equal but
 /// for what the server fills in on every write (a taint's `timeAdded`,
-/// ResourceSlice strategy's defaulting). Compared exactly, a tainted slice
-/// would look changed after every write and be rewritten forever, and a
-/// restarted plugin would never keep its generation.
-fn as_published(server: &ResourceSliceSpec, desired: &ResourceSliceSpec) -> bool {
+/// ResourceSlice strategy's defaulting) and for the fields it drops
+/// (`not_served`, on both sides: a server keeps a gated field an older copy
+/// already used). Compared exactly, a tainted slice would look changed after
+/// every write and be rewritten forever, and a restarted plugin would never
+/// keep its generation.
+fn as_published(server: &ResourceSliceSpec, desired: &ResourceSliceSpec, not_served: &NotServed) -> bool {
     if server == desired {
         return true;
     }
-    let mut server = server.clone();
+    let (mut server, desired) = (not_served.strip(server), not_served.strip(desired));
     for (device, wanted) in server.devices.iter_mut().flatten().zip(desired.devices.iter().flatten()) {
         for (taint, wanted) in device.taints.iter_mut().flatten().zip(wanted.taints.iter().flatten()) {
             if wanted.time_added.is_none() {
@@ -507,7 +633,7 @@ fn as_published(server: &ResourceSliceSpec, desired: &ResourceSliceSpec) -> bool
             }
         }
     }
-    server == *desired
+    server == desired
 }
 
 #[cfg(test)]
@@ -532,9 +658,10 @@ mod tests {
             ..Default::default()
         };
         let stamped = Some(Time("2026-11-26T10:00:00Z".parse().unwrap()));
-        assert!(as_published(&spec(stamped.clone(), "NoSchedule"), &spec(None, "NoSchedule")));
-        assert!(!as_published(&spec(stamped.clone(), "NoExecute"), &spec(None, "NoSchedule")), "a real change");
-        assert!(!as_published(&spec(None, "NoSchedule"), &spec(stamped, "NoSchedule")), "a time we set is ours");
+        let all = NotServed::none();
+        assert!(as_published(&spec(stamped.clone(), "NoSchedule"), &spec(None, "NoSchedule"), &all));
+        assert!(!as_published(&spec(stamped.clone(), "NoExecute"), &spec(None, "NoSchedule"), &all), "a real change");
+        assert!(!as_published(&spec(None, "NoSchedule"), &spec(stamped, "NoSchedule"), &all), "a time we set is ours");
     }
 
     #[test]
@@ -546,58 +673,51 @@ mod tests {
         assert!(!server_rules("34").taint_effect_none() && server_rules("35").taint_effect_none());
     }
 
-    #[test]
-    fn a_server_dropping_multiple_allocations_is_noticed() {
-        use k8s_openapi::api::resource::v1::Device;
-        let slice = |shared: Option<bool>| ResourceSlice {
-            spec: ResourceSliceSpec {
-                devices: Some(vec![Device {
-                    name: "gpu-0".into(),
-                    allow_multiple_allocations: shared,
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert!(dropped_multiple_allocations(&slice(Some(true)), &slice(None)));
-        assert!(!dropped_multiple_allocations(&slice(Some(true)), &slice(Some(true))));
-        assert!(!dropped_multiple_allocations(&slice(None), &slice(None)));
-        let text = PublishError::ConsumableCapacityOff("s".into()).to_string();
-        assert!(text.contains("DRAConsumableCapacity feature gate is off"), "{text}");
+    fn device(name: &str) -> k8s_openapi::api::resource::v1::Device {
+        k8s_openapi::api::resource::v1::Device { name: name.into(), ..Default::default() }
+    }
+
+    fn tainted(name: &str) -> k8s_openapi::api::resource::v1::Device {
+        k8s_openapi::api::resource::v1::Device {
+            taints: Some(vec![k8s_openapi::api::resource::v1::DeviceTaint {
+                key: "gpu.nvidia.com/xid".into(),
+                value: Some("43".into()),
+                effect: "None".into(),
+                time_added: None,
+            }]),
+            ..device(name)
+        }
+    }
+
+    fn devices(devices: Vec<k8s_openapi::api::resource::v1::Device>) -> ResourceSliceSpec {
+        ResourceSliceSpec { devices: Some(devices), ..Default::default() }
     }
 
     #[test]
-    fn a_server_dropping_counters_is_noticed() {
-        use k8s_openapi::api::resource::v1::{Counter, CounterSet, Device, DeviceCounterConsumption};
-        use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-        let with = |counters: bool| ResourceSlice {
-            spec: ResourceSliceSpec {
-                devices: Some(vec![Device {
-                    name: "gpu-0-mig-1g10gb-19-0".into(),
-                    consumes_counters: counters.then(|| {
-                        vec![DeviceCounterConsumption {
-                            counter_set: "gpu-0-counter-set".into(),
-                            counters: [("memory-slice-0".to_string(), Counter { value: Quantity("1".into()) })].into(),
-                            compatibility_groups: None,
-                        }]
-                    }),
-                    ..Default::default()
-                }]),
-                shared_counters: counters.then(|| {
-                    vec![CounterSet {
-                        name: "gpu-0-counter-set".into(),
-                        counters: [("memory-slice-0".to_string(), Counter { value: Quantity("1".into()) })].into(),
-                    }]
-                }),
-                ..Default::default()
-            },
-            ..Default::default()
-        };
-        assert!(dropped_counters(&with(true), &with(false)));
-        assert!(!dropped_counters(&with(true), &with(true)));
-        assert!(!dropped_counters(&with(false), &with(false)));
-        let text = PublishError::PartitionableDevicesOff("s".into()).to_string();
-        assert!(text.contains("DRAPartitionableDevices") && text.contains("deleted again"), "{text}");
+    fn a_field_the_server_drops_is_no_difference_once_known() {
+        let desired = devices(vec![device("gpu-0"), tainted("gpu-1")]);
+        let stored = devices(vec![device("gpu-0"), device("gpu-1")]);
+        assert!(!as_published(&stored, &desired, &NotServed::none()), "unknown, it is a difference");
+        let taints_dropped = NotServed::by_default_on(35);
+        assert!(as_published(&stored, &desired, &taints_dropped));
+        // A server keeps a gated field that its stored copy already used.
+        assert!(as_published(&desired, &devices(vec![device("gpu-0"), device("gpu-1")]), &taints_dropped));
+        assert!(
+            !as_published(&stored, &devices(vec![device("gpu-0")]), &taints_dropped),
+            "a device withheld is a real change"
+        );
+    }
+
+    #[test]
+    fn what_is_said_of_dropped_shares_names_the_cause_and_the_fix() {
+        let mut config = PublisherConfig::new(NodeName::new("n").unwrap(), DriverName::nvidia_default());
+        config.gates = FeatureGates::default().with(Gate::ConsumableShares, true);
+        config.consumable_shares = SharesMode::Memory;
+        let text = not_served_message(GatedField::AllowMultipleAllocations, Some(34), &config);
+        assert!(text.contains("Kubernetes 1.34") && text.contains("allowMultipleAllocations"), "{text}");
+        assert!(text.contains("turn the DRAConsumableCapacity feature gate on on the API server and the scheduler"));
+        assert!(text.contains("--consumable-shares=memory") && !text.contains("turn this driver's"), "{text}");
+        let taints = not_served_message(GatedField::Taints, Some(34), &config);
+        assert!(taints.contains("DRADeviceTaints") && taints.contains("left out of the slices"), "{taints}");
     }
 }

@@ -26,6 +26,7 @@ mod defaults;
 mod discovery;
 pub mod errors;
 pub mod faults;
+pub mod gates;
 mod handlers;
 pub mod kinds;
 pub mod proxy;
@@ -137,6 +138,23 @@ impl ApiServer {
     /// Kubernetes 1.`minor`, e.g. 34 for the oldest supported release's rules.
     pub fn set_server_minor(&self, minor: u32) {
         self.shared.store.set_server_minor(minor);
+    }
+
+    /// Turns one of the API server's feature gates (`gates::DEVICE_TAINTS`,
+    /// ...) on or off: with it off, ResourceSlice writes lose its fields as
+    /// on the real server ([`gates`]). All are on unless turned off.
+    pub fn set_feature_gate(&self, gate: &str, on: bool) {
+        self.shared.store.set_feature_gate(gate, on);
+    }
+
+    /// Makes the stand-in Kubernetes 1.`minor` with that release's default
+    /// gates: its `/version`, its ResourceSlice rules, and the fields of
+    /// its alpha gates dropped.
+    pub fn use_release_defaults(&self, minor: u32) {
+        self.set_server_minor(minor);
+        for gate in gates::off_by_default(minor) {
+            self.set_feature_gate(gate, false);
+        }
     }
 
     /// Fault injection and the request log.

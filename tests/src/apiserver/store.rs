@@ -84,6 +84,8 @@ pub struct Store {
     /// The Kubernetes minor release the stand-in is (its `/version`, and the
     /// ResourceSlice rules it validates with).
     server_minor: AtomicU32,
+    /// The feature gates turned off ([`super::gates`]).
+    gates_off: Mutex<super::gates::GatesOff>,
 }
 
 /// A request's identity for an object write.
@@ -138,6 +140,25 @@ impl Store {
         self.server_minor.store(minor, Ordering::Relaxed);
     }
 
+    /// Turns a feature gate (e.g. `DRADeviceTaints`) on or off.
+    pub fn set_feature_gate(&self, gate: &str, on: bool) {
+        let mut off = self.gates_off.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if on {
+            off.remove(gate);
+        } else {
+            off.insert(gate.to_string());
+        }
+    }
+
+    /// A ResourceSlice write's new object without the fields of the gates
+    /// that are off (`old`: the stored object, on update).
+    fn drop_disabled_fields(&self, kind: &Kind, new: &mut Value, old: Option<&Value>) {
+        if kind.kind == "ResourceSlice" {
+            let off = self.gates_off.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            super::gates::drop_disabled_slice_fields(&off, new, old);
+        }
+    }
+
     pub fn new() -> Self {
         let server_id = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
         Self {
@@ -152,6 +173,7 @@ impl Store {
             events: broadcast::channel(4096).0,
             server_id,
             server_minor: AtomicU32::new(super::DEFAULT_SERVER_MINOR),
+            gates_off: Mutex::new(super::gates::GatesOff::new()),
         }
     }
 
@@ -309,6 +331,7 @@ impl Store {
         set_meta(&mut object, "managedFields", Value::Null);
         set_type(kind, &mut object);
         defaults::apply(kind, &mut object);
+        self.drop_disabled_fields(kind, &mut object, None);
         validate::check(kind, &name, &object, None, self.server_minor())?;
         if managers.is_empty() {
             apply::record_update(&mut managers, manager, &Value::Null, &object);
@@ -401,6 +424,11 @@ impl Store {
         if kind.generation && new.get("spec") != old.get("spec") {
             let generation = old.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0) + 1;
             set_meta(&mut new, "generation", json!(generation));
+        }
+        // PrepareForUpdate: the generation follows the spec as sent, then
+        // the disabled fields go.
+        if !write.status {
+            self.drop_disabled_fields(kind, &mut new, Some(&old));
         }
         set_meta(&mut new, "resourceVersion", old.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null));
         if new == old {
