@@ -23,6 +23,7 @@ pub mod control;
 /// The crash tests' kill points, shared with the other prepares
 /// ([`crate::state::kill_point`]); re-exported so MIG's steps keep their path.
 pub use crate::state::kill_point;
+pub mod ledger;
 pub mod lifecycle;
 #[cfg(target_os = "linux")]
 pub mod nvml;
