@@ -174,7 +174,7 @@ fn forged_records_never_destroy_instances_the_plugin_did_not_make_for_them() {
         "start-up kept the administrator's instances\n{}",
         node.process.log()
     );
-    assert_eq!(on(&gpu, 0), [real_instance.clone()], "start-up kept the real claim's instance");
+    assert_eq!(on(&gpu, 0), std::slice::from_ref(&real_instance), "start-up kept the real claim's instance");
     assert_eq!(damaged(&node), [format!("{FORGED_B}.json.damaged")], "the forged prepared claim is set aside");
 
     let forged_claims: Vec<_> = records.iter().map(|r| claim("default", &r.name, &r.uid)).collect();

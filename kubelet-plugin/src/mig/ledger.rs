@@ -306,7 +306,22 @@ impl ClaimOwnership<'_> {
 
     /// Before `intent`'s create call.
     pub fn creating(&mut self, intent: &MigIntent) -> Result<(), String> {
-        self.save(|l| l.set(intent, Made::Creating))
+        self.creating_all(&[intent])
+    }
+
+    /// Before the create calls of `intents`, in one write (a claim's
+    /// devices are made one after the other right after it); those already
+    /// marked so are not written again.
+    pub fn creating_all(&mut self, intents: &[&MigIntent]) -> Result<(), String> {
+        let fresh: Vec<&MigIntent> = intents
+            .iter()
+            .copied()
+            .filter(|i| self.entry.instance(i).is_none_or(|o| o.made != Made::Creating))
+            .collect();
+        if fresh.is_empty() {
+            return Ok(());
+        }
+        self.save(|l| fresh.iter().for_each(|i| l.set(i, Made::Creating)))
     }
 
     /// Right after the create call returned GPU instance `gi`.
@@ -318,6 +333,20 @@ impl ClaimOwnership<'_> {
     pub fn made_compute_instance(&mut self, intent: &MigIntent, gi: u32, ci: u32, uuid: &str) -> Result<(), String> {
         let made = Made::Complete { gpu_instance_id: gi, compute_instance_id: ci, mig_uuid: uuid.to_owned() };
         self.save(|l| l.set(intent, made))
+    }
+
+    /// Drops the `Creating` mark of `intents` whose create was never
+    /// called (a claim's earlier device failed): nothing of theirs exists.
+    pub fn never_made(&mut self, intents: &[&MigIntent]) -> Result<(), String> {
+        let marked: Vec<&MigIntent> = intents
+            .iter()
+            .copied()
+            .filter(|i| self.entry.instance(i).is_some_and(|o| o.made == Made::Creating))
+            .collect();
+        if marked.is_empty() {
+            return Ok(());
+        }
+        self.save(|l| marked.iter().for_each(|i| l.set(i, Made::Destroyed)))
     }
 
     /// After the plugin destroyed it.

@@ -56,7 +56,8 @@ fn device_text(intent: &MigIntent) -> String {
 /// Makes one device: its GPU instance at its placement, the compute
 /// instance spanning it, then reads its UUID and caps minors. The ledger
 /// hears of each step: before the create call, right after it returned
-/// (the GPU-instance id), right after the compute instance. A failure
+/// (the GPU-instance id), right after the compute instance (the first is
+/// skipped when [`make_all`] already wrote it for the claim). A failure
 /// after the GPU instance destroys it again (best effort: the caller's
 /// roll-back retries, through the ledger).
 pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<MadeInstance, String> {
@@ -108,10 +109,16 @@ pub fn make_all(
     intents: &[&MigIntent],
 ) -> Result<Vec<MadeInstance>, String> {
     let mut made: Vec<Option<MadeInstance>> = vec![None; intents.len()];
-    for index in order::creation_order(intents) {
+    own.creating_all(intents).map_err(|e| format!("recording the MIG devices to make: {e}"))?;
+    let order = order::creation_order(intents);
+    for (step, &index) in order.iter().enumerate() {
         match make(host, own, intents[index]) {
             Ok(instance) => made[index] = Some(instance),
             Err(error) => {
+                let untried: Vec<&MigIntent> = order[step + 1..].iter().map(|&i| intents[i]).collect();
+                if let Err(undo) = own.never_made(&untried) {
+                    tracing::warn!(%undo, "recording MIG devices that were not made failed");
+                }
                 let done: Vec<&MigIntent> =
                     intents.iter().zip(&made).filter(|(_, m)| m.is_some()).map(|(i, _)| *i).collect();
                 if let Err(undo) = unmake_all(host, own, &done) {
