@@ -296,26 +296,26 @@ fn open_preparer(
     Ok(preparer)
 }
 
-/// Tells the selection which MIG instances the checkpoint's claims own
-/// before the first inventory is read, so a GPU holding only those stays
-/// dynamic across a restart (and start-up can settle it).
+/// Tells the selection which MIG instances the plugin made (its ownership
+/// ledger, never the checkpoint's records) before the first inventory is
+/// read, so a GPU holding only those stays dynamic across a restart (and
+/// start-up can settle it), and which it may have made but cannot prove.
 fn seed_ours(
     args: &RunArgs,
     selection: &DynamicMigSelection,
     mig: Option<&crate::mig::lifecycle::MigHost>,
 ) -> anyhow::Result<()> {
-    if !selection.enabled() {
-        return Ok(());
-    }
+    let Some(host) = mig.filter(|_| selection.enabled()) else { return Ok(()) };
     let boot_id = checkpoint::boot_id(&args.host.proc_root).with_context(|| {
         format!("reading the boot id under --proc-root {} (sys/kernel/random/boot_id)", args.host.proc_root.display())
     })?;
-    let dir = checkpoint::CheckpointDir::existing(args.state_dir().join("checkpoint"));
-    // A missing directory is a first start; damaged records are dealt with
+    // A missing directory is a first start; damaged files are dealt with
     // when the preparer opens it.
-    let records = dir.load().map(|l| l.records).unwrap_or_default();
-    let control = mig.map(|m| &*m.control);
-    selection.set_ours(crate::mig::ownership::owned_uuids(&records, &boot_id, control));
+    let ledger = crate::mig::ledger::Ledger::new(host.ledger.path());
+    ledger.peek();
+    let all = ledger.all();
+    selection.set_ours(crate::mig::ownership::owned_uuids(&all, &boot_id));
+    selection.set_withheld(crate::mig::ownership::withheld(&all, &boot_id, &*host.control));
     Ok(())
 }
 
@@ -332,6 +332,7 @@ fn mig_host(args: &RunArgs) -> Option<crate::mig::lifecycle::MigHost> {
             control: Arc::new(crate::mig::nvml::NvmlMigControl::new(nvml)),
             proc_root: args.host.proc_root.clone(),
             mode_observer: None,
+            ledger: Arc::new(crate::mig::ledger::Ledger::new(args.state_dir().join("mig-ledger"))),
         }),
         Err(error) => {
             tracing::warn!(%error, "NVML cannot be opened for dynamic MIG; claims for dynamic MIG devices will fail");

@@ -2,14 +2,19 @@
 //! point between every two side effects (see [`super::kill_point`]).
 //! Every function here is idempotent against the GPU's real state: an
 //! instance is found by its profile and placement, so a retry after any
-//! crash finds what the earlier attempt left.
+//! crash finds what the earlier attempt left. Each step is written to the
+//! claim's ownership ledger ([`super::ledger`]) as it happens, and an
+//! instance is destroyed only where the ledger and NVML agree it is the one
+//! the plugin made ([`super::ownership`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::control::{MigControl, MigControlError, MigModeState};
 use super::kill_point::{self, Step};
+use super::ledger::{ClaimOwnership, Ledger};
 use super::order;
+use super::ownership::{self, Proof};
 use super::{MadeInstance, MigIntent, ObservedInstance, caps};
 
 /// What dynamic MIG works with on a node: NVML, the `/proc` that shows
@@ -20,6 +25,8 @@ pub struct MigHost {
     pub proc_root: PathBuf,
     /// Told after every MIG mode switch; `None` where nothing follows it.
     pub mode_observer: Option<Arc<dyn MigModeObserver>>,
+    /// What the plugin made, recorded as it made it.
+    pub ledger: Arc<Ledger>,
 }
 
 /// Hears that the plugin switched a GPU's MIG mode, so what the node
@@ -47,19 +54,32 @@ fn device_text(intent: &MigIntent) -> String {
 }
 
 /// Makes one device: its GPU instance at its placement, the compute
-/// instance spanning it, then reads its UUID and caps minors. A failure
+/// instance spanning it, then reads its UUID and caps minors. The ledger
+/// hears of each step: before the create call, right after it returned
+/// (the GPU-instance id), right after the compute instance (the first is
+/// skipped when [`make_all`] already wrote it for the claim). A failure
 /// after the GPU instance destroys it again (best effort: the caller's
-/// roll-back retries by placement).
-pub fn make(host: &MigHost, intent: &MigIntent) -> Result<MadeInstance, String> {
+/// roll-back retries, through the ledger).
+pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<MadeInstance, String> {
     let control = &*host.control;
-    let gi = control
-        .create_gpu_instance(&intent.gpu_uuid, intent.profile_id, intent.placement())
-        .map_err(|e| format!("making {}: {e}", device_text(intent)))?;
-    kill_point::reached(Step::AfterGpuInstance);
-    let finish = || -> Result<MadeInstance, String> {
+    own.creating(intent).map_err(|e| format!("making {}: {e}", device_text(intent)))?;
+    let gi = match control.create_gpu_instance(&intent.gpu_uuid, intent.profile_id, intent.placement()) {
+        Ok(gi) => gi,
+        Err(error) => {
+            // Nothing was made: the entry must not adopt whatever is there.
+            if let Err(undo) = own.destroyed(intent) {
+                tracing::warn!(%undo, "recording a MIG device that was not made failed");
+            }
+            return Err(format!("making {}: {error}", device_text(intent)));
+        }
+    };
+    let finish = |own: &mut ClaimOwnership<'_>| -> Result<MadeInstance, String> {
+        own.made_gpu_instance(intent, gi)?;
+        kill_point::reached(Step::AfterGpuInstance);
         let (ci, uuid) = control
             .create_compute_instance(&intent.gpu_uuid, gi, intent.compute_profile_index)
             .map_err(|e| e.to_string())?;
+        own.made_compute_instance(intent, gi, ci, &uuid)?;
         kill_point::reached(Step::AfterComputeInstance);
         let (gi_cap, ci_cap) = caps::read(&host.proc_root, intent.gpu_minor, gi, ci)?;
         Ok(MadeInstance {
@@ -70,9 +90,11 @@ pub fn make(host: &MigHost, intent: &MigIntent) -> Result<MadeInstance, String> 
             compute_instance_cap: ci_cap,
         })
     };
-    finish().map_err(|error| {
-        if let Err(undo) = destroy(control, &intent.gpu_uuid, gi) {
-            tracing::warn!(%undo, "removing a half-made MIG device failed; the roll-back retries");
+    finish(own).map_err(|error| {
+        // NVML returned `gi` to this call: it is ours, whatever the ledger holds.
+        match destroy(control, &intent.gpu_uuid, gi).map_err(|e| e.to_string()).and_then(|()| own.destroyed(intent)) {
+            Ok(()) => {}
+            Err(undo) => tracing::warn!(%undo, "removing a half-made MIG device failed; the roll-back retries"),
         }
         format!("making {}: {error}", device_text(intent))
     })
@@ -81,15 +103,25 @@ pub fn make(host: &MigHost, intent: &MigIntent) -> Result<MadeInstance, String> 
 /// Makes `intents` in creation order (see [`order::creation_order`]);
 /// returns what was made, by the intents' own order. On failure, what this
 /// call made is destroyed again (in reverse), then the error returned.
-pub fn make_all(host: &MigHost, intents: &[&MigIntent]) -> Result<Vec<MadeInstance>, String> {
+pub fn make_all(
+    host: &MigHost,
+    own: &mut ClaimOwnership<'_>,
+    intents: &[&MigIntent],
+) -> Result<Vec<MadeInstance>, String> {
     let mut made: Vec<Option<MadeInstance>> = vec![None; intents.len()];
-    for index in order::creation_order(intents) {
-        match make(host, intents[index]) {
+    own.creating_all(intents).map_err(|e| format!("recording the MIG devices to make: {e}"))?;
+    let order = order::creation_order(intents);
+    for (step, &index) in order.iter().enumerate() {
+        match make(host, own, intents[index]) {
             Ok(instance) => made[index] = Some(instance),
             Err(error) => {
+                let untried: Vec<&MigIntent> = order[step + 1..].iter().map(|&i| intents[i]).collect();
+                if let Err(undo) = own.never_made(&untried) {
+                    tracing::warn!(%undo, "recording MIG devices that were not made failed");
+                }
                 let done: Vec<&MigIntent> =
                     intents.iter().zip(&made).filter(|(_, m)| m.is_some()).map(|(i, _)| *i).collect();
-                if let Err(undo) = unmake_all(host, &done) {
+                if let Err(undo) = unmake_all(host, own, &done) {
                     tracing::warn!(%undo, "removing the MIG devices of a failed prepare failed; the roll-back retries");
                 }
                 return Err(error);
@@ -99,9 +131,12 @@ pub fn make_all(host: &MigHost, intents: &[&MigIntent]) -> Result<Vec<MadeInstan
     Ok(made.into_iter().flatten().collect())
 }
 
-/// Destroys the instance `intent` names, if it exists: its compute
-/// instances, then the GPU instance. Absent is success.
-pub fn unmake(host: &MigHost, intent: &MigIntent) -> Result<(), String> {
+/// Destroys the instance `intent` names if it exists *and* the claim's
+/// ledger proves it the plugin's: its compute instances, then the GPU
+/// instance. Absent is success; an instance the ledger does not prove
+/// (someone else's, or one a crash left before its identity was recorded)
+/// is left where it is, with one log line, and is success too.
+pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<(), String> {
     let control = &*host.control;
     let observed = match control.instances(&intent.gpu_uuid) {
         Ok(observed) => observed,
@@ -109,15 +144,35 @@ pub fn unmake(host: &MigHost, intent: &MigIntent) -> Result<(), String> {
         Err(MigControlError::NoGpu { .. }) => return Ok(()),
         Err(error) => return Err(format!("removing {}: {error}", device_text(intent))),
     };
-    let Some(found) = observed.iter().find(|o| intent.is(o)) else { return Ok(()) };
-    destroy_observed(control, &intent.gpu_uuid, found).map_err(|e| format!("removing {}: {e}", device_text(intent)))
+    let Some(found) = observed.iter().find(|o| intent.is(o)) else {
+        return own.destroyed(intent).map_err(|e| format!("removing {}: {e}", device_text(intent)));
+    };
+    let uuid_of = |gi: u32, ci: u32| control.mig_uuid(&intent.gpu_uuid, gi, ci).ok();
+    let proof = own.entry().instance(intent).map(|entry| ownership::judge(entry, found, &uuid_of));
+    if proof != Some(Proof::Ours) {
+        tracing::warn!(
+            claim_uid = %own.entry().uid,
+            gpu_instance = found.gpu_instance_id,
+            "{} exists but nothing proves the plugin made it for this claim (its MIG ledger): left alone; if no one \
+             uses it, remove it with nvidia-smi mig -dci -gi {gi} -i {minor} and nvidia-smi mig -dgi -gi {gi} -i \
+             {minor}",
+            device_text(intent),
+            gi = found.gpu_instance_id,
+            minor = intent.gpu_minor,
+        );
+        return Ok(());
+    }
+    destroy_observed(control, &intent.gpu_uuid, found)
+        .map_err(|e| e.to_string())
+        .and_then(|()| own.destroyed(intent))
+        .map_err(|e| format!("removing {}: {e}", device_text(intent)))
 }
 
 /// Destroys `intents` in destruction order (the reverse of creation);
 /// stops at the first failure, leaving the rest for the retry.
-pub fn unmake_all(host: &MigHost, intents: &[&MigIntent]) -> Result<(), String> {
+pub fn unmake_all(host: &MigHost, own: &mut ClaimOwnership<'_>, intents: &[&MigIntent]) -> Result<(), String> {
     for index in order::destruction_order(intents) {
-        unmake(host, intents[index])?;
+        unmake(host, own, intents[index])?;
     }
     Ok(())
 }
@@ -182,6 +237,31 @@ mod tests {
         }
     }
 
+    const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
+
+    /// An instance at the intent's exact placement that the ledger does not
+    /// prove ours (someone else's, or one whose create a kill cut short of
+    /// its ledger write) is never destroyed; ours is.
+    #[test]
+    fn unmake_destroys_only_what_the_ledger_proves() {
+        let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
+        let (host, _dir) = host(control.clone());
+        let theirs = intent(19, 6, 1);
+        let gi = control.create_gpu_instance("GPU-a", 19, theirs.placement()).unwrap();
+        control.create_compute_instance("GPU-a", gi, 0).unwrap();
+        let mut own = host.ledger.claim(UID, "boot");
+        unmake(&host, &mut own, &theirs).unwrap();
+        own.creating(&theirs).unwrap();
+        unmake(&host, &mut own, &theirs).unwrap();
+        own.made_compute_instance(&theirs, gi, 0, "MIG-not-this-one").unwrap();
+        unmake(&host, &mut own, &theirs).unwrap();
+        assert_eq!(control.count("GPU-a"), 1, "not proven ours: kept");
+        let uuid = control.mig_uuid("GPU-a", gi, 0).unwrap();
+        own.made_compute_instance(&theirs, gi, 0, &uuid).unwrap();
+        unmake(&host, &mut own, &theirs).unwrap();
+        assert_eq!(control.count("GPU-a"), 0, "the identity NVML returned: ours");
+    }
+
     fn host(control: Arc<FakeControl>) -> (MigHost, tempfile::TempDir) {
         let proc_root = tempfile::tempdir().unwrap();
         std::fs::create_dir_all(proc_root.path().join("driver/nvidia-caps")).unwrap();
@@ -191,7 +271,8 @@ mod tests {
             minors.push_str(&format!("gpu0/gi{gi}/ci0/access {}\n", 4 + 9 * gi));
         }
         std::fs::write(proc_root.path().join("driver/nvidia-caps/mig-minors"), minors).unwrap();
-        (MigHost { control, proc_root: proc_root.path().to_path_buf(), mode_observer: None }, proc_root)
+        let ledger = Arc::new(Ledger::new(proc_root.path().join("mig-ledger")));
+        (MigHost { control, proc_root: proc_root.path().to_path_buf(), mode_observer: None, ledger }, proc_root)
     }
 
     #[test]
@@ -199,17 +280,19 @@ mod tests {
         let control = Arc::new(FakeControl::with_gpus(&["GPU-a"]));
         let (host, _dir) = host(control.clone());
         let (small, big, mid) = (intent(19, 6, 1), intent(5, 0, 4), intent(14, 4, 2));
-        let made = make_all(&host, &[&small, &big, &mid]).unwrap();
+        let mut own = host.ledger.claim(UID, "boot");
+        let made = make_all(&host, &mut own, &[&small, &big, &mid]).unwrap();
         assert_eq!(made.len(), 3);
         assert_eq!(made[1].gpu_instance_id, 1, "the 4g was made first");
         assert_eq!((made[1].gpu_instance_cap, made[1].compute_instance_cap), (12, 13));
         assert_eq!(control.count("GPU-a"), 3);
-        unmake_all(&host, &[&small, &big, &mid]).unwrap();
+        unmake_all(&host, &mut own, &[&small, &big, &mid]).unwrap();
         assert_eq!(control.count("GPU-a"), 0);
         let calls = control.calls.lock().unwrap().clone();
         let destroys: Vec<&str> = calls.iter().filter(|c| c.starts_with("destroy-gi")).map(String::as_str).collect();
         assert_eq!(destroys, ["destroy-gi GPU-a 3", "destroy-gi GPU-a 2", "destroy-gi GPU-a 1"], "1g, 2g, then 4g");
-        unmake_all(&host, &[&small, &big, &mid]).unwrap();
+        unmake_all(&host, &mut own, &[&small, &big, &mid]).unwrap();
+        assert!(own.entry().instances.iter().all(|o| o.made == super::super::ledger::Made::Destroyed));
     }
 
     #[test]
@@ -218,11 +301,12 @@ mod tests {
         let (host, _dir) = host(control.clone());
         // Someone else's instance sits where the 1g wants to go.
         control.create_gpu_instance("GPU-a", 19, gpu_dra_driver::inventory::Placement { start: 6, size: 1 }).unwrap();
-        let error = make_all(&host, &[&intent(5, 0, 4), &intent(19, 6, 1)]).unwrap_err();
+        let mut own = host.ledger.claim(UID, "boot");
+        let error = make_all(&host, &mut own, &[&intent(5, 0, 4), &intent(19, 6, 1)]).unwrap_err();
         assert!(error.contains("no room"), "{error}");
         assert_eq!(control.count("GPU-a"), 1, "the 4g made before was destroyed; the other instance kept");
         *control.fail.lock().unwrap() = Some("create-ci".into());
-        let error = make_all(&host, &[&intent(5, 0, 4)]).unwrap_err();
+        let error = make_all(&host, &mut own, &[&intent(5, 0, 4)]).unwrap_err();
         assert!(error.contains("injected"), "{error}");
         assert_eq!(control.count("GPU-a"), 1, "a GPU instance whose compute instance failed is destroyed");
     }

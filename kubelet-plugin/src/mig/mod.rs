@@ -9,9 +9,13 @@
 //! - [`lifecycle`] runs the steps with the checkpoint discipline of
 //!   [`crate::prepare`]: record the intent, make, record the result;
 //! - [`kill_point`] lets the crash tests stop the process between steps;
+//! - [`ledger`] records, durably and as it happens, what the plugin made
+//!   (and which GPUs it took out of MIG mode), per claim;
+//! - [`ownership`] decides from the ledger and NVML, never from a record,
+//!   which instances are the plugin's (the only ones ever destroyed) and
+//!   whether a record agrees with what was made;
 //! - [`selection`] decides which MIG-mode GPUs are dynamic (used by
-//!   publishing and prepare alike), [`ownership`] tells it which instances
-//!   are the plugin's.
+//!   publishing and prepare alike), from the instances the ledger holds.
 //!
 //! A dynamic MIG device is identified by its GPU and placement: no two GPU
 //! instances of one GPU overlap, so (GPU, profile, placement) names exactly
@@ -23,6 +27,7 @@ pub mod control;
 /// The crash tests' kill points, shared with the other prepares
 /// ([`crate::state::kill_point`]); re-exported so MIG's steps keep their path.
 pub use crate::state::kill_point;
+pub mod ledger;
 pub mod lifecycle;
 #[cfg(target_os = "linux")]
 pub mod nvml;

@@ -55,21 +55,28 @@ pub fn overlap_within(intents: &[&MigIntent]) -> Option<(usize, usize)> {
 /// What start-up does on one dynamic GPU.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GpuSettlement {
-    /// Instances no completed record owns, to destroy (compute instances
-    /// first), in destruction order.
+    /// Instances of the plugin's that no kept claim holds, to destroy
+    /// (compute instances first), in destruction order.
     pub destroy: Vec<ObservedInstance>,
     /// Recorded devices (by their index in `owned`) whose instance is gone
     /// or incomplete: to make again before the claim's containers start.
     pub remake: Vec<usize>,
+    /// Instances nothing proves the plugin's: never destroyed.
+    pub kept: Vec<ObservedInstance>,
 }
 
 /// Start-up on one dynamic GPU: `observed` is what NVML reports, `owned`
-/// the devices completed records hold on it (with the GPU instance id they
-/// were made with, when known). An instance is owned when a record names
-/// its profile and placement; a recorded device whose instance is missing,
-/// or has no compute instance, is made again (an incomplete one destroyed
-/// first).
-pub fn settle(observed: &[ObservedInstance], owned: &[(&MigIntent, Option<u32>)]) -> GpuSettlement {
+/// the devices kept claims hold on it (with the GPU instance id they were
+/// made with, when known), `is_ours` whether the ownership ledger proves
+/// an instance the plugin's. A held device whose instance is missing is
+/// made again; one whose instance lost its compute instance is destroyed
+/// and made again if it is provably ours. An instance no claim holds is
+/// destroyed only if it is provably ours; anything else is kept.
+pub fn settle(
+    observed: &[ObservedInstance],
+    owned: &[(&MigIntent, Option<u32>)],
+    is_ours: &dyn Fn(&ObservedInstance) -> bool,
+) -> GpuSettlement {
     let mut settlement = GpuSettlement::default();
     let mut matched = BTreeSet::new();
     for (index, (intent, _)) in owned.iter().enumerate() {
@@ -77,18 +84,22 @@ pub fn settle(observed: &[ObservedInstance], owned: &[(&MigIntent, Option<u32>)]
             Some(at) if !observed[at].compute_instances.is_empty() => {
                 matched.insert(at);
             }
-            Some(at) => {
-                // A GPU instance without its compute instance: destroyed and made again.
+            Some(at) if is_ours(&observed[at]) => {
+                // Our GPU instance without its compute instance: destroyed and made again.
                 matched.insert(at);
                 settlement.destroy.push(observed[at].clone());
                 settlement.remake.push(index);
             }
+            Some(at) => {
+                matched.insert(at);
+                settlement.kept.push(observed[at].clone());
+            }
             None => settlement.remake.push(index),
         }
     }
-    settlement
-        .destroy
-        .extend(observed.iter().enumerate().filter(|(i, _)| !matched.contains(i)).map(|(_, o)| o.clone()));
+    for (_, o) in observed.iter().enumerate().filter(|(i, _)| !matched.contains(i)) {
+        if is_ours(o) { settlement.destroy.push(o.clone()) } else { settlement.kept.push(o.clone()) }
+    }
     settlement.destroy.sort_by_key(|o| (o.placement.size, std::cmp::Reverse(o.placement.start)));
     settlement
 }
@@ -180,10 +191,16 @@ mod tests {
         let vanished = intent("G", 14, 4, 2);
         let half = intent("G", 19, 6, 1);
         let seen = [observed(1, 5, 0, 4, true), observed(2, 19, 6, 1, false), observed(3, 19, 7, 1, true)];
-        let s = settle(&seen, &[(&kept, Some(1)), (&vanished, Some(2)), (&half, Some(4))]);
+        let s = settle(&seen, &[(&kept, Some(1)), (&vanished, Some(2)), (&half, Some(4))], &|_| true);
         assert_eq!(s.remake, [1, 2]);
         let destroyed: Vec<u32> = s.destroy.iter().map(|o| o.gpu_instance_id).collect();
         assert_eq!(destroyed, [3, 2], "the orphan at 7 and the half-made one at 6, smallest and last first");
-        assert_eq!(settle(&[], &[]), GpuSettlement::default());
+        assert_eq!(settle(&[], &[], &|_| true), GpuSettlement::default());
+        // Nothing proven ours: nothing destroyed, the half-made one not remade over.
+        let s = settle(&seen, &[(&kept, Some(1)), (&vanished, Some(2)), (&half, Some(4))], &|_| false);
+        assert!(s.destroy.is_empty(), "{s:?}");
+        assert_eq!(s.remake, [1]);
+        let kept: Vec<u32> = s.kept.iter().map(|o| o.gpu_instance_id).collect();
+        assert_eq!(kept, [2, 3]);
     }
 }

@@ -119,6 +119,8 @@ pub struct Preparer<S> {
     records: Mutex<HashMap<String, ClaimRecord>>,
     locks: KeyedLocks,
     metrics: Option<Arc<Metrics>>,
+    /// Damaged records and MIG ledger files start-up set aside.
+    damaged_at_open: usize,
 }
 
 /// A claim's failure: the text for the kubelet and its kind for metrics.
@@ -146,6 +148,7 @@ impl<S: ClaimSource> Preparer<S> {
         let snapshot = inventory.borrow().clone();
         let (records, report) = reconcile::reconcile(&config, &checkpoint, &snapshot)?;
         let files = Arc::new(Files { checkpoint, cdi_dir: config.cdi_dir.clone() });
+        let damaged_at_open = report.damaged.len() + report.mig.damaged_ledgers;
         let preparer = Self {
             config,
             source,
@@ -154,13 +157,20 @@ impl<S: ClaimSource> Preparer<S> {
             records: Mutex::new(records),
             locks: KeyedLocks::default(),
             metrics: None,
+            damaged_at_open,
         };
         preparer.tell_selection();
+        preparer.tell_withheld();
         Ok((preparer, report))
     }
 
-    /// Counts failures by kind in `metrics` (`gpu_dra_errors_total`).
+    /// Counts failures by kind in `metrics` (`gpu_dra_errors_total`); the
+    /// damaged records and MIG ledger files start-up set aside count as
+    /// `kind="checkpoint"`.
     pub fn with_metrics(mut self, metrics: Arc<Metrics>) -> Self {
+        for _ in 0..self.damaged_at_open {
+            metrics.error(ErrorKind::Checkpoint);
+        }
         self.metrics = Some(metrics);
         self
     }
@@ -505,7 +515,16 @@ impl<S: ClaimSource> Preparer<S> {
             }
             None => {
                 // Not prepared, or its record was damaged and set aside:
-                // make sure no spec is left behind either way.
+                // what the plugin provably made for it goes (no claim holds
+                // it now), and no spec is left behind either way.
+                let keys = self.ledger_gpu_keys(&uid);
+                let _gpu_locks = if keys.is_empty() {
+                    None
+                } else {
+                    Some(self.lock_until(keys, deadline, until, "the GPUs of the claim's MIG devices").await?)
+                };
+                self.unmake_dynamic(&uid).await.map_err(kind(ErrorKind::Unprepare))?;
+                self.forget_dynamic(&uid).await.map_err(kind(ErrorKind::Unprepare))?;
                 let dir = self.config.cdi_dir.clone();
                 let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
                 blocking(move || durable::remove(&dir, &name))
@@ -608,16 +627,13 @@ impl<S: ClaimSource> Preparer<S> {
             })
             .await??;
         }
-        self.unmake_dynamic(&record).await?;
+        self.unmake_dynamic(uid.as_str()).await?;
         // Derived, never taken from the record (see `checkpoint::derived`).
         let name = cdi::claim_spec_file_name(&self.config.driver, uid);
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());
-        if record.devices.iter().any(|d| d.dynamic_mig.is_some()) {
-            self.tell_selection();
-        }
-        Ok(())
+        self.forget_dynamic(uid.as_str()).await
     }
 }
 

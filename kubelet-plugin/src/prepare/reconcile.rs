@@ -11,7 +11,9 @@
 //!   the claim may be in use; unprepare removes that spec later. A record
 //!   that names a spec file or MPS directory other than the ones derived
 //!   from its UID (see [`crate::state::checkpoint::derived`]) is damaged too:
-//!   start-up acts only on names it made;
+//!   start-up acts only on names it made; so is a record naming dynamic MIG
+//!   devices or whole GPUs its claim's MIG ledger does not hold (see
+//!   [`super::reconcile_mig`]): start-up acts only on instances it made;
 //! - a spec file of ours that no record owns is deleted, as are leftover
 //!   temporary files.
 
@@ -64,11 +66,14 @@ pub(super) fn reconcile(
         remove_file(temp);
         report.temp_files += 1;
     }
+    let damaged_ledgers = super::reconcile_mig::load_ledger(config);
     let mut owners: HashSet<String> = loaded.set_aside_owners.iter().cloned().collect();
     let mut damaged = loaded.damaged;
     let mut valid = Vec::new();
     for record in loaded.records {
-        match derived::check(&record, &config.driver, &config.mps_dir) {
+        let checked = derived::check(&record, &config.driver, &config.mps_dir)
+            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid));
+        match checked {
             Ok(uid) => valid.push((uid, record)),
             Err(reason) => damaged.push(DamagedRecord {
                 path: checkpoint.record_path(&record.uid),
@@ -102,6 +107,7 @@ pub(super) fn reconcile(
             }
             remove_cdi(&config.cdi_dir, &spec_file)?;
             checkpoint.remove(&uid)?;
+            super::reconcile_mig::forget_after(config, &record.uid);
             if record.boot_id != config.boot_id {
                 // A reboot reset the GPUs too.
                 report.other_boot.push(record.uid.clone());
@@ -119,7 +125,9 @@ pub(super) fn reconcile(
         report.kept += 1;
         records.insert(record.uid.clone(), record);
     }
-    report.mig = super::reconcile_mig::settle(config, checkpoint, inventory, &mut records);
+    super::reconcile_mig::release_orphans(config, inventory, &records, &owners);
+    report.mig = super::reconcile_mig::settle(config, checkpoint, inventory, &mut records, &owners);
+    report.mig.damaged_ledgers = damaged_ledgers;
     report.temp_files += sweep_cdi_dir(config, &owners, &mut report.orphans)?;
     settle_time_slices(config, &interrupted, &records);
     settle_mps(config, checkpoint, &interrupted, &from_other_boot, &mut records, &owners);

@@ -174,6 +174,7 @@ impl Harness {
                 control,
                 proc_root: self.dir.path().join("proc"),
                 mode_observer: None,
+                ledger: Arc::new(crate::mig::ledger::Ledger::new(self.dir.path().join("state/mig-ledger"))),
             }),
             selection: None,
         }

@@ -164,14 +164,22 @@ fn forged(uid: &str, state: PrepareState, device: &str, mig: MigIntent, made: Op
     record
 }
 
+/// The ownership ledger as the plugin would have written it for `uid`.
+fn ledger(h: &Harness) -> crate::mig::ledger::Ledger {
+    crate::mig::ledger::Ledger::new(h.dir.path().join("state/mig-ledger"))
+}
+
 #[tokio::test]
 async fn start_up_rolls_back_sweeps_remakes_and_never_touches_the_static_gpu() {
     let n = node_with_mig();
     let checkpoint = CheckpointDir::open(n.h.dir.path().join("state/checkpoint")).unwrap();
     let write = |r: &ClaimRecord| checkpoint.write(&ClaimUid::new(r.uid.as_str()).unwrap(), r).unwrap();
-    // An interrupted prepare left a 4g at 0 on GPU 0.
-    n.control.create_gpu_instance(&n.gpu0, 5, Placement { start: 0, size: 4 }).unwrap();
-    write(&forged(A, PrepareState::PrepareStarted, FOUR, intent(&n.gpu0, 5, 0, 4), None));
+    let book = ledger(&n.h);
+    // An interrupted prepare left a 4g at 0 on GPU 0 (its ledger has the GPU instance).
+    let four = intent(&n.gpu0, 5, 0, 4);
+    let gi = n.control.create_gpu_instance(&n.gpu0, 5, Placement { start: 0, size: 4 }).unwrap();
+    book.claim(A, "boot-1").made_gpu_instance(&four, gi).unwrap();
+    write(&forged(A, PrepareState::PrepareStarted, FOUR, four, None));
     // A prepared claim whose 1g at 6 vanished.
     let made = MadeInstance {
         gpu_instance_id: 9,
@@ -180,12 +188,16 @@ async fn start_up_rolls_back_sweeps_remakes_and_never_touches_the_static_gpu() {
         gpu_instance_cap: 84,
         compute_instance_cap: 85,
     };
-    let mut kept = forged(B, PrepareState::PrepareCompleted, ONE, intent(&n.gpu0, 19, 6, 1), Some(made));
+    let one = intent(&n.gpu0, 19, 6, 1);
+    book.claim(B, "boot-1").made_compute_instance(&one, 9, 0, "MIG-gone").unwrap();
+    let mut kept = forged(B, PrepareState::PrepareCompleted, ONE, one, Some(made));
     kept.devices[0].cdi_device_ids = vec![format!("k8s.gpu.nvidia.com/claim={B}-{ONE}")];
     write(&kept);
-    // An instance nobody owns, at 4.
+    // An instance the plugin made for a claim whose record is gone, at 4.
+    let e = "4b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
     let orphan = n.control.create_gpu_instance(&n.gpu0, 14, Placement { start: 4, size: 2 }).unwrap();
-    n.control.create_compute_instance(&n.gpu0, orphan, 1).unwrap();
+    let (ci, uuid) = n.control.create_compute_instance(&n.gpu0, orphan, 1).unwrap();
+    book.claim(e, "boot-1").made_compute_instance(&intent(&n.gpu0, 14, 4, 2), orphan, ci, &uuid).unwrap();
     // Forged records naming the administrator's instance on GPU 1.
     let c = "2b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
     let d = "3b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
@@ -194,7 +206,7 @@ async fn start_up_rolls_back_sweeps_remakes_and_never_touches_the_static_gpu() {
 
     let (p, report) = n.h.open();
     assert_eq!(report.rolled_back.len(), 2, "{report:?}");
-    assert_eq!(report.mig.destroyed, 1, "the orphan at 4: {report:?}");
+    assert_eq!(report.damaged.len(), 1, "the forged prepared claim: {report:?}");
     assert_eq!(report.mig.remade, [B.to_owned()]);
     let observed = n.control.instances(&n.gpu0).unwrap();
     assert_eq!(observed.len(), 1, "only the remade 1g: {observed:?}");
@@ -203,12 +215,136 @@ async fn start_up_rolls_back_sweeps_remakes_and_never_touches_the_static_gpu() {
     let spec = spec(&n.h, B).to_string();
     assert!(spec.contains("MIG-fake-") && !spec.contains("MIG-gone"), "the spec names the new instance: {spec}");
     let remade = records(&n.h).into_iter().find(|r| r.uid == B).unwrap();
-    assert_ne!(remade.devices[0].dynamic_mig.as_ref().unwrap().made.as_ref().unwrap().uuid, "MIG-gone");
+    let new_uuid = remade.devices[0].dynamic_mig.as_ref().unwrap().made.as_ref().unwrap().uuid.clone();
+    assert_ne!(new_uuid, "MIG-gone");
+    let in_ledger = ledger(&n.h);
+    in_ledger.load();
+    assert!(in_ledger.get(A).is_none() && in_ledger.get(e).is_none(), "released ledgers go with their claims");
+    assert_eq!(crate::mig::ownership::owned_uuids(&in_ledger.all(), "boot-1"), [new_uuid].into());
     // The forged completed record on the static GPU is unprepared without touching it.
     assert_eq!(p.unprepare(vec![claim_ref(d, "claim")]).await[d], Ok(()));
     assert_eq!(n.control.count(&n.gpu1), 1);
     assert_eq!(p.unprepare(vec![claim_ref(B, "claim")]).await[B], Ok(()));
     assert_eq!(n.control.count(&n.gpu0), 0);
+}
+
+/// Forged state on the in-memory GPU (issue 31, cases 3, 4, 11): records
+/// with valid checksums that no ledger backs. An interrupted prepare at
+/// the exact placement of another claim's instance, and one naming a
+/// whole GPU a healthy claim holds with MIG off (GPU 2, never dynamic),
+/// undo nothing; a prepared claim naming a free placement makes nothing.
+#[tokio::test]
+async fn forged_records_destroy_switch_and_make_nothing() {
+    let n = node_with_mig();
+    let text = "gpus:\n  - model: H100-80GB\n    count: 3\n    mig:\n      - gpus: [0]\n        dynamic: true\n      \
+                - gpus: [1]\n        instances: [3g.40gb]\n";
+    let mut inventory = fake::parse(text, &node()).unwrap();
+    select(&mut inventory, &DynamicMigGpus::Auto, &|_| false);
+    let gpu2 = inventory.gpus[2].uuid.clone();
+    assert!(matches!(inventory.gpus[2].mig, MigMode::Disabled));
+    n.h.inventory.send_replace(Arc::new(inventory));
+    n.control.gpus.lock().unwrap().insert(
+        gpu2.clone(),
+        crate::mig::control::fake::FakeGpu {
+            mig: crate::mig::control::MigModeState { current: false, pending: false },
+            switchable: true,
+            ..Default::default()
+        },
+    );
+    n.h.source.put(allocated(A, "a", &[FOUR]));
+    n.h.source.put(allocated(B, "b", &["gpu-2"]));
+    let (p, _) = n.h.open();
+    p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap();
+    drop(p);
+    let checkpoint = CheckpointDir::open(n.h.dir.path().join("state/checkpoint")).unwrap();
+    let write = |r: &ClaimRecord| checkpoint.write(&ClaimUid::new(r.uid.as_str()).unwrap(), r).unwrap();
+    let (c, d, e) = (
+        "2b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a",
+        "3b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a",
+        "4b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a",
+    );
+    write(&forged(c, PrepareState::PrepareStarted, FOUR, intent(&n.gpu0, 5, 0, 4), None));
+    let mut whole = crate::state::checkpoint::test_support::record(d, &["gpu-2"]);
+    whole.state = PrepareState::PrepareStarted;
+    whole.devices[0].mig_mode_off = Some(crate::state::checkpoint::MigModeOff { gpu_uuid: gpu2.clone(), gpu_minor: 2 });
+    write(&whole);
+    let phantom = MadeInstance {
+        gpu_instance_id: 5,
+        compute_instance_id: 0,
+        uuid: "MIG-phantom".into(),
+        gpu_instance_cap: 0,
+        compute_instance_cap: 0,
+    };
+    write(&forged(e, PrepareState::PrepareCompleted, TWO, intent(&n.gpu0, 14, 4, 2), Some(phantom)));
+
+    let (p, report) = n.h.open();
+    assert_eq!(report.damaged.len(), 1, "the phantom prepared claim: {report:?}");
+    let observed = n.control.instances(&n.gpu0).unwrap();
+    assert_eq!(observed.len(), 1, "A's 4g kept, no 2g made: {observed:?}");
+    assert_eq!(observed[0].placement, Placement { start: 0, size: 4 });
+    assert!(!n.control.mig_mode(&gpu2).unwrap().current, "GPU 2 stays out of MIG mode under claim b");
+    assert!(!n.control.calls.lock().unwrap().iter().any(|c| c.starts_with("set-mig-mode")), "no switch at all");
+    for uid in [c, d, e] {
+        assert_eq!(p.unprepare(vec![claim_ref(uid, "claim")]).await[uid], Ok(()));
+    }
+    assert_eq!(n.control.count(&n.gpu0), 1);
+    assert!(!n.control.mig_mode(&gpu2).unwrap().current);
+    p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert_eq!(n.control.count(&n.gpu0), 0);
+}
+
+/// A damaged record of a real claim (case 11): its instance is kept, its
+/// GPU stays dynamic for the selection (the ledger, not the record, says
+/// the instance is ours), and the kubelet's unprepare of that claim
+/// destroys it. An instance the plugin was about to create when it was
+/// killed (ledger `Creating`) is kept and its placements withheld.
+#[tokio::test]
+async fn a_damaged_record_keeps_its_gpu_dynamic_and_its_unprepare_cleans_up() {
+    use crate::mig::selection::DynamicMigSelection;
+    let n = node_with_mig();
+    let selection = DynamicMigSelection::new("DynamicMIG=true".parse().unwrap(), DynamicMigGpus::Auto);
+    n.h.source.put(allocated(A, "a", &[ONE]));
+    let (p, _) = n.h.open();
+    p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    drop(p);
+    let uuid = n.control.instances(&n.gpu0).unwrap()[0].clone();
+    let path = n.h.dir.path().join(format!("state/checkpoint/{A}.json"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    std::fs::write(&path, text.replacen("\"name\":\"a\"", "\"name\":\"b\"", 1)).unwrap();
+    // A kill right after a create call, before its ledger write, for claim B.
+    let two = intent(&n.gpu0, 14, 4, 2);
+    ledger(&n.h).claim(B, "boot-1").creating(&two).unwrap();
+    let gi = n.control.create_gpu_instance(&n.gpu0, 14, Placement { start: 4, size: 2 }).unwrap();
+    n.control.create_compute_instance(&n.gpu0, gi, 1).unwrap();
+
+    let mut config = n.h.config("boot-1");
+    config.selection = Some(selection.clone());
+    let (p, report) = super::Preparer::open(config, n.h.source.clone(), n.h.inventory.subscribe()).unwrap();
+    assert_eq!(report.damaged.len(), 1);
+    assert_eq!(n.control.count(&n.gpu0), 2, "the damaged claim's instance and the unproven one kept: {uuid:?}");
+    // What the publisher would see: GPU 0 with both instances as MIG devices.
+    let text = "gpus:\n  - model: H100-80GB\n    count: 2\n    mig:\n      - gpus: [0]\n        instances: [1g.10gb, 2g.20gb]\n";
+    let mut seen = fake::parse(text, &node()).unwrap();
+    let gpu0 = &mut seen.gpus[0];
+    gpu0.uuid = n.gpu0.clone();
+    if let MigMode::Enabled(migs) = &mut gpu0.mig {
+        for (m, o) in migs.iter_mut().zip(n.control.instances(&n.gpu0).unwrap().iter()) {
+            m.uuid = n.control.mig_uuid(&n.gpu0, o.gpu_instance_id, 0).unwrap();
+            m.placement = o.placement;
+        }
+    }
+    selection.apply(&mut seen);
+    assert!(seen.gpus[0].dynamic_mig().is_some(), "GPU 0 stays dynamic: {:?}", seen.gpus[0].mig);
+    let caps = seen.gpus[0].mig_capabilities.as_ref().unwrap();
+    let offered: Vec<Placement> = caps.profiles.iter().flat_map(|p| p.placements.clone()).collect();
+    assert!(offered.iter().all(|o| !o.overlaps(Placement { start: 4, size: 2 })), "{offered:?}");
+    assert!(offered.contains(&Placement { start: 0, size: 4 }), "{offered:?}");
+
+    assert_eq!(p.unprepare(vec![claim_ref(A, "a")]).await[A], Ok(()));
+    let left = n.control.instances(&n.gpu0).unwrap();
+    assert_eq!(left.len(), 1, "the damaged claim's instance is gone, the unproven one stays: {left:?}");
+    assert_eq!(left[0].placement, Placement { start: 4, size: 2 });
 }
 
 /// MPS on a dynamic MIG device, as on a static one: the daemon serves the

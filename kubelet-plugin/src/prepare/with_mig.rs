@@ -142,16 +142,19 @@ impl<S: ClaimSource> Preparer<S> {
         spec.build(record)
     }
 
-    /// Tells the dynamic GPU selection which MIG instances the records hold.
+    /// Tells the dynamic GPU selection which MIG instances are the
+    /// plugin's: those its ownership ledger holds, never a record's word.
     pub(super) fn tell_selection(&self) {
-        let Some(selection) = &self.config.selection else { return };
-        let owned: Vec<String> = self
-            .records()
-            .values()
-            .flat_map(|r| r.devices.iter())
-            .filter_map(|d| d.dynamic_mig.as_ref()?.made.as_ref().map(|m| m.uuid.clone()))
-            .collect();
-        selection.set_ours(owned);
+        let (Some(selection), Some(host)) = (&self.config.selection, &self.config.mig) else { return };
+        selection.set_ours(crate::mig::ownership::owned_uuids(&host.ledger.all(), &self.config.boot_id));
+    }
+
+    /// Tells the selection which instances the plugin may have made but
+    /// cannot prove (see [`crate::mig::ownership::withheld`]).
+    pub(super) fn tell_withheld(&self) {
+        let (Some(selection), Some(host)) = (&self.config.selection, &self.config.mig) else { return };
+        let withheld = crate::mig::ownership::withheld(&host.ledger.all(), &self.config.boot_id, &*host.control);
+        selection.set_withheld(withheld);
     }
 
     /// Rolls a failed dynamic prepare back; returns the failure to report.
@@ -164,44 +167,46 @@ impl<S: ClaimSource> Preparer<S> {
         failure
     }
 
-    /// Destroys a record's dynamic MIG devices (reverse creation order) and
-    /// turns MIG mode on again on its whole GPUs. Only on GPUs managed
-    /// dynamically now: a record never makes the plugin touch the instances
-    /// of a GPU an administrator partitioned.
-    pub(super) async fn unmake_dynamic(&self, record: &ClaimRecord) -> Result<(), String> {
-        let intents: Vec<MigIntent> =
-            record.devices.iter().filter_map(|d| d.dynamic_mig.as_ref()).map(|m| m.intent.clone()).collect();
-        let whole: Vec<String> =
-            record.devices.iter().filter_map(|d| d.mig_mode_off.as_ref()).map(|w| w.gpu_uuid.clone()).collect();
-        if intents.is_empty() && whole.is_empty() {
+    /// Destroys what the plugin made for the claim (reverse creation order)
+    /// and turns MIG mode on again on the GPUs it turned off for it: all of
+    /// it as the claim's ownership ledger proves, whatever the record (if
+    /// any: a damaged one was set aside) names. Only on GPUs managed
+    /// dynamically now for instances: a record never makes the plugin touch
+    /// the instances of a GPU an administrator partitioned.
+    pub(super) async fn unmake_dynamic(&self, uid: &str) -> Result<(), String> {
+        let Some(host) = self.config.mig.clone() else { return Ok(()) };
+        if host.ledger.get(uid).is_none() {
             return Ok(());
         }
-        let Some(host) = self.config.mig.clone() else {
-            tracing::warn!(claim_uid = %record.uid, "the record names dynamic MIG devices but the plugin runs without NVML; left alone");
-            return Ok(());
-        };
         let inventory = self.inventory.borrow().clone();
-        let (ours, foreign): (Vec<MigIntent>, Vec<MigIntent>) =
-            intents.into_iter().partition(|i| dynamic_mig::is_dynamic(&inventory, &i.gpu_uuid));
-        for intent in &foreign {
-            tracing::warn!(claim_uid = %record.uid, gpu = %intent.gpu_uuid, "the record names a MIG device on a GPU not managed dynamically; its instances are left alone");
-        }
-        // (Once out of MIG mode, a GPU is no longer listed as dynamic.)
-        let whole: Vec<String> =
-            whole.into_iter().filter(|gpu| inventory.gpus.iter().any(|g| &g.uuid == gpu)).collect();
-        let (unmade, took) = blocking(move || {
-            timed(|| {
-                let refs: Vec<&MigIntent> = ours.iter().collect();
-                lifecycle::unmake_all(&host, &refs)?;
-                for gpu in &whole {
-                    lifecycle::switch_mig_mode(&host, gpu, true)?;
-                }
-                Ok(())
-            })
-        })
-        .await?;
+        let (uid, boot) = (uid.to_owned(), self.config.boot_id.clone());
+        let (unmade, took) =
+            blocking(move || timed(|| super::reconcile_mig::release(&host, &inventory, &uid, &boot))).await?;
         self.nvml_took(Operation::Unprepare, took);
         unmade
+    }
+
+    /// `gpu:<uuid>` lock keys of the GPUs the claim's ledger names.
+    pub(super) fn ledger_gpu_keys(&self, uid: &str) -> Vec<String> {
+        let Some(ledger) = self.config.mig.as_ref().and_then(|h| h.ledger.get(uid)) else { return Vec::new() };
+        let mut gpus: Vec<&str> = ledger.instances.iter().map(|o| o.gpu_uuid.as_str()).collect();
+        gpus.extend(ledger.mig_mode_off.iter().map(String::as_str));
+        gpus.sort_unstable();
+        gpus.dedup();
+        gpus.into_iter().map(|gpu| format!("gpu:{gpu}")).collect()
+    }
+
+    /// Once the claim's record is gone: forgets its ledger (see
+    /// [`super::reconcile_mig::forget`]) and tells the selection.
+    pub(super) async fn forget_dynamic(&self, uid: &str) -> Result<(), String> {
+        let Some(host) = self.config.mig.clone() else { return Ok(()) };
+        if host.ledger.get(uid).is_none() {
+            return Ok(());
+        }
+        let owned_uid = uid.to_owned();
+        blocking(move || super::reconcile_mig::forget(&host, &owned_uid)).await??;
+        self.tell_selection();
+        Ok(())
     }
 
     /// `gpu_dra_mig_nvml_duration_seconds`: NVML's share of a claim.
@@ -287,12 +292,15 @@ impl MakeTask {
             return Done { reached: Reached::NotRecorded(message), nvml: None };
         }
         kill_point::reached(Step::AfterRecord);
+        let mut own = self.host.ledger.claim(uid.as_str(), &self.started.boot_id);
         let (made, took) = timed(|| {
             for gpu in &self.whole {
+                // Recorded before the switch: only the ledger lets it be undone.
+                own.mig_mode_off(gpu)?;
                 lifecycle::switch_mig_mode(&self.host, gpu, false)?;
             }
             let intents: Vec<&MigIntent> = self.made.iter().map(|(_, i)| i).collect();
-            lifecycle::make_all(&self.host, &intents)
+            lifecycle::make_all(&self.host, &mut own, &intents)
         });
         let nvml = Some(took);
         let made = match made {
