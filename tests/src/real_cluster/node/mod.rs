@@ -20,6 +20,7 @@
 mod binaries;
 mod cleanup;
 mod config;
+mod containerd;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -29,6 +30,7 @@ use k8s_openapi::api::core::v1::Node;
 use kube::api::Api;
 
 pub use binaries::{NodeBinaries, node_binaries};
+pub use containerd::{CRI_NAMESPACE, Containerd};
 
 use super::process::ControlPlaneProcess;
 use super::{Cluster, unique};
