@@ -2,37 +2,31 @@
 //! container engine), unpacked for the tests, and what the `Dockerfile`
 //! says the image is.
 //!
-//! The archive holds the shipped binaries (the plugin built with the
-//! `node` profile, the controller with `release`, as the Dockerfile builds
-//! them): building them is the expensive part of a first run (fat LTO).
+//! The tests' archive holds the binaries the other tests run (the dev
+//! profile under `cargo test`): what is tested is how the image is made
+//! from the binaries it is given, and the shipped ones (`node` and
+//! `release` profiles, fat LTO: about 30 min of CPU cold on 2 cores) would
+//! add that much to every cold CI run. `image/build.sh` without
+//! `GPU_DRA_IMAGE_*` builds the shipped ones, as the Dockerfile does.
 //! Unpacking uses the system's `tar`, `gzip` and `sha256sum`.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
 
 use serde_json::Value;
 
-use crate::build::{Artifact, cargo_build};
 use crate::workspace_root;
 
-/// The shipped binaries, built once per test process.
+/// The binaries the tests put in the image: those the other tests run.
 #[derive(Debug, Clone)]
-pub struct ShippedBinaries {
+pub struct ImageBinaries {
     pub plugin: PathBuf,
     pub controller: PathBuf,
 }
 
-pub fn shipped_binaries() -> &'static ShippedBinaries {
-    static BUILT: OnceLock<ShippedBinaries> = OnceLock::new();
-    BUILT.get_or_init(|| ShippedBinaries {
-        plugin: cargo_build(Artifact::Bin { package: "gpu-kubelet-plugin", bin: "gpu-kubelet-plugin" }, Some("node")),
-        controller: cargo_build(
-            Artifact::Bin { package: "gpu-dra-controller", bin: "gpu-dra-controller" },
-            Some("release"),
-        ),
-    })
+pub fn image_binaries() -> ImageBinaries {
+    ImageBinaries { plugin: crate::kubelet_plugin().to_path_buf(), controller: crate::controller().to_path_buf() }
 }
 
 /// What `image/build.sh` printed about the archive it wrote.
@@ -45,10 +39,10 @@ pub struct BuiltImage {
     pub digest: String,
 }
 
-/// Runs `image/build.sh --out <out>` with the shipped binaries (an
+/// Runs `image/build.sh --out <out>` with [`image_binaries`] (an
 /// archive whose inputs have not changed is kept as it is).
 pub fn build_image(out: &Path) -> BuiltImage {
-    let bins = shipped_binaries();
+    let bins = image_binaries();
     let script = workspace_root().join("image/build.sh");
     let output = Command::new("bash")
         .arg(&script)

@@ -1,11 +1,12 @@
 //! The container image, built here by `image/build.sh` as an OCI archive
 //! (no container engine): it is the image the `Dockerfile` describes, it
-//! holds the shipped binaries on a Debian root and nothing of NVIDIA's,
+//! holds the binaries it is given on a Debian root and nothing of NVIDIA's,
 //! the binaries run in it as its user, the same inputs give the same
 //! bytes, and containerd imports it and runs the plugin from it.
 //!
-//! The first run on a machine builds the shipped binaries (fat LTO:
-//! minutes) and downloads five Debian packages; later runs reuse both.
+//! The image is made from the binaries the other tests run (see
+//! `integration_tests::image`); the first run on a machine downloads five
+//! Debian packages, later runs reuse them.
 //! Runs as root (`chroot`, containerd).
 
 use std::collections::BTreeMap;
@@ -16,8 +17,7 @@ use std::sync::OnceLock;
 
 use integration_tests::helm::{self, container, rendered};
 use integration_tests::image::{
-    BuiltImage, Unpacked, build_image, parse_dockerfile, run_ok, sha256_file, sha256_gunzipped, shipped_binaries,
-    unpack,
+    BuiltImage, Unpacked, build_image, image_binaries, parse_dockerfile, run_ok, sha256_file, sha256_gunzipped, unpack,
 };
 use integration_tests::real_cluster::node::{CRI_NAMESPACE, Containerd};
 use integration_tests::workspace_root;
@@ -128,9 +128,9 @@ fn the_archive_is_the_image_the_dockerfile_describes() {
 }
 
 #[test]
-fn the_image_holds_the_shipped_binaries_on_a_debian_root_and_no_nvidia_file() {
+fn the_image_holds_the_binaries_given_on_a_debian_root_and_no_nvidia_file() {
     let (_, unpacked) = image();
-    let bins = shipped_binaries();
+    let bins = image_binaries();
     for (path, shipped) in [(PLUGIN, &bins.plugin), (CONTROLLER, &bins.controller)] {
         let file = unpacked.root.join(path.trim_start_matches('/'));
         let meta = std::fs::symlink_metadata(&file).unwrap_or_else(|e| panic!("{path}: {e}"));
