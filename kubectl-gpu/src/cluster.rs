@@ -157,12 +157,19 @@ pub async fn read_for_simulate(client: &kube::Client, except: HashSet<String>) -
     Ok(input)
 }
 
-/// A claim by name; `None` when there is none.
+/// A claim by name; `None` when there is none. Listed with a
+/// `metadata.name` field selector, not fetched: the chart's viewer role
+/// lists claims (what every command needs) and does not get them.
 pub async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<ResourceClaim>> {
-    Api::<ResourceClaim>::namespaced(client.clone(), namespace)
-        .get_opt(name)
-        .await
-        .map_err(|e| failed(e, format!("getting resourceclaim {name}")))
+    let api = Api::<ResourceClaim>::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields(&format!("metadata.name={name}"));
+    let mut found = None;
+    each_page(&api, params, PAGE, "resourceclaims", |page| {
+        found = found.take().or_else(|| page.into_iter().find(|c| c.metadata.name.as_deref() == Some(name)));
+        Ok(())
+    })
+    .await?;
+    Ok(found)
 }
 
 /// A pod by name; `None` when there is none.

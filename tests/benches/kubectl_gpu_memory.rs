@@ -3,7 +3,11 @@
 //! attributes a real node publishes) in the API stand-in, which pages its
 //! lists as the real server does. Runs the real binary's `nodes` and
 //! `why` (one pending claim, simulated against the whole fleet) and prints
-//! each one's wall time and peak RSS (the child's own, from `wait4`).
+//! each one's wall time and peak RSS, from `/usr/bin/time -v`: the binary
+//! is started by `time`, a small process, because a child exec'd straight
+//! from this one (which holds the stand-in's gigabytes) would report this
+//! process's RSS as its own peak (the kernel keeps the old address
+//! space's high-water mark across exec).
 //! Target: under 300 MiB each. Figures only.
 //!
 //! `cargo bench -p integration-tests --bench kubectl_gpu_memory`
@@ -60,17 +64,23 @@ fn main() {
     server.write_kubeconfig(&kubeconfig).expect("a kubeconfig");
     let kubeconfig = kubeconfig.display().to_string();
     for args in [&["nodes"][..], &["why", "too-big"]] {
-        let mut command = Command::new(binary);
-        command.args(["--kubeconfig", &kubeconfig, "--request-timeout", "0"]).args(args);
+        let mut command = Command::new("/usr/bin/time");
+        command.arg("-v").arg(binary).args(["--kubeconfig", &kubeconfig, "--request-timeout", "0"]).args(args);
         match measured(&mut command) {
             Ok(run) => {
                 let lines = run.stdout.lines().count();
                 let last = run.stdout.lines().last().unwrap_or_default().chars().take(160).collect::<String>();
+                let peak_kib: f64 = run
+                    .stderr
+                    .lines()
+                    .find_map(|l| l.trim().strip_prefix("Maximum resident set size (kbytes): "))
+                    .and_then(|kib| kib.trim().parse().ok())
+                    .unwrap_or(f64::NAN);
                 println!(
                     "kubectl gpu {}: {:.1} s, peak RSS {:.0} MiB, {lines} lines of output (last: {last})",
                     args.join(" "),
                     run.wall.as_secs_f64(),
-                    run.peak_mib
+                    peak_kib / 1024.0
                 );
             }
             Err(e) => println!("kubectl gpu {}: failed: {e}", args.join(" ")),

@@ -165,9 +165,10 @@ fn serve(
         ("GET", None) => {
             // `limit` and `continue` as the real server pages (paging.rs).
             let (labels, fields) = selectors(kind, params)?;
-            let (items, rv) = store.list(kind, ns, &labels, &fields);
             let param = |name: &str| params.get(name).map(String::as_str);
-            let page = paging::page(items, rv, param("limit"), param("continue"), param("resourceVersion"))?;
+            let request = paging::request(param("limit"), param("continue"), param("resourceVersion"))?;
+            let (items, rv) = store.list_after(kind, ns, (&labels, &fields), request.after.as_ref(), request.read());
+            let page = paging::page(&request, items, rv);
             let mut list = list_object(kind, page.items, page.resource_version);
             if let Some(token) = page.continue_token {
                 list["metadata"]["continue"] = json!(token);

@@ -45,7 +45,7 @@ fn encode(rv: u64, start: &(String, String)) -> String {
 }
 
 fn decode(token: &str) -> Option<(u64, (String, String))> {
-    if token.len() % 2 != 0 {
+    if !token.len().is_multiple_of(2) {
         return None;
     }
     let bytes: Option<Vec<u8>> =
@@ -56,47 +56,58 @@ fn decode(token: &str) -> Option<(u64, (String, String))> {
     Some((rv, (ns.to_string(), name.to_string())))
 }
 
-/// The page of `items` (all of a list, in key order, at `rv`) that
-/// `limit` and `continue` ask for.
-pub fn page(
-    items: Vec<Value>,
-    rv: u64,
-    limit: Option<&str>,
-    token: Option<&str>,
-    resource_version: Option<&str>,
-) -> Result<Page, ApiError> {
+/// What a list request asks for: where to start, how many.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Items after this (namespace, name); `None`: from the first.
+    pub after: Option<(String, String)>,
+    /// At most this many; `None`: all.
+    pub limit: Option<usize>,
+    /// The first page's resourceVersion, from a token.
+    pub token_rv: Option<u64>,
+}
+
+impl Request {
+    /// How many items to read: one more than the limit tells whether
+    /// another page follows.
+    pub fn read(&self) -> usize {
+        self.limit.map_or(usize::MAX, |l| l.saturating_add(1))
+    }
+}
+
+/// Reads `limit`, `continue` and `resourceVersion`.
+pub fn request(limit: Option<&str>, token: Option<&str>, resource_version: Option<&str>) -> Result<Request, ApiError> {
     let limit = match limit.filter(|l| !l.is_empty()) {
         None => 0,
         Some(l) => l.parse::<i64>().map_err(|_| ApiError::bad_request(format!("limit: Invalid value: {l:?}")))?,
     };
-    let token = token.filter(|t| !t.is_empty());
-    if token.is_none() && resource_version == Some("0") {
-        return Ok(Page { items, resource_version: rv, continue_token: None });
-    }
-    let (rv, after) = match token {
-        None => (rv, None),
-        Some(_) if resource_version.is_some_and(|v| !v.is_empty()) => {
-            return Err(ApiError::bad_request(
-                "resourceVersion: Forbidden: specifying resource version is not allowed when using continue",
-            ));
-        }
+    let limit = usize::try_from(limit).ok().filter(|l| *l > 0);
+    match token.filter(|t| !t.is_empty()) {
+        None if resource_version == Some("0") => Ok(Request { after: None, limit: None, token_rv: None }),
+        None => Ok(Request { after: None, limit, token_rv: None }),
+        Some(_) if resource_version.is_some_and(|v| !v.is_empty()) => Err(ApiError::bad_request(
+            "resourceVersion: Forbidden: specifying resource version is not allowed when using continue",
+        )),
         Some(t) => {
-            let (token_rv, start) =
+            let (rv, start) =
                 decode(t).ok_or_else(|| ApiError::bad_request("continue key is not valid: cannot be decoded"))?;
-            (token_rv, Some(start))
+            Ok(Request { after: Some(start), limit, token_rv: Some(rv) })
         }
-    };
-    let mut rest: Vec<Value> = match &after {
-        Some(start) => items.into_iter().filter(|i| key_of(i) > *start).collect(),
-        None => items,
-    };
-    let limit = usize::try_from(limit).unwrap_or(0);
-    if limit == 0 || rest.len() <= limit {
-        return Ok(Page { items: rest, resource_version: rv, continue_token: None });
     }
-    rest.truncate(limit);
-    let token = rest.last().map(|last| encode(rv, &key_of(last)));
-    Ok(Page { items: rest, resource_version: rv, continue_token: token })
+}
+
+/// The page from the items read for `request` (at most [`Request::read`],
+/// in key order) at `rv`.
+pub fn page(request: &Request, mut items: Vec<Value>, rv: u64) -> Page {
+    let rv = request.token_rv.unwrap_or(rv);
+    match request.limit {
+        Some(limit) if items.len() > limit => {
+            items.truncate(limit);
+            let token = items.last().map(|last| encode(rv, &key_of(last)));
+            Page { items, resource_version: rv, continue_token: token }
+        }
+        _ => Page { items, resource_version: rv, continue_token: None },
+    }
 }
 
 #[cfg(test)]
@@ -107,27 +118,42 @@ mod tests {
         (0..n).map(|i| json!({"metadata": {"name": format!("s-{i:02}")}})).collect()
     }
 
+    /// What the store reads for `request`.
+    fn read(request: &Request, n: usize) -> Vec<Value> {
+        items(n)
+            .into_iter()
+            .filter(|i| request.after.as_ref().is_none_or(|a| key_of(i) > *a))
+            .take(request.read())
+            .collect()
+    }
+
     fn names(page: &Page) -> Vec<&str> {
         page.items.iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect()
     }
 
     #[test]
     fn pages_follow_the_token_to_the_end() {
-        let first = page(items(5), 7, Some("2"), None, None).unwrap();
+        let first_request = request(Some("2"), None, None).unwrap();
+        let first = page(&first_request, read(&first_request, 5), 7);
         assert_eq!(names(&first), ["s-00", "s-01"]);
-        let token = first.continue_token.clone().unwrap();
-        let second = page(items(5), 9, Some("2"), Some(&token), None).unwrap();
+        let second_request = request(Some("2"), first.continue_token.as_deref(), None).unwrap();
+        let second = page(&second_request, read(&second_request, 5), 9);
         assert_eq!((names(&second), second.resource_version), (vec!["s-02", "s-03"], 7));
-        let third = page(items(5), 9, Some("2"), second.continue_token.as_deref(), None).unwrap();
+        let third_request = request(Some("2"), second.continue_token.as_deref(), None).unwrap();
+        let third = page(&third_request, read(&third_request, 5), 9);
         assert_eq!((names(&third), third.continue_token.as_deref()), (vec!["s-04"], None));
-        let all = page(items(5), 7, None, None, None).unwrap();
+        let all_request = request(None, None, None).unwrap();
+        let all = page(&all_request, read(&all_request, 5), 7);
         assert_eq!((all.items.len(), all.continue_token), (5, None));
+        let cached = request(Some("2"), None, Some("0")).unwrap();
+        assert_eq!(page(&cached, read(&cached, 5), 7).items.len(), 5, "the watch cache ignores limit");
     }
 
     #[test]
     fn bad_tokens_and_a_version_beside_one_are_refused() {
-        assert_eq!(page(items(3), 1, Some("1"), Some("zz"), None).unwrap_err().code, 400);
-        let token = page(items(3), 1, Some("1"), None, None).unwrap().continue_token.unwrap();
-        assert_eq!(page(items(3), 1, Some("1"), Some(&token), Some("5")).unwrap_err().code, 400);
+        assert_eq!(request(Some("1"), Some("zz"), None).unwrap_err().code, 400);
+        let first = request(Some("1"), None, None).unwrap();
+        let token = page(&first, read(&first, 3), 1).continue_token.unwrap();
+        assert_eq!(request(Some("1"), Some(&token), Some("5")).unwrap_err().code, 400);
     }
 }
