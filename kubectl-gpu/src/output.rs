@@ -150,8 +150,9 @@ mod tests {
         let t = table(&["NAME", "STATE"], &rows, &Paint { enabled: true });
         assert_eq!(
             t,
+            // The cell is 13 characters escaped: NAME and 9 + 3 spaces.
             "\x1b[1mNAME\x1b[0m".to_string()
-                + "                "
+                + &" ".repeat(12)
                 + "\x1b[1mSTATE\x1b[0m\n"
                 + "a\\x1b]0;x\\x07   \x1b[31mpending\x1b[0m\n"
         );
