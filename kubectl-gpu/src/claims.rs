@@ -9,6 +9,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReferen
 use serde::Serialize;
 
 use crate::explain;
+use crate::output::Cell;
 use crate::utilization::{self, ClaimKey, Sample, Utilization};
 
 /// One claim's row.
@@ -75,8 +76,13 @@ pub fn summarize(claims: &[ResourceClaim]) -> Vec<ClaimSummary> {
             }
         })
         .collect();
-    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+    sort(&mut rows);
     rows
+}
+
+/// In namespace/name order (the pages' rows together).
+pub fn sort(rows: &mut [ClaimSummary]) {
+    rows.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
 }
 
 /// The nodes whose agents know the allocated claims' utilization.
@@ -109,18 +115,18 @@ pub fn attach_utilization(
 
 pub const HEADERS: [&str; 7] = ["NAMESPACE", "NAME", "STATE", "PODS", "NODE", "DEVICES", "UTILIZATION"];
 
-pub fn rows(summaries: &[ClaimSummary], paint: &crate::output::Paint) -> Vec<Vec<String>> {
+pub fn rows(summaries: &[ClaimSummary]) -> Vec<Vec<Cell>> {
     summaries
         .iter()
         .map(|s| {
             vec![
-                s.namespace.clone(),
-                s.name.clone(),
-                if s.state == "pending" { paint.red(&s.state) } else { s.state.clone() },
-                if s.pods.is_empty() { "-".into() } else { s.pods.join(",") },
-                s.node.clone().unwrap_or_else(|| "-".into()),
-                s.devices.clone(),
-                s.utilization.as_ref().map_or_else(|| "-".into(), Utilization::cell),
+                s.namespace.clone().into(),
+                s.name.clone().into(),
+                if s.state == "pending" { Cell::red(s.state.clone()) } else { s.state.clone().into() },
+                if s.pods.is_empty() { "-".into() } else { s.pods.join(",").into() },
+                s.node.clone().unwrap_or_else(|| "-".into()).into(),
+                s.devices.clone().into(),
+                s.utilization.as_ref().map_or_else(|| "-".into(), Utilization::cell).into(),
             ]
         })
         .collect()
@@ -129,7 +135,6 @@ pub fn rows(summaries: &[ClaimSummary], paint: &crate::output::Paint) -> Vec<Vec
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::output::Paint;
     use serde_json::json;
 
     /// A forged answer with 10,000 consumers: the API's 256 shown, and how
@@ -169,7 +174,7 @@ mod tests {
         let mut got = summarize(&[allocated.clone(), pending]);
         assert_eq!(nodes(&got), BTreeSet::from(["node-a".to_string()]));
         assert_eq!(
-            rows(&got, &Paint::default()),
+            rows(&got),
             [
                 ["default", "big", "pending", "-", "-", "-", "-"],
                 ["ml", "train", "allocated", "pod/trainer-0", "node-a", "gpu=gpu-0,gpu-1", "-"],
@@ -181,13 +186,13 @@ mod tests {
         );
         let warnings = attach_utilization(&mut got, &BTreeMap::from([("node-a".to_string(), Ok(samples))]));
         assert!(warnings.is_empty());
-        assert_eq!(rows(&got, &Paint::default())[1][6], "15%");
+        assert_eq!(rows(&got)[1][6], "15%");
         assert_eq!(got[0].utilization, None, "a pending claim has none");
 
         let mut got = summarize(&[allocated]);
         let down = BTreeMap::from([("node-a".to_string(), Err("timed out".to_string()))]);
         assert_eq!(attach_utilization(&mut got, &down), ["utilization on node node-a unknown: timed out"]);
-        assert_eq!(rows(&got, &Paint::default())[0][6], "-", "never a made-up number");
+        assert_eq!(rows(&got)[0][6], "-", "never a made-up number");
         assert_eq!(got[0].utilization, Some(Utilization::Unavailable("node node-a: timed out".into())));
     }
 }

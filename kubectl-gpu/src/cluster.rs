@@ -1,26 +1,44 @@
-//! The edge: a client from the user's kubeconfig (as kubectl finds it) and
-//! the objects each command reads, fetched once.
+//! The edge: a client from the user's kubeconfig (as kubectl finds it),
+//! with the driver's client settings, and the objects each command reads,
+//! listed page by page (`limit`/`continue`, as kubectl's `--chunk-size`):
+//! each page is turned into the compact form its command keeps and
+//! dropped, so memory follows what is kept, not the cluster's size.
 
+use std::collections::HashSet;
 use std::path::Path;
 
-use anyhow::{Context, Result};
+use anyhow::{Context, Result, bail};
+use gpu_dra_driver::service::kube_client::{self, ApiTimeouts};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
+use crate::explain::ClusterInput;
+
 const USER_AGENT: &str = concat!("kubectl-gpu/", env!("CARGO_PKG_VERSION"));
 
-/// A client and the namespace the kubeconfig's context names.
+/// Objects per page of a list: kubectl's default `--chunk-size`.
+pub const PAGE: u32 = 500;
+/// ResourceSlices per page: a slice holds up to 128 devices of a few
+/// hundred bytes to kilobytes each, so a page of 500 would be hundreds of
+/// megabytes of JSON.
+pub const SLICE_PAGE: u32 = 50;
+
+/// A client, the namespace the kubeconfig's context names, and the
+/// server's address (named when it does not answer in time).
 pub struct Connection {
     pub client: kube::Client,
     pub default_namespace: String,
+    pub server: String,
 }
 
 /// `--kubeconfig` wins, then `KUBECONFIG` and `~/.kube/config` (with
-/// `--context`), then the in-cluster service account, as kubectl.
+/// `--context`), then the in-cluster service account, as kubectl. The
+/// client is the driver's (`kube_client::client_with`): connect and read
+/// timeouts, no retries of kube's own.
 pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result<Connection> {
-    gpu_dra_driver::service::kube_client::install_crypto_provider();
+    kube_client::install_crypto_provider();
     let options = KubeConfigOptions { context: context.map(str::to_string), ..KubeConfigOptions::default() };
     let config = match kubeconfig {
         Some(path) => {
@@ -35,21 +53,11 @@ pub async fn connect(kubeconfig: Option<&Path>, context: Option<&str>) -> Result
         None => kube::Config::infer().await.context("no kubeconfig found (set KUBECONFIG or pass --kubeconfig)")?,
     };
     let default_namespace = config.default_namespace.clone();
-    let mut config = config;
+    let server = config.cluster_url.to_string();
     // Names the plugin in the API server's audit log, as kubectl names itself.
-    config.headers.push((http::header::USER_AGENT, http::HeaderValue::from_static(USER_AGENT)));
-    let client = kube::Client::try_from(config).context("cannot build a client from the kubeconfig")?;
-    Ok(Connection { client, default_namespace })
-}
-
-/// What the cluster holds for GPU scheduling, at one moment.
-#[derive(Debug, Default, Clone)]
-pub struct Snapshot {
-    pub slices: Vec<ResourceSlice>,
-    pub classes: Vec<DeviceClass>,
-    /// Every namespace's claims: allocations anywhere take devices.
-    pub claims: Vec<ResourceClaim>,
-    pub nodes: Vec<Node>,
+    let client = kube_client::client_with(config, Some(USER_AGENT), ApiTimeouts::default())
+        .context("cannot build a client from the kubeconfig")?;
+    Ok(Connection { client, default_namespace, server })
 }
 
 /// The chart's roles for `kubectl gpu`'s users, named in a refusal.
@@ -85,31 +93,83 @@ fn failed(error: kube::Error, doing: String) -> anyhow::Error {
     }
 }
 
-async fn list<K>(api: Api<K>, what: &str) -> Result<Vec<K>>
+/// Lists `api` a page of `limit` at a time, handing each page to `each`,
+/// which keeps what it needs; the page is then dropped. A server that
+/// ignores `limit` (the real one may, e.g. from its watch cache) sends
+/// one page with no `continue`.
+pub async fn each_page<K>(
+    api: &Api<K>,
+    params: ListParams,
+    limit: u32,
+    what: &str,
+    mut each: impl FnMut(Vec<K>) -> Result<()>,
+) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    Ok(api.list(&ListParams::default()).await.map_err(|e| failed(e, format!("listing {what}")))?.items)
+    let mut params = params.limit(limit);
+    loop {
+        let page = api.list(&params).await.map_err(|e| failed(e, format!("listing {what}")))?;
+        let next = page.metadata.continue_.filter(|token| !token.is_empty());
+        each(page.items)?;
+        match next {
+            // The same token again would page forever.
+            Some(token) if params.continue_token.as_deref() == Some(token.as_str()) => {
+                bail!("listing {what}: the server sent the same continue token twice")
+            }
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(()),
+        }
+    }
 }
 
-/// Slices, classes, all claims and nodes.
-pub async fn snapshot(client: &kube::Client) -> Result<Snapshot> {
-    let (slices, classes, claims, nodes) = tokio::try_join!(
-        list(Api::<ResourceSlice>::all(client.clone()), "resourceslices"),
-        list(Api::<DeviceClass>::all(client.clone()), "deviceclasses"),
-        list(Api::<ResourceClaim>::all(client.clone()), "resourceclaims"),
-        list(Api::<Node>::all(client.clone()), "nodes"),
-    )?;
-    Ok(Snapshot { slices, classes, claims, nodes })
-}
-
-/// The claims of one namespace, or of all.
-pub async fn claims(client: &kube::Client, namespace: Option<&str>) -> Result<Vec<ResourceClaim>> {
+/// Every claim's allocations, a page at a time.
+pub async fn each_claims_page(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    each: impl FnMut(Vec<ResourceClaim>) -> Result<()>,
+) -> Result<()> {
     let api = match namespace {
         Some(ns) => Api::<ResourceClaim>::namespaced(client.clone(), ns),
         None => Api::all(client.clone()),
     };
-    list(api, "resourceclaims").await
+    each_page(&api, ListParams::default(), PAGE, "resourceclaims", each).await
+}
+
+/// The driver's slices, a page at a time.
+pub async fn each_slices_page(client: &kube::Client, each: impl FnMut(Vec<ResourceSlice>) -> Result<()>) -> Result<()> {
+    each_page(&Api::<ResourceSlice>::all(client.clone()), ListParams::default(), SLICE_PAGE, "resourceslices", each)
+        .await
+}
+
+/// The cluster as simulate's input: slices, classes, nodes and every
+/// namespace's allocated claims (allocations anywhere take devices), but
+/// the claims whose keys are in `except` (kept for the caller). One list
+/// at a time, so at most one page is held.
+pub async fn read_for_simulate(client: &kube::Client, except: HashSet<String>) -> Result<ClusterInput> {
+    let mut input = ClusterInput::new(except);
+    each_slices_page(client, |page| input.add_slices(&page)).await?;
+    let classes = Api::<DeviceClass>::all(client.clone());
+    each_page(&classes, ListParams::default(), PAGE, "deviceclasses", |page| input.add_classes(&page)).await?;
+    let nodes = Api::<Node>::all(client.clone());
+    each_page(&nodes, ListParams::default(), PAGE, "nodes", |page| input.add_nodes(&page)).await?;
+    each_claims_page(client, None, |page| input.add_claims(page)).await?;
+    Ok(input)
+}
+
+/// A claim by name; `None` when there is none. Listed with a
+/// `metadata.name` field selector, not fetched: the chart's viewer role
+/// lists claims (what every command needs) and does not get them.
+pub async fn claim(client: &kube::Client, namespace: &str, name: &str) -> Result<Option<ResourceClaim>> {
+    let api = Api::<ResourceClaim>::namespaced(client.clone(), namespace);
+    let params = ListParams::default().fields(&format!("metadata.name={name}"));
+    let mut found = None;
+    each_page(&api, params, PAGE, "resourceclaims", |page| {
+        found = found.take().or_else(|| page.into_iter().find(|c| c.metadata.name.as_deref() == Some(name)));
+        Ok(())
+    })
+    .await?;
+    Ok(found)
 }
 
 /// A pod by name; `None` when there is none.
@@ -122,5 +182,12 @@ pub async fn pod(client: &kube::Client, namespace: &str, name: &str) -> Result<O
 
 /// The claim templates of a namespace (a pending pod's claims may not exist yet).
 pub async fn templates(client: &kube::Client, namespace: &str) -> Result<Vec<ResourceClaimTemplate>> {
-    list(Api::namespaced(client.clone(), namespace), "resourceclaimtemplates").await
+    let mut all = Vec::new();
+    let api = Api::namespaced(client.clone(), namespace);
+    each_page(&api, ListParams::default(), PAGE, "resourceclaimtemplates", |page| {
+        all.extend(page);
+        Ok(())
+    })
+    .await?;
+    Ok(all)
 }

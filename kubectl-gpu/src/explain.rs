@@ -9,10 +9,10 @@ use std::collections::HashSet;
 use anyhow::{Context, Result};
 use gpu_dra_controller::manifests::Manifest;
 use gpu_dra_controller::simulate;
-use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::{Deserialize, Serialize};
-
-use crate::cluster::Snapshot;
 
 /// One claim's outcome, as simulate prints it with `-o json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -56,36 +56,98 @@ fn manifest<T: serde::Serialize>(kind: &str, name: &str, object: &T) -> Result<M
     Ok(Manifest::tree(format!("cluster {kind} {name}"), object))
 }
 
-/// The cluster's fleet and current allocations as simulate's input: slices,
-/// classes, nodes, and every allocated claim whose key is not in `except`.
-pub fn cluster_manifests(snapshot: &Snapshot, except: &HashSet<String>) -> Result<Vec<Manifest>> {
-    let mut out = Vec::new();
-    for s in &snapshot.slices {
-        out.push(manifest("ResourceSlice", s.metadata.name.as_deref().unwrap_or_default(), s)?);
+/// The cluster's fleet and current allocations as simulate's input, fed a
+/// page at a time so that no page is kept: slices go into simulate's
+/// compact fleet, nodes are kept as their name and labels (all that node
+/// selectors read), claims only when allocated (they hold devices).
+pub struct ClusterInput {
+    feed: simulate::Feed,
+    /// Claims whose keys the caller excepted, kept whole for it.
+    except: HashSet<String>,
+    kept: Vec<ResourceClaim>,
+    /// Keys of the allocated claims fed.
+    allocated: HashSet<String>,
+}
+
+impl ClusterInput {
+    /// An empty input; the claims whose keys are in `except` are not fed
+    /// but kept ([`ClusterInput::kept`]): the ones in question.
+    pub fn new(except: HashSet<String>) -> Self {
+        ClusterInput { feed: simulate::Feed::default(), except, kept: Vec::new(), allocated: HashSet::new() }
     }
-    for c in &snapshot.classes {
-        out.push(manifest("DeviceClass", c.metadata.name.as_deref().unwrap_or_default(), c)?);
+
+    /// Feeds one object.
+    pub fn add<T: serde::Serialize>(&mut self, kind: &str, name: &str, object: &T) -> Result<()> {
+        // Only used kinds are fed: there is nothing to note.
+        self.feed.add(manifest(kind, name, object)?, &mut std::io::sink())
     }
-    for n in &snapshot.nodes {
-        out.push(manifest("Node", n.metadata.name.as_deref().unwrap_or_default(), n)?);
+
+    /// Feeds one manifest as read from a file.
+    pub fn add_manifest(&mut self, manifest: Manifest) -> Result<()> {
+        self.feed.add(manifest, &mut std::io::sink())
     }
-    for c in snapshot.claims.iter().filter(|c| is_allocated(c)) {
-        let key = claim_key(c);
-        if !except.contains(&key) {
-            out.push(manifest("ResourceClaim", &key, c)?);
+
+    pub fn add_slices(&mut self, page: &[ResourceSlice]) -> Result<()> {
+        page.iter().try_for_each(|s| self.add("ResourceSlice", s.metadata.name.as_deref().unwrap_or_default(), s))
+    }
+
+    pub fn add_classes(&mut self, page: &[DeviceClass]) -> Result<()> {
+        page.iter().try_for_each(|c| self.add("DeviceClass", c.metadata.name.as_deref().unwrap_or_default(), c))
+    }
+
+    /// Each node as its name and labels: a node's status (images,
+    /// conditions) is most of it, and simulate reads neither.
+    pub fn add_nodes(&mut self, page: &[Node]) -> Result<()> {
+        for n in page {
+            let compact = Node {
+                metadata: ObjectMeta {
+                    name: n.metadata.name.clone(),
+                    labels: n.metadata.labels.clone(),
+                    ..ObjectMeta::default()
+                },
+                ..Node::default()
+            };
+            self.add("Node", n.metadata.name.as_deref().unwrap_or_default(), &compact)?;
         }
+        Ok(())
     }
-    Ok(out)
+
+    /// Feeds the allocated claims of the page not excepted; keeps the
+    /// excepted ones.
+    pub fn add_claims(&mut self, page: Vec<ResourceClaim>) -> Result<()> {
+        for c in page {
+            let key = claim_key(&c);
+            if self.except.contains(&key) {
+                self.kept.push(c);
+            } else if is_allocated(&c) {
+                self.add("ResourceClaim", &key, &c)?;
+                self.allocated.insert(key);
+            }
+        }
+        Ok(())
+    }
+
+    /// The excepted claims the cluster holds, taken out.
+    pub fn take_kept(&mut self) -> Vec<ResourceClaim> {
+        std::mem::take(&mut self.kept)
+    }
+
+    /// The keys of the cluster's allocated claims fed, taken out.
+    pub fn take_allocated(&mut self) -> HashSet<String> {
+        std::mem::take(&mut self.allocated)
+    }
+
+    /// Runs simulate on what was fed; every claim's outcome, in its order.
+    pub fn simulate(self) -> Result<Vec<Outcome>> {
+        let mut out = Vec::new();
+        self.feed.run(&options(), &mut out, &mut std::io::sink())?;
+        let results: Results = serde_json::from_slice(&out).context("reading simulate's results")?;
+        Ok(results.results)
+    }
 }
 
-/// Wraps an object for simulate, named by `origin`.
-pub fn object<T: serde::Serialize>(kind: &str, name: &str, object: &T) -> Result<Manifest> {
-    manifest(kind, name, object)
-}
-
-/// Runs simulate on `manifests`; every claim's outcome, in its order.
-pub fn simulate(manifests: Vec<Manifest>) -> Result<Vec<Outcome>> {
-    let options = simulate::Options {
+fn options() -> simulate::Options<'static> {
+    simulate::Options {
         fleet: None,
         format: simulate::Format::Json,
         timings: false,
@@ -96,13 +158,7 @@ pub fn simulate(manifests: Vec<Manifest>) -> Result<Vec<Outcome>> {
         // gates it runs with, which a client cannot read: judge configs
         // with every gate on, so only a config no gate allows is refused.
         gates: Some(Gate::ALL.into_iter().fold(FeatureGates::default(), |gates, gate| gates.with(gate, true))),
-    };
-    let mut out = Vec::new();
-    // Skipped kinds are noted; nothing the user needs here.
-    let mut note = Vec::new();
-    simulate::run_manifests(manifests, &options, &mut out, &mut note)?;
-    let results: Results = serde_json::from_slice(&out).context("reading simulate's results")?;
-    Ok(results.results)
+    }
 }
 
 /// `request=device,device ...` of an allocation (the pool shown when it is

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 use gpu_dra_controller::manifests::{self, Manifest};
 
-use crate::cluster::Snapshot;
-use crate::explain::{self, Outcome, claim_key};
+use crate::explain::{self, ClusterInput, Outcome};
+use crate::output::Cell;
 
 const NAMESPACED: [&str; 3] = ["ResourceClaim", "ResourceClaimTemplate", "Pod"];
 
@@ -32,40 +32,40 @@ pub fn read(files: &[PathBuf], namespace: &str) -> Result<Vec<Manifest>> {
     Ok(out)
 }
 
-/// Simulates `wanted` after the cluster's allocations; the outcomes of the
-/// claims `wanted` makes (a cluster claim of the same name is replaced).
-pub fn fit(snapshot: &Snapshot, wanted: Vec<Manifest>) -> Result<Vec<Outcome>> {
-    let key_of = |m: &Manifest| {
-        let ns = m.namespace().unwrap_or_default();
-        format!("{ns}/{}", m.name())
-    };
-    let replaced: HashSet<String> = wanted.iter().filter(|m| m.kind() == "ResourceClaim").map(key_of).collect();
-    let cluster: HashSet<String> = snapshot
-        .claims
+/// The keys of the claims `wanted` makes: a cluster claim of the same
+/// name is replaced, so the cluster is read without them.
+pub fn replaced(wanted: &[Manifest]) -> HashSet<String> {
+    wanted
         .iter()
-        .filter(|c| c.status.as_ref().is_some_and(|s| s.allocation.is_some()))
-        .map(claim_key)
-        .filter(|k| !replaced.contains(k))
-        .collect();
-    let mut all = explain::cluster_manifests(snapshot, &replaced)?;
-    all.extend(wanted);
-    Ok(explain::simulate(all)?.into_iter().filter(|o| !cluster.contains(&o.key())).collect())
+        .filter(|m| m.kind() == "ResourceClaim")
+        .map(|m| format!("{}/{}", m.namespace().unwrap_or_default(), m.name()))
+        .collect()
+}
+
+/// Simulates `wanted` after the cluster's allocations (read with the
+/// [`replaced`] keys excepted); the outcomes of the claims `wanted` makes.
+pub fn fit(mut cluster: ClusterInput, wanted: Vec<Manifest>) -> Result<Vec<Outcome>> {
+    let cluster_claims = cluster.take_allocated();
+    for m in wanted {
+        cluster.add_manifest(m)?;
+    }
+    Ok(cluster.simulate()?.into_iter().filter(|o| !cluster_claims.contains(&o.key())).collect())
 }
 
 pub const HEADERS: [&str; 4] = ["NAMESPACE/NAME", "FITS", "NODE", "DEVICES / REASON"];
 
-pub fn rows(outcomes: &[Outcome], paint: &crate::output::Paint) -> Vec<Vec<String>> {
+pub fn rows(outcomes: &[Outcome]) -> Vec<Vec<Cell>> {
     outcomes
         .iter()
         .map(|o| {
             let (fits, detail) = if o.allocated {
-                (paint.green("yes"), explain::devices(o.allocation.as_ref(), o.node.as_deref()))
+                (Cell::green("yes"), explain::devices(o.allocation.as_ref(), o.node.as_deref()))
             } else if o.error {
-                (paint.red("error"), o.reason.clone().unwrap_or_default())
+                (Cell::red("error"), o.reason.clone().unwrap_or_default())
             } else {
-                (paint.red("no"), o.reason.clone().unwrap_or_default())
+                (Cell::red("no"), o.reason.clone().unwrap_or_default())
             };
-            vec![o.key(), fits, o.node.clone().unwrap_or_else(|| "-".into()), detail]
+            vec![o.key().into(), fits, o.node.clone().unwrap_or_else(|| "-".into()).into(), detail.into()]
         })
         .collect()
 }

@@ -5,21 +5,23 @@
 
 mod claims;
 mod cluster;
+mod deadline;
 mod explain;
 mod fit;
 mod node_metrics;
 mod nodes;
 mod output;
+mod printable;
 mod utilization;
 mod why;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use anyhow::{Result, bail};
+use anyhow::{Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
 use output::{Format, Paint};
@@ -47,6 +49,11 @@ struct Cli {
     /// 500ms; 0s skips them).
     #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = gpu_dra_controller::service::duration::parse)]
     metrics_timeout: Duration,
+    /// How long the whole command may wait for the API server, as
+    /// kubectl's: a duration (10s, 1m) or whole seconds; 0 for no limit
+    /// (each request still gives up after 30 s without an answer).
+    #[arg(long, global = true, value_name = "DURATION", default_value = "30s", value_parser = deadline::parse)]
+    request_timeout: deadline::RequestTimeout,
     #[command(subcommand)]
     command: Command,
 }
@@ -87,15 +94,39 @@ impl From<String> for Printed {
     }
 }
 
-async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
-    let connection = cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()).await?;
+/// Runs the command within `--request-timeout`.
+async fn run_bounded(cli: Cli, paint: Paint) -> Result<Printed> {
+    let limit = cli.request_timeout;
+    let started = tokio::time::Instant::now();
+    let connection = deadline::within(limit, cluster::connect(cli.kubeconfig.as_deref(), cli.context.as_deref()))
+        .await
+        .ok_or_else(|| anyhow!("reading the kubeconfig's credentials took longer than --request-timeout {limit}"))??;
+    let server = connection.server.clone();
+    let left = deadline::RequestTimeout(limit.0.map(|l| l.saturating_sub(started.elapsed())));
+    deadline::within(left, run(cli, connection, paint))
+        .await
+        .ok_or_else(|| anyhow!(deadline::expired(&server, limit)))?
+}
+
+async fn run(cli: Cli, connection: cluster::Connection, paint: Paint) -> Result<Printed> {
     let client = &connection.client;
     let namespace = cli.namespace.clone().unwrap_or_else(|| connection.default_namespace.clone());
     let format = cli.output;
     match &cli.command {
         Command::Nodes => {
-            let snapshot = cluster::snapshot(client).await?;
-            let summaries = nodes::summarize(&snapshot.slices, &snapshot.claims);
+            let mut held = nodes::Holdings::default();
+            cluster::each_claims_page(client, None, |page| {
+                held.add(&page);
+                Ok(())
+            })
+            .await?;
+            let mut summaries = nodes::Summaries::new(held);
+            cluster::each_slices_page(client, |page| {
+                summaries.add(&page);
+                Ok(())
+            })
+            .await?;
+            let summaries = summaries.finish();
             match format {
                 Format::Table if summaries.is_empty() => Ok(format!("No {} devices found.\n", nodes::DRIVER).into()),
                 Format::Table => Ok(output::table(&nodes::HEADERS, &nodes::rows(&summaries), &paint).into()),
@@ -104,7 +135,13 @@ async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
         }
         Command::Claims => {
             let scope = (!cli.all_namespaces).then_some(namespace.as_str());
-            let mut summaries = claims::summarize(&cluster::claims(client, scope).await?);
+            let mut summaries = Vec::new();
+            cluster::each_claims_page(client, scope, |page| {
+                summaries.extend(claims::summarize(&page));
+                Ok(())
+            })
+            .await?;
+            claims::sort(&mut summaries);
             let per_node = if cli.metrics_timeout.is_zero() {
                 BTreeMap::new()
             } else {
@@ -113,37 +150,40 @@ async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
             let warnings = claims::attach_utilization(&mut summaries, &per_node);
             let text = match format {
                 Format::Table if summaries.is_empty() => "No resourceclaims found.\n".to_string(),
-                Format::Table => output::table(&claims::HEADERS, &claims::rows(&summaries, &paint), &paint),
+                Format::Table => output::table(&claims::HEADERS, &claims::rows(&summaries), &paint),
                 _ => output::document(&summaries, format)?,
             };
             Ok(Printed { text, warnings })
         }
         Command::Why { target } => {
             let target = why::parse_target(target)?;
-            let snapshot = cluster::snapshot(client).await?;
-            let find_claim = |name: &str| {
-                snapshot.claims.iter().find(|c| {
-                    c.metadata.namespace.as_deref() == Some(&namespace) && c.metadata.name.as_deref() == Some(name)
-                })
+            let claim = match &target {
+                why::Target::Claim(name) | why::Target::Either(name) => {
+                    cluster::claim(client, &namespace, name).await?
+                }
+                why::Target::Pod(_) => None,
             };
-            let answer = match &target {
-                why::Target::Claim(name) => match find_claim(name) {
-                    Some(c) => why::why_claim(&snapshot, c)?,
-                    None => bail!("resourceclaims \"{name}\" not found in namespace \"{namespace}\""),
-                },
-                why::Target::Pod(name) | why::Target::Either(name) => match find_claim(name) {
-                    Some(c) if matches!(target, why::Target::Either(_)) => why::why_claim(&snapshot, c)?,
-                    _ => match cluster::pod(client, &namespace, name).await? {
+            let answer = match (&target, claim) {
+                (_, Some(c)) => {
+                    let cluster = cluster::read_for_simulate(client, HashSet::from([explain::claim_key(&c)])).await?;
+                    why::why_claim(cluster, &c)?
+                }
+                (why::Target::Claim(name), None) => {
+                    bail!("resourceclaims \"{name}\" not found in namespace \"{namespace}\"")
+                }
+                (why::Target::Pod(name) | why::Target::Either(name), None) => {
+                    match cluster::pod(client, &namespace, name).await? {
                         Some(pod) => {
                             let templates = cluster::templates(client, &namespace).await?;
-                            why::why_pod(&snapshot, &pod, &templates)?
+                            let cluster = cluster::read_for_simulate(client, why::pod_claim_keys(&pod)).await?;
+                            why::why_pod(cluster, &pod, &templates)?
                         }
                         None if matches!(target, why::Target::Pod(_)) => {
                             bail!("pods \"{name}\" not found in namespace \"{namespace}\"")
                         }
                         None => bail!("no resourceclaim or pod \"{name}\" in namespace \"{namespace}\""),
-                    },
-                },
+                    }
+                }
             };
             match format {
                 Format::Table => Ok(why::render(&answer, &paint).into()),
@@ -152,11 +192,11 @@ async fn run(cli: Cli, paint: Paint) -> Result<Printed> {
         }
         Command::Fit { files } => {
             let wanted = fit::read(files, &namespace)?;
-            let snapshot = cluster::snapshot(client).await?;
-            let outcomes = fit::fit(&snapshot, wanted)?;
+            let cluster = cluster::read_for_simulate(client, fit::replaced(&wanted)).await?;
+            let outcomes = fit::fit(cluster, wanted)?;
             match format {
                 Format::Table if outcomes.is_empty() => Ok("No claims to fit.\n".to_string().into()),
-                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes, &paint), &paint).into()),
+                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes), &paint).into()),
                 _ => output::document(&serde_json::json!({ "results": outcomes }), format).map(Printed::from),
             }
         }
@@ -182,19 +222,19 @@ fn main() -> ExitCode {
         .enable_all()
         .build()
         .map_err(anyhow::Error::from)
-        .and_then(|runtime| runtime.block_on(run(cli, paint)));
+        .and_then(|runtime| runtime.block_on(run_bounded(cli, paint)));
     match result {
         Ok(printed) => {
             // kubectl's form for what did not stop the command.
             for warning in &printed.warnings {
-                eprintln!("Warning: {warning}");
+                eprintln!("Warning: {}", printable::escape(warning));
             }
             let _ = std::io::stdout().lock().write_all(printed.text.as_bytes());
             ExitCode::SUCCESS
         }
         Err(err) => {
-            let line = format!("{err:#}").replace('\n', " ");
-            eprintln!("error: {line}");
+            // One line: a server's message with line breaks is escaped too.
+            eprintln!("error: {}", printable::escape(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

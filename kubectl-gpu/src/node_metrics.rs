@@ -17,7 +17,7 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use crate::cluster::{METRICS_ROLE, VIEWER_ROLE, server_reason};
+use crate::cluster::{METRICS_ROLE, PAGE, each_page, server_reason};
 use crate::utilization::{Sample, parse};
 
 /// The chart's labels on the kubelet-plugin DaemonSet's pods.
@@ -35,29 +35,36 @@ pub struct PluginPod {
 /// running one with an IP first (a DaemonSet rolling over may have two),
 /// each with its `metrics` port (else its first port, as the API server
 /// picks). A pod with no port at all is left out.
-pub fn by_node(pods: &[Pod]) -> BTreeMap<String, PluginPod> {
-    let mut ranked: Vec<(&str, bool, PluginPod)> = pods
-        .iter()
-        .filter_map(|pod| {
-            let spec = pod.spec.as_ref()?;
-            let node = spec.node_name.as_deref()?;
-            let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect();
-            let port = ports.iter().find(|p| p.name.as_deref() == Some("metrics")).or(ports.first())?.container_port;
-            let status = pod.status.as_ref();
-            let running = status.is_some_and(|s| {
-                s.phase.as_deref() == Some("Running") && s.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
-            });
-            let plugin = PluginPod {
-                namespace: pod.metadata.namespace.clone().unwrap_or_default(),
-                name: pod.metadata.name.clone()?,
-                port,
-            };
-            Some((node, running, plugin))
-        })
-        .collect();
+#[cfg(test)]
+fn by_node(pods: &[Pod]) -> BTreeMap<String, PluginPod> {
+    pick(pods.iter().filter_map(candidate).collect())
+}
+
+/// A pod's node, whether it runs, and how to reach it: what is kept of
+/// each page of pods.
+type Candidate = (String, bool, PluginPod);
+
+fn candidate(pod: &Pod) -> Option<Candidate> {
+    let spec = pod.spec.as_ref()?;
+    let node = spec.node_name.clone()?;
+    let ports: Vec<_> = spec.containers.iter().flat_map(|c| c.ports.iter().flatten()).collect();
+    let port = ports.iter().find(|p| p.name.as_deref() == Some("metrics")).or(ports.first())?.container_port;
+    let status = pod.status.as_ref();
+    let running = status.is_some_and(|s| {
+        s.phase.as_deref() == Some("Running") && s.pod_ips.as_ref().is_some_and(|ips| !ips.is_empty())
+    });
+    let plugin = PluginPod {
+        namespace: pod.metadata.namespace.clone().unwrap_or_default(),
+        name: pod.metadata.name.clone()?,
+        port,
+    };
+    Some((node, running, plugin))
+}
+
+fn pick(mut ranked: Vec<Candidate>) -> BTreeMap<String, PluginPod> {
     // Running ones last, so that they win.
-    ranked.sort_by_key(|(node, running, p)| (*node, *running, p.name.clone()));
-    ranked.into_iter().map(|(node, _, plugin)| (node.to_string(), plugin)).collect()
+    ranked.sort_by(|(node_a, run_a, a), (node_b, run_b, b)| (node_a, run_a, &a.name).cmp(&(node_b, run_b, &b.name)));
+    ranked.into_iter().map(|(node, _, plugin)| (node, plugin)).collect()
 }
 
 async fn scrape(client: &kube::Client, pod: &PluginPod) -> Result<Vec<Sample>, String> {
@@ -82,12 +89,16 @@ pub async fn scrape_nodes(
     }
     let late = || format!("no answer within {}", seconds(deadline));
     let api = Api::<Pod>::all(client.clone());
-    let listed = match tokio::time::timeout(deadline, api.list(&ListParams::default().labels(PLUGIN_SELECTOR))).await {
-        Ok(Ok(list)) => Ok(by_node(&list.items)),
-        Ok(Err(e)) => Err(format!(
-            "cannot list the node agents' pods (label {PLUGIN_SELECTOR}): {}",
-            server_reason(&e, VIEWER_ROLE)
-        )),
+    let mut candidates = Vec::new();
+    let params = ListParams::default().labels(PLUGIN_SELECTOR);
+    let what = format!("the node agents' pods (label {PLUGIN_SELECTOR})");
+    let listing = each_page(&api, params, PAGE, &what, |page| {
+        candidates.extend(page.iter().filter_map(candidate));
+        Ok(())
+    });
+    let listed = match tokio::time::timeout(deadline, listing).await {
+        Ok(Ok(())) => Ok(pick(candidates)),
+        Ok(Err(e)) => Err(format!("{e:#}")),
         Err(_) => Err(format!("listing the node agents' pods: {}", late())),
     };
     let pods = match listed {

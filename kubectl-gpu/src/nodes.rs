@@ -8,6 +8,8 @@ use gpu_dra_driver::slices::attributes::name;
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 
+use crate::output::Cell;
+
 /// The driver whose devices are summarized.
 pub const DRIVER: &str = "gpu.nvidia.com";
 
@@ -35,60 +37,82 @@ fn string_attr(device: &Device, key: &str) -> Option<String> {
 }
 
 /// How claims hold one device.
-#[derive(Default)]
+#[derive(Debug, Default)]
 struct Holders {
     claims: usize,
     as_share: bool,
 }
 
-/// (pool, device) of this driver -> who holds it.
-fn holders(claims: &[ResourceClaim]) -> HashMap<(String, String), Holders> {
-    let mut map: HashMap<(String, String), Holders> = HashMap::new();
-    for c in claims {
-        let results = c
-            .status
-            .as_ref()
-            .and_then(|s| s.allocation.as_ref())
-            .and_then(|a| a.devices.as_ref())
-            .and_then(|d| d.results.as_ref());
-        for r in results.into_iter().flatten().filter(|r| r.driver == DRIVER) {
-            let h = map.entry((r.pool.clone(), r.device.clone())).or_default();
-            h.claims += 1;
-            h.as_share |= r.share_id.is_some() || r.consumed_capacity.as_ref().is_some_and(|c| !c.is_empty());
+/// (pool, device) of this driver -> who holds it: what `nodes` keeps of
+/// the claims, read page by page.
+#[derive(Debug, Default)]
+pub struct Holdings(HashMap<(String, String), Holders>);
+
+impl Holdings {
+    /// Adds one page of claims' allocations.
+    pub fn add(&mut self, claims: &[ResourceClaim]) {
+        for c in claims {
+            let results = c
+                .status
+                .as_ref()
+                .and_then(|s| s.allocation.as_ref())
+                .and_then(|a| a.devices.as_ref())
+                .and_then(|d| d.results.as_ref());
+            for r in results.into_iter().flatten().filter(|r| r.driver == DRIVER) {
+                let h = self.0.entry((r.pool.clone(), r.device.clone())).or_default();
+                h.claims += 1;
+                h.as_share |= r.share_id.is_some() || r.consumed_capacity.as_ref().is_some_and(|c| !c.is_empty());
+            }
         }
     }
-    map
 }
 
-/// Summaries in node name order.
-pub fn summarize(slices: &[ResourceSlice], claims: &[ResourceClaim]) -> Vec<NodeSummary> {
-    let held = holders(claims);
-    let mut nodes: BTreeMap<String, NodeSummary> = BTreeMap::new();
-    for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
-        let node = s.spec.node_name.clone().unwrap_or_else(|| s.spec.pool.name.clone());
-        let summary = nodes.entry(node.clone()).or_insert_with(|| NodeSummary { node, ..NodeSummary::default() });
-        for d in s.spec.devices.iter().flatten() {
-            let kind = string_attr(d, name::TYPE).unwrap_or_default();
-            if kind == name::TYPE_MIG {
-                let profile = string_attr(d, name::PROFILE).unwrap_or_else(|| "?".into());
-                *summary.mig.entry(profile).or_default() += 1;
-            } else {
-                let model = string_attr(d, name::PRODUCT_NAME).unwrap_or_else(|| "unknown".into());
-                *summary.gpus.entry(model).or_default() += 1;
-            }
-            summary.devices += 1;
-            match held.get(&(s.spec.pool.name.clone(), d.name.clone())) {
-                None => summary.free += 1,
-                Some(h) if h.claims > 1 || h.as_share => summary.shared += 1,
-                Some(_) => summary.allocated += 1,
-            }
-            for t in d.taints.iter().flatten() {
-                let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
-                *summary.taints.entry(format!("{}{value}:{}", t.key, t.effect)).or_default() += 1;
+/// The node summaries, built from the slices page by page (each page can
+/// be dropped once added).
+#[derive(Debug)]
+pub struct Summaries {
+    held: Holdings,
+    nodes: BTreeMap<String, NodeSummary>,
+}
+
+impl Summaries {
+    pub fn new(held: Holdings) -> Self {
+        Summaries { held, nodes: BTreeMap::new() }
+    }
+
+    /// Counts one page of slices' devices.
+    pub fn add(&mut self, slices: &[ResourceSlice]) {
+        for s in slices.iter().filter(|s| s.spec.driver == DRIVER) {
+            let node = s.spec.node_name.clone().unwrap_or_else(|| s.spec.pool.name.clone());
+            let summary =
+                self.nodes.entry(node.clone()).or_insert_with(|| NodeSummary { node, ..NodeSummary::default() });
+            for d in s.spec.devices.iter().flatten() {
+                let kind = string_attr(d, name::TYPE).unwrap_or_default();
+                if kind == name::TYPE_MIG {
+                    let profile = string_attr(d, name::PROFILE).unwrap_or_else(|| "?".into());
+                    *summary.mig.entry(profile).or_default() += 1;
+                } else {
+                    let model = string_attr(d, name::PRODUCT_NAME).unwrap_or_else(|| "unknown".into());
+                    *summary.gpus.entry(model).or_default() += 1;
+                }
+                summary.devices += 1;
+                match self.held.0.get(&(s.spec.pool.name.clone(), d.name.clone())) {
+                    None => summary.free += 1,
+                    Some(h) if h.claims > 1 || h.as_share => summary.shared += 1,
+                    Some(_) => summary.allocated += 1,
+                }
+                for t in d.taints.iter().flatten() {
+                    let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+                    *summary.taints.entry(format!("{}{value}:{}", t.key, t.effect)).or_default() += 1;
+                }
             }
         }
     }
-    nodes.into_values().collect()
+
+    /// Summaries in node name order.
+    pub fn finish(self) -> Vec<NodeSummary> {
+        self.nodes.into_values().collect()
+    }
 }
 
 fn counts(map: &BTreeMap<String, usize>) -> String {
@@ -101,11 +125,16 @@ fn counts(map: &BTreeMap<String, usize>) -> String {
 /// Table rows: NODE, GPUS, MIG, DEVICES, ALLOCATED, SHARED, FREE, TAINTS.
 pub const HEADERS: [&str; 8] = ["NODE", "GPUS", "MIG", "DEVICES", "ALLOCATED", "SHARED", "FREE", "TAINTS"];
 
-pub fn rows(summaries: &[NodeSummary]) -> Vec<Vec<String>> {
+pub fn rows(summaries: &[NodeSummary]) -> Vec<Vec<Cell>> {
     summaries
         .iter()
         .map(|s| {
-            vec![
+            let taints = if s.taints.is_empty() {
+                "-".into()
+            } else {
+                s.taints.iter().map(|(t, n)| format!("{t} ({n})")).collect::<Vec<_>>().join(", ")
+            };
+            [
                 s.node.clone(),
                 counts(&s.gpus),
                 counts(&s.mig),
@@ -113,12 +142,11 @@ pub fn rows(summaries: &[NodeSummary]) -> Vec<Vec<String>> {
                 s.allocated.to_string(),
                 s.shared.to_string(),
                 s.free.to_string(),
-                if s.taints.is_empty() {
-                    "-".into()
-                } else {
-                    s.taints.iter().map(|(t, n)| format!("{t} ({n})")).collect::<Vec<_>>().join(", ")
-                },
+                taints,
             ]
+            .into_iter()
+            .map(Cell::from)
+            .collect()
         })
         .collect()
 }
@@ -172,7 +200,13 @@ mod tests {
             allocated("s2", "node-a", &["gpu-2-mig-0"], true),
             allocated("elsewhere", "node-b", &["gpu-1"], false),
         ];
-        let got = summarize(&[slice, other], &claims);
+        let mut held = Holdings::default();
+        held.add(&claims[..2]);
+        held.add(&claims[2..]);
+        let mut summaries = Summaries::new(held);
+        summaries.add(&[slice]);
+        summaries.add(&[other]);
+        let got = summaries.finish();
         assert_eq!(got.len(), 1);
         let a = &got[0];
         assert_eq!((a.devices, a.allocated, a.shared, a.free), (5, 1, 1, 3));

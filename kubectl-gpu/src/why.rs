@@ -7,8 +7,8 @@ use anyhow::{Result, bail};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 
-use crate::cluster::Snapshot;
-use crate::explain::{self, Outcome, claim_key};
+use crate::explain::{self, ClusterInput, Outcome, claim_key};
+use crate::printable::escape;
 
 /// What the user asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,18 +74,24 @@ pub struct Answer {
     pub results: Vec<Outcome>,
 }
 
-/// Simulates one claim against the cluster.
-pub fn why_claim(snapshot: &Snapshot, claim: &ResourceClaim) -> Result<Answer> {
+/// Simulates one claim against the cluster (read without it: its key
+/// excepted).
+pub fn why_claim(mut cluster: ClusterInput, claim: &ResourceClaim) -> Result<Answer> {
     let key = claim_key(claim);
-    let except = HashSet::from([key.clone()]);
-    let mut manifests = explain::cluster_manifests(snapshot, &except)?;
-    manifests.push(explain::object("ResourceClaim", &key, claim)?);
-    let results = explain::simulate(manifests)?.into_iter().filter(|o| o.key() == key).collect();
+    cluster.add("ResourceClaim", &key, claim)?;
+    let results = cluster.simulate()?.into_iter().filter(|o| o.key() == key).collect();
     Ok(Answer { pod: None, results })
 }
 
-/// Simulates a pod's claims together against the cluster.
-pub fn why_pod(snapshot: &Snapshot, pod: &Pod, templates: &[ResourceClaimTemplate]) -> Result<Answer> {
+/// The keys of the claims a pod's claims are (or will be): what
+/// [`why_pod`]'s cluster is read without.
+pub fn pod_claim_keys(pod: &Pod) -> HashSet<String> {
+    pod_for_simulate(pod).1.into_iter().collect()
+}
+
+/// Simulates a pod's claims together against the cluster (read with its
+/// claims' keys excepted, [`pod_claim_keys`]).
+pub fn why_pod(mut cluster: ClusterInput, pod: &Pod, templates: &[ResourceClaimTemplate]) -> Result<Answer> {
     let (pod, keys) = pod_for_simulate(pod);
     let pod_key = format!(
         "{}/{}",
@@ -95,10 +101,8 @@ pub fn why_pod(snapshot: &Snapshot, pod: &Pod, templates: &[ResourceClaimTemplat
     if keys.is_empty() {
         bail!("pod {pod_key} has no resourceClaims: it asks for no devices");
     }
-    let except: HashSet<String> = keys.iter().cloned().collect();
-    let mut manifests = explain::cluster_manifests(snapshot, &except)?;
-    for c in snapshot.claims.iter().filter(|c| except.contains(&claim_key(c))) {
-        manifests.push(explain::object("ResourceClaim", &claim_key(c), c)?);
+    for c in &cluster.take_kept() {
+        cluster.add("ResourceClaim", &claim_key(c), c)?;
     }
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     let uses_template = |name: &str| {
@@ -110,11 +114,11 @@ pub fn why_pod(snapshot: &Snapshot, pod: &Pod, templates: &[ResourceClaimTemplat
     for t in templates {
         let name = t.metadata.name.as_deref().unwrap_or_default();
         if t.metadata.namespace.as_deref() == Some(ns) && uses_template(name) {
-            manifests.push(explain::object("ResourceClaimTemplate", &format!("{ns}/{name}"), t)?);
+            cluster.add("ResourceClaimTemplate", &format!("{ns}/{name}"), t)?;
         }
     }
-    manifests.push(explain::object("Pod", &pod_key, &pod)?);
-    let results = explain::simulate(manifests)?.into_iter().filter(|o| keys.contains(&o.key())).collect();
+    cluster.add("Pod", &pod_key, &pod)?;
+    let results = cluster.simulate()?.into_iter().filter(|o| keys.contains(&o.key())).collect();
     Ok(Answer { pod: Some(pod_key), results })
 }
 
@@ -122,7 +126,7 @@ pub fn why_pod(snapshot: &Snapshot, pod: &Pod, templates: &[ResourceClaimTemplat
 pub fn render(answer: &Answer, paint: &crate::output::Paint) -> String {
     let mut out = String::new();
     if let Some(pod) = &answer.pod {
-        out.push_str(&format!("pod {pod}:\n"));
+        out.push_str(&format!("pod {}:\n", escape(pod)));
     }
     let indent = if answer.pod.is_some() { "  " } else { "" };
     for o in &answer.results {
@@ -130,14 +134,14 @@ pub fn render(answer: &Answer, paint: &crate::output::Paint) -> String {
             (_, true) => format!(
                 "{} on {}: {}",
                 paint.green("allocated"),
-                o.node.as_deref().unwrap_or("(any node its selector admits)"),
-                explain::devices(o.allocation.as_ref(), o.node.as_deref())
+                escape(o.node.as_deref().unwrap_or("(any node its selector admits)")),
+                escape(&explain::devices(o.allocation.as_ref(), o.node.as_deref()))
             ),
-            (Some(r), false) if o.error => format!("{}: {r}", paint.red("error")),
-            (Some(r), false) => format!("{}: {r}", paint.red("cannot be allocated now")),
+            (Some(r), false) if o.error => format!("{}: {}", paint.red("error"), escape(r)),
+            (Some(r), false) => format!("{}: {}", paint.red("cannot be allocated now"), escape(r)),
             (None, false) => "not allocated".to_string(),
         };
-        out.push_str(&format!("{indent}ResourceClaim {}: {line}\n", o.key()));
+        out.push_str(&format!("{indent}ResourceClaim {}: {line}\n", escape(&o.key())));
     }
     out
 }

@@ -45,6 +45,9 @@ pub enum Fault {
     /// Answer with this status without forwarding: 503 with an HTML page,
     /// 429 with a `Status` and `Retry-After`, any other with a `Status`.
     Status(u16),
+    /// Answer with a `Status` of this code and message, not forwarded: a
+    /// server's own words (a 403's names the user, the verb, the resource).
+    StatusMessage(u16, &'static str),
     /// Forward, then send the headers (with the full Content-Length) and
     /// half of the body, and keep the connection open without sending more.
     TruncateThenStall,
@@ -226,6 +229,7 @@ async fn handle(shared: Arc<Shared>, request: Request<Incoming>) -> Result<Respo
     let fault = shared.fault_for(&request);
     match fault {
         Some(Fault::Status(code)) => return Ok(status_answer(code)),
+        Some(Fault::StatusMessage(code, message)) => return Ok(status_with_message(code, message)),
         Some(Fault::Stall) => return std::future::pending().await,
         Some(Fault::Reset) => return Err(Closed("reset")),
         _ => {}
@@ -291,6 +295,26 @@ fn status_answer(code: u16) -> Response<ProxyBody> {
     };
     let body = Full::new(Bytes::from(body)).map_err(|never: Infallible| match never {}).boxed();
     builder.body(body).unwrap_or_else(|_| Response::new(BoxBody::default()))
+}
+
+/// A `Status` of `code` with `message`, as the apiserver writes one.
+fn status_with_message(code: u16, message: &str) -> Response<ProxyBody> {
+    let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let reason = match code {
+        403 => "Forbidden",
+        404 => "NotFound",
+        _ => "InternalError",
+    };
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": message, "reason": reason, "code": code,
+    });
+    let body = Full::new(Bytes::from(body.to_string())).map_err(|never: Infallible| match never {}).boxed();
+    Response::builder()
+        .status(status)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .body(body)
+        .unwrap_or_else(|_| Response::new(BoxBody::default()))
 }
 
 /// Half a body, then nothing (held open) or an error (hyper closes the

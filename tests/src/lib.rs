@@ -105,3 +105,47 @@ pub fn stdout_ok(out: &Output) -> String {
     );
     String::from_utf8(out.stdout.clone()).expect("UTF-8 output")
 }
+
+/// Runs `bin` with `args` as [`run`] does, but kills it and panics if it
+/// is still running after `watchdog`: a bound only a hang reaches, so that
+/// a test of a command that must not hang fails instead of hanging.
+pub fn run_or_kill(bin: &Path, args: &[&str], watchdog: std::time::Duration) -> Output {
+    use std::io::{Read, Seek};
+    let out = tempfile::tempfile().expect("a temporary file for stdout");
+    let err = tempfile::tempfile().expect("a temporary file for stderr");
+    let mut child = Command::new(bin)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(out.try_clone().expect("stdout"))
+        .stderr(err.try_clone().expect("stderr"))
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {}: {e}", bin.display()));
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid");
+    let (done, finished) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let status = child.wait().expect("waiting for the child");
+        let _ = done.send(());
+        status
+    });
+    let hung = finished.recv_timeout(watchdog).is_err();
+    if hung {
+        // SAFETY: plain syscall. The child is not reaped until `waiter`'s
+        // wait returns, so the pid is still the child's.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    let status = waiter.join().expect("the waiting thread");
+    let read = |mut f: std::fs::File| {
+        let mut bytes = Vec::new();
+        f.rewind().expect("rewinding an output file");
+        f.read_to_end(&mut bytes).expect("reading an output file");
+        bytes
+    };
+    let output = Output { status, stdout: read(out), stderr: read(err) };
+    assert!(
+        !hung,
+        "{} {args:?} still ran after {watchdog:?} (killed)\nstderr: {}",
+        bin.display(),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}

@@ -100,17 +100,38 @@ pub fn run_manifests(
     out: &mut impl Write,
     note: &mut impl Write,
 ) -> Result<()> {
-    if options.fleet.is_some() {
-        bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
-    }
-    let mut phases = Phases::default();
-    let mut sorter = inputs::Sorter::default();
+    let mut feed = Feed::default();
     for m in manifests {
-        sorter.add(m, &mut *note)?;
+        feed.add(m, &mut *note)?;
     }
-    let inputs = sorter.finish();
-    phases.mark("read");
-    simulate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, out, note)
+    feed.run(options, out, note)
+}
+
+/// Objects handed over one at a time, as a caller reads them (`kubectl
+/// gpu` reads a live cluster page by page): each slice goes into the
+/// allocator's compact fleet at once, so the caller keeps no page of them.
+/// [`Feed::run`] then simulates exactly as [`run_manifests`].
+#[derive(Debug, Default)]
+pub struct Feed {
+    sorter: inputs::Sorter,
+}
+
+impl Feed {
+    /// Takes one object; a kind simulate does not use is noted on `note`.
+    pub fn add(&mut self, manifest: manifests::Manifest, note: &mut impl Write) -> Result<()> {
+        self.sorter.add(manifest, note)
+    }
+
+    /// Simulates what was fed. `options.fleet` must be `None`.
+    pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+        if options.fleet.is_some() {
+            bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
+        }
+        let mut phases = Phases::default();
+        let inputs = self.sorter.finish();
+        phases.mark("read");
+        simulate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, out, note)
+    }
 }
 
 /// From sorted inputs to printed outcomes: workload, allocation, output.

@@ -142,7 +142,19 @@ async fn client_for(
     user_agent: Option<&str>,
     timeouts: ApiTimeouts,
 ) -> Result<kube::Client, KubeClientError> {
-    let mut config = config_for(source).await?;
+    let config = config_for(source).await?;
+    client_with(config, user_agent, timeouts)
+        .map_err(|error| KubeClientError::Client { source_desc: source.clone(), error })
+}
+
+/// A client from a configuration read elsewhere (`kubectl gpu` reads the
+/// user's kubeconfig with `--context`), with the same settings as the
+/// binaries' clients: the timeouts, no retries of kube's own, `user_agent`.
+pub fn client_with(
+    mut config: kube::Config,
+    user_agent: Option<&str>,
+    timeouts: ApiTimeouts,
+) -> Result<kube::Client, kube::Error> {
     config.connect_timeout = Some(timeouts.connect);
     config.read_timeout = Some(timeouts.read);
     config.write_timeout = Some(timeouts.read);
@@ -155,7 +167,7 @@ async fn client_for(
         config.headers.push((axum::http::header::USER_AGENT, value));
     }
     install_crypto_provider();
-    kube::Client::try_from(config).map_err(|error| KubeClientError::Client { source_desc: source.clone(), error })
+    kube::Client::try_from(config)
 }
 
 async fn config_for(source: &ConfigSource) -> Result<kube::Config, KubeClientError> {

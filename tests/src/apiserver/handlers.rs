@@ -17,6 +17,7 @@ use super::apply::{self, merge_patch};
 use super::errors::ApiError;
 use super::faults::{Faults, RequestRecord};
 use super::kinds::{self, Kind, Target};
+use super::paging;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{Store, Write};
 use super::watch::{WatchRequest, error_line};
@@ -162,11 +163,17 @@ fn serve(
     let manager = manager(params, headers);
     match (method.as_str(), target.name.as_deref()) {
         ("GET", None) => {
-            // Limits and continue tokens are ignored: a server may return
-            // everything in one page (the watch cache does for RV=0).
+            // `limit` and `continue` as the real server pages (paging.rs).
             let (labels, fields) = selectors(kind, params)?;
-            let (items, rv) = store.list(kind, ns, &labels, &fields);
-            Ok((200, list_object(kind, items, rv)))
+            let param = |name: &str| params.get(name).map(String::as_str);
+            let request = paging::request(param("limit"), param("continue"), param("resourceVersion"))?;
+            let (items, rv) = store.list_after(kind, ns, (&labels, &fields), request.after.as_ref(), request.read());
+            let page = paging::page(&request, items, rv);
+            let mut list = list_object(kind, page.items, page.resource_version);
+            if let Some(token) = page.continue_token {
+                list["metadata"]["continue"] = json!(token);
+            }
+            Ok((200, list))
         }
         ("GET", Some(name)) => Ok((200, store.get(kind, ns, name)?)),
         ("POST", None) => Ok((201, store.create(kind, ns, parse_body(body)?, &manager)?)),

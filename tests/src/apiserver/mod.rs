@@ -17,8 +17,9 @@
 //!
 //! Discovery is the legacy documents (`discovery.rs`), enough for kubectl.
 //! Not implemented: authentication, aggregated discovery, grace periods
-//! (deletion is immediate once no finalizer holds an object), pagination (limit is ignored, which the real server
-//! may do too), strategic merge patch and JSON patch (415), protobuf.
+//! (deletion is immediate once no finalizer holds an object), strategic merge patch and JSON patch (415),
+//! protobuf. Lists page with `limit` and `continue` (`paging.rs`; later pages from the current objects, not
+//! the first page's snapshot).
 
 pub mod apply;
 pub mod audit;
@@ -29,6 +30,7 @@ pub mod faults;
 pub mod gates;
 mod handlers;
 pub mod kinds;
+mod paging;
 pub mod proxy;
 pub mod selectors;
 pub mod store;

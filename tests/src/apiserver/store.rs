@@ -236,6 +236,31 @@ impl Store {
         (items, inner.rv)
     }
 
+    /// At most `max` objects of a [`Store::list`], those after `after`
+    /// (namespace, name) in key order: one page, cloning only its objects.
+    pub fn list_after(
+        &self,
+        kind: &'static Kind,
+        namespace: Option<&str>,
+        selectors: (&LabelSelector, &FieldSelector),
+        after: Option<&(String, String)>,
+        max: usize,
+    ) -> (Vec<Value>, u64) {
+        let (labels, fields) = selectors;
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|((plural, ns, _), _)| *plural == kind.plural && namespace.is_none_or(|n| n == ns))
+            .filter(|((_, ns, name), _)| after.is_none_or(|(a_ns, a_name)| (ns, name) > (a_ns, a_name)))
+            .map(|(_, e)| &e.object)
+            .filter(|o| labels.matches(o) && fields.matches(o))
+            .take(max)
+            .cloned()
+            .collect();
+        (items, inner.rv)
+    }
+
     /// POST: creates the object. `metadata.generateName` gives a fresh
     /// name; uid, creationTimestamp, generation and resourceVersion are the
     /// server's (`rest.BeforeCreate`); the status of a type with a status

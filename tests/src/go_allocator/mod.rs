@@ -23,7 +23,7 @@ mod bench_fleets;
 pub use compare::{Choice, Comparison, Mismatch, compare};
 pub use fleet::{Fleet, Layout, thousands};
 pub use go_build::go_allocator;
-pub use measure::{Measured, Side, run_go, run_simulate};
+pub use measure::{Measured, Side, measured, run_go, run_simulate};
 
 use std::path::{Path, PathBuf};
 
