@@ -40,6 +40,8 @@ pub struct Checked {
     /// Every call, by id: the function (namespaced functions by their full
     /// name) and the overloads that accept its arguments.
     pub calls: HashMap<u64, ResolvedCall>,
+    /// The environment it was checked in (some estimates differ by version).
+    pub environment: CelEnvironment,
 }
 
 /// The overloads a call may take at run time, as the checker resolved them.
@@ -82,15 +84,16 @@ pub fn check(
     }
     let result = types.get(&expr.id).cloned().unwrap_or(Type::Dyn);
     let calls = std::mem::take(&mut checker.calls);
-    Ok(Checked { result, types, calls })
+    Ok(Checked { result, types, calls, environment: *env })
 }
 
 /// DRA's rule for the result: a bool, or the unknown type of an attribute
-/// (`dyn` too with DRAListTypeAttributes).
+/// (see [`CelEnvironment::accepts_result`]).
 pub fn require_bool(checked: &Checked, env: &CelEnvironment) -> Result<(), CheckFailure> {
     let acceptable = match checked.result {
-        Type::Bool | Type::Any => true,
-        Type::Dyn => env.list_type_attributes,
+        Type::Bool => true,
+        Type::Any => env.accepts_result(true),
+        Type::Dyn => env.accepts_result(false),
         _ => false,
     };
     if acceptable { Ok(()) } else { Err(CheckFailure::NotBool(checked.result.clone())) }
@@ -275,7 +278,7 @@ impl Checker<'_> {
 
     /// The fields of `device`, as `dynamic-resource-allocation/cel` declares them.
     fn device_field(&self, field: &str) -> Option<Type> {
-        let attribute = if self.env.list_type_attributes { Type::Dyn } else { Type::Any };
+        let attribute = if self.env.attributes_are_dyn() { Type::Dyn } else { Type::Any };
         Some(match field {
             "driver" => Type::String,
             "attributes" => Type::map(Type::String, Type::map(Type::String, attribute)),
