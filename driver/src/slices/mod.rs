@@ -22,7 +22,9 @@ use crate::inventory::{Inventory, PublishedDevice};
 use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
 use crate::names::{DriverName, InvalidName, NodeName};
 pub use attributes::TaintPolicy;
-pub use validation::{FieldError, ServerRules, validate_slice, validate_slice_for};
+pub use validation::{
+    FieldError, ServerRules, validate_slice, validate_slice_for, validate_slice_with_list_attributes,
+};
 
 /// Builds a node's slices for one driver.
 #[derive(Debug, Clone)]
@@ -39,6 +41,9 @@ pub struct SliceBuilder {
     /// Dynamic MIG GPUs are published as partitionable devices
     /// (`DynamicMIG`); without the gate they publish nothing.
     dynamic_mig: bool,
+    /// The cluster has DRAListTypeAttributes (`DRAListTypeAttributes`):
+    /// `resource.kubernetes.io/numaNode` is published as a list.
+    list_attributes: bool,
 }
 
 /// Why slices could not be built.
@@ -66,6 +71,7 @@ impl SliceBuilder {
             shares: false,
             consumable_shares: consumable_shares::SharesMode::Disabled,
             dynamic_mig: false,
+            list_attributes: false,
         }
     }
 
@@ -74,6 +80,7 @@ impl SliceBuilder {
     pub fn with_gates(mut self, gates: FeatureGates) -> Self {
         self.shares = gates.enabled(Gate::ConsumableCapacity);
         self.dynamic_mig = gates.enabled(Gate::DynamicMig);
+        self.list_attributes = gates.enabled(Gate::ListTypeAttributes);
         self
     }
 
@@ -127,6 +134,9 @@ impl SliceBuilder {
                 continue;
             }
             let mut device = attributes::to_api_device(&self.driver, inventory, &d, &self.taints)?;
+            if self.list_attributes {
+                attributes::numa_node_as_list(&mut device);
+            }
             if dynamic {
                 // Made per claim: never shared between claims.
                 device.consumes_counters = partitionable::consumption(&d).map(|c| vec![c]);
@@ -165,7 +175,11 @@ impl SliceBuilder {
             })
             .collect();
         for slice in &slices {
-            let errors = validate_slice_for(slice, self.rules);
+            let errors = if self.list_attributes {
+                validate_slice_with_list_attributes(slice, self.rules)
+            } else {
+                validate_slice_for(slice, self.rules)
+            };
             if !errors.is_empty() {
                 return Err(SliceError::Invalid { slice: slice.metadata.name.clone().unwrap_or_default(), errors });
             }

@@ -177,9 +177,14 @@ pub fn error_review(uid: &str, message: &str) -> Value {
 }
 
 /// The environment a webhook checks selectors in: the apiserver's for new
-/// expressions of its version.
-pub fn selector_env(server_minor: u32) -> SelectorEnv {
-    SelectorEnv::for_environment(CelEnvironment::new_expressions(server_minor))
+/// expressions of its version, with Kubernetes' DRAListTypeAttributes as
+/// the driver's gate of that name says the cluster has it.
+pub fn selector_env(server_minor: u32, gates: &FeatureGates) -> SelectorEnv {
+    let lists = gates.enabled(gpu_dra_driver::feature_gates::Gate::ListTypeAttributes);
+    SelectorEnv::for_environment(CelEnvironment {
+        list_type_attributes: lists,
+        ..CelEnvironment::new_expressions(server_minor)
+    })
 }
 
 #[cfg(test)]
@@ -207,7 +212,7 @@ mod tests {
             body.to_string().as_bytes(),
             "gpu.nvidia.com",
             &gates,
-            &selector_env(36),
+            &selector_env(36, &FeatureGates::default()),
             &NoFleet(vec!["no H100 today".into()]),
         )
     }
@@ -267,11 +272,11 @@ mod tests {
         assert!(!ok);
         assert!(response["response"]["status"]["message"].as_str().unwrap().starts_with("spec.spec.devices.config[0]"));
         let (response, ok) =
-            review(b"{not json", "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
+            review(b"{not json", "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36, &FeatureGates::default()), &NoFleet(vec![]));
         assert!(!ok && response["response"]["status"]["code"] == 400);
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
         let (_, ok) =
-            review(deep.as_bytes(), "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
+            review(deep.as_bytes(), "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36, &FeatureGates::default()), &NoFleet(vec![]));
         assert!(!ok, "serde_json's recursion limit bounds the depth");
     }
 }

@@ -19,6 +19,12 @@ pub use types::{ObjectType, Type};
 
 use super::environment::CelEnvironment;
 
+/// What to do when a selector needs list-typed attributes (an attribute
+/// is `any`, or `includes` is not declared): the gate, in both places.
+const LIST_ATTRIBUTES_HINT: &str = "; iterating an attribute or calling includes() needs Kubernetes' \
+     DRAListTypeAttributes feature gate (alpha in 1.36 and 1.37) on the apiserver and the scheduler, and \
+     DRAListTypeAttributes=true in this driver's --feature-gates";
+
 /// Why an expression failed to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckFailure {
@@ -190,10 +196,11 @@ impl Checker<'_> {
                         (Type::Dyn, c.iter_var2.as_ref().map(|_| Type::Dyn))
                     }
                     other => {
+                        let hint = if *other == Type::Any { LIST_ATTRIBUTES_HINT } else { "" };
                         self.error(
                             c.iter_range.id,
                             format!(
-                                "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                                "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic){hint}"
                             ),
                         );
                         (Type::Error, c.iter_var2.as_ref().map(|_| Type::Error))
@@ -314,7 +321,8 @@ impl Checker<'_> {
         match self.decls.function(name) {
             Some(overloads) => self.resolve(e.id, name, overloads, Some(target_type), args, &call.args),
             None => {
-                self.error(e.id, format!("undeclared reference to '{name}' (in container '')"));
+                let hint = if name == "includes" { LIST_ATTRIBUTES_HINT } else { "" };
+                self.error(e.id, format!("undeclared reference to '{name}' (in container ''){hint}"));
                 Type::Error
             }
         }
