@@ -104,9 +104,7 @@ impl ValueSet {
             (ValueSet::Ints(a), ValueSet::Ints(b)) => ValueSet::Ints(a.intersection(b).copied().collect()),
             (ValueSet::Bools(a), ValueSet::Bools(b)) => ValueSet::Bools(a.intersection(b).copied().collect()),
             (ValueSet::Strs(a), ValueSet::Strs(b)) => ValueSet::Strs(a.intersection(b).cloned().collect()),
-            (ValueSet::Versions(a), ValueSet::Versions(b)) => {
-                ValueSet::Versions(a.intersection(b).cloned().collect())
-            }
+            (ValueSet::Versions(a), ValueSet::Versions(b)) => ValueSet::Versions(a.intersection(b).cloned().collect()),
             _ => return None,
         };
         (!common.is_empty()).then_some(common)
@@ -115,7 +113,11 @@ impl ValueSet {
 
 impl std::fmt::Display for ValueSet {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        fn list<T: std::fmt::Display>(f: &mut std::fmt::Formatter<'_>, prefix: &str, items: impl Iterator<Item = T>) -> std::fmt::Result {
+        fn list<T: std::fmt::Display>(
+            f: &mut std::fmt::Formatter<'_>,
+            prefix: &str,
+            items: impl Iterator<Item = T>,
+        ) -> std::fmt::Result {
             let items: Vec<String> = items.map(|i| i.to_string()).collect();
             match items.as_slice() {
                 [one] => write!(f, "{prefix}{one}"),

@@ -68,11 +68,7 @@ struct Case {
 }
 
 fn qualified(attribute: &str) -> String {
-    if attribute == "numaNode" {
-        "resource.kubernetes.io/numaNode".to_owned()
-    } else {
-        format!("{DRIVER}/{attribute}")
-    }
+    if attribute == "numaNode" { "resource.kubernetes.io/numaNode".to_owned() } else { format!("{DRIVER}/{attribute}") }
 }
 
 fn device_with(name: &str, attribute_name: &str, v: &V) -> Device {
@@ -127,7 +123,10 @@ fn cases() -> Vec<Case> {
             Match,
             s,
             &[("req-0", 2)],
-            vec![("device-1", Strs(&["value1", "value2", "value3"])), ("device-2", Strs(&["value2", "value3", "value4"]))],
+            vec![
+                ("device-1", Strs(&["value1", "value2", "value3"])),
+                ("device-2", Strs(&["value2", "value3", "value4"])),
+            ],
             Picks(&[("req-0", "device-1"), ("req-0", "device-2")]),
         ),
         c(
@@ -260,7 +259,10 @@ fn cases() -> Vec<Case> {
             Match,
             s,
             &[("req-0", 2)],
-            vec![("device-1", Strs(&["value1", "value2", "value3"])), ("device-2", Strs(&["value2", "value3", "value4"]))],
+            vec![
+                ("device-1", Strs(&["value1", "value2", "value3"])),
+                ("device-2", Strs(&["value2", "value3", "value4"])),
+            ],
             NoFit,
         ),
         c(
@@ -318,7 +320,10 @@ fn cases() -> Vec<Case> {
             Distinct,
             s,
             &[("req-0", 2)],
-            vec![("device-1", Strs(&["value1", "value2", "value3"])), ("device-2", Strs(&["value2", "value4", "value5"]))],
+            vec![
+                ("device-1", Strs(&["value1", "value2", "value3"])),
+                ("device-2", Strs(&["value2", "value4", "value5"])),
+            ],
             NoFit,
         ),
         c(
@@ -390,7 +395,10 @@ fn cases() -> Vec<Case> {
             Distinct,
             s,
             &[("req-0", 2)],
-            vec![("device-1", Strs(&["value1", "value2", "value3"])), ("device-2", Strs(&["value2", "value3", "value4"]))],
+            vec![
+                ("device-1", Strs(&["value1", "value2", "value3"])),
+                ("device-2", Strs(&["value2", "value3", "value4"])),
+            ],
             NoFit,
         ),
         Case {
@@ -415,7 +423,8 @@ fn cases() -> Vec<Case> {
 /// Runs one case; the failure, if any, as text.
 fn run(case: &Case) -> Result<(), String> {
     let devices: Vec<Device> = case.devices.iter().map(|(n, v)| device_with(n, case.attribute, v)).collect();
-    let mut a = allocator(&[node_slice("node-1", devices)], &[gpu_class()]).with_cel_environment(environment(case.gate));
+    let mut a =
+        allocator(&[node_slice("node-1", devices)], &[gpu_class()]).with_cel_environment(environment(case.gate));
     let got = one(&mut a, "node-1", &claim_of(case));
     match (&got, case.outcome) {
         (Ok(r), Outcome::Picks(want)) if picks(r) == pairs(want) => Ok(()),
@@ -437,10 +446,8 @@ fn kubernetes_list_attribute_allocator_cases() {
 /// with a list attribute fits, and a second device never matches a list.
 #[test]
 fn gate_off_takes_a_lone_list_device_and_matches_nothing_after_it() {
-    let devices = vec![
-        device_with("device-1", "numa", &V::Ints(&[0, 1])),
-        device_with("device-2", "numa", &V::Ints(&[0, 1])),
-    ];
+    let devices =
+        vec![device_with("device-1", "numa", &V::Ints(&[0, 1])), device_with("device-2", "numa", &V::Ints(&[0, 1]))];
     let slices = [node_slice("node-1", devices)];
     let mut a = allocator(&slices, &[gpu_class()]).with_cel_environment(environment(false));
     let lone = claim_with("c", vec![request("r", "gpu", 1)], vec![match_attr("gpu.nvidia.com/numa", &[])]);
@@ -454,7 +461,8 @@ fn gate_off_takes_a_lone_list_device_and_matches_nothing_after_it() {
 /// A list attribute is explained by its values when the constraint fails.
 #[test]
 fn an_unmet_list_constraint_is_explained_with_the_lists() {
-    let devices = vec![device_with("device-1", "numa", &V::Ints(&[0, 1])), device_with("device-2", "numa", &V::Ints(&[2]))];
+    let devices =
+        vec![device_with("device-1", "numa", &V::Ints(&[0, 1])), device_with("device-2", "numa", &V::Ints(&[2]))];
     let mut a = allocator(&[node_slice("node-1", devices)], &[gpu_class()]).with_cel_environment(environment(true));
     let c = claim_with("c", vec![request("r", "gpu", 2)], vec![match_attr("gpu.nvidia.com/numa", &[])]);
     let Err(AllocateError::Unsatisfiable(e)) = one(&mut a, "node-1", &c) else { panic!("expected no fit") };
@@ -466,10 +474,11 @@ fn an_unmet_list_constraint_is_explained_with_the_lists() {
 /// with the gate off too (a 1.37 scheduler's stored selectors).
 #[test]
 fn selectors_range_over_list_attributes_in_the_search() {
-    let devices = vec![device_with("device-1", "numa", &V::Ints(&[0, 1])), device_with("device-2", "numa", &V::Ints(&[2, 3]))];
+    let devices =
+        vec![device_with("device-1", "numa", &V::Ints(&[0, 1])), device_with("device-2", "numa", &V::Ints(&[2, 3]))];
     for gate in [true, false] {
-        let mut a = allocator(&[node_slice("node-1", devices.clone())], &[gpu_class()])
-            .with_cel_environment(environment(gate));
+        let mut a =
+            allocator(&[node_slice("node-1", devices.clone())], &[gpu_class()]).with_cel_environment(environment(gate));
         let c = claim(
             "c",
             vec![with_selectors(

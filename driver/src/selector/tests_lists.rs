@@ -162,7 +162,15 @@ fn upstream_cases() -> Vec<Case> {
             Match(true),
             6,
         ),
-        case("list-of-string", None, None, attr("names.size() == 2"), Some(("names", strs(&["fish", "bird"]))), Match(true), 6),
+        case(
+            "list-of-string",
+            None,
+            None,
+            attr("names.size() == 2"),
+            Some(("names", strs(&["fish", "bird"]))),
+            Match(true),
+            6,
+        ),
         case(
             "list-of-semver",
             None,

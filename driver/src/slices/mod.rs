@@ -225,6 +225,41 @@ mod tests {
         slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect()
     }
 
+    /// `DRAListTypeAttributes`: the standard numaNode attribute is a list
+    /// (upstream's list form), valid for a server with the gate; without
+    /// it, the scalar as before. A forged list attribute stays invalid for
+    /// a server without the gate.
+    #[test]
+    fn numa_node_is_a_list_with_the_list_type_attributes_gate() {
+        let mut g = gpu(0);
+        g.numa_node = Some(1);
+        let inv = inventory(vec![g]);
+        let numa = |gates: &str| {
+            let gates: FeatureGates = gates.parse().unwrap();
+            let slices = builder().with_gates(gates).build(&inv, 1).expect("valid slices");
+            let device = &slices[0].spec.devices.as_ref().unwrap()[0];
+            device.attributes.as_ref().unwrap()["resource.kubernetes.io/numaNode"].clone()
+        };
+        let scalar = numa("");
+        assert_eq!((scalar.int, scalar.ints), (Some(1), None));
+        let list = numa("DRAListTypeAttributes=true");
+        assert_eq!((list.int, list.ints), (None, Some(vec![1])));
+
+        let gates: FeatureGates = "DRAListTypeAttributes=true".parse().unwrap();
+        let slices = builder().with_gates(gates).build(&inv, 1).unwrap();
+        let errors = validate_slice_for(&slices[0], ServerRules { minor: 37 });
+        assert!(errors.iter().any(|e| e.rule.contains("list-valued attributes are alpha")), "{errors:?}");
+        let mut empty = slices[0].clone();
+        if let Some(a) = empty.spec.devices.as_mut().and_then(|d| d[0].attributes.as_mut()) {
+            a.insert(
+                "resource.kubernetes.io/numaNode".into(),
+                k8s_openapi::api::resource::v1::DeviceAttribute { ints: Some(vec![]), ..Default::default() },
+            );
+        }
+        let errors = validate_slice_with_list_attributes(&empty, ServerRules { minor: 37 });
+        assert!(errors.iter().any(|e| e.rule.contains("at least one value")), "{errors:?}");
+    }
+
     #[test]
     fn one_pool_per_node() {
         let slices = builder().build(&inventory((0..8).map(gpu).collect()), 3).unwrap();

@@ -509,7 +509,10 @@ fn validate_list_attribute(value: &DeviceAttribute, field: &str, errs: &mut Erro
         check_len("strings", v.len(), errs);
         for (i, s) in v.iter().enumerate() {
             if s.len() > MAX_VALUE_LEN {
-                errs.add(format!("{field}.strings[{i}]"), format!("Too long: may not be more than {MAX_VALUE_LEN} bytes"));
+                errs.add(
+                    format!("{field}.strings[{i}]"),
+                    format!("Too long: may not be more than {MAX_VALUE_LEN} bytes"),
+                );
             }
         }
     }

@@ -21,9 +21,8 @@ use super::environment::CelEnvironment;
 
 /// What to do when a selector needs list-typed attributes (an attribute
 /// is `any`, or `includes` is not declared): the gate, in both places.
-const LIST_ATTRIBUTES_HINT: &str = "; iterating an attribute or calling includes() needs Kubernetes' \
-     DRAListTypeAttributes feature gate (alpha in 1.36 and 1.37) on the apiserver and the scheduler, and \
-     DRAListTypeAttributes=true in this driver's --feature-gates";
+const LIST_ATTRIBUTES_HINT: &str =
+    "; needs DRAListTypeAttributes=true (alpha) in the cluster's and this driver's feature gates";
 
 /// Why an expression failed to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
