@@ -9,6 +9,7 @@
 //! | `MPSSupport` | off | the `MPS` sharing strategy (a control daemon per claim) |
 //! | `ConsumableCapacity` | off | whole GPUs published for several claims at once, shared by memory (and optionally compute), each share's limit enforced through MPS: needs `MPSSupport` |
 //! | `ConsumableShares` | off | NVIDIA's unenforced sharing: GPUs and MIG devices published for several claims, by memory, without limit, or as N shares (`--consumable-shares`); nothing holds a claim to its share, as in NVIDIA's driver |
+//! | `DRAListTypeAttributes` | off | the cluster has Kubernetes' `DRAListTypeAttributes` (alpha in 1.36 and 1.37) on: `resource.kubernetes.io/numaNode` is published as a list (the GPU's NUMA node, as upstream's `deviceattribute` list form without SLIT distances), the webhook and `simulate` check selectors with list-typed attributes and constraints match lists by a common element; a server with the gate off refuses the slices |
 //! | `DynamicMIG` | off | MIG devices made at prepare: MIG-mode GPUs the plugin manages (`--dynamic-mig-gpus`) are published as one device per MIG profile and placement plus the whole GPU (Hopper+), sharing counters (KEP-4815); the server needs `DRAPartitionableDevices` (on by default from 1.36) |
 
 use std::fmt;
@@ -22,15 +23,17 @@ pub enum Gate {
     ConsumableCapacity,
     ConsumableShares,
     DynamicMig,
+    ListTypeAttributes,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 5] = [
+    pub const ALL: [Gate; 6] = [
         Gate::TimeSlicingSettings,
         Gate::MpsSupport,
         Gate::ConsumableCapacity,
         Gate::ConsumableShares,
         Gate::DynamicMig,
+        Gate::ListTypeAttributes,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,6 +43,7 @@ impl Gate {
             Gate::ConsumableCapacity => "ConsumableCapacity",
             Gate::ConsumableShares => "ConsumableShares",
             Gate::DynamicMig => "DynamicMIG",
+            Gate::ListTypeAttributes => "DRAListTypeAttributes",
         }
     }
 }
@@ -52,13 +56,14 @@ pub struct FeatureGates {
     consumable_capacity: bool,
     consumable_shares: bool,
     dynamic_mig: bool,
+    list_type_attributes: bool,
 }
 
 /// A `--feature-gates` value that cannot be used, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeatureGateError {
     #[error(
-        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity, ConsumableShares and DynamicMIG"
+        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity, ConsumableShares, DynamicMIG and DRAListTypeAttributes"
     )]
     Unknown(String),
     #[error("feature gate {gate}: {value:?} is not true or false")]
@@ -75,6 +80,7 @@ impl FeatureGates {
             Gate::ConsumableCapacity => self.consumable_capacity,
             Gate::ConsumableShares => self.consumable_shares,
             Gate::DynamicMig => self.dynamic_mig,
+            Gate::ListTypeAttributes => self.list_type_attributes,
         }
     }
 
@@ -109,6 +115,7 @@ impl FeatureGates {
             Gate::ConsumableCapacity => self.consumable_capacity = on,
             Gate::ConsumableShares => self.consumable_shares = on,
             Gate::DynamicMig => self.dynamic_mig = on,
+            Gate::ListTypeAttributes => self.list_type_attributes = on,
         }
         self
     }

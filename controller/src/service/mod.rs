@@ -102,7 +102,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     watch::spawn_all(&client, changes_tx, timeouts.watch_timeout_seconds());
     let state = Arc::new(std::sync::Mutex::new(cluster::ClusterState::new(
         &args.driver_name,
-        CelEnvironment::stored_expressions(minor),
+        CelEnvironment {
+            // The driver's gate says the cluster has DRAListTypeAttributes.
+            list_type_attributes: args.feature_gates.enabled(gpu_dra_driver::feature_gates::Gate::ListTypeAttributes),
+            ..CelEnvironment::stored_expressions(minor)
+        },
     )));
     if args.webhook_port != 0 {
         let (Some(cert), Some(key)) = (args.tls_cert_file.clone(), args.tls_key_file.clone()) else {

@@ -91,7 +91,7 @@ mod tests {
             "request": {"uid": "u", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
                         "operation": "CREATE", "object": object}});
         let (response, allowed) =
-            review(body.to_string().as_bytes(), "gpu.nvidia.com", gates, &selector_env(37), &NoFleet);
+            review(body.to_string().as_bytes(), "gpu.nvidia.com", gates, &selector_env(37, gates), &NoFleet);
         (!allowed).then(|| response["response"]["status"]["message"].as_str().unwrap_or_default().to_string())
     }
 

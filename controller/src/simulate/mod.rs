@@ -134,6 +134,17 @@ impl Feed {
     }
 }
 
+/// The CEL environment of a run: `cel`, with Kubernetes' DRAListTypeAttributes
+/// on when the driver's gate of that name says the cluster has it (the
+/// driver cannot see the cluster's gates; its operator sets both alike).
+fn cel_environment(
+    cel: gpu_dra_driver::selector::CelEnvironment,
+    gates: &gpu_dra_driver::feature_gates::FeatureGates,
+) -> gpu_dra_driver::selector::CelEnvironment {
+    let lists = gates.enabled(gpu_dra_driver::feature_gates::Gate::ListTypeAttributes);
+    gpu_dra_driver::selector::CelEnvironment { list_type_attributes: cel.list_type_attributes || lists, ..cel }
+}
+
 /// From sorted inputs to printed outcomes: workload, allocation, output.
 fn simulate_inputs(
     mut inputs: inputs::Inputs,
@@ -160,7 +171,7 @@ fn simulate_inputs(
     let nodes: Vec<_> = std::mem::take(&mut inputs.nodes).into_iter().map(|n| n.object).collect();
     phases.mark("workload");
     let fleet = std::mem::take(&mut inputs.slices);
-    let outcomes = engine::allocate(&workload, fleet, &classes, &nodes, options.cel)?;
+    let outcomes = engine::allocate(&workload, fleet, &classes, &nodes, cel_environment(options.cel, gates))?;
     phases.mark("allocate");
     match options.format {
         Format::Table => output::table(out, &workload.claims, &outcomes),

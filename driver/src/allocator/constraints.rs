@@ -5,17 +5,30 @@
 //! `req` covers all of `req`'s subrequests, `req/sub` only that one. A
 //! covered device without the attribute violates it. Attributes are looked
 //! up by the fully qualified name, or by the bare name when the domain is
-//! the device's driver. Values compare by type and value; versions compare
-//! as strings (semver's minimal form makes that exact). List attributes
-//! (1.36 alpha, gate off by default) have no scalar value and never match.
+//! the device's driver.
 //!
-//! One deliberate difference: upstream's distinct constraint remembers one
-//! value per request name, so two devices of the same request are not
-//! compared with each other; we require every covered device to differ,
-//! which is what the field promises ("all devices must have distinct
-//! values").
+//! Two rules, chosen by DRAListTypeAttributes (alpha in 1.36 and 1.37, what
+//! the allocator's CEL environment says):
+//! - off (scalar): values compare by type and value; versions compare as
+//!   strings (semver's minimal form makes that exact). The first covered
+//!   device is taken whatever its value; a list value equals nothing after
+//!   it, and a list is distinct only from nothing.
+//! - on (sets, 1.37's experimental allocator): every value is a set, a
+//!   scalar one element. `matchAttribute`: the sets of all covered devices
+//!   have a common element (their intersection, narrowed device by device,
+//!   is not empty). `distinctAttribute`: the sets are pairwise disjoint.
+//!   Sets of different types never intersect. An empty list (or no value)
+//!   is no set and fails either constraint.
+//!
+//! One deliberate difference from 1.36's incubating allocator: its distinct
+//! constraint remembers one value per request name, so two devices of the
+//! same request are not compared with each other; we require every covered
+//! device to differ, which is what the field promises ("all devices must
+//! have distinct values") and what 1.37's experimental allocator does.
 
-use super::compact::{AttrValue, DeviceRecord};
+use std::collections::BTreeSet;
+
+use super::compact::{AttrValue, DeviceRecord, ListValue};
 
 /// A scalar attribute value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,6 +60,79 @@ fn scalar(a: &AttrValue) -> Option<Value> {
     }
 }
 
+/// An attribute's values as a set (`deviceAttributeListAsSet`): a scalar is
+/// a set of one. Never empty.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum ValueSet {
+    Ints(BTreeSet<i64>),
+    Bools(BTreeSet<bool>),
+    Strs(BTreeSet<String>),
+    /// Compared as strings, as upstream does.
+    Versions(BTreeSet<String>),
+}
+
+impl ValueSet {
+    /// The set of `a`; `None` for an empty list or no value.
+    pub(crate) fn of(a: &AttrValue) -> Option<ValueSet> {
+        let set = match a {
+            AttrValue::Int(i) => ValueSet::Ints(BTreeSet::from([*i])),
+            AttrValue::Bool(b) => ValueSet::Bools(BTreeSet::from([*b])),
+            AttrValue::Str(s) => ValueSet::Strs(BTreeSet::from([s.to_string()])),
+            AttrValue::Version(v) => ValueSet::Versions(BTreeSet::from([v.to_string()])),
+            AttrValue::List(list) => match &**list {
+                ListValue::Ints(v) => ValueSet::Ints(v.iter().copied().collect()),
+                ListValue::Bools(v) => ValueSet::Bools(v.iter().copied().collect()),
+                ListValue::Strings(v) => ValueSet::Strs(v.iter().cloned().collect()),
+                ListValue::Versions(v) => ValueSet::Versions(v.iter().cloned().collect()),
+            },
+            AttrValue::Empty => return None,
+        };
+        (!set.is_empty()).then_some(set)
+    }
+
+    fn is_empty(&self) -> bool {
+        match self {
+            ValueSet::Ints(s) => s.is_empty(),
+            ValueSet::Bools(s) => s.is_empty(),
+            ValueSet::Strs(s) | ValueSet::Versions(s) => s.is_empty(),
+        }
+    }
+
+    /// The common elements, if any (none across types).
+    pub(crate) fn intersection(&self, other: &ValueSet) -> Option<ValueSet> {
+        let common = match (self, other) {
+            (ValueSet::Ints(a), ValueSet::Ints(b)) => ValueSet::Ints(a.intersection(b).copied().collect()),
+            (ValueSet::Bools(a), ValueSet::Bools(b)) => ValueSet::Bools(a.intersection(b).copied().collect()),
+            (ValueSet::Strs(a), ValueSet::Strs(b)) => ValueSet::Strs(a.intersection(b).cloned().collect()),
+            (ValueSet::Versions(a), ValueSet::Versions(b)) => ValueSet::Versions(a.intersection(b).cloned().collect()),
+            _ => return None,
+        };
+        (!common.is_empty()).then_some(common)
+    }
+}
+
+impl std::fmt::Display for ValueSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        fn list<T: std::fmt::Display>(
+            f: &mut std::fmt::Formatter<'_>,
+            prefix: &str,
+            items: impl Iterator<Item = T>,
+        ) -> std::fmt::Result {
+            let items: Vec<String> = items.map(|i| i.to_string()).collect();
+            match items.as_slice() {
+                [one] => write!(f, "{prefix}{one}"),
+                _ => write!(f, "{prefix}[{}]", items.join(", ")),
+            }
+        }
+        match self {
+            ValueSet::Ints(s) => list(f, "", s.iter()),
+            ValueSet::Bools(s) => list(f, "", s.iter()),
+            ValueSet::Strs(s) => list(f, "", s.iter().map(|s| format!("{s:?}"))),
+            ValueSet::Versions(s) => list(f, "version ", s.iter()),
+        }
+    }
+}
+
 /// The attribute `name` (fully qualified) of a device of `driver`.
 pub(crate) fn lookup<'d>(device: &'d DeviceRecord, driver: &str, name: &str) -> Option<&'d AttrValue> {
     let attrs = &device.attributes;
@@ -61,14 +147,34 @@ pub(crate) fn lookup<'d>(device: &'d DeviceRecord, driver: &str, name: &str) -> 
 }
 
 /// The scalar value of attribute `name`, if the device has one.
+#[cfg(test)]
 pub(crate) fn value_of(device: &DeviceRecord, driver: &str, name: &str) -> Option<Value> {
     lookup(device, driver, name).and_then(scalar)
+}
+
+/// How attribute `name` of a device reads in an explanation: its scalar
+/// value, or its set with list-type attributes.
+pub(crate) fn shown_value(device: &DeviceRecord, driver: &str, name: &str, lists: bool) -> Option<String> {
+    let a = lookup(device, driver, name)?;
+    if lists { ValueSet::of(a).map(|s| s.to_string()) } else { scalar(a).map(|v| v.to_string()) }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Kind {
     Match,
     Distinct,
+}
+
+/// What a constraint remembers of the covered devices picked so far, one
+/// entry per device (so a removal pops one).
+#[derive(Debug, Clone)]
+enum Picked {
+    /// Scalar rule: each device's value (`None`: a list or no value, which
+    /// only the first device may have).
+    Scalars(Vec<Option<Value>>),
+    /// Set rule: for Match, the intersection after each device; for
+    /// Distinct, each device's set.
+    Sets(Vec<ValueSet>),
 }
 
 /// A claim constraint while the search runs.
@@ -78,13 +184,19 @@ pub(crate) struct Constraint {
     pub(crate) attribute: String,
     /// Empty: all requests.
     pub(crate) requests: Vec<String>,
-    /// Values of the covered devices picked so far (for Match they are all equal).
-    values: Vec<Value>,
+    picked: Picked,
 }
 
 impl Constraint {
-    pub(crate) fn new(kind: Kind, attribute: String, requests: Vec<String>) -> Self {
-        Self { kind, attribute, requests, values: Vec::new() }
+    /// `lists`: DRAListTypeAttributes is on (the set rule).
+    pub(crate) fn new(kind: Kind, attribute: String, requests: Vec<String>, lists: bool) -> Self {
+        let picked = if lists { Picked::Sets(Vec::new()) } else { Picked::Scalars(Vec::new()) };
+        Self { kind, attribute, requests, picked }
+    }
+
+    /// Whether the set rule (DRAListTypeAttributes) applies.
+    pub(crate) fn uses_sets(&self) -> bool {
+        matches!(self.picked, Picked::Sets(_))
     }
 
     /// Whether the constraint applies to request `request` (subrequest `sub`).
@@ -107,21 +219,51 @@ impl Constraint {
         if !self.covers(request, sub) {
             return true;
         }
-        let Some(v) = value_of(device, driver, &self.attribute) else { return false };
-        let ok = match self.kind {
-            Kind::Match => self.values.first().is_none_or(|first| *first == v),
-            Kind::Distinct => !self.values.contains(&v),
-        };
-        if ok {
-            self.values.push(v);
+        let Some(a) = lookup(device, driver, &self.attribute) else { return false };
+        match &mut self.picked {
+            Picked::Scalars(values) => {
+                let v = scalar(a);
+                let ok = match (self.kind, values.first(), &v) {
+                    (_, None, _) => true,
+                    (Kind::Match, Some(first), Some(v)) => first.as_ref() == Some(v),
+                    (Kind::Match, Some(_), None) => false,
+                    (Kind::Distinct, Some(_), Some(v)) => !values.iter().flatten().any(|p| p == v),
+                    (Kind::Distinct, Some(_), None) => false,
+                };
+                if ok {
+                    values.push(v);
+                }
+                ok
+            }
+            Picked::Sets(sets) => {
+                let Some(set) = ValueSet::of(a) else { return false };
+                let next = match (self.kind, sets.last()) {
+                    (_, None) => Some(set),
+                    (Kind::Match, Some(common)) => common.intersection(&set),
+                    (Kind::Distinct, Some(_)) => sets.iter().all(|p| p.intersection(&set).is_none()).then_some(set),
+                };
+                match next {
+                    Some(s) => {
+                        sets.push(s);
+                        true
+                    }
+                    None => false,
+                }
+            }
         }
-        ok
     }
 
     /// Undoes a successful `add` of the same device (searches are LIFO).
     pub(crate) fn remove(&mut self, request: &str, sub: Option<&str>) {
         if self.covers(request, sub) {
-            self.values.pop();
+            match &mut self.picked {
+                Picked::Scalars(values) => {
+                    values.pop();
+                }
+                Picked::Sets(sets) => {
+                    sets.pop();
+                }
+            }
         }
     }
 }
@@ -133,18 +275,18 @@ mod tests {
 
     #[test]
     fn scope_of_requests_and_subrequests() {
-        let c = Constraint::new(Kind::Match, "gpu.nvidia.com/x".into(), vec!["a".into(), "b/fast".into()]);
+        let c = Constraint::new(Kind::Match, "gpu.nvidia.com/x".into(), vec!["a".into(), "b/fast".into()], false);
         assert!(c.covers("a", None));
         assert!(c.covers("a", Some("any")), "a parent name covers its subrequests");
         assert!(c.covers("b", Some("fast")));
         assert!(!c.covers("b", Some("slow")));
         assert!(!c.covers("b", None));
-        assert!(Constraint::new(Kind::Match, "x/y".into(), vec![]).covers("z", None));
+        assert!(Constraint::new(Kind::Match, "x/y".into(), vec![], false).covers("z", None));
     }
 
     #[test]
     fn match_needs_equal_values_of_the_same_type() {
-        let mut c = Constraint::new(Kind::Match, "gpu.nvidia.com/group".into(), vec![]);
+        let mut c = Constraint::new(Kind::Match, "gpu.nvidia.com/group".into(), vec![], false);
         let d0 = device("a").int("group", 1);
         let d1 = device("b").int("gpu.nvidia.com/group", 1);
         let d2 = device("c").string("group", "1");
@@ -166,7 +308,7 @@ mod tests {
 
     #[test]
     fn distinct_rejects_any_repeat() {
-        let mut c = Constraint::new(Kind::Distinct, "gpu.nvidia.com/numa".into(), vec![]);
+        let mut c = Constraint::new(Kind::Distinct, "gpu.nvidia.com/numa".into(), vec![], false);
         assert!(c.add("r", None, &rec(device("a").int("numa", 0)), DRIVER));
         assert!(c.add("r", None, &rec(device("b").int("numa", 1)), DRIVER));
         assert!(!c.add("s", None, &rec(device("c").int("numa", 0)), DRIVER));

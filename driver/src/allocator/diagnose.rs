@@ -461,8 +461,8 @@ fn blame_constraints(
                             continue;
                         }
                         let (Some(dev), Some(pool)) = (fleet.device(d), fleet.pool_of(d)) else { continue };
-                        let v = constraints::value_of(dev, &pool.driver, &c.attribute)
-                            .map_or_else(|| "<missing>".to_string(), |v| v.to_string());
+                        let v = constraints::shown_value(dev, &pool.driver, &c.attribute, c.uses_sets())
+                            .unwrap_or_else(|| "<missing>".to_string());
                         *values.entry(v).or_default() += 1;
                     }
                 }

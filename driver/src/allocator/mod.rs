@@ -4,7 +4,10 @@
 //! releases differ we follow 1.36's "incubating" allocator, i.e. with the
 //! gates that are on by default there: prioritized lists, admin access,
 //! device taints, partitionable devices, consumable capacity and binding
-//! conditions (list-type attributes, alpha, are off: they never match).
+//! conditions. List-type attributes (DRAListTypeAttributes, alpha) follow
+//! 1.37's experimental allocator when the CEL environment's gate is on
+//! (`constraints`: lists match by a common element, are distinct when
+//! disjoint).
 //!
 //! Pure: no I/O, and no clock unless a [`SearchBudget`] gives a time. One [`Allocator`] holds the fleet (pools,
 //! device index, compiled selectors and their cached results) and the
@@ -407,5 +410,7 @@ mod tests_core;
 mod tests_features;
 #[cfg(test)]
 mod tests_incremental;
+#[cfg(test)]
+mod tests_lists;
 #[cfg(test)]
 mod tests_more;

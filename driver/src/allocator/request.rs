@@ -184,11 +184,12 @@ pub(crate) fn plan<'c>(
         });
     }
     let mut constraints = Vec::new();
+    let lists = selectors.environment().list_type_attributes;
     for (ci, c) in spec.and_then(|d| d.constraints.as_deref()).unwrap_or_default().iter().enumerate() {
         let scope = c.requests.clone().unwrap_or_default();
         let constraint = match (&c.match_attribute, &c.distinct_attribute) {
-            (Some(a), None) => Constraint::new(Kind::Match, a.clone(), scope),
-            (None, Some(a)) => Constraint::new(Kind::Distinct, a.clone(), scope),
+            (Some(a), None) => Constraint::new(Kind::Match, a.clone(), scope, lists),
+            (None, Some(a)) => Constraint::new(Kind::Distinct, a.clone(), scope, lists),
             _ => {
                 return Err(invalid(
                     &name,

@@ -92,6 +92,12 @@ impl SelectorCache {
         Self { env: sel::SelectorEnv::for_environment(environment), ..Default::default() }
     }
 
+    /// The environment selectors are evaluated in; its DRAListTypeAttributes
+    /// gate also chooses the constraints' rule.
+    pub(crate) fn environment(&self) -> sel::CelEnvironment {
+        self.env.environment()
+    }
+
     /// Drops the cached candidate lists of these node positions (`None`:
     /// all), after their views changed or positions moved.
     pub(crate) fn forget_nodes(&mut self, positions: Option<&[usize]>) {

@@ -14,15 +14,21 @@ use super::{
     CompileError, cost, format_lib, ip_lib, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib, two_var, url_lib,
 };
 
-/// Builds the selector environment.
+/// Builds the selector environment (the default one's runtime).
+#[cfg(test)]
 pub fn build() -> Result<Env, DeclarationError> {
+    build_for(&super::CelEnvironment::default())
+}
+
+/// Builds the runtime of the selector environment `environment`.
+pub fn build_for(environment: &super::CelEnvironment) -> Result<Env, DeclarationError> {
     let mut env = Env::stdlib();
     env.add_macro(Macro::receiver("bind", 3, expand_bind))?;
     quantity_lib::register(&mut env)?;
     semver_lib::register(&mut env)?;
     strings_lib::register(&mut env)?;
     ops_lib::register(&mut env)?;
-    lists_lib::register(&mut env)?;
+    lists_lib::register(&mut env, lists_lib::IncludesLimit::for_environment(environment))?;
     two_var::register(&mut env)?;
     url_lib::register(&mut env)?;
     ip_lib::register(&mut env)?;

@@ -14,9 +14,20 @@
 //! scheduler evaluates it, a 1.37 apiserver refuses it in a new expression
 //! (its compatibility version is 1.36).
 //! The `device` variable depends on feature gates: `allowMultipleAllocations`
-//! (DRAConsumableCapacity, beta and on by default from 1.36) and DRA's own
-//! `includes` (DRAListTypeAttributes, alpha in 1.36 and 1.37, the same
-//! overload as the lists library's).
+//! (DRAConsumableCapacity, beta and on by default from 1.36) and
+//! DRAListTypeAttributes (alpha in 1.36 and 1.37): attribute values declared
+//! `dyn` instead of `any`, so that `all`, `exists`, `exists_one`, `map` and
+//! `filter` may range over a list-typed attribute, and DRA's own `includes`
+//! (the same overload as the lists library's).
+//!
+//! A gate (`FeatureEnabled`) decides an option for new expressions whatever
+//! its version; stored expressions ignore gates and see every option the
+//! binary has (`apiserver/pkg/cel/environment`, `filterAndBuildOpts`). 1.36
+//! picks the attribute type from the gate when it builds the compiler, for
+//! both kinds; 1.37 declares it as a versioned option (introduced at 1.36),
+//! so a 1.37 scheduler iterates list attributes in stored expressions even
+//! with the gate off, and only the apiserver's new-expression check follows
+//! the gate.
 
 /// Oldest and newest Kubernetes minor versions this driver models.
 pub const OLDEST_MINOR: u32 = 34;
@@ -40,8 +51,10 @@ pub struct CelEnvironment {
     pub kind: ExpressionKind,
     /// DRAConsumableCapacity: `device.allowMultipleAllocations`.
     pub consumable_capacity: bool,
-    /// DRAListTypeAttributes: the `includes` method (attributes stay scalar
-    /// in this driver's model, see the README).
+    /// DRAListTypeAttributes: attribute values are `dyn` (list attributes
+    /// can be iterated) and `includes` is declared; see
+    /// [`CelEnvironment::attributes_are_dyn`] and
+    /// [`CelEnvironment::has_includes`] for where versions override it.
     pub list_type_attributes: bool,
 }
 
@@ -104,10 +117,42 @@ impl CelEnvironment {
         self.consumable_capacity
     }
 
-    /// `includes`: DRA's, introduced at 1.36 behind its gate, or the
+    /// `includes`: DRA's, introduced at 1.36 behind DRAListTypeAttributes
+    /// (the gate admits it to new expressions whatever their compatibility
+    /// version; stored expressions have it regardless of the gate), or the
     /// lists library v1's (`list_includes_dyn_dyn`, the same overload),
     /// introduced at 1.37 for every environment.
     pub fn has_includes(&self) -> bool {
-        (self.list_type_attributes && self.options_version() >= 36) || self.options_version() >= 37
+        self.minor >= 36 && (self.list_type_attributes || self.kind == ExpressionKind::Stored)
+    }
+
+    /// Whether attribute values are declared `dyn` (a comprehension may
+    /// range over them, the result may be `dyn`) rather than `any` (cel-go:
+    /// "expression of type 'any' cannot be range of a comprehension").
+    pub fn attributes_are_dyn(&self) -> bool {
+        match self.minor {
+            ..=35 => false,
+            36 => self.list_type_attributes,
+            _ => self.list_type_attributes || self.kind == ExpressionKind::Stored,
+        }
+    }
+
+    /// Whether a selector may evaluate to an attribute's `any` type as well
+    /// as to `bool`: 1.36 accepts `any` always and `dyn` with the gate;
+    /// 1.37 accepts exactly the declared attribute type.
+    pub fn accepts_result(&self, any: bool) -> bool {
+        match (self.minor, any) {
+            (..=36, true) => true,
+            (..=36, false) => self.list_type_attributes && self.minor >= 36,
+            (_, true) => !self.attributes_are_dyn(),
+            (_, false) => self.attributes_are_dyn(),
+        }
+    }
+
+    /// How `includes` is estimated: 1.36 charges the longest list attribute
+    /// (48) flat; 1.37's lists library charges one per element of the
+    /// target's estimated size (64 for an attribute).
+    pub fn includes_costs_target_size(&self) -> bool {
+        self.minor >= 37
     }
 }

@@ -24,9 +24,24 @@ type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
 type Elements<'a, 'v> = &'a [Box<dyn Val + 'v>];
 
-/// `ResourceSliceMaxAttributeValuesPerDevice`-style cap Kubernetes applies to
-/// `includes`: longer lists are a runtime error.
+/// `ResourceSliceMaxAttributeValuesPerDevice`: 1.36's DRA `includes` stops
+/// with an error at this element of a longer list.
 const MAX_INCLUDES_LIST: usize = 48;
+
+/// Whether `includes` refuses long lists: 1.36's DRA function does (past
+/// element 48, when the value was not found before); 1.37's lists library
+/// function does not.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IncludesLimit {
+    StopsAt48,
+    Unlimited,
+}
+
+impl IncludesLimit {
+    pub fn for_environment(environment: &super::CelEnvironment) -> Self {
+        if environment.minor >= 37 { IncludesLimit::Unlimited } else { IncludesLimit::StopsAt48 }
+    }
+}
 
 fn error(function: &str, message: impl ToString) -> ExecutionError {
     ExecutionError::function_error(function, message)
@@ -54,21 +69,36 @@ fn cmp(function: &str, a: &dyn Val, b: &dyn Val) -> Result<Ordering, ExecutionEr
         .map_err(|_| error(function, format!("cannot compare {} with {}", a.get_type().name(), b.get_type().name())))
 }
 
-fn includes<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+/// `x.includes(v)`: membership for a list, equality for a scalar.
+fn includes<'b, 'v>(args: Args<'b, 'v>, limit: IncludesLimit) -> Out<'b, 'v> {
     let target = arg("includes", &args, 0)?;
     let value = arg("includes", &args, 1)?;
     if let Some(list) = target.downcast_ref::<CelList>() {
-        if list.inner().len() > MAX_INCLUDES_LIST {
-            return Err(error(
-                "includes",
-                format!("'includes' function cannot be applied to lists longer than {MAX_INCLUDES_LIST} values"),
-            ));
+        for (i, element) in list.inner().iter().enumerate() {
+            if limit == IncludesLimit::StopsAt48 && i >= MAX_INCLUDES_LIST {
+                return Err(error(
+                    "includes",
+                    format!("'includes' function cannot be applied to lists longer than {MAX_INCLUDES_LIST} values"),
+                ));
+            }
+            charge(1)?;
+            if element.equals(value.as_ref()) {
+                return Ok(super::cost::boolean(true));
+            }
         }
-        charge(1 + list.inner().len() as u64)?;
-        return Ok(super::cost::boolean(list.inner().iter().any(|e| e.equals(value.as_ref()))));
+        charge(1)?;
+        return Ok(super::cost::boolean(false));
     }
     charge(1)?;
     Ok(super::cost::boolean(target.equals(value.as_ref())))
+}
+
+fn includes_stopping_at_48<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    includes(args, IncludesLimit::StopsAt48)
+}
+
+fn includes_unlimited<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
+    includes(args, IncludesLimit::Unlimited)
 }
 
 fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -423,7 +453,11 @@ fn range<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
 }
 
 /// Registers the list functions on `env`.
-pub fn register(env: &mut Env) -> Result<(), DeclarationError> {
+pub fn register(env: &mut Env, includes_limit: IncludesLimit) -> Result<(), DeclarationError> {
+    let includes = match includes_limit {
+        IncludesLimit::StopsAt48 => includes_stopping_at_48,
+        IncludesLimit::Unlimited => includes_unlimited,
+    };
     env.add_member_overload("includes", "dyn_includes", DYN_TYPE, vec![DYN_TYPE], includes)?;
     env.add_member_overload("isSorted", "list_is_sorted", LIST_TYPE, vec![], is_sorted)?;
     env.add_member_overload("sum", "list_sum", LIST_TYPE, vec![], sum)?;

@@ -20,6 +20,8 @@ mod semver_lib;
 mod strings_lib;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod tests_lists;
 mod two_var;
 mod url_lib;
 
@@ -158,7 +160,7 @@ impl SelectorEnv {
 
     /// Expressions checked as Kubernetes checks them in `environment`.
     pub fn for_environment(environment: CelEnvironment) -> Self {
-        let env = env::build().map(Arc::new).map_err(|e| CompileError::Environment(e.to_string()));
+        let env = env::build_for(&environment).map(Arc::new).map_err(|e| CompileError::Environment(e.to_string()));
         let declarations = checker::Declarations::for_environment(&environment);
         SelectorEnv { env, environment, declarations, cache: RwLock::new(HashMap::new()) }
     }

@@ -520,10 +520,13 @@ fn the_environment_follows_the_kubernetes_version() {
     assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(36)).compile(multi).is_ok());
 
     let includes = r#"device.attributes["dra.example.com"].name.includes("fish")"#;
-    let err = SelectorEnv::for_environment(CelEnvironment::stored_expressions(36)).compile(includes).unwrap_err();
+    let err = SelectorEnv::for_environment(CelEnvironment::new_expressions(36)).compile(includes).unwrap_err();
     assert!(err.to_string().contains("undeclared reference to 'includes'"), "{err}");
+    // Stored expressions ignore gates: DRA's `includes` (introduced at 1.36)
+    // is there with DRAListTypeAttributes off.
+    assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(36)).compile(includes).is_ok());
     // With DRAListTypeAttributes an attribute is `dyn` and can be iterated;
-    // without, it is `any`, which cannot.
+    // without, it is `any`, which cannot (1.36; 1.37 in tests_lists.rs).
     let with_lists = CelEnvironment { list_type_attributes: true, ..CelEnvironment::stored_expressions(36) };
     let exists = r#"device.attributes["dra.example.com"].names.exists(x, x > 0)"#;
     assert!(SelectorEnv::for_environment(with_lists).compile(exists).is_ok());
@@ -533,11 +536,11 @@ fn the_environment_follows_the_kubernetes_version() {
 
     // 1.37: the lists library v1 brings `includes` to every list, in the
     // scheduler's (stored) environment; the apiserver's new-expression
-    // environment is 1.36's until 1.38.
+    // environment is 1.36's until 1.38, where only the gate brings it.
     let list_includes = "[1, 2].includes(2)";
     assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(37)).compile(list_includes).is_ok());
     assert!(SelectorEnv::for_environment(CelEnvironment::stored_expressions(37)).compile(includes).is_ok());
-    for refused in [CelEnvironment::new_expressions(37), CelEnvironment::stored_expressions(36)] {
+    for refused in [CelEnvironment::new_expressions(37), CelEnvironment::new_expressions(36)] {
         let err = SelectorEnv::for_environment(refused).compile(list_includes).unwrap_err();
         assert!(err.to_string().contains("undeclared reference to 'includes'"), "{refused:?}: {err}");
     }

@@ -121,6 +121,20 @@ fn gpu_common_attributes(inv: &Inventory, gpu: &Gpu, attrs: &mut BTreeMap<String
     }
 }
 
+/// `resource.kubernetes.io/numaNode` in upstream's list form
+/// (`deviceattribute.ListAttribute`): the GPU's node first, then the nodes
+/// at the same minimum distance on its socket. The inventory knows no SLIT
+/// distances, so the list is the node alone, as upstream falls back to;
+/// `matchAttribute` over it still co-places with devices whose lists hold
+/// that node.
+pub fn numa_node_as_list(device: &mut k8s_openapi::api::resource::v1::Device) {
+    if let Some(a) = device.attributes.as_mut().and_then(|a| a.get_mut(name::NUMA_NODE))
+        && let Some(node) = a.int.take()
+    {
+        a.ints = Some(vec![node]);
+    }
+}
+
 fn gpu_device(inv: &Inventory, gpu: &Gpu) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
     let mut attrs = BTreeMap::new();
     attrs.insert(name::TYPE.into(), string(name::TYPE_GPU));

@@ -23,7 +23,9 @@ use crate::inventory::{Inventory, PublishedDevice};
 use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
 use crate::names::{DriverName, InvalidName, NodeName};
 pub use attributes::TaintPolicy;
-pub use validation::{FieldError, ServerRules, validate_slice, validate_slice_for};
+pub use validation::{
+    FieldError, ServerRules, validate_slice, validate_slice_for, validate_slice_with_list_attributes,
+};
 
 /// Builds a node's slices for one driver.
 #[derive(Debug, Clone)]
@@ -42,6 +44,9 @@ pub struct SliceBuilder {
     dynamic_mig: bool,
     /// The gated fields the server drops ([`served`]).
     not_served: served::NotServed,
+    /// The cluster has DRAListTypeAttributes (`DRAListTypeAttributes`):
+    /// `resource.kubernetes.io/numaNode` is published as a list.
+    list_attributes: bool,
 }
 
 /// Why slices could not be built.
@@ -70,6 +75,7 @@ impl SliceBuilder {
             consumable_shares: consumable_shares::SharesMode::Disabled,
             dynamic_mig: false,
             not_served: served::NotServed::none(),
+            list_attributes: false,
         }
     }
 
@@ -78,6 +84,7 @@ impl SliceBuilder {
     pub fn with_gates(mut self, gates: FeatureGates) -> Self {
         self.shares = gates.enabled(Gate::ConsumableCapacity);
         self.dynamic_mig = gates.enabled(Gate::DynamicMig);
+        self.list_attributes = gates.enabled(Gate::ListTypeAttributes);
         self
     }
 
@@ -148,6 +155,9 @@ impl SliceBuilder {
             if !taints && device.taints.iter().flatten().any(|t| attributes::taint::blocks(&t.effect)) {
                 continue;
             }
+            if self.list_attributes {
+                attributes::numa_node_as_list(&mut device);
+            }
             if dynamic {
                 // Made per claim: never shared between claims.
                 device.consumes_counters = partitionable::consumption(&d).map(|c| vec![c]);
@@ -186,7 +196,11 @@ impl SliceBuilder {
             })
             .collect();
         for slice in &slices {
-            let errors = validate_slice_for(slice, self.rules);
+            let errors = if self.list_attributes {
+                validate_slice_with_list_attributes(slice, self.rules)
+            } else {
+                validate_slice_for(slice, self.rules)
+            };
             if !errors.is_empty() {
                 return Err(SliceError::Invalid { slice: slice.metadata.name.clone().unwrap_or_default(), errors });
             }
@@ -230,6 +244,41 @@ mod tests {
 
     fn sizes(slices: &[ResourceSlice]) -> Vec<usize> {
         slices.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).collect()
+    }
+
+    /// `DRAListTypeAttributes`: the standard numaNode attribute is a list
+    /// (upstream's list form), valid for a server with the gate; without
+    /// it, the scalar as before. A forged list attribute stays invalid for
+    /// a server without the gate.
+    #[test]
+    fn numa_node_is_a_list_with_the_list_type_attributes_gate() {
+        let mut g = gpu(0);
+        g.numa_node = Some(1);
+        let inv = inventory(vec![g]);
+        let numa = |gates: &str| {
+            let gates: FeatureGates = gates.parse().unwrap();
+            let slices = builder().with_gates(gates).build(&inv, 1).expect("valid slices");
+            let device = &slices[0].spec.devices.as_ref().unwrap()[0];
+            device.attributes.as_ref().unwrap()["resource.kubernetes.io/numaNode"].clone()
+        };
+        let scalar = numa("");
+        assert_eq!((scalar.int, scalar.ints), (Some(1), None));
+        let list = numa("DRAListTypeAttributes=true");
+        assert_eq!((list.int, list.ints), (None, Some(vec![1])));
+
+        let gates: FeatureGates = "DRAListTypeAttributes=true".parse().unwrap();
+        let slices = builder().with_gates(gates).build(&inv, 1).unwrap();
+        let errors = validate_slice_for(&slices[0], ServerRules { minor: 37 });
+        assert!(errors.iter().any(|e| e.rule.contains("list-valued attributes are alpha")), "{errors:?}");
+        let mut empty = slices[0].clone();
+        if let Some(a) = empty.spec.devices.as_mut().and_then(|d| d[0].attributes.as_mut()) {
+            a.insert(
+                "resource.kubernetes.io/numaNode".into(),
+                k8s_openapi::api::resource::v1::DeviceAttribute { ints: Some(vec![]), ..Default::default() },
+            );
+        }
+        let errors = validate_slice_with_list_attributes(&empty, ServerRules { minor: 37 });
+        assert!(errors.iter().any(|e| e.rule.contains("at least one value")), "{errors:?}");
     }
 
     #[test]

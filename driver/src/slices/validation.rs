@@ -51,6 +51,8 @@ impl fmt::Display for FieldError {
 /// The errors found, and the rules of the server they are found for.
 struct Errors {
     rules: ServerRules,
+    /// The server has DRAListTypeAttributes on (alpha, 1.36 and 1.37).
+    lists: bool,
     errors: Vec<FieldError>,
 }
 
@@ -103,7 +105,17 @@ pub fn validate_slice(slice: &ResourceSlice) -> Vec<FieldError> {
 
 /// All rules `slice` breaks on a server with `rules`.
 pub fn validate_slice_for(slice: &ResourceSlice, rules: ServerRules) -> Vec<FieldError> {
-    let mut errs = Errors { rules, errors: Vec::new() };
+    validate(slice, rules, false)
+}
+
+/// All rules `slice` breaks on a server with `rules` and Kubernetes'
+/// DRAListTypeAttributes gate on (1.36+): list-valued attributes allowed.
+pub fn validate_slice_with_list_attributes(slice: &ResourceSlice, rules: ServerRules) -> Vec<FieldError> {
+    validate(slice, ServerRules { minor: rules.minor.max(36) }, true)
+}
+
+fn validate(slice: &ResourceSlice, rules: ServerRules, lists: bool) -> Vec<FieldError> {
+    let mut errs = Errors { rules, lists, errors: Vec::new() };
     match slice.metadata.name.as_deref() {
         None | Some("") if slice.metadata.generate_name.is_none() => {
             errs.add("metadata.name", "Required value: name or generateName is required")
@@ -459,15 +471,63 @@ fn validate_attribute(value: &DeviceAttribute, field: &str, errs: &mut Errors) {
         }
     }
     let lists = value.bools.is_some() || value.ints.is_some() || value.strings.is_some() || value.versions.is_some();
-    if lists {
+    if lists && !errs.lists {
         errs.add(
             field,
             "list-valued attributes are alpha in Kubernetes 1.36 and 1.37 and unknown before; use a scalar value",
         );
     }
-    if set != 1 && !lists {
+    if lists && errs.lists {
+        set += validate_list_attribute(value, field, errs);
+    }
+    // A list refused above already has its error.
+    let refused_list = lists && !errs.lists;
+    if set != 1 && !refused_list {
         errs.add(field, "exactly one value must be specified");
     }
+}
+
+/// The list fields of an attribute (DRAListTypeAttributes): each non-empty,
+/// at most `ResourceSliceMaxAttributeValuesPerDevice` (48) values, strings
+/// and versions within the scalar rules. Returns how many lists are set.
+fn validate_list_attribute(value: &DeviceAttribute, field: &str, errs: &mut Errors) -> usize {
+    const MAX_VALUES: usize = 48;
+    let mut set = 0;
+    let mut check_len = |name: &str, len: usize, errs: &mut Errors| {
+        set += 1;
+        if len == 0 {
+            errs.add(format!("{field}.{name}"), "Required value: a list attribute needs at least one value");
+        } else if len > MAX_VALUES {
+            errs.add(format!("{field}.{name}"), format!("Too many: {len}: must have at most {MAX_VALUES} items"));
+        }
+    };
+    if let Some(v) = &value.bools {
+        check_len("bools", v.len(), errs);
+    }
+    if let Some(v) = &value.ints {
+        check_len("ints", v.len(), errs);
+    }
+    if let Some(v) = &value.strings {
+        check_len("strings", v.len(), errs);
+        for (i, s) in v.iter().enumerate() {
+            if s.len() > MAX_VALUE_LEN {
+                errs.add(
+                    format!("{field}.strings[{i}]"),
+                    format!("Too long: may not be more than {MAX_VALUE_LEN} bytes"),
+                );
+            }
+        }
+    }
+    if let Some(v) = &value.versions {
+        check_len("versions", v.len(), errs);
+        for (i, version) in v.iter().enumerate() {
+            errs.check(
+                format!("{field}.versions[{i}]"),
+                fmtchk::check_semver(version).map_err(|m| format!("Invalid value: {version:?}: {m}")),
+            );
+        }
+    }
+    set
 }
 
 #[cfg(test)]

@@ -118,8 +118,13 @@ pub async fn serve(
     let acceptor = Tls(tokio_rustls::TlsAcceptor::from(Arc::new(tls_config)));
     let listener =
         TcpListener::bind(config.addr).await.with_context(|| format!("binding the webhook port {}", config.addr))?;
-    let reviewer =
-        Arc::new(Reviewer { driver: driver.to_owned(), gates, cel: selector_env(server_minor), state, metrics });
+    let reviewer = Arc::new(Reviewer {
+        driver: driver.to_owned(),
+        gates,
+        cel: selector_env(server_minor, &gates),
+        state,
+        metrics,
+    });
     let app = Router::new().route("/validate", post(validate)).with_state(reviewer);
     tracing::info!(addr = %config.addr, "serving the validating webhook at /validate");
     // The connection layer's own bound is a backstop: `validate` answers

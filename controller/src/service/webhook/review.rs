@@ -177,9 +177,14 @@ pub fn error_review(uid: &str, message: &str) -> Value {
 }
 
 /// The environment a webhook checks selectors in: the apiserver's for new
-/// expressions of its version.
-pub fn selector_env(server_minor: u32) -> SelectorEnv {
-    SelectorEnv::for_environment(CelEnvironment::new_expressions(server_minor))
+/// expressions of its version, with Kubernetes' DRAListTypeAttributes as
+/// the driver's gate of that name says the cluster has it.
+pub fn selector_env(server_minor: u32, gates: &FeatureGates) -> SelectorEnv {
+    let lists = gates.enabled(gpu_dra_driver::feature_gates::Gate::ListTypeAttributes);
+    SelectorEnv::for_environment(CelEnvironment {
+        list_type_attributes: lists,
+        ..CelEnvironment::new_expressions(server_minor)
+    })
 }
 
 #[cfg(test)]
@@ -207,7 +212,7 @@ mod tests {
             body.to_string().as_bytes(),
             "gpu.nvidia.com",
             &gates,
-            &selector_env(36),
+            &selector_env(36, &FeatureGates::default()),
             &NoFleet(vec!["no H100 today".into()]),
         )
     }
@@ -248,6 +253,33 @@ mod tests {
         assert_eq!(response["response"]["warnings"], json!(["no H100 today"]));
     }
 
+    /// A selector that ranges over an attribute is valid for a new claim
+    /// only with DRAListTypeAttributes: with the driver's gate of that name
+    /// (the cluster has it) it is admitted clean; without, the warning says
+    /// which gate to turn on.
+    #[test]
+    fn list_attribute_selectors_follow_the_list_type_attributes_gate() {
+        let selector = r#"device.attributes["resource.kubernetes.io"].numaNode.exists(n, n == 0)"#;
+        let claim = json!({"metadata": {"name": "c", "namespace": "ns"}, "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com",
+                          "selectors": [{"cel": {"expression": selector}}]}}]}}});
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                        "operation": "CREATE", "object": claim}});
+        let off = FeatureGates::default();
+        let (response, ok) =
+            review(body.to_string().as_bytes(), "gpu.nvidia.com", &off, &selector_env(37, &off), &NoFleet(vec![]));
+        assert!(ok, "selector problems are warnings");
+        let warning = response["response"]["warnings"][0].as_str().unwrap_or_default();
+        assert!(warning.contains("cannot be range of a comprehension"), "{warning}");
+        assert!(warning.contains("DRAListTypeAttributes=true"), "{warning}");
+        let on: FeatureGates = "DRAListTypeAttributes=true".parse().unwrap();
+        let (response, ok) =
+            review(body.to_string().as_bytes(), "gpu.nvidia.com", &on, &selector_env(37, &on), &NoFleet(vec![]));
+        assert!(ok);
+        assert!(response["response"]["warnings"].is_null(), "{response}");
+    }
+
     #[test]
     fn a_late_review_is_admitted_for_its_request() {
         let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
@@ -266,12 +298,22 @@ mod tests {
         let (response, ok) = review_of(template, "ResourceClaimTemplate");
         assert!(!ok);
         assert!(response["response"]["status"]["message"].as_str().unwrap().starts_with("spec.spec.devices.config[0]"));
-        let (response, ok) =
-            review(b"{not json", "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
+        let (response, ok) = review(
+            b"{not json",
+            "gpu.nvidia.com",
+            &FeatureGates::default(),
+            &selector_env(36, &FeatureGates::default()),
+            &NoFleet(vec![]),
+        );
         assert!(!ok && response["response"]["status"]["code"] == 400);
         let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-        let (_, ok) =
-            review(deep.as_bytes(), "gpu.nvidia.com", &FeatureGates::default(), &selector_env(36), &NoFleet(vec![]));
+        let (_, ok) = review(
+            deep.as_bytes(),
+            "gpu.nvidia.com",
+            &FeatureGates::default(),
+            &selector_env(36, &FeatureGates::default()),
+            &NoFleet(vec![]),
+        );
         assert!(!ok, "serde_json's recursion limit bounds the depth");
     }
 }

@@ -490,7 +490,8 @@ impl Coster<'_> {
         if let Some(estimate) = extension_estimate(function, overload, target, args) {
             return with_args(estimate);
         }
-        if let Some(estimate) = kubernetes_estimate(self.sizes_of, function, target, args) {
+        let includes_by_size = self.checked.environment.includes_costs_target_size();
+        if let Some(estimate) = kubernetes_estimate(self.sizes_of, function, target, args, includes_by_size) {
             return with_args(estimate);
         }
         let first_param = overload.and_then(|o| o.params.first());
@@ -643,11 +644,15 @@ fn extension_estimate(
 }
 
 /// Kubernetes' library estimator (and DRA's `includes`), by function name.
+/// `includes_by_size`: 1.37's lists library estimates `includes` as the
+/// other O(n) list functions (one per element of the target's size); 1.36's
+/// DRA `includes` charged the longest list attribute, flat.
 fn kubernetes_estimate(
     sizes: &dyn SizeEstimator,
     function: &str,
     target: Option<&Node>,
     args: &[Node],
+    includes_by_size: bool,
 ) -> Option<CallEstimate> {
     // `listElementNode`: the element of a list, for its size.
     let element_size = |list: &Node, element: &Type| {
@@ -660,7 +665,19 @@ fn kubernetes_estimate(
     let one = CostEstimate::fixed(1);
     let traversal = |size: Size| size.factor(STRING_TRAVERSAL_FACTOR);
     let estimate = match function {
-        "includes" if target.is_some() => CallEstimate::cost(CostEstimate { min: 0, max: MAX_ATTRIBUTE_VALUES }),
+        "includes" if target.is_some() && !includes_by_size => {
+            CallEstimate::cost(CostEstimate { min: 0, max: MAX_ATTRIBUTE_VALUES })
+        }
+        "includes" if target.is_some() => {
+            let target = target?;
+            let mut element_cost = one;
+            if let Type::List(element) = &target.ty
+                && matches!(**element, Type::String | Type::Bytes)
+            {
+                element_cost = element_cost.add(traversal(element_size(target, element)));
+            }
+            CallEstimate::cost(target.size().multiply(element_cost))
+        }
         "isSorted" | "sum" | "max" | "min" | "indexOf" | "lastIndexOf" => {
             let target = target?;
             match &target.ty {

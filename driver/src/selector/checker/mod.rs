@@ -19,6 +19,11 @@ pub use types::{ObjectType, Type};
 
 use super::environment::CelEnvironment;
 
+/// What to do when a selector needs list-typed attributes (an attribute
+/// is `any`, or `includes` is not declared): the gate, in both places.
+const LIST_ATTRIBUTES_HINT: &str =
+    "; needs DRAListTypeAttributes=true (alpha) in the cluster's and this driver's feature gates";
+
 /// Why an expression failed to check.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum CheckFailure {
@@ -40,6 +45,8 @@ pub struct Checked {
     /// Every call, by id: the function (namespaced functions by their full
     /// name) and the overloads that accept its arguments.
     pub calls: HashMap<u64, ResolvedCall>,
+    /// The environment it was checked in (some estimates differ by version).
+    pub environment: CelEnvironment,
 }
 
 /// The overloads a call may take at run time, as the checker resolved them.
@@ -82,15 +89,16 @@ pub fn check(
     }
     let result = types.get(&expr.id).cloned().unwrap_or(Type::Dyn);
     let calls = std::mem::take(&mut checker.calls);
-    Ok(Checked { result, types, calls })
+    Ok(Checked { result, types, calls, environment: *env })
 }
 
 /// DRA's rule for the result: a bool, or the unknown type of an attribute
-/// (`dyn` too with DRAListTypeAttributes).
+/// (see [`CelEnvironment::accepts_result`]).
 pub fn require_bool(checked: &Checked, env: &CelEnvironment) -> Result<(), CheckFailure> {
     let acceptable = match checked.result {
-        Type::Bool | Type::Any => true,
-        Type::Dyn => env.list_type_attributes,
+        Type::Bool => true,
+        Type::Any => env.accepts_result(true),
+        Type::Dyn => env.accepts_result(false),
         _ => false,
     };
     if acceptable { Ok(()) } else { Err(CheckFailure::NotBool(checked.result.clone())) }
@@ -187,10 +195,11 @@ impl Checker<'_> {
                         (Type::Dyn, c.iter_var2.as_ref().map(|_| Type::Dyn))
                     }
                     other => {
+                        let hint = if *other == Type::Any { LIST_ATTRIBUTES_HINT } else { "" };
                         self.error(
                             c.iter_range.id,
                             format!(
-                                "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic)"
+                                "expression of type '{other}' cannot be range of a comprehension (must be list, map, or dynamic){hint}"
                             ),
                         );
                         (Type::Error, c.iter_var2.as_ref().map(|_| Type::Error))
@@ -275,7 +284,7 @@ impl Checker<'_> {
 
     /// The fields of `device`, as `dynamic-resource-allocation/cel` declares them.
     fn device_field(&self, field: &str) -> Option<Type> {
-        let attribute = if self.env.list_type_attributes { Type::Dyn } else { Type::Any };
+        let attribute = if self.env.attributes_are_dyn() { Type::Dyn } else { Type::Any };
         Some(match field {
             "driver" => Type::String,
             "attributes" => Type::map(Type::String, Type::map(Type::String, attribute)),
@@ -311,7 +320,8 @@ impl Checker<'_> {
         match self.decls.function(name) {
             Some(overloads) => self.resolve(e.id, name, overloads, Some(target_type), args, &call.args),
             None => {
-                self.error(e.id, format!("undeclared reference to '{name}' (in container '')"));
+                let hint = if name == "includes" { LIST_ATTRIBUTES_HINT } else { "" };
+                self.error(e.id, format!("undeclared reference to '{name}' (in container ''){hint}"));
                 Type::Error
             }
         }
