@@ -17,26 +17,13 @@ use crate::workspace_root;
 pub fn helm() -> &'static Path {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
-        let script = workspace_root().join("tests/kube-bins/helm/build.sh");
-        eprintln!("helm: {} (builds helm when the cache lacks it)", script.display());
-        let output = Command::new("bash")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("running {}: {e}", script.display()));
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        assert!(
-            output.status.success(),
-            "{} failed ({}): needs Go and the Go module proxy",
-            script.display(),
-            output.status
+        let printed = crate::real_cluster::run_script(
+            &workspace_root().join("tests/kube-bins/helm/build.sh"),
+            &[],
+            "helm: {script} (builds helm when the cache lacks it)",
+            "needs Go and the Go module proxy",
         );
-        let bin = stdout
-            .lines()
-            .find_map(|l| l.strip_prefix("helm-bin="))
-            .map(PathBuf::from)
-            .unwrap_or_else(|| panic!("{} printed no helm-bin=: {stdout}", script.display()));
+        let bin = printed.path("helm-bin=");
         assert!(bin.is_file(), "{} is missing after the build", bin.display());
         bin
     })

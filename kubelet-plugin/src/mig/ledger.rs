@@ -367,12 +367,13 @@ impl ClaimOwnership<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 
-    fn intent(start: u32) -> MigIntent {
+    /// A 1g.10gb intent on GPU-a at `start` (also the ownership tests').
+    pub(in crate::mig) fn intent(start: u32) -> MigIntent {
         MigIntent {
             gpu_uuid: "GPU-a".into(),
             gpu_minor: 0,

@@ -198,17 +198,7 @@ mod tests {
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 
-    fn intent(start: u32) -> MigIntent {
-        MigIntent {
-            gpu_uuid: "GPU-a".into(),
-            gpu_minor: 0,
-            profile: "1g.10gb".into(),
-            profile_id: 19,
-            compute_profile_index: 0,
-            placement_start: start,
-            placement_size: 1,
-        }
-    }
+    use super::super::ledger::tests::intent;
 
     fn entry(start: u32, made: Made) -> OwnedInstance {
         OwnedInstance { gpu_uuid: "GPU-a".into(), profile_id: 19, placement_start: start, placement_size: 1, made }

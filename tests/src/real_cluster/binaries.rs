@@ -2,7 +2,7 @@
 //! cache outside the clone (once per machine and version) when missing.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 
@@ -46,15 +46,15 @@ pub fn binaries(minor: &str) -> Binaries {
     found
 }
 
-/// What `tests/kube-bins/build.sh` printed: `key=path` lines.
-pub(super) struct Printed {
+/// What a build script printed: `key=path` lines.
+pub struct Printed {
     script: PathBuf,
     stdout: String,
 }
 
 impl Printed {
     /// The path printed after `key` (e.g. `kube-bin-dir=`).
-    pub(super) fn path(&self, key: &str) -> PathBuf {
+    pub fn path(&self, key: &str) -> PathBuf {
         self.stdout
             .lines()
             .find_map(|l| l.strip_prefix(key).map(PathBuf::from))
@@ -62,10 +62,15 @@ impl Printed {
     }
 }
 
-/// Runs `build.sh args`, announcing it with `banner` (`{script}` stands for
-/// its path); a failure names what the tests `need`.
+/// Runs `tests/kube-bins/build.sh args` (see [`run_script`]).
 pub(super) fn run_build_script(args: &[&str], banner: &str, need: &str) -> Printed {
-    let script = workspace_root().join("tests/kube-bins/build.sh");
+    run_script(&workspace_root().join("tests/kube-bins/build.sh"), args, banner, need)
+}
+
+/// Runs the build script `script` with `args`, announcing it with `banner`
+/// (`{script}` stands for its path); a failure names what the tests `need`.
+pub fn run_script(script: &Path, args: &[&str], banner: &str, need: &str) -> Printed {
+    let script = script.to_path_buf();
     eprintln!("{}", banner.replace("{script}", &script.display().to_string()));
     let output = Command::new("bash")
         .arg(&script)

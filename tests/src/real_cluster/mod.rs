@@ -37,7 +37,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
-pub use binaries::{Binaries, binaries, cached_binaries};
+pub use binaries::{Binaries, Printed, binaries, cached_binaries, run_script};
 use pki::Pki;
 use process::ControlPlaneProcess;
 
