@@ -12,6 +12,7 @@
 //! for the nodes a change touches.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::hash::BuildHasher;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Node;
@@ -112,45 +113,70 @@ impl PoolSlot {
 /// released (and the allocator forgets what it cached for it).
 #[derive(Debug)]
 struct Signature {
-    key: SignatureKey,
     /// Live devices with this signature.
     users: u32,
-    _driver: Arc<str>,
-    _attributes: super::compact::Attributes,
-    _capacity: super::compact::Capacities,
+    driver: Arc<str>,
+    attributes: super::compact::Attributes,
+    capacity: super::compact::Capacities,
+    allow_multiple_allocations: bool,
+}
+
+impl Signature {
+    fn key(&self) -> SignatureKey {
+        (addr(&self.driver), self.attributes.addr(), self.capacity.addr(), self.allow_multiple_allocations)
+    }
 }
 
 /// Addresses of the interned driver, attributes and capacities, and
 /// `allowMultipleAllocations`.
-type SignatureKey = (usize, usize, usize, bool);
+type SignatureKey = (usize, (usize, usize), usize, bool);
+
+fn addr(a: &Arc<str>) -> usize {
+    Arc::as_ptr(a).cast::<u8>() as usize
+}
 
 /// Signatures by number, counted by their devices; numbers of signatures no
-/// device has any more are reused.
+/// device has any more are reused. Where devices carry their own identity
+/// (a GPU's `uuid`) there is one signature per device, so the index holds
+/// numbers only and finds a key through the signature it numbers.
 #[derive(Debug, Default)]
 struct Signatures {
     by_number: Vec<Option<Signature>>,
-    ids: FastMap<SignatureKey, u32>,
+    ids: hashbrown::HashTable<u32>,
+    hasher: foldhash::fast::RandomState,
     free: Vec<u32>,
 }
 
 impl Signatures {
+    /// Room for `more` signatures (a fleet built at once knows its size,
+    /// and growing by doubling would hold both copies at the peak).
+    fn reserve(&mut self, more: usize) {
+        self.by_number.reserve(more);
+        let (by_number, hasher) = (&self.by_number, &self.hasher);
+        self.ids.reserve(more, |&sig| Self::hash_of(hasher, by_number, sig));
+    }
+
+    fn hash_of(hasher: &foldhash::fast::RandomState, by_number: &[Option<Signature>], sig: u32) -> u64 {
+        by_number.get(sig as usize).and_then(Option::as_ref).map_or(0, |s| hasher.hash_one(s.key()))
+    }
+
     /// The signature of `d` (of `driver`), counted once more.
     fn acquire(&mut self, driver: &Arc<str>, d: &DeviceRecord) -> u32 {
-        let key = (
-            Arc::as_ptr(driver).cast::<u8>() as usize,
-            d.attributes.addr(),
-            d.capacity.addr(),
-            d.allow_multiple_allocations,
-        );
-        let sig = match self.ids.get(&key) {
+        let key = (addr(driver), d.attributes.addr(), d.capacity.addr(), d.allow_multiple_allocations);
+        let hash = self.hasher.hash_one(key);
+        let by_number = &self.by_number;
+        let found = self
+            .ids
+            .find(hash, |&sig| by_number.get(sig as usize).and_then(Option::as_ref).is_some_and(|s| s.key() == key));
+        let sig = match found {
             Some(&sig) => sig,
             None => {
                 let signature = Signature {
-                    key,
                     users: 0,
-                    _driver: Arc::clone(driver),
-                    _attributes: d.attributes.clone(),
-                    _capacity: d.capacity.clone(),
+                    driver: Arc::clone(driver),
+                    attributes: d.attributes.clone(),
+                    capacity: d.capacity.clone(),
+                    allow_multiple_allocations: d.allow_multiple_allocations,
                 };
                 let sig = match self.free.pop() {
                     Some(sig) => {
@@ -164,7 +190,8 @@ impl Signatures {
                         (self.by_number.len() - 1) as u32
                     }
                 };
-                self.ids.insert(key, sig);
+                let (by_number, hasher) = (&self.by_number, &self.hasher);
+                self.ids.insert_unique(hash, sig, |&sig| Self::hash_of(hasher, by_number, sig));
                 sig
             }
         };
@@ -177,14 +204,18 @@ impl Signatures {
     /// Counts one device less for `sig`; true when no device has it any
     /// more (its number is then free for reuse).
     fn release(&mut self, sig: u32) -> bool {
-        let Some(entry) = self.by_number.get_mut(sig as usize) else { return false };
-        let Some(s) = entry else { return false };
+        let Some(Some(s)) = self.by_number.get_mut(sig as usize) else { return false };
         s.users = s.users.saturating_sub(1);
         if s.users > 0 {
             return false;
         }
-        self.ids.remove(&s.key);
-        *entry = None;
+        let hash = self.hasher.hash_one(s.key());
+        if let Ok(entry) = self.ids.find_entry(hash, |&other| other == sig) {
+            entry.remove();
+        }
+        if let Some(entry) = self.by_number.get_mut(sig as usize) {
+            *entry = None;
+        }
         self.free.push(sig);
         true
     }
@@ -263,6 +294,11 @@ impl FleetBuilder {
 
     pub(crate) fn finish(self) -> Fleet {
         let FleetBuilder { mut fleet, grouped } = self;
+        let devices: usize = grouped.values().flatten().map(|s| s.devices.len()).sum();
+        fleet.signatures.reserve(devices);
+        fleet.devices.reserve(devices);
+        fleet.consumption.reserve(devices);
+        fleet.device_signature.reserve(devices);
         for ((driver, pool), slices) in grouped {
             let p = fleet.slot_for(&driver, &pool);
             fleet.reassemble(p, slices, None, false);
@@ -948,7 +984,11 @@ mod update_tests {
         for i in 0..50 {
             fleet.apply_slice(&slice(&"b".repeat(i + 1)));
         }
-        assert_eq!(fleet.compactor.attribute_maps(), 4, "only the live devices' maps are kept");
+        assert_eq!(
+            fleet.compactor.attribute_maps(),
+            5,
+            "only the live devices' maps are kept: four identities, one common part"
+        );
         assert_eq!(fleet.device_count(), 4);
     }
 }
