@@ -2,7 +2,8 @@
 //! each, built by the plugin's slice builder, so each device carries the
 //! attributes a real node publishes) in the API stand-in, which pages its
 //! lists as the real server does. Runs the real binary's `nodes` and
-//! `why` (one pending claim, simulated against the whole fleet) and prints
+//! `why` (one pending claim for a GPU model no node has, so its selector is
+//! evaluated on every device of the fleet) and prints
 //! each one's wall time and peak RSS, from `/usr/bin/time -v`: the binary
 //! is started by `time`, a small process, because a child exec'd straight
 //! from this one (which holds the stand-in's gigabytes) would report this
@@ -11,7 +12,7 @@
 //! Target: under 300 MiB each. Figures only.
 //!
 //! `cargo bench -p integration-tests --bench kubectl_gpu_memory`
-//! (`NODES=500` for a smaller fleet).
+//! (`NODES=500` for a smaller fleet, `HEAPTRACK=<dir>` to profile the heap).
 
 use std::process::Command;
 use std::time::Instant;
@@ -49,8 +50,11 @@ fn main() {
         server.create(&serde_yaml_ng::from_str::<DeviceClass>(&text).expect("a class")).expect("a class");
     }
     let claim: ResourceClaim = serde_json::from_value(json!({
-        "metadata": {"name": "too-big", "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 65}}]}}
+        "metadata": {"name": "b200", "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": "gpu.nvidia.com",
+            "selectors": [{"cel": {"expression": "device.attributes['gpu.nvidia.com'].productName == 'NVIDIA B200'"}}]
+        }}]}}
     }))
     .expect("a claim");
     server.create(&claim).expect("a claim");
@@ -63,9 +67,22 @@ fn main() {
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("a kubeconfig");
     let kubeconfig = kubeconfig.display().to_string();
-    for args in [&["nodes"][..], &["why", "too-big"]] {
-        let mut command = Command::new("/usr/bin/time");
-        command.arg("-v").arg(binary).args(["--kubeconfig", &kubeconfig, "--request-timeout", "0"]).args(args);
+    for args in [&["nodes"][..], &["why", "b200"]] {
+        // `HEAPTRACK=<dir>`: record each run with heaptrack instead (where
+        // the peak is: `heaptrack_print -f <dir>/<command>.zst`).
+        let mut command = match std::env::var_os("HEAPTRACK") {
+            Some(out) => {
+                let mut c = Command::new("heaptrack");
+                c.arg("-o").arg(std::path::Path::new(&out).join(args[0]));
+                c
+            }
+            None => {
+                let mut c = Command::new("/usr/bin/time");
+                c.arg("-v");
+                c
+            }
+        };
+        command.arg(binary).args(["--kubeconfig", &kubeconfig, "--request-timeout", "0"]).args(args);
         match measured(&mut command) {
             Ok(run) => {
                 let lines = run.stdout.lines().count();

@@ -191,20 +191,47 @@ fn string_literal(e: &Expr) -> Option<String> {
     }
 }
 
-/// What the devices publish: per domain, attribute ids with their values,
-/// and capacity ids.
+/// What the devices publish: per domain, attribute ids and capacity ids,
+/// and the values of the attributes a clause compares with a literal.
 #[derive(Debug, Default)]
 struct Published {
-    attributes: BTreeMap<String, BTreeMap<String, BTreeMap<String, usize>>>,
+    attributes: BTreeMap<String, BTreeSet<String>>,
     capacities: BTreeMap<String, BTreeSet<String>>,
+    /// (domain, id) of an attribute compared with a literal → its values.
+    values: BTreeMap<(String, String), Values>,
 }
 
+/// One attribute's values as shown (`"H100"`, `semver 1.2.3`, `3`) with
+/// how many devices have each. Up to [`MAX_VALUES`] distinct ones are
+/// kept: an attribute unique per device (`uuid`) on a fleet of 320,000
+/// devices would otherwise hold them all; whether the compared literal is
+/// among them is still known exactly.
+#[derive(Debug, Default)]
+struct Values {
+    counts: BTreeMap<String, usize>,
+    /// More distinct values than were kept.
+    more: bool,
+    /// The compared literals (as shown) some device has.
+    literals_seen: BTreeSet<String>,
+}
+
+const MAX_VALUES: usize = 1024;
+
 impl Published {
-    fn of<'a>(devices: impl Iterator<Item = (&'a str, &'a DeviceRecord)>) -> Self {
+    /// `compared`: (domain, id) → the literals compared with it, as shown.
+    fn of<'a>(
+        devices: impl Iterator<Item = (&'a str, &'a DeviceRecord)>,
+        compared: &BTreeMap<(String, String), BTreeSet<String>>,
+    ) -> Self {
         let mut p = Published::default();
         for (driver, d) in devices {
             for (name, value) in d.attributes.iter() {
                 let (domain, id) = name.split_once('/').unwrap_or((driver, name));
+                if !p.attributes.get(domain).is_some_and(|ids| ids.contains(id)) {
+                    p.attributes.entry(domain.to_string()).or_default().insert(id.to_string());
+                }
+                let key = (domain.to_string(), id.to_string());
+                let Some(literals) = compared.get(&key) else { continue };
                 let shown = match value {
                     AttrValue::Str(s) => format!("{s:?}"),
                     AttrValue::Version(v) => format!("semver {v}"),
@@ -212,17 +239,24 @@ impl Published {
                     AttrValue::Bool(b) => b.to_string(),
                     AttrValue::List(_) | AttrValue::Empty => "a list".to_string(),
                 };
-                *p.attributes
-                    .entry(domain.to_string())
-                    .or_default()
-                    .entry(id.to_string())
-                    .or_default()
-                    .entry(shown)
-                    .or_default() += 1;
+                let values = p.values.entry(key).or_default();
+                if literals.contains(&shown) {
+                    values.literals_seen.insert(shown.clone());
+                }
+                let kept = values.counts.len();
+                if let Some(n) = values.counts.get_mut(&shown) {
+                    *n += 1;
+                } else if kept < MAX_VALUES {
+                    values.counts.insert(shown, 1);
+                } else {
+                    values.more = true;
+                }
             }
             for (name, _) in d.capacity.iter() {
                 let (domain, id) = name.split_once('/').unwrap_or((driver, name));
-                p.capacities.entry(domain.to_string()).or_default().insert(id.to_string());
+                if !p.capacities.get(domain).is_some_and(|ids| ids.contains(id)) {
+                    p.capacities.entry(domain.to_string()).or_default().insert(id.to_string());
+                }
             }
         }
         p
@@ -232,7 +266,7 @@ impl Published {
         if capacity {
             self.capacities.get(domain).is_some_and(|ids| ids.contains(id))
         } else {
-            self.attributes.get(domain).is_some_and(|ids| ids.contains_key(id))
+            self.attributes.get(domain).is_some_and(|ids| ids.contains(id))
         }
     }
 
@@ -244,7 +278,7 @@ impl Published {
         if capacity {
             self.capacities.get(domain).map(|s| s.iter().map(String::as_str).collect()).unwrap_or_default()
         } else {
-            self.attributes.get(domain).map(|m| m.keys().map(String::as_str).collect()).unwrap_or_default()
+            self.attributes.get(domain).map(|m| m.iter().map(String::as_str).collect()).unwrap_or_default()
         }
     }
 }
@@ -295,18 +329,22 @@ fn hints(clause: &str, published: &Published) -> Vec<String> {
             continue;
         }
         let (Some(literal), false) = (&r.compared_with, r.capacity) else { continue };
-        let Some(values) = published.attributes.get(&r.domain).and_then(|ids| ids.get(&r.id)) else { continue };
-        if values.contains_key(&format!("{literal:?}")) {
+        let Some(values) = published.values.get(&(r.domain.clone(), r.id.clone())) else { continue };
+        if values.literals_seen.contains(&format!("{literal:?}")) {
             continue;
         }
         let lower = literal.to_lowercase();
-        let mut ranked: Vec<(&String, &usize)> = values.iter().collect();
+        let mut ranked: Vec<(&String, &usize)> = values.counts.iter().collect();
         ranked.sort_by_key(|(v, _)| {
             let v = v.trim_matches('"').to_lowercase();
             (!v.contains(&lower), strsim::levenshtein(&v, &lower))
         });
         let shown: Vec<String> = ranked.iter().take(5).map(|(v, n)| format!("{v} ({n})")).collect();
-        let more = if ranked.len() > 5 { format!(" and {} more", ranked.len() - 5) } else { String::new() };
+        let more = match (ranked.len() > 5, values.more) {
+            (_, true) => format!(" and more than {} others", ranked.len() - 5),
+            (true, false) => format!(" and {} more", ranked.len() - 5),
+            (false, false) => String::new(),
+        };
         out.push(format!("no device has {} \"{literal}\"; the values here are {}{more}", r.id, shown.join(", ")));
     }
     out
@@ -364,7 +402,13 @@ pub(crate) fn breakdown<'a>(
             clauses_out.push(ClauseCount { text: text.clone(), passing, errors });
         }
     }
-    let published = Published::of(devices.iter().copied());
+    let mut compared: BTreeMap<(String, String), BTreeSet<String>> = BTreeMap::new();
+    for r in parts.iter().flat_map(|text| references(text)).filter(|r| !r.capacity) {
+        if let Some(literal) = &r.compared_with {
+            compared.entry((r.domain.clone(), r.id.clone())).or_default().insert(format!("{literal:?}"));
+        }
+    }
+    let published = Published::of(devices.iter().copied(), &compared);
     let mut all_hints = Vec::new();
     for text in &parts {
         for h in hints(text, &published) {
@@ -431,6 +475,27 @@ mod tests {
             ),
             "{text}"
         );
+    }
+
+    #[test]
+    fn values_unique_per_device_are_kept_bounded_and_the_literal_still_found() {
+        let devices: Vec<DeviceRecord> = (0..MAX_VALUES + 10)
+            .map(|i| rec(device("g").string("uuid", &format!("GPU-{i:05}")).string("type", "gpu")))
+            .collect();
+        let list: Vec<(&str, &DeviceRecord)> = devices.iter().map(|d| (DRIVER, d)).collect();
+        let explain = |expression: &str| breakdown(expression, &list, |_, _| Some(false)).to_string();
+        let last = format!("device.attributes['gpu.nvidia.com'].uuid == 'GPU-{:05}'", MAX_VALUES + 9);
+        assert!(
+            !explain(&last).contains("no device has"),
+            "a value past the kept ones is still found: {}",
+            explain(&last)
+        );
+        let text = explain("device.attributes['gpu.nvidia.com'].uuid == 'GPU-x'");
+        assert!(text.contains("no device has uuid \"GPU-x\""), "{text}");
+        assert!(text.contains(&format!("and more than {} others", MAX_VALUES - 5)), "{text}");
+        let published = Published::of(list.iter().copied(), &BTreeMap::new());
+        assert!(published.values.is_empty(), "values are kept only for compared attributes");
+        assert!(published.has(false, DRIVER, "uuid"));
     }
 
     fn fleet() -> Vec<DeviceRecord> {
