@@ -165,6 +165,34 @@ impl Dir {
         Ok(Self { fd, path: self.path.join(name) })
     }
 
+    /// The subdirectory `name`, made with `mode` when missing; an existing
+    /// symlink or non-directory of that name is refused.
+    pub fn make_subdir(&self, name: &str, mode: u32) -> io::Result<Dir> {
+        plain(name)?;
+        match rustix::fs::mkdirat(&self.fd, name, Mode::from_raw_mode(mode)) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => self.subdir(name),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Makes the character device `name` (major, minor) with exactly
+    /// `mode` (whatever the umask); fails if an entry of that name exists.
+    pub fn make_char_device(&self, name: &str, major: u32, minor: u32, mode: u32) -> io::Result<()> {
+        plain(name)?;
+        let mode = Mode::from_raw_mode(mode);
+        rustix::fs::mknodat(&self.fd, name, FileType::CharacterDevice, mode, rustix::fs::makedev(major, minor))?;
+        // The umask narrowed it. Not following a symlink needs fchmodat2
+        // (Linux 6.6); on older kernels the node just made is changed by
+        // name, in a directory reached without following one.
+        match rustix::fs::chmodat(&self.fd, name, mode, AtFlags::SYMLINK_NOFOLLOW) {
+            Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+                rustix::fs::chmodat(&self.fd, name, mode, AtFlags::empty())?
+            }
+            other => other?,
+        }
+        Ok(())
+    }
+
     /// Reads the regular file `name` (not a symlink), at most `max_len`
     /// bytes.
     pub fn read(&self, name: &str, max_len: u64) -> Result<Vec<u8>, ReadError> {

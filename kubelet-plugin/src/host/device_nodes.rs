@@ -10,30 +10,28 @@
 
 use std::path::{Path, PathBuf};
 
+use gpu_dra_driver::bounded_file::Dir;
 use gpu_dra_driver::cdi::DeviceNode;
-use rustix::fs::{FileType, Mode, makedev, mknodat};
 
 /// Creates the missing ones of `nodes` under `dev_root` (the directory the
 /// host's `/` is at, for the plugin; node paths are absolute `/dev/...`).
 /// Returns the paths created; a node that cannot be created (no
-/// `CAP_MKNOD`, a read-only `/dev`) is logged and skipped: the container
-/// runtime still creates it inside the container from the spec.
+/// `CAP_MKNOD`, a read-only `/dev`, a symlink on its way) is logged and
+/// skipped: the container runtime still creates it inside the container
+/// from the spec. Below `dev_root` no symlink is followed, so a forged link
+/// (`/dev/nvidia-caps-imex-channels` -> `/etc`) cannot make a node elsewhere.
 pub fn create_missing<'a>(dev_root: &Path, nodes: impl IntoIterator<Item = &'a DeviceNode>) -> Vec<PathBuf> {
     let mut created = Vec::new();
     for node in nodes {
-        if node.node_type != "c" || !node.path.starts_with("/dev/") || node.path.contains("..") {
-            continue;
-        }
-        let local = dev_root.join(node.path.trim_start_matches('/'));
-        if std::fs::symlink_metadata(&local).is_ok() {
-            continue;
-        }
+        let Some(names) = node_names(node) else { continue };
+        let local = names.iter().fold(dev_root.to_path_buf(), |path, name| path.join(name));
         let (Ok(major), Ok(minor)) = (u32::try_from(node.major), u32::try_from(node.minor)) else { continue };
-        match make(&local, major, minor) {
-            Ok(()) => {
+        match make(dev_root, &names, major, minor) {
+            Ok(true) => {
                 tracing::info!(path = %local.display(), major, minor, "created a missing device node");
                 created.push(local);
             }
+            Ok(false) => {}
             Err(error) => {
                 tracing::warn!(path = %local.display(), %error, "cannot create a missing device node; the container runtime will create it in the container");
             }
@@ -42,19 +40,34 @@ pub fn create_missing<'a>(dev_root: &Path, nodes: impl IntoIterator<Item = &'a D
     created
 }
 
-fn make(path: &Path, major: u32, minor: u32) -> std::io::Result<()> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)?;
+/// The plain names of a character device's path under `/dev`, or `None`.
+fn node_names(node: &DeviceNode) -> Option<Vec<&str>> {
+    let rest = node.path.strip_prefix("/dev/")?;
+    let names: Vec<&str> = std::iter::once("dev").chain(rest.split('/')).collect();
+    let plain = names.iter().all(|n| !n.is_empty() && *n != "." && *n != "..");
+    (node.node_type == "c" && plain).then_some(names)
+}
+
+/// Makes the node `names` (directories, then the node) below `root`;
+/// `false` when something of that name is there already.
+fn make(root: &Path, names: &[&str], major: u32, minor: u32) -> std::io::Result<bool> {
+    let Some((node, dirs)) = names.split_last() else { return Ok(false) };
+    let mut dir = Dir::open(root)?;
+    for name in dirs {
+        dir = dir.make_subdir(name, 0o755)?;
     }
-    mknodat(rustix::fs::CWD, path, FileType::CharacterDevice, Mode::from_raw_mode(0o666), makedev(major, minor))?;
-    // The umask narrowed it: set what nvidia-modprobe sets.
-    rustix::fs::chmod(path, Mode::from_raw_mode(0o666))?;
-    Ok(())
+    if dir.entry_stat(node)?.is_some() {
+        return Ok(false);
+    }
+    dir.make_char_device(node, major, minor, 0o666)?;
+    Ok(true)
 }
 
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
+
+    use rustix::fs::makedev;
 
     use super::*;
 
@@ -87,5 +100,21 @@ mod tests {
         }
         assert_eq!(std::fs::read(root.path().join("dev/nvidiactl")).unwrap(), b"already here");
         assert!(!root.path().join("etc/passwd").exists());
+    }
+
+    #[test]
+    fn a_symlink_on_the_way_is_not_followed() {
+        let root = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(root.path().join("dev")).unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.path().join("dev/nvidia-caps-imex-channels")).unwrap();
+        std::os::unix::fs::symlink(outside.path().join("nvidia9"), root.path().join("dev/nvidia9")).unwrap();
+        let nodes = [
+            DeviceNode::char("/dev/nvidia-caps-imex-channels/channel0", 234, 0),
+            DeviceNode::char("/dev/nvidia9", 195, 9),
+        ];
+        let created = create_missing(root.path(), &nodes);
+        assert!(created.is_empty(), "{created:?}");
+        assert_eq!(std::fs::read_dir(outside.path()).unwrap().count(), 0, "nothing made outside");
     }
 }
