@@ -185,7 +185,7 @@ impl Dir {
         // (Linux 6.6); on older kernels the node just made is changed by
         // name, in a directory reached without following one.
         match rustix::fs::chmodat(&self.fd, name, mode, AtFlags::SYMLINK_NOFOLLOW) {
-            Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::OPNOTSUPP | rustix::io::Errno::NOSYS) => {
+            Err(rustix::io::Errno::NOTSUP | rustix::io::Errno::NOSYS) => {
                 rustix::fs::chmodat(&self.fd, name, mode, AtFlags::empty())?
             }
             other => other?,
