@@ -98,9 +98,15 @@ pub trait DomainLookup: Send + Sync + 'static {
     /// The domain as the API server has it now, for one the lookup lacks
     /// although it has listed: a watch may deliver a domain made moments
     /// ago after its claim is already allocated and being prepared (seen
-    /// on a loaded machine). `None` when the API has no such domain either.
-    fn read_live(&self, namespace: &str, uid: &str) -> impl std::future::Future<Output = Option<ComputeDomain>> + Send {
-        std::future::ready(self.find(namespace, uid))
+    /// on a loaded machine). `Ok(None)` when the API has no such domain
+    /// either; an error when the API server could not be read (the prepare
+    /// then says so, rather than that the domain was deleted).
+    fn read_live(
+        &self,
+        namespace: &str,
+        uid: &str,
+    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, String>> + Send {
+        std::future::ready(Ok(self.find(namespace, uid)))
     }
 }
 
@@ -398,7 +404,12 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         }
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
-        let domain = self.find_domain(&valid.namespace, domain_uid.as_str(), until).await.ok_or_else(|| {
+        let found = self.find_domain(&valid.namespace, domain_uid.as_str(), until).await.map_err(|error| {
+            format!(
+                "ComputeDomain {domain_uid} is not in the node agent's watch yet and the API server could not be read for it ({error}); the kubelet retries the prepare"
+            )
+        })?;
+        let domain = found.ok_or_else(|| {
             if self.domains.synced() {
                 format!(
                     "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
@@ -455,18 +466,23 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// The domain, waiting (bounded) for the domain watch's first list
     /// after a start: the kubelet prepares again as soon as the agent is back.
-    async fn find_domain(&self, namespace: &str, uid: &str, until: tokio::time::Instant) -> Option<ComputeDomain> {
+    async fn find_domain(
+        &self,
+        namespace: &str,
+        uid: &str,
+        until: tokio::time::Instant,
+    ) -> Result<Option<ComputeDomain>, String> {
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         loop {
             let domain = self.domains.find(namespace, uid);
             if domain.is_some() {
-                return domain;
+                return Ok(domain);
             }
             if self.domains.synced() {
                 return self.domains.read_live(namespace, uid).await;
             }
             if tokio::time::Instant::now() >= wait_until {
-                return None;
+                return Ok(None);
             }
             tokio::time::sleep(POLL).await;
         }

@@ -61,22 +61,21 @@ impl DomainLookup for StoreDomains {
     /// the agent's client and its timeouts), each decoded on its own as
     /// the watch does; a failed list reads as "not there", the answer the
     /// store gave.
-    async fn read_live(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, String> {
         let resource = decoded_watch::api_resource::<ComputeDomain>();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
-        let listed = match api.list(&ListParams::default()).await {
-            Ok(listed) => listed,
-            Err(error) => {
-                tracing::warn!(%error, namespace, uid, "listing ComputeDomains for one the watch has not delivered");
-                return None;
-            }
+        let listed = api.list(&ListParams::default()).await.map_err(|error| {
+            tracing::warn!(%error, namespace, uid, "listing ComputeDomains for one the watch has not delivered");
+            format!("listing ComputeDomains in {namespace}: {}", error.to_string().escape_debug())
+        })?;
+        let Some(object) = listed.items.into_iter().find(|d| d.metadata.uid.as_deref() == Some(uid)) else {
+            return Ok(None);
         };
-        let object = listed.items.into_iter().find(|d| d.metadata.uid.as_deref() == Some(uid))?;
-        let domain = serde_json::to_value(object).ok().and_then(|v| serde_json::from_value::<ComputeDomain>(v).ok());
-        if domain.is_some() {
-            tracing::info!(namespace, uid, "ComputeDomain read from the API: the watch had not delivered it yet");
-        }
-        domain
+        let domain = serde_json::to_value(object)
+            .and_then(serde_json::from_value::<ComputeDomain>)
+            .map_err(|error| format!("ComputeDomain {uid} in {namespace} cannot be read: {error}"))?;
+        tracing::info!(namespace, uid, "ComputeDomain read from the API: the watch had not delivered it yet");
+        Ok(Some(domain))
     }
 }
 
@@ -188,6 +187,25 @@ impl ConditionWriter for KubeConditions {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A client of a server that answers every request with `status` and a
+    /// Status whose message holds an escape sequence.
+    fn failing_client(status: u16) -> kube::Client {
+        let service = tower::service_fn(move |_: http::Request<kube::client::Body>| async move {
+            let body = br#"{"kind":"Status","apiVersion":"v1","status":"Failure","message":"etcd \u001b[2J unavailable","code":500}"#;
+            http::Response::builder().status(status).body(kube::client::Body::from(body.to_vec()))
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn a_failing_api_server_is_reported_as_such_not_as_a_deleted_domain() {
+        let (store, _writer) = kube::runtime::reflector::store::<ComputeDomain>();
+        let domains = StoreDomains::new(store, failing_client(500));
+        let error = domains.read_live("default", "7f3c").await.unwrap_err();
+        assert!(error.contains("listing ComputeDomains in default"), "{error}");
+        assert!(!error.contains('\u{1b}'), "the server's text is escaped: {error}");
+    }
 
     #[test]
     fn the_condition_is_set_once_and_flips() {

@@ -23,12 +23,14 @@ pub(super) fn domain() -> DomainUid {
 
 /// The node's view of the domain, whether its watch has listed ("not
 /// yet" while the flag holds), and the domain only the API server has so
-/// far (the watch has not delivered it).
+/// far (the watch has not delivered it), and the error reading the API
+/// server gives while one is set.
 #[derive(Clone, Default)]
 pub(super) struct Domains(
     Arc<Mutex<Option<ComputeDomain>>>,
     Arc<std::sync::atomic::AtomicBool>,
     Arc<Mutex<Option<ComputeDomain>>>,
+    Arc<Mutex<Option<String>>>,
 );
 
 impl DomainLookup for Domains {
@@ -42,9 +44,13 @@ impl DomainLookup for Domains {
         found.filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
     }
 
-    async fn read_live(&self, namespace: &str, uid: &str) -> Option<ComputeDomain> {
+    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, String> {
+        if let Some(error) = self.3.lock().unwrap().clone() {
+            return Err(error);
+        }
         let live = self.2.lock().unwrap().clone().or_else(|| self.0.lock().unwrap().clone());
-        live.filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
+        Ok(live
+            .filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid)))
     }
 }
 
@@ -546,4 +552,16 @@ async fn a_domain_the_watch_has_not_delivered_yet_is_read_from_the_api() {
     });
     prepare(&p, &a).await.unwrap();
     unprepare(&p, &a).await;
+}
+
+#[tokio::test]
+async fn an_api_server_that_cannot_be_read_is_said_so_not_that_the_domain_was_deleted() {
+    let node = Node::new(&[NODE]);
+    let p = node.open();
+    let a = node.channel_claim("pod-a-channel", UID_A);
+    node.domains.0.lock().unwrap().take();
+    *node.domains.3.lock().unwrap() = Some("listing ComputeDomains in default: 503 Service Unavailable".into());
+    let error = prepare(&p, &a).await.unwrap_err();
+    assert!(error.contains("the API server could not be read") && error.contains("503"), "{error}");
+    assert!(!error.contains("deleted"), "{error}");
 }
