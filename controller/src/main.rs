@@ -77,6 +77,13 @@ enum Command {
         /// file's `featureGates`, or none.
         #[arg(long = "feature-gates", value_name = "A=true,B=false", value_parser = parse_gates)]
         feature_gates: Option<gpu_dra_driver::feature_gates::FeatureGates>,
+        /// The cluster's own gates where they differ from the release's
+        /// defaults (as given to its API server and scheduler), e.g.
+        /// `DRADeviceTaints=true,DRAConsumableCapacity=true` on 1.34: with a
+        /// gate off, the API server drops the slice fields it serves, and
+        /// the simulation leaves them out too.
+        #[arg(long = "cluster-feature-gates", value_name = "A=true,B=false", default_value = "")]
+        cluster_feature_gates: String,
     },
 }
 
@@ -90,6 +97,20 @@ enum SelectorsAs {
 /// Gates as the node agents' `--feature-gates` take them.
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
     text.parse().map_err(|e: gpu_dra_driver::feature_gates::FeatureGateError| e.to_string())
+}
+
+/// The slice fields Kubernetes 1.`minor` drops with `cluster_gates`.
+/// List-typed attributes are the exception: unless `cluster_gates` names
+/// DRAListTypeAttributes, they follow the driver's gate of that name, as
+/// the CEL environment and the allocator's list rule do (the operator turns
+/// it on for the cluster and the driver alike).
+fn not_served(minor: u32, cluster_gates: &str) -> Result<gpu_dra_driver::slices::served::NotServed, String> {
+    use gpu_dra_driver::slices::served::{GatedField, NotServed};
+    let mut not_served = NotServed::on_release(minor, cluster_gates)?;
+    if !cluster_gates.contains(GatedField::ListAttributes.gate()) {
+        not_served.remove(GatedField::ListAttributes);
+    }
+    Ok(not_served)
 }
 
 /// `1.34` → 34; only the versions the driver models.
@@ -142,7 +163,16 @@ fn main() -> ExitCode {
             let rules = gpu_dra_driver::slices::ServerRules { minor: *kubernetes_version };
             validate::run(files, rules, &mut std::io::stdout().lock(), &mut std::io::stderr().lock())
         }
-        Command::Simulate { files, output, fleet, timings, kubernetes_version, selectors_as, feature_gates } => {
+        Command::Simulate {
+            files,
+            output,
+            fleet,
+            timings,
+            kubernetes_version,
+            selectors_as,
+            feature_gates,
+            cluster_feature_gates,
+        } => {
             let mut buffer = Vec::new();
             let cel = match selectors_as {
                 SelectorsAs::Stored => {
@@ -158,6 +188,13 @@ fn main() -> ExitCode {
                 // DRAExtendedResource: alpha (off) in 1.34 and 1.35, on from 1.36.
                 extended_resources: *kubernetes_version >= 36,
                 gates: *feature_gates,
+                not_served: match not_served(*kubernetes_version, cluster_feature_gates) {
+                    Ok(not_served) => not_served,
+                    Err(error) => {
+                        eprintln!("error: --cluster-feature-gates: {error}");
+                        return ExitCode::FAILURE;
+                    }
+                },
             };
             simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
                 // Nothing on stdout unless the whole run succeeded.

@@ -158,6 +158,8 @@ fn options() -> simulate::Options<'static> {
         // gates it runs with, which a client cannot read: judge configs
         // with every gate on, so only a config no gate allows is refused.
         gates: Some(Gate::ALL.into_iter().fold(FeatureGates::default(), |gates, gate| gates.with(gate, true))),
+        // Slices read from the cluster are as its API server stored them.
+        not_served: Default::default(),
     }
 }
 

@@ -30,6 +30,7 @@ use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
 use gpu_dra_driver::slices::consumable_shares::SharesMode;
+use gpu_dra_driver::slices::served::{GatedField, NotServed};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -123,18 +124,29 @@ pub struct Fleet {
     pub slices: Vec<ResourceSlice>,
     /// The fleet-wide `featureGates` (the node agents' and so the webhook's).
     pub gates: FeatureGates,
+    /// Fields the plugins would have published but left devices out for
+    /// instead, the server not serving them (taints of faulty GPUs).
+    pub withheld_for: NotServed,
 }
 
-/// Reads the fleet file at `path`.
-pub fn load(path: &Path) -> Result<Fleet> {
+/// Reads the fleet file at `path`, its slices as the plugins publish them
+/// to an API server that drops `not_served` (they withhold faulty GPUs
+/// where taints are not served, dynamic MIG devices where counters are not).
+pub fn load(path: &Path, not_served: NotServed) -> Result<Fleet> {
     let shown = path.display();
     let text = std::fs::read_to_string(path).with_context(|| format!("{shown}: cannot read the fleet file"))?;
     let dir = path.parent().unwrap_or(Path::new("."));
-    parse(&text, &shown.to_string(), dir)
+    parse_serving(&text, &shown.to_string(), dir, not_served)
 }
 
 /// Parses fleet YAML read from `origin`; inventory paths are relative to `dir`.
+#[cfg(test)]
 pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
+    parse_serving(text, origin, dir, NotServed::none())
+}
+
+/// [`parse`] for an API server that drops `not_served`.
+pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed) -> Result<Fleet> {
     gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
     let text = gpu_dra_driver::json_escapes::to_yaml(text);
     let file: FleetFile = serde_yaml_ng::from_str(&text).map_err(|e| {
@@ -175,7 +187,14 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
         };
         let builder = SliceBuilder::new(DriverName::nvidia_default(), node)
             .with_gates(node_gates)
-            .with_consumable_shares(node_gates, node_shares);
+            .with_consumable_shares(node_gates, node_shares)
+            .serving(&not_served);
+        for field in [GatedField::Taints, GatedField::SharedCounters].into_iter().filter(|f| not_served.contains(*f)) {
+            let all = builder.clone().serving(&NotServed::none()).build(&inventory, GENERATION);
+            if all.is_ok_and(|all| all.iter().any(|s| field.used_in(&s.spec))) {
+                fleet.withheld_for.insert(field);
+            }
+        }
         let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
         fleet.slices.extend(slices);
         let mut labels = n.labels.clone();

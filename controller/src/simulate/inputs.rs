@@ -11,6 +11,7 @@ use std::io::Write;
 
 use anyhow::{Result, bail};
 use gpu_dra_driver::allocator::AllocatorBuilder;
+use gpu_dra_driver::slices::served::NotServed;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -58,6 +59,25 @@ pub struct Inputs {
     pub pods: Vec<PodInput>,
     pub nodes: Vec<Located<Node>>,
     pub order: Vec<Item>,
+    /// Fields the simulated API server dropped from some slice.
+    pub dropped: NotServed,
+}
+
+impl Inputs {
+    /// Adds a slice as an API server that drops `not_served` stores it
+    /// (and a scheduler with those gates off reads it).
+    pub fn add_slice(&mut self, slice: &ResourceSlice, not_served: NotServed) {
+        let used: Vec<_> = not_served.iter().filter(|f| f.used_in(&slice.spec)).collect();
+        if used.is_empty() {
+            self.slices.add_slice(slice);
+            return;
+        }
+        for field in used {
+            self.dropped.insert(field);
+        }
+        let stored = ResourceSlice { metadata: slice.metadata.clone(), spec: not_served.strip(&slice.spec) };
+        self.slices.add_slice(&stored);
+    }
 }
 
 /// `namespace/name` of a namespaced object (namespace defaulted).
@@ -147,11 +167,18 @@ pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
 #[derive(Debug, Default)]
 pub struct Sorter {
     inputs: Inputs,
+    /// What the simulated API server drops from a slice it is given.
+    not_served: NotServed,
     /// kind + namespace/name -> origin, to refuse duplicates.
     seen: HashMap<(String, String), String>,
 }
 
 impl Sorter {
+    /// A sorter for an API server that drops `not_served` from slices.
+    pub fn serving(not_served: NotServed) -> Self {
+        Sorter { not_served, ..Default::default() }
+    }
+
     pub fn finish(self) -> Inputs {
         self.inputs
     }
@@ -185,7 +212,7 @@ impl Sorter {
         match kind.as_str() {
             "ResourceSlice" => {
                 let slice: ResourceSlice = decode(m, RESOURCE)?;
-                inputs.slices.add_slice(&slice);
+                inputs.add_slice(&slice, self.not_served);
             }
             "DeviceClass" => inputs.classes.push(Located { origin, object: decode(m, RESOURCE)? }),
             "ResourceClaim" => {

@@ -27,6 +27,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Result, anyhow, bail};
 use clap::ValueEnum;
+use gpu_dra_driver::slices::served::{GatedField, NotServed};
 
 use crate::manifests;
 
@@ -55,6 +56,9 @@ pub struct Options<'a> {
     /// The webhook's feature gates, for opaque configs; `None`: the fleet
     /// file's `featureGates` (the node agents'), or none.
     pub gates: Option<gpu_dra_driver::feature_gates::FeatureGates>,
+    /// The slice fields the simulated release's API server drops (its
+    /// gates off): left out of every slice, as that server stores them.
+    pub not_served: NotServed,
 }
 
 /// Runs the simulation. Returns an error (exit 1) for input that cannot be
@@ -64,8 +68,9 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     // The fleet file and the manifests are independent: the fleet's slices
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
-        let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path)));
-        let mut sorter = inputs::Sorter::default();
+        let not_served = options.not_served;
+        let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path, not_served)));
+        let mut sorter = inputs::Sorter::serving(options.not_served);
         let read = manifests::read_each(files, &mut |m| sorter.add(m, &mut *note)).map(|()| sorter.finish());
         let loaded = fleet.map(|handle| handle.join().unwrap_or_else(|_| Err(anyhow!("loading the fleet failed"))));
         (read, loaded)
@@ -76,6 +81,9 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     if let (Some(path), Some(fleet)) = (options.fleet, loaded) {
         let fleet = fleet?;
         gates = gates.or(Some(fleet.gates));
+        for field in fleet.withheld_for.iter() {
+            inputs.dropped.insert(field);
+        }
         for node in fleet.nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             if let Some(dup) = inputs.nodes.iter().find(|n| n.object.metadata.name.as_deref() == Some(name.as_str())) {
@@ -84,11 +92,46 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
             inputs.nodes.push(inputs::Located { origin: path.display().to_string(), object: node });
         }
         for slice in &fleet.slices {
-            inputs.slices.add_slice(slice);
+            inputs.add_slice(slice, options.not_served);
         }
     }
     phases.mark("fleet");
+    note_dropped(inputs.dropped, note)?;
     simulate_inputs(inputs, options, &gates.unwrap_or_default(), phases, out, note)
+}
+
+/// Says once, for each field the simulated API server dropped from some
+/// slice, what that release does and how to simulate a cluster that has
+/// the gate on.
+fn note_dropped(dropped: NotServed, note: &mut impl Write) -> Result<()> {
+    let mut by_gate: Vec<(&str, Vec<GatedField>)> = Vec::new();
+    for field in dropped.iter() {
+        match by_gate.iter_mut().find(|(gate, _)| *gate == field.gate()) {
+            Some((_, fields)) => fields.push(field),
+            None => by_gate.push((field.gate(), vec![field])),
+        }
+    }
+    for (gate, fields) in by_gate {
+        let effect = match fields[0] {
+            GatedField::Taints => "the plugins leave faulty GPUs out (untainted, a claim could be given one)",
+            GatedField::AllowMultipleAllocations | GatedField::RequestPolicy => {
+                "a shared device is a whole device: one claim each"
+            }
+            GatedField::SharedCounters => "the plugins leave dynamic MIG devices out",
+            GatedField::BindingConditions | GatedField::ListAttributes | GatedField::NodeAllocatableResources => {
+                "the scheduler does not see it"
+            }
+        };
+        let names: Vec<&str> = fields.iter().map(|f| f.name()).collect();
+        writeln!(
+            note,
+            "note: this release's API server drops the ResourceSlice field{} {} ({gate} off): {effect}; \
+             simulated as such; if the cluster has the gate on, add --cluster-feature-gates {gate}=true",
+            if names.len() > 1 { "s" } else { "" },
+            names.join(", ")
+        )?;
+    }
+    Ok(())
 }
 
 /// Runs the simulation on objects already in memory (e.g. read from a live

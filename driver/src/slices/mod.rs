@@ -112,7 +112,7 @@ impl SliceBuilder {
     /// counters, dynamic MIG devices (whose overlapping placements only the
     /// counters keep apart) are.
     pub fn serving(mut self, not_served: &served::NotServed) -> Self {
-        self.not_served = not_served.clone();
+        self.not_served = *not_served;
         self
     }
 

@@ -10,7 +10,6 @@
 //! field meant (a taint that keeps a faulty GPU from being allocated) must
 //! be had another way.
 
-use std::collections::BTreeSet;
 use std::fmt;
 
 use k8s_openapi::api::resource::v1::{Device, ResourceSliceSpec};
@@ -178,9 +177,10 @@ impl fmt::Display for GatedField {
 }
 
 /// The gated fields a server drops: learned from its answers, or assumed
-/// from a release's default gates.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct NotServed(BTreeSet<GatedField>);
+/// from a release's gates. A set of [`GatedField::ALL`] as bits, so that it
+/// is `Copy` like the options that carry it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NotServed(u16);
 
 impl NotServed {
     /// Everything is served (the fields' gates are on).
@@ -190,35 +190,76 @@ impl NotServed {
 
     /// What Kubernetes 1.`minor` with its default gates drops.
     pub fn by_default_on(minor: u32) -> Self {
-        Self(
-            GatedField::ALL
-                .into_iter()
-                .filter(|f| f.served_by_default_from().is_none_or(|from| minor < from))
-                .collect(),
-        )
+        let mut out = Self::none();
+        for f in GatedField::ALL.into_iter().filter(|f| f.served_by_default_from().is_none_or(|from| minor < from)) {
+            out.insert(f);
+        }
+        out
+    }
+
+    /// What Kubernetes 1.`minor` drops with its default gates but for
+    /// `gates` (the API server's `--feature-gates`, e.g.
+    /// `DRADeviceTaints=true`); a gate that no field hangs on is refused,
+    /// naming those that do.
+    pub fn on_release(minor: u32, gates: &str) -> Result<Self, String> {
+        let mut out = Self::by_default_on(minor);
+        for item in gates.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let (name, value) = item.split_once('=').unwrap_or((item, "true"));
+            let on = match value.trim() {
+                "true" => true,
+                "false" => false,
+                other => return Err(format!("{name}={other}: a gate is true or false")),
+            };
+            let fields: Vec<GatedField> = GatedField::ALL.into_iter().filter(|f| f.gate() == name.trim()).collect();
+            if fields.is_empty() {
+                let mut known: Vec<&str> = GatedField::ALL.iter().map(|f| f.gate()).collect();
+                known.dedup();
+                return Err(format!(
+                    "{name:?} is not a gate that decides which ResourceSlice fields are served; use one of {}",
+                    known.join(", ")
+                ));
+            }
+            for f in fields {
+                if on {
+                    out.remove(f);
+                } else {
+                    out.insert(f);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn bit(field: GatedField) -> u16 {
+        let i = GatedField::ALL.iter().position(|f| *f == field).unwrap_or_default();
+        1 << i
     }
 
     pub fn contains(&self, field: GatedField) -> bool {
-        self.0.contains(&field)
+        self.0 & Self::bit(field) != 0
     }
 
     pub fn iter(&self) -> impl Iterator<Item = GatedField> + '_ {
-        self.0.iter().copied()
+        GatedField::ALL.into_iter().filter(|f| self.contains(*f))
     }
 
     pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        self.0 == 0
     }
 
     /// Records a field as dropped; whether that is news.
     pub fn insert(&mut self, field: GatedField) -> bool {
-        self.0.insert(field)
+        let news = !self.contains(field);
+        self.0 |= Self::bit(field);
+        news
     }
 
     /// Records a field as served again (the gate was turned on); whether
     /// that is news.
     pub fn remove(&mut self, field: GatedField) -> bool {
-        self.0.remove(&field)
+        let news = self.contains(field);
+        self.0 &= !Self::bit(field);
+        news
     }
 
     /// `spec` as such a server stores it when it does not yet use the
@@ -284,7 +325,9 @@ mod tests {
     #[test]
     fn a_dropped_taint_is_told_from_a_kept_one() {
         let sent = spec(vec![tainted("gpu-0"), Device { name: "gpu-1".into(), ..Default::default() }]);
-        let stored = NotServed(BTreeSet::from([GatedField::Taints])).strip(&sent);
+        let mut taints = NotServed::none();
+        taints.insert(GatedField::Taints);
+        let stored = taints.strip(&sent);
         assert!(stored.devices.iter().flatten().all(|d| d.taints.is_none()));
         assert_eq!(judge_write(&sent, &stored), WriteVerdict { dropped: vec![GatedField::Taints], served: vec![] });
         assert_eq!(judge_write(&sent, &sent), WriteVerdict { dropped: vec![], served: vec![GatedField::Taints] });
@@ -366,5 +409,24 @@ mod tests {
         assert_eq!(on(36), ["listAttributes", "nodeAllocatableResources"]);
         assert_eq!(on(37), on(36));
         assert_eq!(GatedField::Taints.gate(), "DRADeviceTaints");
+    }
+
+    #[test]
+    fn a_release_with_gates_turned_on_or_off() {
+        let stock = NotServed::on_release(34, "").unwrap();
+        assert_eq!(stock, NotServed::by_default_on(34));
+        assert!(stock.contains(GatedField::Taints) && stock.contains(GatedField::AllowMultipleAllocations));
+        let on = NotServed::on_release(34, "DRADeviceTaints=true, DRAConsumableCapacity").unwrap();
+        assert!(!on.contains(GatedField::Taints));
+        assert!(!on.contains(GatedField::AllowMultipleAllocations) && !on.contains(GatedField::RequestPolicy));
+        assert!(on.contains(GatedField::SharedCounters));
+        let off = NotServed::on_release(37, "DRADeviceTaints=false").unwrap();
+        assert_eq!(
+            off.iter().collect::<Vec<_>>(),
+            [GatedField::Taints, GatedField::ListAttributes, GatedField::NodeAllocatableResources]
+        );
+        let unknown = NotServed::on_release(34, "DynamicResourceAllocation=true").unwrap_err();
+        assert!(unknown.contains("DRADeviceTaints") && unknown.contains("DynamicResourceAllocation"), "{unknown}");
+        assert!(NotServed::on_release(34, "DRADeviceTaints=yes").unwrap_err().contains("true or false"));
     }
 }
