@@ -39,8 +39,8 @@ enum Command {
         kubernetes_version: u32,
     },
     /// Would these claims fit this fleet, which devices would they get, and
-    /// if not, why not. Reads ResourceSlices, DeviceClasses, ResourceClaims,
-    /// ResourceClaimTemplates, Pods and Nodes (other kinds are skipped with
+    /// if not, why not. Reads ResourceSlices, DeviceClasses, DeviceTaintRules,
+    /// ResourceClaims, ResourceClaimTemplates, Pods and Nodes (other kinds are skipped with
     /// a note); allocates claims in input order, a pod's claims together on
     /// one node, nodes tried in name order. Exits 0 when every input was
     /// understood, even if claims do not fit; 1 for malformed input.

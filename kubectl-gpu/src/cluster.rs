@@ -8,9 +8,12 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
+use gpu_dra_driver::allocator::TaintRule;
 use gpu_dra_driver::service::kube_client::{self, ApiTimeouts};
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::api::{Api, ListParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 
@@ -88,10 +91,26 @@ pub fn server_reason(error: &kube::Error, role: &str) -> String {
 /// other error with its causes.
 fn failed(error: kube::Error, doing: String) -> anyhow::Error {
     match error {
+        kube::Error::Api(ref status) if status.code == 404 => {
+            anyhow::Error::new(NotServed(format!("{doing}: {}", server_reason(&error, VIEWER_ROLE))))
+        }
         kube::Error::Api(_) => anyhow::anyhow!("{doing}: {}", server_reason(&error, VIEWER_ROLE)),
         other => anyhow::Error::new(other).context(doing),
     }
 }
+
+/// A list the server answered 404 (NotFound): it does not serve that
+/// resource (an older release), as opposed to failing.
+#[derive(Debug)]
+struct NotServed(String);
+
+impl std::fmt::Display for NotServed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NotServed {}
 
 /// Lists `api` a page of `limit` at a time, handing each page to `each`,
 /// which keeps what it needs; the page is then dropped. A server that
@@ -142,12 +161,33 @@ pub async fn each_slices_page(client: &kube::Client, each: impl FnMut(Vec<Resour
         .await
 }
 
+/// The cluster's DeviceTaintRules (`resource.k8s.io/v1`, served from
+/// 1.37; an older server's 404 means none). A rule that cannot be applied
+/// (no taint key) is left out: the API server refuses such rules.
+pub async fn taint_rules(client: &kube::Client) -> Result<Vec<TaintRule>> {
+    let api = Api::<DeviceTaintRule>::all(client.clone());
+    let mut rules = Vec::new();
+    let listed = each_page(&api, ListParams::default(), PAGE, "devicetaintrules", |page| {
+        rules.extend(page.iter().filter_map(|r| TaintRule::from_api(r).ok()));
+        Ok(())
+    })
+    .await;
+    match listed {
+        Ok(()) => Ok(rules),
+        Err(e) if e.downcast_ref::<NotServed>().is_some() => Ok(Vec::new()),
+        Err(e) => Err(e),
+    }
+}
+
 /// The cluster as simulate's input: slices, classes, nodes and every
 /// namespace's allocated claims (allocations anywhere take devices), but
 /// the claims whose keys are in `except` (kept for the caller). One list
 /// at a time, so at most one page is held.
 pub async fn read_for_simulate(client: &kube::Client, except: HashSet<String>) -> Result<ClusterInput> {
     let mut input = ClusterInput::new(except);
+    for rule in taint_rules(client).await? {
+        input.add_taint_rule(rule);
+    }
     each_slices_page(client, |page| input.add_slices(&page)).await?;
     let classes = Api::<DeviceClass>::all(client.clone());
     each_page(&classes, ListParams::default(), PAGE, "deviceclasses", |page| input.add_classes(&page)).await?;

@@ -87,6 +87,11 @@ impl ClusterInput {
         self.feed.add(manifest, &mut std::io::sink())
     }
 
+    /// Feeds a DeviceTaintRule: its taint is on the devices it names.
+    pub fn add_taint_rule(&mut self, rule: gpu_dra_driver::allocator::TaintRule) {
+        self.feed.add_taint_rule(rule);
+    }
+
     pub fn add_slices(&mut self, page: &[ResourceSlice]) -> Result<()> {
         page.iter().try_for_each(|s| self.add("ResourceSlice", s.metadata.name.as_deref().unwrap_or_default(), s))
     }

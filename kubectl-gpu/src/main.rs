@@ -120,7 +120,7 @@ async fn run(cli: Cli, connection: cluster::Connection, paint: Paint) -> Result<
                 Ok(())
             })
             .await?;
-            let mut summaries = nodes::Summaries::new(held);
+            let mut summaries = nodes::Summaries::new(held, cluster::taint_rules(client).await?);
             cluster::each_slices_page(client, |page| {
                 summaries.add(&page);
                 Ok(())

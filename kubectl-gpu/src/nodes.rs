@@ -4,8 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
+use gpu_dra_driver::allocator::TaintRule;
 use gpu_dra_driver::slices::attributes::name;
-use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 
 use crate::output::Cell;
@@ -72,12 +73,14 @@ impl Holdings {
 #[derive(Debug)]
 pub struct Summaries {
     held: Holdings,
+    /// The cluster's DeviceTaintRules: their taints count as the devices'.
+    rules: Vec<TaintRule>,
     nodes: BTreeMap<String, NodeSummary>,
 }
 
 impl Summaries {
-    pub fn new(held: Holdings) -> Self {
-        Summaries { held, nodes: BTreeMap::new() }
+    pub fn new(held: Holdings, rules: Vec<TaintRule>) -> Self {
+        Summaries { held, rules, nodes: BTreeMap::new() }
     }
 
     /// Counts one page of slices' devices.
@@ -102,8 +105,11 @@ impl Summaries {
                     Some(_) => summary.allocated += 1,
                 }
                 for t in d.taints.iter().flatten() {
-                    let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
-                    *summary.taints.entry(format!("{}{value}:{}", t.key, t.effect)).or_default() += 1;
+                    *summary.taints.entry(describe(t)).or_default() += 1;
+                }
+                for rule in self.rules.iter().filter(|r| r.matches(DRIVER, &s.spec.pool.name, &d.name)) {
+                    let shown = format!("{} (DeviceTaintRule {})", describe(&rule.taint), rule.name);
+                    *summary.taints.entry(shown).or_default() += 1;
                 }
             }
         }
@@ -113,6 +119,12 @@ impl Summaries {
     pub fn finish(self) -> Vec<NodeSummary> {
         self.nodes.into_values().collect()
     }
+}
+
+/// `key=value:Effect`, as kubectl prints taints.
+fn describe(t: &DeviceTaint) -> String {
+    let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
+    format!("{}{value}:{}", t.key, t.effect)
 }
 
 fn counts(map: &BTreeMap<String, usize>) -> String {
@@ -203,7 +215,13 @@ mod tests {
         let mut held = Holdings::default();
         held.add(&claims[..2]);
         held.add(&claims[2..]);
-        let mut summaries = Summaries::new(held);
+        let rule: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(json!({
+            "metadata": {"name": "drain-gpu-0"},
+            "spec": {"deviceSelector": {"driver": DRIVER, "pool": "node-a", "device": "gpu-0"},
+                     "taint": {"key": "example.com/maintenance", "effect": "NoExecute"}}
+        }))
+        .unwrap();
+        let mut summaries = Summaries::new(held, vec![TaintRule::from_api(&rule).unwrap()]);
         summaries.add(&[slice]);
         summaries.add(&[other]);
         let got = summaries.finish();
@@ -220,7 +238,7 @@ mod tests {
                 "1",
                 "1",
                 "3",
-                "gpu.nvidia.com/xid=79:NoSchedule (1)"
+                "example.com/maintenance:NoExecute (DeviceTaintRule drain-gpu-0) (1), gpu.nvidia.com/xid=79:NoSchedule (1)"
             ]]
         );
     }

@@ -467,3 +467,40 @@ fn the_charts_viewer_roles_are_exactly_what_it_calls() {
     assert!(unused.is_empty(), "the roles grant what kubectl gpu never does: {unused:#?}");
     assert!(calls.iter().any(|c| c.resource == "pods/proxy" && c.namespace.as_deref() == Some("gpu-dra-driver")));
 }
+
+/// An administrator's DeviceTaintRule (`resource.k8s.io/v1`, as 1.37
+/// serves it) taints the one free H100: `nodes` shows it with the rule's
+/// name, and `why` says the claim that would have had that GPU is kept out
+/// by the taint, as the scheduler would.
+#[test]
+fn device_taint_rules_are_shown_and_honoured() {
+    let server = cluster();
+    server
+        .create(&claim(
+            "one-h100",
+            "gpu.nvidia.com",
+            1,
+            Some(r#"device.attributes["gpu.nvidia.com"].productName.contains("H100")"#),
+        ))
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let why = |server: &ApiServer| -> Value {
+        serde_json::from_str(&stdout_ok(&kubectl_gpu_in(server, dir.path(), &["why", "one-h100", "-o", "json"])))
+            .unwrap()
+    };
+    assert_eq!(why(&server)["results"][0]["allocated"], true, "without the rule, gpu-7 is free");
+    let rule: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(json!({
+        "metadata": {"name": "drain-gpu-7"},
+        "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": H100_NODE, "device": "gpu-7"},
+                 "taint": {"key": "example.com/maintenance", "value": "fan", "effect": "NoSchedule"}}
+    }))
+    .unwrap();
+    server.create(&rule).unwrap();
+    let nodes = stdout_ok(&kubectl_gpu_in(&server, dir.path(), &["nodes"]));
+    let h100 = nodes.lines().find(|l| l.starts_with(H100_NODE)).unwrap_or_else(|| panic!("{nodes}"));
+    assert!(h100.contains("example.com/maintenance=fan:NoSchedule (DeviceTaintRule drain-gpu-7) (1)"), "{nodes}");
+    let result = why(&server);
+    assert_eq!(result["results"][0]["allocated"], false, "{result}");
+    let reason = result["results"][0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("example.com/maintenance=fan:NoSchedule"), "{reason}");
+}

@@ -85,3 +85,29 @@ fn a_faulty_gpu_is_never_given_on_stock_1_34() {
         assert_eq!(stderr.contains("drops the ResourceSlice field taints"), version == "1.34", "{version}: {stderr}");
     }
 }
+
+/// A DeviceTaintRule among the manifests (after the slices it names, as
+/// files come) keeps a claim off the device it taints.
+#[test]
+fn a_device_taint_rule_in_the_input_taints_what_it_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(&fleet, format!("nodes:\n  - name: dgx\n    inventory: {}\n", inventory.display())).unwrap();
+    let objects = dir.path().join("objects.yaml");
+    std::fs::write(
+        &objects,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: eight, namespace: default}\n\
+         spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: 8}}]}}\n---\n\
+         apiVersion: resource.k8s.io/v1\nkind: DeviceTaintRule\nmetadata: {name: drain-gpu-3}\n\
+         spec: {deviceSelector: {pool: dgx, device: gpu-3}, taint: {key: example.com/maintenance, effect: NoSchedule}}\n",
+    )
+    .unwrap();
+    let (out, stdout, stderr) =
+        simulate(&["-f", objects.to_str().unwrap(), "--fleet", fleet.to_str().unwrap(), "-o", "json"]);
+    assert!(out.status.success(), "{stderr}");
+    let results: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(results["results"][0]["allocated"], false, "{results}");
+    let reason = results["results"][0]["reason"].as_str().unwrap_or_default();
+    assert!(reason.contains("example.com/maintenance:NoSchedule"), "{reason}");
+}

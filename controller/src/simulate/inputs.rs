@@ -11,9 +11,12 @@ use std::io::Write;
 
 use anyhow::{Result, bail};
 use gpu_dra_driver::allocator::AllocatorBuilder;
+use gpu_dra_driver::allocator::TaintRule;
 use gpu_dra_driver::slices::served::NotServed;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, DeviceTaintRule, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 
@@ -183,6 +186,11 @@ impl Sorter {
         self.inputs
     }
 
+    /// Takes a DeviceTaintRule already read and checked.
+    pub fn add_taint_rule(&mut self, rule: TaintRule) {
+        self.inputs.slices.add_taint_rule(rule);
+    }
+
     /// Takes one object; notes a skipped kind on `note`.
     pub fn add(&mut self, m: Manifest, note: &mut impl Write) -> Result<()> {
         const RESOURCE: &str = "resource.k8s.io/v1";
@@ -192,7 +200,13 @@ impl Sorter {
         if workload_api.is_none()
             && !matches!(
                 kind.as_str(),
-                "ResourceSlice" | "DeviceClass" | "ResourceClaim" | "ResourceClaimTemplate" | "Pod" | "Node"
+                "ResourceSlice"
+                    | "DeviceClass"
+                    | "DeviceTaintRule"
+                    | "ResourceClaim"
+                    | "ResourceClaimTemplate"
+                    | "Pod"
+                    | "Node"
             )
         {
             writeln!(note, "{}: skipping {} {:?}: not used by simulate", m.origin, kind, m.name())?;
@@ -215,6 +229,11 @@ impl Sorter {
                 inputs.add_slice(&slice, self.not_served);
             }
             "DeviceClass" => inputs.classes.push(Located { origin, object: decode(m, RESOURCE)? }),
+            "DeviceTaintRule" => {
+                let rule: DeviceTaintRule = decode(m, RESOURCE)?;
+                let rule = TaintRule::from_api(&rule).map_err(|e| anyhow::anyhow!("{origin}: DeviceTaintRule: {e}"))?;
+                inputs.slices.add_taint_rule(rule);
+            }
             "ResourceClaim" => {
                 let mut object: ResourceClaim = decode(m, RESOURCE)?;
                 default_namespace(&mut object.metadata);

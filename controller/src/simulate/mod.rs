@@ -165,6 +165,11 @@ impl Feed {
         self.sorter.add(manifest, note)
     }
 
+    /// Takes a DeviceTaintRule already read (a live cluster's).
+    pub fn add_taint_rule(&mut self, rule: gpu_dra_driver::allocator::TaintRule) {
+        self.sorter.add_taint_rule(rule);
+    }
+
     /// Simulates what was fed. `options.fleet` must be `None`.
     pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
         if options.fleet.is_some() {

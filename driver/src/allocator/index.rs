@@ -280,6 +280,7 @@ pub(crate) struct Fleet {
 pub(crate) struct FleetBuilder {
     fleet: Fleet,
     grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>>,
+    taint_rules: Vec<super::TaintRule>,
 }
 
 impl FleetBuilder {
@@ -288,12 +289,22 @@ impl FleetBuilder {
     }
 
     pub(crate) fn add_slice(&mut self, slice: &ResourceSlice) {
-        let c = self.fleet.compactor.slice(slice, None);
+        let mut c = self.fleet.compactor.slice(slice, None);
+        for rule in &self.taint_rules {
+            taint(&mut c, rule);
+        }
         self.grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
     }
 
+    pub(crate) fn add_taint_rule(&mut self, rule: super::TaintRule) {
+        for slice in self.grouped.values_mut().flatten() {
+            taint(slice, &rule);
+        }
+        self.taint_rules.push(rule);
+    }
+
     pub(crate) fn finish(self) -> Fleet {
-        let FleetBuilder { mut fleet, grouped } = self;
+        let FleetBuilder { mut fleet, grouped, .. } = self;
         let devices: usize = grouped.values().flatten().map(|s| s.devices.len()).sum();
         fleet.signatures.reserve(devices);
         fleet.devices.reserve(devices);
@@ -306,6 +317,15 @@ impl FleetBuilder {
         fleet.refresh_node_names();
         fleet.recompute_views(None);
         fleet
+    }
+}
+
+/// Adds `rule`'s taint to the devices of `slice` it names.
+fn taint(slice: &mut CompactSlice, rule: &super::TaintRule) {
+    for d in &mut slice.devices {
+        if rule.matches(&slice.driver, &slice.pool, &d.name) {
+            d.extra.get_or_insert_with(Default::default).taints.push(rule.taint.clone());
+        }
     }
 }
 

@@ -68,6 +68,7 @@ mod search;
 mod selectors;
 mod share_id;
 mod state;
+mod taint_rules;
 mod taints;
 mod why;
 
@@ -82,6 +83,7 @@ pub use explain::{
     Wanted,
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
+pub use taint_rules::{TaintRule, TaintRuleError};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
@@ -147,6 +149,12 @@ impl AllocatorBuilder {
     /// Adds a Node (its labels steer node selectors).
     pub fn add_node(&mut self, node: &Node) {
         self.fleet.add_node(node);
+    }
+
+    /// Adds a DeviceTaintRule: its taint is on the devices it names, those
+    /// added before it and after.
+    pub fn add_taint_rule(&mut self, rule: TaintRule) {
+        self.fleet.add_taint_rule(rule);
     }
 
     /// How many slices were added.

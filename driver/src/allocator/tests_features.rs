@@ -73,6 +73,28 @@ fn taints_block_unless_tolerated_and_tolerations_are_copied() {
     assert_eq!(res.tolerations.as_deref(), Some(&[tolerate][..]));
 }
 
+#[test]
+fn device_taint_rules_taint_the_devices_they_name_whenever_they_come() {
+    let rule = |name: &str, device: &str| {
+        let api: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": DRIVER, "pool": "n1", "device": device},
+                     "taint": {"key": "example.com/maintenance", "value": name, "effect": "NoSchedule"}}
+        }))
+        .unwrap();
+        super::TaintRule::from_api(&api).unwrap()
+    };
+    let mut builder = super::Allocator::builder();
+    builder.add_taint_rule(rule("before", "gpu-0"));
+    builder.add_slice(&node_slice("n1", vec![gpu("gpu-0"), gpu("gpu-1"), gpu("gpu-2")]));
+    builder.add_taint_rule(rule("after", "gpu-1"));
+    let mut a = builder.build(&[gpu_class()]);
+    assert_eq!(picks(&one(&mut a, "n1", &claim("c", vec![request("r", "gpu", 1)])).unwrap()), pairs(&[("r", "gpu-2")]));
+    let e = unsatisfiable(one(&mut a, "n1", &claim("c", vec![request("r", "gpu", 2)])));
+    assert_eq!(e.requests[0].tainted.len(), 2, "{e}");
+    assert!(e.to_string().contains("example.com/maintenance=after:NoSchedule"), "{e}");
+}
+
 fn partitioned_gpu() -> Vec<ResourceSlice> {
     let set = counter_set("gpu-0", &[("memory", "80Gi"), ("slices", "8")]);
     let devices = vec![

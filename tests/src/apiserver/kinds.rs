@@ -84,6 +84,20 @@ pub static KINDS: &[Kind] = &[
         unconditional_update: true,
         fields: &[],
     },
+    // `pkg/registry/resource/devicetaintrule/strategy.go` (1.37, where
+    // v1 serves it): cluster-scoped, a status subresource, generation.
+    Kind {
+        group: "resource.k8s.io",
+        version: "v1",
+        plural: "devicetaintrules",
+        kind: "DeviceTaintRule",
+        namespaced: false,
+        status_subresource: true,
+        generation: true,
+        create_on_update: false,
+        unconditional_update: true,
+        fields: &[],
+    },
     Kind {
         group: "resource.k8s.io",
         version: "v1",
