@@ -118,13 +118,33 @@ pub async fn start_plugin_with_options(cluster: &Cluster, inventory_text: &str, 
             let selector = selector.clone();
             async move {
                 let list = slices.list(&ListParams::default().fields(&selector)).await.ok()?;
-                (!list.items.is_empty()).then_some(())
+                pools_complete(&list.items).then_some(())
             }
         },
         || plugin.process.log(),
     )
     .await;
     plugin
+}
+
+/// Whether `slices` are some and every pool among them is whole: as many
+/// slices at its newest generation as they say the pool has. A plugin
+/// writes a pool's slices one at a time (a GPU's counter set, its MIG
+/// devices); a test that reads after the first one saw half a pool under
+/// load (2 of 3 counter sets, a device missing).
+pub fn pools_complete(slices: &[ResourceSlice]) -> bool {
+    let mut newest: std::collections::BTreeMap<&str, (i64, i64, i64)> = std::collections::BTreeMap::new();
+    for s in slices {
+        let pool = &s.spec.pool;
+        let entry = newest.entry(pool.name.as_str()).or_insert((pool.generation, pool.resource_slice_count, 0));
+        if pool.generation > entry.0 {
+            *entry = (pool.generation, pool.resource_slice_count, 0);
+        }
+        if pool.generation == entry.0 {
+            entry.2 += 1;
+        }
+    }
+    !newest.is_empty() && newest.values().all(|(_, count, seen)| seen == count)
 }
 
 /// The controller on its own token (bound to a pod on `node`, as the
@@ -233,4 +253,26 @@ pub async fn device_attribute(cluster: &Cluster, pool: &str, device: &str, attri
 pub async fn device_capacity(cluster: &Cluster, pool: &str, device: &str, capacity: &str) -> Option<String> {
     let device = published_device(cluster, pool, device).await?;
     Some(device.capacity.as_ref()?.get(capacity)?.value.0.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slice(pool: &str, generation: i64, count: i64) -> ResourceSlice {
+        serde_json::from_value(json!({"metadata": {"name": format!("{pool}-{generation}")},
+            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+                     "pool": {"name": pool, "generation": generation, "resourceSliceCount": count}}}))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_pool_is_complete_when_its_newest_generation_has_all_its_slices() {
+        assert!(!pools_complete(&[]));
+        assert!(pools_complete(&[slice("n", 1, 1)]));
+        assert!(!pools_complete(&[slice("n", 1, 3), slice("n", 1, 3)]), "two of three");
+        assert!(pools_complete(&[slice("n", 1, 2), slice("n", 1, 2)]));
+        assert!(!pools_complete(&[slice("n", 1, 1), slice("n", 2, 2)]), "the newest generation has one of two");
+        assert!(!pools_complete(&[slice("n", 1, 1), slice("m", 1, 2)]), "every pool counts");
+    }
 }
