@@ -98,6 +98,22 @@ pub const V1_34: Release = Release {
     gates_on: false,
 };
 
+/// 1.35: as 1.34 (its DRA gates are still alpha), but the scheduler
+/// watches DeviceTaintRules only with DRADeviceTaintRules, a gate of its
+/// own, so DRADeviceTaints needs no alpha API.
+pub const V1_35: Release = Release {
+    minor: "1.35",
+    optional_gates: &["DRAConsumableCapacity", "DRADeviceTaints", "DRAExtendedResource", "DRAPartitionableDevices"],
+    optional_runtime_config: &[],
+    gates_on: false,
+};
+
+/// 1.36: consumable capacity, device taints, extended resources,
+/// partitionable devices and binding conditions are beta and on: its
+/// defaults are what our features use (as 1.37's).
+pub const V1_36: Release =
+    Release { minor: "1.36", optional_gates: &[], optional_runtime_config: &[], gates_on: false };
+
 /// 1.37: admin access, prioritized lists, device taints and extended
 /// resources are GA; partitionable devices and consumable capacity are
 /// beta and on: its defaults are what our features use, so there is no
