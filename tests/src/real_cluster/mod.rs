@@ -269,6 +269,11 @@ impl Cluster {
         self.admin.clone()
     }
 
+    /// The API server's address, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
     pub fn admin_kubeconfig(&self) -> &Path {
         &self.admin_kubeconfig
     }

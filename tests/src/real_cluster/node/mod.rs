@@ -223,6 +223,24 @@ impl RealNode {
         }
     }
 
+    /// Imports an image archive (`image/build.sh`'s) into the namespace
+    /// the CRI reads, as a user does with `ctr -n k8s.io images import`,
+    /// and checks that `name` is there.
+    pub fn import_image(&self, archive: &Path, name: &str) {
+        let archive = archive.display().to_string();
+        let out = self.ctr(&["-n", CRI_NAMESPACE, "images", "import", "--local", &archive]);
+        assert!(
+            out.status.success(),
+            "ctr images import {archive}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        let listed = self.ctr(&["-n", CRI_NAMESPACE, "images", "list", "-q"]);
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        assert!(listed.lines().any(|l| l == name), "{name} not imported from {archive}: {listed}");
+    }
+
     fn save_sysctls(&mut self) {
         for name in KUBELET_SYSCTLS {
             let path = Path::new("/proc/sys").join(name);
