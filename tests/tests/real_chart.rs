@@ -1,30 +1,40 @@
-//! The chart as users install it, its pods on a real node: the image
+//! The chart as users install it, its pods on two real nodes: the image
 //! `image/build.sh` writes (the binaries the other tests run, see
 //! `integration_tests::image`) imported into the node's containerd with
-//! `ctr -n k8s.io images import`, then `helm install` by the real `helm`
+//! `ctr -n k8s.io images import` on each, then `helm install` by the real `helm`
 //! (v4, `tests/kube-bins/helm`) with the README's "Try it on kind" values
-//! against the real 1.37 control plane. The real kubelet starts the
-//! plugin as the DaemonSet's pod and the controller as the Deployment's;
+//! against the real 1.37 control plane. The real kubelets start the
+//! plugin as the DaemonSet's pods and the controller as the Deployment's
+//! two replicas (one leads; the other takes over when it goes);
 //! the plugin registers from inside its container through the chart's
 //! host mounts and publishes its slices; the README's first claim runs in
 //! a real container with what our CDI spec gives it; an impossible claim
 //! gets the controller's explanation; the real API server calls the
 //! controller's webhook through the chart's Service.
 //!
-//! Network: the node has no CNI, so both workloads run on the host's
-//! network (`kubeletPlugin.hostNetwork`, `controller.hostNetwork`), their
-//! ports chosen by the test; they reach the API server on loopback
+//! The two nodes share this machine: each node's kubelet and containerd
+//! run in a mount namespace of their own where `/var/lib/kubelet` and
+//! `/var/run/cdi` are that node's (the chart mounts the same host paths on
+//! every node: its defaults are used as they are), and each has an
+//! address of its own on `lo` (`--node-ip`).
+//!
+//! Network: the nodes have no CNI, so both workloads run on the host's
+//! network (`kubeletPlugin.hostNetwork`, `controller.hostNetwork`), each
+//! pod listening on its node's address only (`$(POD_IP)`), on ports the
+//! test chooses; they reach the API server on loopback
 //! (`KUBERNETES_SERVICE_HOST`, through the chart's `env` values: there is
 //! no kube-proxy for the `kubernetes` Service), and the API server reaches
-//! the webhook at the node's address, which its EndpointSlice holds
+//! the webhook at a node's address, which its EndpointSlice holds
 //! (`--enable-aggregator-routing`). Nothing leaves the machine.
 //! Needs root, as `real_node` does.
 
+use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{self, NAMESPACE, RELEASE};
 use integration_tests::image::build_image;
 use integration_tests::real_cluster::driver::{eventually, yaml_documents};
+use integration_tests::real_cluster::host_address::HostAddress;
 use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, V1_37};
@@ -33,10 +43,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-const NODE: &str = "chart-node";
+const NODES: [&str; 2] = ["chart-node-a", "chart-node-b"];
 const CONTROLLER_LEASE: &str = "gpu-dra-controller";
 
 fn tmp_dir() -> PathBuf {
@@ -53,18 +63,15 @@ fn readme_install_command() -> Vec<String> {
     line.split_whitespace().map(str::to_string).collect()
 }
 
-/// The values the test adds to the README's: the node's kubelet and CDI
-/// directories, the host's network with ports of the test's, the API
-/// server on loopback, explanations without the default wait.
-fn test_values(cluster: &Cluster, node: &RealNode, [plugin_metrics, controller_metrics, webhook]: [u16; 3]) -> Value {
+/// The values the test adds to the README's: the host's network with
+/// ports of the test's, the API server on loopback, explanations without
+/// the default wait. The kubelet's and CDI's paths are the chart's own.
+fn test_values(cluster: &Cluster, [plugin_metrics, controller_metrics, webhook]: [u16; 3]) -> Value {
     let port = cluster.url().rsplit(':').next().unwrap().to_string();
     let api_server = json!([{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
                             {"name": "KUBERNETES_SERVICE_PORT", "value": port}]);
     json!({
-        "kubeletPlugin": {
-            "pluginsDir": node.plugins_dir(), "registryDir": node.registry_dir(), "cdiDir": node.cdi_dir(),
-            "hostNetwork": true, "metricsPort": plugin_metrics, "env": api_server,
-        },
+        "kubeletPlugin": {"hostNetwork": true, "metricsPort": plugin_metrics, "env": api_server},
         "controller": {
             "hostNetwork": true, "metricsPort": controller_metrics, "env": api_server, "explainAfter": "1s",
         },
@@ -74,7 +81,7 @@ fn test_values(cluster: &Cluster, node: &RealNode, [plugin_metrics, controller_m
 
 /// `helm install` as the README says, plus `-f` with the test's values:
 /// helm's output (NOTES.txt).
-fn helm_install(cluster: &Cluster, node: &RealNode, ports: [u16; 3], image_name: &str) -> String {
+fn helm_install(cluster: &Cluster, ports: [u16; 3], image_name: &str) -> String {
     let command = readme_install_command();
     assert_eq!(&command[..4], ["helm", "install", RELEASE, "charts/gpu-dra-driver"], "{command:?}");
     let chart = workspace_root().join("charts/gpu-dra-driver").display().to_string();
@@ -89,7 +96,7 @@ fn helm_install(cluster: &Cluster, node: &RealNode, ports: [u16; 3], image_name:
         }
     }
     let values = tmp_dir().join("values.json");
-    std::fs::write(&values, serde_json::to_vec(&test_values(cluster, node, ports)).unwrap()).unwrap();
+    std::fs::write(&values, serde_json::to_vec(&test_values(cluster, ports)).unwrap()).unwrap();
     args.extend(["--set".into(), format!("image.tag={tag}"), "-f".into(), values.display().to_string()]);
     args.extend(["--kubeconfig".into(), cluster.admin_kubeconfig().display().to_string()]);
     let borrowed: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -123,6 +130,10 @@ fn is_ready(pod: &Pod) -> bool {
 
 fn name(pod: &Pod) -> String {
     pod.metadata.name.clone().unwrap_or_default()
+}
+
+fn node_name(pod: &Pod) -> String {
+    pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
 
 /// The README's first claim ("Writing claims"): its template as written,
@@ -161,22 +172,33 @@ fn env_section(log: &str) -> Vec<&str> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_chart_installed_by_helm_runs_its_pods_on_a_real_node() {
+async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes() {
     if !rustix::process::geteuid().is_root() {
         panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
     }
     std::fs::create_dir_all(tmp_dir()).unwrap();
     let image = build_image(&tmp_dir().join("image"));
     let cluster = Cluster::start(V1_37).await;
-    let node = RealNode::start(&cluster, NODE).await;
-    node.import_image(&image.archive, &image.name);
+    // Each node's address: the benchmarking range, apart per process.
+    let pid = std::process::id();
+    let addresses: Vec<HostAddress> = (0..NODES.len() as u8)
+        .map(|i| HostAddress::add_to_loopback(Ipv4Addr::new(198, 19, (pid & 0xff) as u8, 10 + i)))
+        .collect();
+    let mut nodes = Vec::new();
+    for (name, address) in NODES.iter().zip(&addresses) {
+        let node = RealNode::start_own(&cluster, name, address.ip()).await;
+        node.import_image(&image.archive, &image.name);
+        nodes.push(node);
+    }
+    let node_of = |name: &str| nodes.iter().find(|n| n.name() == name).unwrap();
     let ports: [u16; 3] = integration_tests::ports::reserve();
-    let notes = helm_install(&cluster, &node, ports, &image.name);
+    let notes = helm_install(&cluster, ports, &image.name);
 
     let pod_logs = |component: &str, lines: usize| -> String {
-        let Ok(dir) = std::fs::read_dir(node.dir().join("pod-logs")) else { return String::new() };
         let mut text = String::new();
-        for entry in dir.flatten() {
+        for entry in
+            nodes.iter().flat_map(|n| std::fs::read_dir(n.dir().join("pod-logs")).into_iter().flatten().flatten())
+        {
             let folder = entry.file_name().to_string_lossy().into_owned();
             if folder.starts_with(&format!("{NAMESPACE}_{RELEASE}-{component}")) {
                 for file in walk(&entry.path()) {
@@ -190,61 +212,72 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_a_real_node() {
         format!(
             "{}\n{}\n---- plugin pods\n{}\n---- controller pods\n{}",
             cluster.logs(),
-            node.logs(),
+            nodes.iter().map(RealNode::logs).collect::<Vec<_>>().join("\n"),
             pod_logs("kubelet-plugin", 40),
             pod_logs("controller", 40)
         )
     };
 
-    // The plugin: the DaemonSet's pod runs and is ready on the node, and
-    // has registered with the kubelet and published the fake inventory.
-    let plugin = eventually(
-        "the plugin's pod to be ready",
-        || async { pods_of(&cluster, "kubelet-plugin").await.into_iter().find(is_ready) },
+    // The plugin: the DaemonSet's pod runs and is ready on each node, has
+    // registered with its kubelet and published the fake inventory.
+    let plugins = eventually(
+        "a ready plugin on each node",
+        || async {
+            let ready: Vec<Pod> = pods_of(&cluster, "kubelet-plugin").await.into_iter().filter(is_ready).collect();
+            (ready.len() == NODES.len()).then_some(ready)
+        },
         logs,
     )
     .await;
-    assert_eq!(plugin.spec.as_ref().unwrap().node_name.as_deref(), Some(NODE));
+    let mut on: Vec<String> = plugins.iter().map(node_name).collect();
+    on.sort();
+    assert_eq!(on, NODES, "one plugin per node");
     let slices: Api<ResourceSlice> = Api::all(cluster.admin());
-    let published = eventually(
-        "the plugin's slices",
-        || async {
-            let list = slices.list(&ListParams::default().fields(&format!("spec.nodeName={NODE}"))).await.ok()?;
-            let devices: usize = list.items.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
-            (devices > 0).then_some(devices)
-        },
-        logs,
-    )
-    .await;
-    assert_eq!(published, 8, "the README's fake inventory is eight H100s");
-    let registration = node.registry_dir().join("gpu.nvidia.com-reg.sock");
-    assert!(registration.exists(), "no registration socket {}\n{}", registration.display(), logs());
+    for node in &nodes {
+        let published = eventually(
+            "the plugin's slices",
+            || async {
+                let selector = format!("spec.nodeName={}", node.name());
+                let list = slices.list(&ListParams::default().fields(&selector)).await.ok()?;
+                let devices: usize = list.items.iter().map(|s| s.spec.devices.as_ref().map_or(0, Vec::len)).sum();
+                (devices > 0).then_some(devices)
+            },
+            logs,
+        )
+        .await;
+        assert_eq!(published, 8, "the README's fake inventory is eight H100s, on {}", node.name());
+        let registration = node.registry_dir().join("gpu.nvidia.com-reg.sock");
+        assert!(registration.exists(), "no registration socket {}\n{}", registration.display(), logs());
+    }
 
-    // The controller: both replicas of the Deployment exist; on one node
-    // with the host's network only one can run (the second would take the
-    // same ports: the scheduler keeps it Pending), and it holds the Lease.
+    // The controller: both replicas run, one on each node (their ports
+    // are their nodes'); one leads; when its pod is deleted, the other
+    // takes the Lease over.
     let controllers = eventually(
-        "a ready controller",
+        "two ready controllers",
         || async {
-            let pods = pods_of(&cluster, "controller").await;
-            (pods.len() == 2 && pods.iter().any(is_ready)).then_some(pods)
+            let ready: Vec<Pod> = pods_of(&cluster, "controller").await.into_iter().filter(is_ready).collect();
+            (ready.len() == 2).then_some(ready)
         },
         logs,
     )
     .await;
-    let running = controllers.iter().find(|p| is_ready(p)).map(name).unwrap();
+    assert_ne!(node_name(&controllers[0]), node_name(&controllers[1]), "the replicas share a node");
     let leases: Api<Lease> = Api::namespaced(cluster.admin(), NAMESPACE);
-    let holder = eventually(
-        "the controller's Lease",
-        || async { leases.get(CONTROLLER_LEASE).await.ok()?.spec?.holder_identity },
+    let holder = || async { leases.get(CONTROLLER_LEASE).await.ok()?.spec?.holder_identity };
+    let leader = eventually("the controller's Lease", holder, logs).await;
+    // The identity is the pod's name and a suffix of the process's.
+    let leads = |pod: &Pod, identity: &str| identity.starts_with(&format!("{}-", name(pod)));
+    let (leading, other): (Vec<&Pod>, Vec<&Pod>) = controllers.iter().partition(|p| leads(p, &leader));
+    assert_eq!((leading.len(), other.len()), (1, 1), "{leader} is not one of the replicas");
+    let pods_api: Api<Pod> = Api::namespaced(cluster.admin(), NAMESPACE);
+    pods_api.delete(&name(leading[0]), &DeleteParams::default()).await.unwrap();
+    eventually(
+        "the other replica to take the Lease over",
+        || async { holder().await.filter(|h| leads(other[0], h)) },
         logs,
     )
     .await;
-    // The identity is the pod's name and a suffix of the process's.
-    assert!(holder.starts_with(&format!("{running}-")), "{holder} is not the running replica {running}");
-    let pending: Vec<_> = controllers.iter().filter(|p| !is_ready(p)).collect();
-    let phase = |p: &Pod| p.status.as_ref().and_then(|s| s.phase.clone()).unwrap_or_default();
-    assert!(pending.iter().all(|p| phase(p) == "Pending"), "{pending:?}");
 
     // The webhook through the Service: an opaque config with a field
     // GpuConfig lacks is denied by the controller, called by the API
@@ -274,7 +307,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_a_real_node() {
     assert!(denial.contains(r#"admission webhook "resourceclaims.gpu.nvidia.com" denied the request"#), "{denial}");
 
     // The README's first claim in a real container: what CDI gave it.
-    let signal = node.dir().join("signal");
+    let signal = cluster.dir().join("signal");
     std::fs::create_dir_all(&signal).unwrap();
     let (template, pod) = readme_first_claim(&signal);
     create_all(&cluster.admin(), &[template, pod.clone()]).await.unwrap_or_else(|e| panic!("{e}"));
@@ -282,6 +315,9 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_a_real_node() {
     let pod_name = pod["metadata"]["name"].as_str().unwrap();
     let container = pod["spec"]["containers"][0]["name"].as_str().unwrap();
     let uid = pods.get(pod_name).await.unwrap().metadata.uid.unwrap();
+    let node =
+        eventually("the pod to be scheduled", || async { pods.get(pod_name).await.ok()?.spec?.node_name }, logs).await;
+    let node = node_of(&node);
     let log = eventually(
         "the container's report",
         || async {
@@ -300,7 +336,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_a_real_node() {
     let claim_uid = claim.metadata.uid.clone().unwrap();
     let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap();
     assert_eq!(results.len(), 1, "{results:?}");
-    assert_eq!(results[0].pool, NODE);
+    assert_eq!(results[0].pool, node.name());
     // The spec the plugin wrote from its container into the host's CDI
     // directory: every variable it sets is in the container's environment.
     let spec_path = node.cdi_dir().join(format!("k8s.gpu.nvidia.com-claim_{claim_uid}.json"));

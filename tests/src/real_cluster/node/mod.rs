@@ -68,8 +68,28 @@ pub struct RealNode {
     sysctls: Vec<(PathBuf, String)>,
     /// Of [`cleanup::FIXED_DIRS`], those that did not exist before the node.
     made_fixed_dirs: Vec<&'static Path>,
+    /// Set for a node in a mount namespace of its own ([`RealNode::start_own`]).
+    own: Option<OwnPaths>,
     dir: tempfile::TempDir,
 }
+
+/// A node whose kubelet and containerd run in a mount namespace of their
+/// own, where the kubelet's and CDI's usual paths are the node's
+/// directories: several such nodes on one machine each have
+/// `/var/lib/kubelet` and `/var/run/cdi`, as the chart's DaemonSet mounts
+/// them on every node; and an address of its own (`--node-ip`), which its
+/// host-network pods listen on.
+struct OwnPaths {
+    node_ip: std::net::Ipv4Addr,
+    /// `/var/run/cdi` when the node made it (the mount point in the
+    /// machine's namespace), removed on drop if empty.
+    made_cdi_mount_point: bool,
+}
+
+/// The kubelet's root directory and the CDI directory, as the chart's
+/// defaults name them, inside an own node's mount namespace.
+const OWN_KUBELET_ROOT: &str = "/var/lib/kubelet";
+const OWN_CDI_DIR: &str = "/var/run/cdi";
 
 impl RealNode {
     /// Starts containerd, imports the images, and starts the kubelet as
@@ -79,6 +99,19 @@ impl RealNode {
     /// read (its pods' claims). Returns once the Node object exists.
     /// Panics with the logs when something does not come up.
     pub async fn start(cluster: &Cluster, name: &str) -> Self {
+        Self::start_with(cluster, name, None).await
+    }
+
+    /// [`RealNode::start`] in a mount namespace of the node's own, at
+    /// `node_ip` (an address of this machine): see [`OwnPaths`]. The
+    /// kubelet's paths seen from the machine ([`RealNode::plugins_dir`],
+    /// [`RealNode::cdi_dir`]) are the node directory's as for any node.
+    pub async fn start_own(cluster: &Cluster, name: &str, node_ip: std::net::Ipv4Addr) -> Self {
+        let made_cdi_mount_point = !Path::new(OWN_CDI_DIR).exists();
+        Self::start_with(cluster, name, Some(OwnPaths { node_ip, made_cdi_mount_point })).await
+    }
+
+    async fn start_with(cluster: &Cluster, name: &str, own: Option<OwnPaths>) -> Self {
         let bins = node_binaries(cluster.release().minor);
         let dir = tempfile::Builder::new().prefix("real-node-").tempdir().expect("temporary directory");
         let mut node = Self {
@@ -88,12 +121,16 @@ impl RealNode {
             processes: Vec::new(),
             sysctls: Vec::new(),
             made_fixed_dirs: cleanup::FIXED_DIRS.iter().map(Path::new).filter(|d| !d.exists()).collect(),
+            own,
             dir,
         };
         for sub in
             ["cdi", "cni", "kubelet", "kubelet-pki", "pod-logs", "containerd-root", "containerd-state", "opt", "s"]
         {
             std::fs::create_dir_all(node.dir.path().join(sub)).expect("node directory");
+        }
+        if node.own.is_some() {
+            node.make_mount_namespace();
         }
         node.start_containerd();
         node.import_images();
@@ -174,10 +211,63 @@ impl RealNode {
         }
     }
 
+    /// Starts `program` in the node's mount namespace, if it has one.
     fn spawn(&mut self, name: &'static str, program: &Path, args: Vec<String>) {
         let log = self.dir.path().join(format!("{name}.log"));
-        let process = ControlPlaneProcess::spawn(name, program, &args, log).unwrap_or_else(|e| panic!("{e}"));
+        let (program, args) = match self.namespace() {
+            Some(ns) => {
+                let mut all = vec![format!("--mount={}", ns.display()), "--".into(), program.display().to_string()];
+                all.extend(args);
+                (PathBuf::from("nsenter"), all)
+            }
+            None => (program.to_path_buf(), args),
+        };
+        let process = ControlPlaneProcess::spawn(name, &program, &args, log).unwrap_or_else(|e| panic!("{e}"));
         self.processes.push(process);
+    }
+
+    /// `/proc/<holder>/ns/mnt` of an own node's namespace holder (the
+    /// first process, killed last).
+    fn namespace(&self) -> Option<PathBuf> {
+        let holder = self.processes.first().filter(|p| p.name() == "mount-namespace")?;
+        Some(PathBuf::from(format!("/proc/{}/ns/mnt", holder.pid())))
+    }
+
+    /// A process holding a new mount namespace (private propagation:
+    /// nothing mounted in it reaches the machine's), in which the node's
+    /// `kubelet` and `cdi` directories are bound onto the usual paths.
+    fn make_mount_namespace(&mut self) {
+        for point in [OWN_KUBELET_ROOT, OWN_CDI_DIR] {
+            std::fs::create_dir_all(point).unwrap_or_else(|e| panic!("mount point {point}: {e}"));
+        }
+        let log = self.dir.path().join("mount-namespace.log");
+        let args = ["--mount", "--propagation", "private", "sleep", "infinity"].map(String::from);
+        let holder = ControlPlaneProcess::spawn("mount-namespace", Path::new("unshare"), &args, log)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (ours, theirs) = (std::fs::read_link("/proc/self/ns/mnt").ok(), format!("/proc/{}/ns/mnt", holder.pid()));
+        self.processes.push(holder);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while std::fs::read_link(&theirs).ok() == ours {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "unshare made no mount namespace\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (from, onto) in [(self.kubelet_root(), OWN_KUBELET_ROOT), (self.cdi_dir(), OWN_CDI_DIR)] {
+            let out = Command::new("nsenter")
+                .arg(format!("--mount={theirs}"))
+                .args(["--", "mount", "--bind"])
+                .arg(&from)
+                .arg(onto)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("nsenter: {e}"));
+            assert!(
+                out.status.success(),
+                "binding {} onto {onto}: {}",
+                from.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     fn start_containerd(&mut self) {
@@ -268,11 +358,18 @@ impl RealNode {
         let args = vec![
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--root-dir={}", self.kubelet_root().display()),
+            match &self.own {
+                Some(_) => format!("--root-dir={OWN_KUBELET_ROOT}"),
+                None => format!("--root-dir={}", self.kubelet_root().display()),
+            },
             format!("--cert-dir={}", self.dir.path().join("kubelet-pki").display()),
             format!("--hostname-override={}", self.name),
             "--v=2".into(),
         ];
+        let mut args = args;
+        if let Some(own) = &self.own {
+            args.push(format!("--node-ip={}", own.node_ip));
+        }
         self.spawn("kubelet", &kubelet, args);
     }
 
@@ -322,6 +419,9 @@ impl Drop for RealNode {
         cleanup::unmount_under(self.dir.path());
         cleanup::remove_cgroups(&self.cgroup_root);
         cleanup::remove_fixed_paths(self.dir.path(), &self.made_fixed_dirs);
+        if self.own.as_ref().is_some_and(|o| o.made_cdi_mount_point) {
+            let _ = std::fs::remove_dir(OWN_CDI_DIR);
+        }
         for (path, value) in &self.sysctls {
             let _ = std::fs::write(path, value);
         }
