@@ -106,12 +106,13 @@ fn helm_install(cluster: &Cluster, ports: [u16; 3], image_name: &str) -> String 
     stdout
 }
 
-/// The `kubectl` commands NOTES.txt prints with nothing to fill in.
+/// The `kubectl` commands NOTES.txt prints, as words, without their
+/// trailing comments.
 fn notes_commands(notes: &str) -> Vec<Vec<String>> {
     notes
         .lines()
-        .map(str::trim)
-        .filter(|l| l.starts_with("kubectl ") && !l.contains('<'))
+        .map(|l| l.split(" # ").next().unwrap_or_default().trim())
+        .filter(|l| l.starts_with("kubectl "))
         .map(|l| l.split_whitespace().skip(1).map(str::to_string).collect())
         .collect()
 }
@@ -374,20 +375,34 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes() {
     .await;
     assert_eq!(event.reporting_controller.as_deref(), Some("gpu.nvidia.com/controller"));
 
-    // NOTES.txt's commands with nothing to fill in run, against this
-    // cluster, in a real kubectl.
+    // Every kubectl command NOTES.txt prints runs, against this cluster,
+    // in a real kubectl, with its placeholders filled in as a user would:
+    // the impossible claim, the first node, the plugin pod the command
+    // before printed. What a user reads there is there.
     let kubectl = helm::kubectl(Path::new(env!("CARGO_TARGET_TMPDIR")));
     let commands = notes_commands(&notes);
-    assert!(commands.len() >= 2, "{notes}");
+    assert_eq!(commands.len(), 6, "{notes}");
+    let mut fill =
+        vec![("<namespace>", "default".to_string()), ("<claim>", "eight-b200".into()), ("<node>", NODES[0].into())];
+    let mut printed = Vec::new();
     for command in commands {
         let mut args = vec!["--kubeconfig".to_string(), cluster.admin_kubeconfig().display().to_string()];
-        args.extend(command);
+        args.extend(command.iter().map(|word| fill.iter().fold(word.clone(), |w, (p, v)| w.replace(p, v))));
+        assert!(!args.iter().any(|a| a.contains('<')), "a placeholder the test does not know: {args:?}");
         let borrowed: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = run(&kubectl, &borrowed, None);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "kubectl {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "kubectl {args:?}: {stdout}{}\n{}", String::from_utf8_lossy(&out.stderr), logs());
         eprintln!("---- kubectl {}\n{stdout}", args[2..].join(" "));
+        if args.contains(&"name".to_string()) {
+            fill.push(("<plugin-pod>", stdout.trim().to_string()));
+        }
+        printed.push(stdout);
     }
+    let described = &printed[3];
+    assert!(described.contains("Unsatisfiable"), "describe shows no explanation: {described}");
+    let plugin_log = &printed[5];
+    assert!(plugin_log.contains("registered with the kubelet"), "{plugin_log}");
 
     // Neither workload met an error in its pod.
     for component in ["kubelet-plugin", "controller"] {

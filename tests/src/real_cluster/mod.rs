@@ -195,6 +195,9 @@ impl Cluster {
                 // Service-based webhook at an address of its EndpointSlices
                 // (buildServiceResolver: NewEndpointServiceResolver).
                 "--enable-aggregator-routing=true".into(),
+                // A test node's name resolves nowhere: the API server
+                // reaches a kubelet (`kubectl logs`) at its InternalIP.
+                "--kubelet-preferred-address-types=InternalIP".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
                 format!("--feature-gates={gates}"),

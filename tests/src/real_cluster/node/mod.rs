@@ -343,7 +343,11 @@ impl RealNode {
     fn start_kubelet(&mut self, cluster: &Cluster) {
         let [port, healthz] = crate::ports::reserve();
         let config = self.dir.path().join("kubelet.yaml");
+        // An own node's kubelet listens on its node's address, where the
+        // API server reaches it (`kubectl logs`).
+        let address = self.own.as_ref().map_or(std::net::IpAddr::from([127, 0, 0, 1]), |o| o.node_ip.into());
         let yaml = config::kubelet(&config::KubeletSettings {
+            address,
             containerd_socket: &self.containerd_socket(),
             cgroup_root: &self.cgroup_root,
             port,
