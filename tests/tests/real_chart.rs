@@ -3,7 +3,7 @@
 //! `integration_tests::image`) imported into the node's containerd with
 //! `ctr -n k8s.io images import` on each, then `helm install` by the real `helm`
 //! (v4, `tests/kube-bins/helm`) with the README's "Try it on kind" values
-//! against the real 1.37 control plane. The real kubelets start the
+//! against the real control plane (1.34 and 1.37). The real kubelets start the
 //! plugin as the DaemonSet's pods and the controller as the Deployment's
 //! two replicas (one leads; the other takes over when it goes);
 //! the plugin registers from inside its container through the chart's
@@ -32,12 +32,12 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{self, NAMESPACE, RELEASE};
-use integration_tests::image::build_image;
+use integration_tests::image::{BuiltImage, build_image};
 use integration_tests::real_cluster::driver::{eventually, yaml_documents};
 use integration_tests::real_cluster::host_address::HostAddress;
 use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
 use integration_tests::real_cluster::objects::create_all;
-use integration_tests::real_cluster::{Cluster, V1_37};
+use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::{helm_cli, run, workspace_root};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
@@ -51,6 +51,12 @@ const CONTROLLER_LEASE: &str = "gpu-dra-controller";
 
 fn tmp_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-chart")
+}
+
+/// The image, built once for every release's test.
+fn image() -> &'static BuiltImage {
+    static IMAGE: std::sync::OnceLock<BuiltImage> = std::sync::OnceLock::new();
+    IMAGE.get_or_init(|| build_image(&tmp_dir().join("image")))
 }
 
 /// The README's "Try it on kind" install command, as words.
@@ -95,12 +101,12 @@ fn helm_install(cluster: &Cluster, ports: [u16; 3], image_name: &str) -> String 
             *arg = format!("image.repository={repository}");
         }
     }
-    let values = tmp_dir().join("values.json");
+    let values = tmp_dir().join(format!("values-{}.json", cluster.release().minor));
     std::fs::write(&values, serde_json::to_vec(&test_values(cluster, ports)).unwrap()).unwrap();
     args.extend(["--set".into(), format!("image.tag={tag}"), "-f".into(), values.display().to_string()]);
     args.extend(["--kubeconfig".into(), cluster.admin_kubeconfig().display().to_string()]);
     let borrowed: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = helm_cli::run(&tmp_dir().join("helm-home"), &borrowed);
+    let out = helm_cli::run(&tmp_dir().join(format!("helm-home-{}", cluster.release().minor)), &borrowed);
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "helm {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
     stdout
@@ -172,18 +178,19 @@ fn env_section(log: &str) -> Vec<&str> {
     log.lines().skip_while(|l| *l != "== env").skip(1).take_while(|l| *l != "== end").collect()
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes() {
+async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Release) {
     if !rustix::process::geteuid().is_root() {
         panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
     }
     std::fs::create_dir_all(tmp_dir()).unwrap();
-    let image = build_image(&tmp_dir().join("image"));
-    let cluster = Cluster::start(V1_37).await;
-    // Each node's address: the benchmarking range, apart per process.
+    let image = image();
+    let cluster = Cluster::start(release).await;
+    // Each node's address: the benchmarking range, apart per process and
+    // release ("1.37": .74 and .75).
     let pid = std::process::id();
+    let minor: u8 = release.minor.trim_start_matches("1.").parse().unwrap();
     let addresses: Vec<HostAddress> = (0..NODES.len() as u8)
-        .map(|i| HostAddress::add_to_loopback(Ipv4Addr::new(198, 19, (pid & 0xff) as u8, 10 + i)))
+        .map(|i| HostAddress::add_to_loopback(Ipv4Addr::new(198, 19, (pid & 0xff) as u8, 2 * minor + i)))
         .collect();
     let mut nodes = Vec::new();
     for (name, address) in NODES.iter().zip(&addresses) {
@@ -435,3 +442,19 @@ fn tail(file: &Path, n: usize) -> String {
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
+
+macro_rules! on_release {
+    ($module:ident, $release:expr) => {
+        mod $module {
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread")]
+            async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes() {
+                super::the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes($release).await
+            }
+        }
+    };
+}
+
+on_release!(k8s_1_34, V1_34);
+on_release!(k8s_1_37, V1_37);

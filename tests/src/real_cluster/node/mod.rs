@@ -81,15 +81,46 @@ pub struct RealNode {
 /// host-network pods listen on.
 struct OwnPaths {
     node_ip: std::net::Ipv4Addr,
-    /// `/var/run/cdi` when the node made it (the mount point in the
-    /// machine's namespace), removed on drop if empty.
-    made_cdi_mount_point: bool,
 }
 
 /// The kubelet's root directory and the CDI directory, as the chart's
 /// defaults name them, inside an own node's mount namespace.
 const OWN_KUBELET_ROOT: &str = "/var/lib/kubelet";
 const OWN_CDI_DIR: &str = "/var/run/cdi";
+
+/// The mount points in the machine's namespace that own nodes bind onto,
+/// shared by every own node of this process: made (when absent) as the
+/// first starts, removed (if made here, and empty) when the last has
+/// gone. Removing one while a node is bound to it would detach that
+/// node's mounts (Linux detaches other namespaces' mounts on rmdir).
+struct OwnMountPoints {
+    live: usize,
+    made: Vec<&'static str>,
+}
+
+static OWN_MOUNT_POINTS: std::sync::Mutex<OwnMountPoints> =
+    std::sync::Mutex::new(OwnMountPoints { live: 0, made: Vec::new() });
+
+fn hold_own_mount_points() {
+    let mut points = OWN_MOUNT_POINTS.lock().unwrap_or_else(|e| e.into_inner());
+    if points.live == 0 {
+        points.made = [OWN_KUBELET_ROOT, OWN_CDI_DIR].into_iter().filter(|p| !Path::new(p).exists()).collect();
+    }
+    for point in [OWN_KUBELET_ROOT, OWN_CDI_DIR] {
+        std::fs::create_dir_all(point).unwrap_or_else(|e| panic!("mount point {point}: {e}"));
+    }
+    points.live += 1;
+}
+
+fn release_own_mount_points() {
+    let mut points = OWN_MOUNT_POINTS.lock().unwrap_or_else(|e| e.into_inner());
+    points.live = points.live.saturating_sub(1);
+    if points.live == 0 {
+        for point in std::mem::take(&mut points.made) {
+            let _ = std::fs::remove_dir(point);
+        }
+    }
+}
 
 impl RealNode {
     /// Starts containerd, imports the images, and starts the kubelet as
@@ -107,20 +138,30 @@ impl RealNode {
     /// kubelet's paths seen from the machine ([`RealNode::plugins_dir`],
     /// [`RealNode::cdi_dir`]) are the node directory's as for any node.
     pub async fn start_own(cluster: &Cluster, name: &str, node_ip: std::net::Ipv4Addr) -> Self {
-        let made_cdi_mount_point = !Path::new(OWN_CDI_DIR).exists();
-        Self::start_with(cluster, name, Some(OwnPaths { node_ip, made_cdi_mount_point })).await
+        Self::start_with(cluster, name, Some(OwnPaths { node_ip })).await
     }
 
     async fn start_with(cluster: &Cluster, name: &str, own: Option<OwnPaths>) -> Self {
         let bins = node_binaries(cluster.release().minor);
         let dir = tempfile::Builder::new().prefix("real-node-").tempdir().expect("temporary directory");
+        if own.is_some() {
+            // Released by the node's drop.
+            hold_own_mount_points();
+        }
         let mut node = Self {
             name: name.to_string(),
             bins,
             cgroup_root: format!("/gpu-dra-realnode-{}", unique()),
             processes: Vec::new(),
             sysctls: Vec::new(),
-            made_fixed_dirs: cleanup::FIXED_DIRS.iter().map(Path::new).filter(|d| !d.exists()).collect(),
+            // An own node's kubelet writes none of /var/lib/kubelet in the
+            // machine's namespace (its mount point is shared: see
+            // `OwnMountPoints`).
+            made_fixed_dirs: cleanup::FIXED_DIRS
+                .iter()
+                .map(Path::new)
+                .filter(|d| !d.exists() && (own.is_none() || !d.starts_with(OWN_KUBELET_ROOT)))
+                .collect(),
             own,
             dir,
         };
@@ -237,9 +278,6 @@ impl RealNode {
     /// nothing mounted in it reaches the machine's), in which the node's
     /// `kubelet` and `cdi` directories are bound onto the usual paths.
     fn make_mount_namespace(&mut self) {
-        for point in [OWN_KUBELET_ROOT, OWN_CDI_DIR] {
-            std::fs::create_dir_all(point).unwrap_or_else(|e| panic!("mount point {point}: {e}"));
-        }
         let log = self.dir.path().join("mount-namespace.log");
         let args = ["--mount", "--propagation", "private", "sleep", "infinity"].map(String::from);
         let holder = ControlPlaneProcess::spawn("mount-namespace", Path::new("unshare"), &args, log)
@@ -423,8 +461,8 @@ impl Drop for RealNode {
         cleanup::unmount_under(self.dir.path());
         cleanup::remove_cgroups(&self.cgroup_root);
         cleanup::remove_fixed_paths(self.dir.path(), &self.made_fixed_dirs);
-        if self.own.as_ref().is_some_and(|o| o.made_cdi_mount_point) {
-            let _ = std::fs::remove_dir(OWN_CDI_DIR);
+        if self.own.is_some() {
+            release_own_mount_points();
         }
         for (path, value) in &self.sysctls {
             let _ = std::fs::write(path, value);
