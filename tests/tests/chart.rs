@@ -39,6 +39,7 @@ fn outcomes() -> &'static BTreeMap<String, Outcome> {
             ("no-viewer-roles", json!({"kubectlGpu": {"viewerRoles": false}})),
             ("no-classes", json!({"deviceClasses": {"create": false}})),
             ("compute-domains", json!({"resources": {"computeDomains": {"enabled": true}}})),
+            ("host-network", json!({"kubeletPlugin": {"hostNetwork": true}, "controller": {"hostNetwork": true}})),
             (
                 "custom",
                 json!({
@@ -481,6 +482,35 @@ fn each_option_changes_what_it_says() {
 
     let (objects, _) = rendered(all, "no-classes");
     assert!(!objects.iter().any(|o| o["kind"] == "DeviceClass"));
+
+    // The node's network: each pod listens on its node's address only
+    // (test nodes sharing a host keep to their own), which the kubelet
+    // puts in $(POD_IP); by default, a pod network and every address.
+    let (objects, _) = rendered(all, "host-network");
+    for (kind, name, container_name, listens) in [
+        ("DaemonSet", "kubelet-plugin", "plugin", vec!["--metrics-addr=$(POD_IP):8080"]),
+        ("Deployment", "controller", "controller", vec!["--metrics-addr=$(POD_IP):8080", "--webhook-host=$(POD_IP)"]),
+    ] {
+        let workload = one(&objects, kind, name);
+        let spec = &workload["spec"]["template"]["spec"];
+        assert_eq!((&spec["hostNetwork"], &spec["dnsPolicy"]), (&json!(true), &json!("ClusterFirstWithHostNet")));
+        let c = container(workload, container_name);
+        for arg in listens {
+            assert!(args(c).contains(&arg.to_string()), "{name}: {:?}", args(c));
+        }
+        let pod_ip = c["env"].as_array().unwrap().iter().find(|e| e["name"] == "POD_IP").unwrap();
+        assert_eq!(pod_ip["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+    }
+    let (objects, _) = rendered(all, "default");
+    for (kind, name, container_name) in
+        [("DaemonSet", "kubelet-plugin", "plugin"), ("Deployment", "controller", "controller")]
+    {
+        let workload = one(&objects, kind, name);
+        assert!(workload["spec"]["template"]["spec"]["hostNetwork"].is_null(), "{name}");
+        let c = container(workload, container_name);
+        assert!(args(c).contains(&"--metrics-addr=0.0.0.0:8080".to_string()), "{name}: {:?}", args(c));
+        assert!(!args(c).iter().any(|a| a.starts_with("--webhook-host")), "{name}");
+    }
 }
 
 #[test]

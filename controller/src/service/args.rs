@@ -51,6 +51,11 @@ pub struct RunArgs {
     /// HTTPS port of the validating webhook; 0 disables it.
     #[arg(long, env = "WEBHOOK_PORT", default_value_t = 0)]
     pub webhook_port: u16,
+    /// Address the webhook listens on (default: every address). A pod on
+    /// its node's network gives its own (`$(POD_IP)`), so that replicas on
+    /// nodes sharing one host (test nodes) do not take each other's port.
+    #[arg(long, env = "WEBHOOK_HOST", default_value = "0.0.0.0")]
+    pub webhook_host: std::net::IpAddr,
     /// TLS certificate of the webhook (PEM), reloaded when it changes.
     #[arg(long, env = "TLS_CERT_FILE", value_name = "FILE")]
     pub tls_cert_file: Option<PathBuf>,
@@ -115,6 +120,16 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         run: RunArgs,
+    }
+
+    #[test]
+    fn the_webhook_listens_on_every_address_unless_given_one() {
+        let cli = Cli::try_parse_from(["c"]).unwrap();
+        assert_eq!(cli.run.webhook_host, std::net::IpAddr::from([0, 0, 0, 0]));
+        let cli = Cli::try_parse_from(["c", "--webhook-host=198.18.0.7"]).unwrap();
+        assert_eq!(cli.run.webhook_host, std::net::IpAddr::from([198, 18, 0, 7]));
+        let error = Cli::try_parse_from(["c", "--webhook-host=node-a"]).unwrap_err();
+        assert!(error.to_string().contains("--webhook-host"), "{error}");
     }
 
     #[test]

@@ -114,7 +114,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
                 "--webhook-port needs --tls-cert-file and --tls-key-file (the certificate the apiserver trusts)"
             );
         };
-        let config = webhook::WebhookConfig { addr: ([0, 0, 0, 0], args.webhook_port).into(), cert, key };
+        let config = webhook::WebhookConfig { addr: (args.webhook_host, args.webhook_port).into(), cert, key };
         kube_client::install_crypto_provider();
         let fleet = state.clone();
         let driver = args.driver_name.clone();

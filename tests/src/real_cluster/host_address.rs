@@ -43,6 +43,17 @@ impl HostAddress {
     }
 }
 
+impl HostAddress {
+    /// `ip` added to `lo` (a test node's address of its own: the
+    /// benchmarking range, 198.18.0.0/15), removed on drop; panics when
+    /// `ip addr add` fails (taken, or not root).
+    pub fn add_to_loopback(ip: Ipv4Addr) -> Self {
+        let status = Command::new("ip").args(["addr", "add", &format!("{ip}/32"), "dev", "lo"]).status();
+        assert!(status.as_ref().is_ok_and(|s| s.success()), "`ip addr add {ip}/32 dev lo` failed ({status:?})");
+        Self { ip, added: true }
+    }
+}
+
 impl Drop for HostAddress {
     fn drop(&mut self) {
         if self.added {

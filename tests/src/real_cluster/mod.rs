@@ -211,6 +211,9 @@ impl Cluster {
                 // Service-based webhook at an address of its EndpointSlices
                 // (buildServiceResolver: NewEndpointServiceResolver).
                 "--enable-aggregator-routing=true".into(),
+                // A test node's name resolves nowhere: the API server
+                // reaches a kubelet (`kubectl logs`) at its InternalIP.
+                "--kubelet-preferred-address-types=InternalIP".into(),
                 "--enable-priority-and-fairness=false".into(),
                 "--profiling=false".into(),
                 format!("--feature-gates={gates}"),
@@ -283,6 +286,11 @@ impl Cluster {
     /// The admin client (`system:masters`), for the test's own set-up calls.
     pub fn admin(&self) -> kube::Client {
         self.admin.clone()
+    }
+
+    /// The API server's address, `https://127.0.0.1:<port>`.
+    pub fn url(&self) -> &str {
+        &self.url
     }
 
     pub fn admin_kubeconfig(&self) -> &Path {

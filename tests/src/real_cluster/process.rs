@@ -38,6 +38,11 @@ impl ControlPlaneProcess {
         self.name
     }
 
+    /// The process's id (the leader of its group).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     /// `Some(description)` once the process has exited.
     pub fn exited(&mut self) -> Option<String> {
         self.child.try_wait().ok().flatten().map(|status| format!("{} exited: {status}", self.name))

@@ -77,6 +77,8 @@ disabled_plugins = ["io.containerd.nri.v1.nri", "io.containerd.snapshotter.v1.zf
 
 /// What the kubelet's configuration varies in.
 pub struct KubeletSettings<'a> {
+    /// The address its API listens on (loopback, or the node's own).
+    pub address: std::net::IpAddr,
     pub containerd_socket: &'a Path,
     pub cgroup_root: &'a str,
     pub port: u16,
@@ -99,7 +101,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: {cgroup_root}
 containerRuntimeEndpoint: unix://{socket}
 imageServiceEndpoint: unix://{socket}
-address: 127.0.0.1
+address: {address}
 port: {port}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -125,6 +127,7 @@ nodeStatusUpdateFrequency: 2s
 syncFrequency: 5s
 fileCheckFrequency: 5s
 ",
+        address = settings.address,
         cgroup_root = settings.cgroup_root,
         socket = settings.containerd_socket.display(),
         port = settings.port,

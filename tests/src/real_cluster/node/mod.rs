@@ -68,7 +68,58 @@ pub struct RealNode {
     sysctls: Vec<(PathBuf, String)>,
     /// Of [`cleanup::FIXED_DIRS`], those that did not exist before the node.
     made_fixed_dirs: Vec<&'static Path>,
+    /// Set for a node in a mount namespace of its own ([`RealNode::start_own`]).
+    own: Option<OwnPaths>,
     dir: tempfile::TempDir,
+}
+
+/// A node whose kubelet and containerd run in a mount namespace of their
+/// own, where the kubelet's and CDI's usual paths are the node's
+/// directories: several such nodes on one machine each have
+/// `/var/lib/kubelet` and `/var/run/cdi`, as the chart's DaemonSet mounts
+/// them on every node; and an address of its own (`--node-ip`), which its
+/// host-network pods listen on.
+struct OwnPaths {
+    node_ip: std::net::Ipv4Addr,
+}
+
+/// The kubelet's root directory and the CDI directory, as the chart's
+/// defaults name them, inside an own node's mount namespace.
+const OWN_KUBELET_ROOT: &str = "/var/lib/kubelet";
+const OWN_CDI_DIR: &str = "/var/run/cdi";
+
+/// The mount points in the machine's namespace that own nodes bind onto,
+/// shared by every own node of this process: made (when absent) as the
+/// first starts, removed (if made here, and empty) when the last has
+/// gone. Removing one while a node is bound to it would detach that
+/// node's mounts (Linux detaches other namespaces' mounts on rmdir).
+struct OwnMountPoints {
+    live: usize,
+    made: Vec<&'static str>,
+}
+
+static OWN_MOUNT_POINTS: std::sync::Mutex<OwnMountPoints> =
+    std::sync::Mutex::new(OwnMountPoints { live: 0, made: Vec::new() });
+
+fn hold_own_mount_points() {
+    let mut points = OWN_MOUNT_POINTS.lock().unwrap_or_else(|e| e.into_inner());
+    if points.live == 0 {
+        points.made = [OWN_KUBELET_ROOT, OWN_CDI_DIR].into_iter().filter(|p| !Path::new(p).exists()).collect();
+    }
+    for point in [OWN_KUBELET_ROOT, OWN_CDI_DIR] {
+        std::fs::create_dir_all(point).unwrap_or_else(|e| panic!("mount point {point}: {e}"));
+    }
+    points.live += 1;
+}
+
+fn release_own_mount_points() {
+    let mut points = OWN_MOUNT_POINTS.lock().unwrap_or_else(|e| e.into_inner());
+    points.live = points.live.saturating_sub(1);
+    if points.live == 0 {
+        for point in std::mem::take(&mut points.made) {
+            let _ = std::fs::remove_dir(point);
+        }
+    }
 }
 
 impl RealNode {
@@ -79,21 +130,48 @@ impl RealNode {
     /// read (its pods' claims). Returns once the Node object exists.
     /// Panics with the logs when something does not come up.
     pub async fn start(cluster: &Cluster, name: &str) -> Self {
+        Self::start_with(cluster, name, None).await
+    }
+
+    /// [`RealNode::start`] in a mount namespace of the node's own, at
+    /// `node_ip` (an address of this machine): see [`OwnPaths`]. The
+    /// kubelet's paths seen from the machine ([`RealNode::plugins_dir`],
+    /// [`RealNode::cdi_dir`]) are the node directory's as for any node.
+    pub async fn start_own(cluster: &Cluster, name: &str, node_ip: std::net::Ipv4Addr) -> Self {
+        Self::start_with(cluster, name, Some(OwnPaths { node_ip })).await
+    }
+
+    async fn start_with(cluster: &Cluster, name: &str, own: Option<OwnPaths>) -> Self {
         let bins = node_binaries(cluster.release().minor);
         let dir = tempfile::Builder::new().prefix("real-node-").tempdir().expect("temporary directory");
+        if own.is_some() {
+            // Released by the node's drop.
+            hold_own_mount_points();
+        }
         let mut node = Self {
             name: name.to_string(),
             bins,
             cgroup_root: format!("/gpu-dra-realnode-{}", unique()),
             processes: Vec::new(),
             sysctls: Vec::new(),
-            made_fixed_dirs: cleanup::FIXED_DIRS.iter().map(Path::new).filter(|d| !d.exists()).collect(),
+            // An own node's kubelet writes none of /var/lib/kubelet in the
+            // machine's namespace (its mount point is shared: see
+            // `OwnMountPoints`).
+            made_fixed_dirs: cleanup::FIXED_DIRS
+                .iter()
+                .map(Path::new)
+                .filter(|d| !d.exists() && (own.is_none() || !d.starts_with(OWN_KUBELET_ROOT)))
+                .collect(),
+            own,
             dir,
         };
         for sub in
             ["cdi", "cni", "kubelet", "kubelet-pki", "pod-logs", "containerd-root", "containerd-state", "opt", "s"]
         {
             std::fs::create_dir_all(node.dir.path().join(sub)).expect("node directory");
+        }
+        if node.own.is_some() {
+            node.make_mount_namespace();
         }
         node.start_containerd();
         node.import_images();
@@ -174,10 +252,60 @@ impl RealNode {
         }
     }
 
+    /// Starts `program` in the node's mount namespace, if it has one.
     fn spawn(&mut self, name: &'static str, program: &Path, args: Vec<String>) {
         let log = self.dir.path().join(format!("{name}.log"));
-        let process = ControlPlaneProcess::spawn(name, program, &args, log).unwrap_or_else(|e| panic!("{e}"));
+        let (program, args) = match self.namespace() {
+            Some(ns) => {
+                let mut all = vec![format!("--mount={}", ns.display()), "--".into(), program.display().to_string()];
+                all.extend(args);
+                (PathBuf::from("nsenter"), all)
+            }
+            None => (program.to_path_buf(), args),
+        };
+        let process = ControlPlaneProcess::spawn(name, &program, &args, log).unwrap_or_else(|e| panic!("{e}"));
         self.processes.push(process);
+    }
+
+    /// `/proc/<holder>/ns/mnt` of an own node's namespace holder (the
+    /// first process, killed last).
+    fn namespace(&self) -> Option<PathBuf> {
+        let holder = self.processes.first().filter(|p| p.name() == "mount-namespace")?;
+        Some(PathBuf::from(format!("/proc/{}/ns/mnt", holder.pid())))
+    }
+
+    /// A process holding a new mount namespace (private propagation:
+    /// nothing mounted in it reaches the machine's), in which the node's
+    /// `kubelet` and `cdi` directories are bound onto the usual paths.
+    fn make_mount_namespace(&mut self) {
+        let log = self.dir.path().join("mount-namespace.log");
+        let args = ["--mount", "--propagation", "private", "sleep", "infinity"].map(String::from);
+        let holder = ControlPlaneProcess::spawn("mount-namespace", Path::new("unshare"), &args, log)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (ours, theirs) = (std::fs::read_link("/proc/self/ns/mnt").ok(), format!("/proc/{}/ns/mnt", holder.pid()));
+        self.processes.push(holder);
+        let deadline = Instant::now() + START_TIMEOUT;
+        while std::fs::read_link(&theirs).ok() == ours {
+            self.assert_running();
+            assert!(Instant::now() < deadline, "unshare made no mount namespace\n{}", self.logs());
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for (from, onto) in [(self.kubelet_root(), OWN_KUBELET_ROOT), (self.cdi_dir(), OWN_CDI_DIR)] {
+            let out = Command::new("nsenter")
+                .arg(format!("--mount={theirs}"))
+                .args(["--", "mount", "--bind"])
+                .arg(&from)
+                .arg(onto)
+                .stdin(Stdio::null())
+                .output()
+                .unwrap_or_else(|e| panic!("nsenter: {e}"));
+            assert!(
+                out.status.success(),
+                "binding {} onto {onto}: {}",
+                from.display(),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
     }
 
     fn start_containerd(&mut self) {
@@ -223,6 +351,24 @@ impl RealNode {
         }
     }
 
+    /// Imports an image archive (`image/build.sh`'s) into the namespace
+    /// the CRI reads, as a user does with `ctr -n k8s.io images import`,
+    /// and checks that `name` is there.
+    pub fn import_image(&self, archive: &Path, name: &str) {
+        let archive = archive.display().to_string();
+        let out = self.ctr(&["-n", CRI_NAMESPACE, "images", "import", "--local", &archive]);
+        assert!(
+            out.status.success(),
+            "ctr images import {archive}: {}{}\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.logs()
+        );
+        let listed = self.ctr(&["-n", CRI_NAMESPACE, "images", "list", "-q"]);
+        let listed = String::from_utf8_lossy(&listed.stdout);
+        assert!(listed.lines().any(|l| l == name), "{name} not imported from {archive}: {listed}");
+    }
+
     fn save_sysctls(&mut self) {
         for name in KUBELET_SYSCTLS {
             let path = Path::new("/proc/sys").join(name);
@@ -235,7 +381,11 @@ impl RealNode {
     fn start_kubelet(&mut self, cluster: &Cluster) {
         let [port, healthz] = crate::ports::reserve();
         let config = self.dir.path().join("kubelet.yaml");
+        // An own node's kubelet listens on its node's address, where the
+        // API server reaches it (`kubectl logs`).
+        let address = self.own.as_ref().map_or(std::net::IpAddr::from([127, 0, 0, 1]), |o| o.node_ip.into());
         let yaml = config::kubelet(&config::KubeletSettings {
+            address,
             containerd_socket: &self.containerd_socket(),
             cgroup_root: &self.cgroup_root,
             port,
@@ -250,11 +400,18 @@ impl RealNode {
         let args = vec![
             format!("--config={}", config.display()),
             format!("--kubeconfig={}", kubeconfig.display()),
-            format!("--root-dir={}", self.kubelet_root().display()),
+            match &self.own {
+                Some(_) => format!("--root-dir={OWN_KUBELET_ROOT}"),
+                None => format!("--root-dir={}", self.kubelet_root().display()),
+            },
             format!("--cert-dir={}", self.dir.path().join("kubelet-pki").display()),
             format!("--hostname-override={}", self.name),
             "--v=2".into(),
         ];
+        let mut args = args;
+        if let Some(own) = &self.own {
+            args.push(format!("--node-ip={}", own.node_ip));
+        }
         self.spawn("kubelet", &kubelet, args);
     }
 
@@ -304,6 +461,9 @@ impl Drop for RealNode {
         cleanup::unmount_under(self.dir.path());
         cleanup::remove_cgroups(&self.cgroup_root);
         cleanup::remove_fixed_paths(self.dir.path(), &self.made_fixed_dirs);
+        if self.own.is_some() {
+            release_own_mount_points();
+        }
         for (path, value) in &self.sysctls {
             let _ = std::fs::write(path, value);
         }
