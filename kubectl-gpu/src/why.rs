@@ -68,10 +68,18 @@ pub fn pod_for_simulate(pod: &Pod) -> (Pod, Vec<String>) {
 }
 
 /// What `why` found: the pod (if asked about one) and its claims' outcomes.
+/// `results` is simulate's answer for the cluster as it is now; `pending`
+/// names the claims the cluster itself has not allocated (or not made
+/// yet), so that a claim that would fit is not told as allocated.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
 pub struct Answer {
     pub pod: Option<String>,
     pub results: Vec<Outcome>,
+    pub pending: Vec<String>,
+}
+
+fn allocated_in_cluster(claim: &ResourceClaim) -> bool {
+    claim.status.as_ref().is_some_and(|s| s.allocation.is_some())
 }
 
 /// Simulates one claim against the cluster (read without it: its key
@@ -80,7 +88,8 @@ pub fn why_claim(mut cluster: ClusterInput, claim: &ResourceClaim) -> Result<Ans
     let key = claim_key(claim);
     cluster.add("ResourceClaim", &key, claim)?;
     let results = cluster.simulate()?.into_iter().filter(|o| o.key() == key).collect();
-    Ok(Answer { pod: None, results })
+    let pending = if allocated_in_cluster(claim) { Vec::new() } else { vec![key] };
+    Ok(Answer { pod: None, results, pending })
 }
 
 /// The keys of the claims a pod's claims are (or will be): what
@@ -101,9 +110,12 @@ pub fn why_pod(mut cluster: ClusterInput, pod: &Pod, templates: &[ResourceClaimT
     if keys.is_empty() {
         bail!("pod {pod_key} has no resourceClaims: it asks for no devices");
     }
-    for c in &cluster.take_kept() {
+    let kept = cluster.take_kept();
+    for c in &kept {
         cluster.add("ResourceClaim", &claim_key(c), c)?;
     }
+    let allocated: HashSet<String> = kept.iter().filter(|c| allocated_in_cluster(c)).map(claim_key).collect();
+    let pending = keys.iter().filter(|k| !allocated.contains(*k)).cloned().collect();
     let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
     let uses_template = |name: &str| {
         pod.spec
@@ -119,7 +131,7 @@ pub fn why_pod(mut cluster: ClusterInput, pod: &Pod, templates: &[ResourceClaimT
     }
     cluster.add("Pod", &pod_key, &pod)?;
     let results = cluster.simulate()?.into_iter().filter(|o| keys.contains(&o.key())).collect();
-    Ok(Answer { pod: Some(pod_key), results })
+    Ok(Answer { pod: Some(pod_key), results, pending })
 }
 
 /// The human answer: one line per claim.
@@ -130,7 +142,14 @@ pub fn render(answer: &Answer, paint: &crate::output::Paint) -> String {
     }
     let indent = if answer.pod.is_some() { "  " } else { "" };
     for o in &answer.results {
+        let pending = answer.pending.contains(&o.key());
         let line = match (&o.reason, o.allocated) {
+            (_, true) if pending => format!(
+                "{}: it would fit now on {}: {} (simulated on the cluster as it is; the scheduler allocates it when it next tries)",
+                paint.red("not allocated yet"),
+                escape(o.node.as_deref().unwrap_or("(any node its selector admits)")),
+                escape(&explain::devices(o.allocation.as_ref(), o.node.as_deref()))
+            ),
             (_, true) => format!(
                 "{} on {}: {}",
                 paint.green("allocated"),
@@ -178,5 +197,27 @@ mod tests {
         assert_eq!(entries[0].resource_claim_name.as_deref(), Some("p-gpu-x7k2"));
         assert_eq!(entries[0].resource_claim_template_name, None);
         assert_eq!(entries[1].resource_claim_template_name.as_deref(), Some("t"));
+    }
+
+    #[test]
+    fn a_claim_the_cluster_has_not_allocated_is_not_told_as_allocated() {
+        let outcome = Outcome {
+            namespace: Some("default".into()),
+            name: Some("c".into()),
+            allocated: true,
+            node: Some("kind-worker".into()),
+            allocation: None,
+            error: false,
+            reason: None,
+        };
+        let paint = crate::output::Paint { enabled: false };
+        let pending = Answer { pod: None, results: vec![outcome.clone()], pending: vec!["default/c".into()] };
+        let text = render(&pending, &paint);
+        assert!(
+            text.starts_with("ResourceClaim default/c: not allocated yet: it would fit now on kind-worker"),
+            "{text}"
+        );
+        let allocated = Answer { pod: None, results: vec![outcome], pending: vec![] };
+        assert!(render(&allocated, &paint).starts_with("ResourceClaim default/c: allocated on kind-worker"));
     }
 }

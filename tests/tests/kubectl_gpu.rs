@@ -489,6 +489,10 @@ fn device_taint_rules_are_shown_and_honoured() {
             .unwrap()
     };
     assert_eq!(why(&server)["results"][0]["allocated"], true, "without the rule, gpu-7 is free");
+    // The cluster has not allocated it: that is said, apart from what would fit.
+    let text = stdout_ok(&kubectl_gpu_in(&server, dir.path(), &["why", "one-h100"]));
+    assert!(text.contains("not allocated yet: it would fit now on"), "{text}");
+    assert_eq!(why(&server)["pending"], json!(["default/one-h100"]));
     let rule: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(json!({
         "metadata": {"name": "drain-gpu-7"},
         "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": H100_NODE, "device": "gpu-7"},
