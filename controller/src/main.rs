@@ -188,6 +188,7 @@ fn main() -> ExitCode {
                 // DRAExtendedResource: alpha (off) in 1.34 and 1.35, on from 1.36.
                 extended_resources: *kubernetes_version >= 36,
                 gates: *feature_gates,
+                source: simulate::Source::Files,
                 not_served: match not_served(*kubernetes_version, cluster_feature_gates) {
                     Ok(not_served) => not_served,
                     Err(error) => {

@@ -165,6 +165,7 @@ fn options() -> simulate::Options<'static> {
         gates: Some(Gate::ALL.into_iter().fold(FeatureGates::default(), |gates, gate| gates.with(gate, true))),
         // Slices read from the cluster are as its API server stored them.
         not_served: Default::default(),
+        source: simulate::Source::Cluster,
     }
 }
 

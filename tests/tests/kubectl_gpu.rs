@@ -508,3 +508,18 @@ fn device_taint_rules_are_shown_and_honoured() {
     let reason = result["results"][0]["reason"].as_str().unwrap_or_default();
     assert!(reason.contains("example.com/maintenance=fan:NoSchedule"), "{reason}");
 }
+
+/// A claim naming a class the cluster lacks: `why` says the cluster has no
+/// such class and how to fix that there, not to pass a file with `-f`
+/// (which `why` does not take).
+#[test]
+fn why_says_the_cluster_lacks_a_class_not_to_pass_a_file() {
+    let server = cluster();
+    server.create(&claim("on-tpu", "tpu.example.com", 1, None)).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let out = kubectl_gpu_in(&server, dir.path(), &["why", "on-tpu"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(text.contains("the cluster has no DeviceClass \"tpu.example.com\""), "{text}");
+    assert!(text.contains("fix: correct deviceClassName, or create the DeviceClass in the cluster"), "{text}");
+    assert!(!text.contains("-f"), "{text}");
+}

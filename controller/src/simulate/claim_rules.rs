@@ -47,7 +47,7 @@ fn err(field: impl Into<String>, problem: impl Into<String>) -> RuleError {
 pub fn check(
     spec: Option<&ResourceClaimSpec>,
     prefix: &str,
-    class_exists: &dyn Fn(&str) -> bool,
+    class_missing: &dyn Fn(&str) -> Option<String>,
 ) -> Result<(), RuleError> {
     let Some(devices) = spec.and_then(|s| s.devices.as_ref()) else {
         return Ok(());
@@ -71,7 +71,7 @@ pub fn check(
         match (&r.exactly, &r.first_available) {
             (Some(e), None) => {
                 let field = format!("{field}.exactly");
-                check_class(&e.device_class_name, &field, class_exists)?;
+                check_class(&e.device_class_name, &field, class_missing)?;
                 check_mode(e.allocation_mode.as_deref(), e.count, &field)?;
                 check_selectors(e.selectors.as_deref(), &field)?;
             }
@@ -92,7 +92,7 @@ pub fn check(
                         return Err(err(format!("{field}.name"), format!("duplicate subrequest name {:?}", s.name)));
                     }
                     known.insert(format!("{}/{}", r.name, s.name));
-                    check_class(&s.device_class_name, &field, class_exists)?;
+                    check_class(&s.device_class_name, &field, class_missing)?;
                     check_mode(s.allocation_mode.as_deref(), s.count, &field)?;
                     check_selectors(s.selectors.as_deref(), &field)?;
                 }
@@ -135,19 +135,16 @@ pub fn check(
     Ok(())
 }
 
-fn check_class(name: &str, field: &str, class_exists: &dyn Fn(&str) -> bool) -> Result<(), RuleError> {
+fn check_class(name: &str, field: &str, class_missing: &dyn Fn(&str) -> Option<String>) -> Result<(), RuleError> {
     let field = format!("{field}.deviceClassName");
     if name.is_empty() {
         return Err(err(field, "required"));
     }
     check_dns1123_subdomain(name).map_err(|e| err(&field, format!("{name:?}: {e}")))?;
-    if !class_exists(name) {
-        return Err(err(
-            field,
-            format!("DeviceClass {name:?} is not among the inputs; pass it with -f (e.g. -f deviceclasses/)"),
-        ));
+    match class_missing(name) {
+        Some(problem) => Err(err(field, problem)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// Defaulting first (`ExactCount`; count 0 becomes 1, as Go cannot tell an
@@ -208,7 +205,7 @@ mod tests {
 
     fn check_yaml(yaml: &str) -> Result<(), RuleError> {
         let spec: ResourceClaimSpec = serde_yaml_ng::from_str(yaml).unwrap();
-        check(Some(&spec), "spec", &|c| c == "gpu.nvidia.com")
+        check(Some(&spec), "spec", &|c| (c != "gpu.nvidia.com").then(|| format!("DeviceClass {c:?} is missing")))
     }
 
     #[test]

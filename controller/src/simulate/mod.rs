@@ -59,6 +59,34 @@ pub struct Options<'a> {
     /// The slice fields the simulated release's API server drops (its
     /// gates off): left out of every slice, as that server stores them.
     pub not_served: NotServed,
+    /// Where the objects came from, for the fix an error names.
+    pub source: Source,
+}
+
+/// Where simulate's objects came from: files the user names with `-f`, or
+/// a live cluster (`kubectl gpu`), where a missing object is fixed in the
+/// cluster, not on a command line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Source {
+    #[default]
+    Files,
+    Cluster,
+}
+
+impl Source {
+    /// `kind` `name` (a namespace/name key, or a class name) is missing: what
+    /// to say, and the fix (`field` is the reference to correct).
+    pub fn missing(self, kind: &str, name: &str, field: &str) -> String {
+        match self {
+            Source::Files => {
+                let example = if kind == "DeviceClass" { " (e.g. -f deviceclasses/)" } else { "" };
+                format!("{kind} {name} is not among the inputs; fix: pass it with -f{example} or correct {field}")
+            }
+            Source::Cluster => {
+                format!("the cluster has no {kind} {name}; fix: correct {field}, or create the {kind} in the cluster")
+            }
+        }
+    }
 }
 
 /// Runs the simulation. Returns an error (exit 1) for input that cannot be
@@ -208,7 +236,12 @@ fn simulate_inputs(
         enabled: options.extended_resources,
         classes: extended::Classes::new(inputs.classes.iter().map(|c| &c.object)),
     };
-    let workload = workload::build(&inputs, &|name| class_names.iter().any(|c| c == name), &extended)?;
+    let source = options.source;
+    let class_missing = |name: &str| {
+        (!class_names.iter().any(|c| c == name))
+            .then(|| source.missing("DeviceClass", &format!("{name:?}"), "deviceClassName"))
+    };
+    let workload = workload::build(&inputs, &class_missing, &extended, source)?;
     for line in &workload.notes {
         writeln!(note, "{line}")?;
     }

@@ -88,15 +88,22 @@ fn meta_key(meta: &ObjectMeta) -> String {
     key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
 }
 
-/// Builds the workload from `inputs`; `class_exists` checks class names.
-pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool, extended: &ExtendedResources) -> Result<Workload> {
+/// Builds the workload from `inputs`; `class_missing` says what is wrong
+/// with a class name that names no class; `source` words the fix for a
+/// missing claim or template.
+pub fn build(
+    inputs: &Inputs,
+    class_missing: &dyn Fn(&str) -> Option<String>,
+    extended: &ExtendedResources,
+    source: super::Source,
+) -> Result<Workload> {
     for c in &inputs.claims {
-        claim_rules::check(c.object.spec.as_ref(), "spec", class_exists)
+        claim_rules::check(c.object.spec.as_ref(), "spec", class_missing)
             .map_err(|e| anyhow!("{}: ResourceClaim {}: {e}", c.origin, meta_key(&c.object.metadata)))?;
     }
     for t in &inputs.templates {
         let spec = t.object.spec.as_ref().and_then(|s| s.spec.as_ref());
-        claim_rules::check(spec, "spec.spec", class_exists)
+        claim_rules::check(spec, "spec.spec", class_missing)
             .map_err(|e| anyhow!("{}: ResourceClaimTemplate {}: {e}", t.origin, meta_key(&t.object.metadata)))?;
     }
     let claims_by_key: HashMap<String, usize> =
@@ -119,7 +126,7 @@ pub fn build(inputs: &Inputs, class_exists: &dyn Fn(&str) -> bool, extended: &Ex
         }
     }
 
-    let mut b = Builder { extended, w: Workload::default(), emitted: HashMap::new() };
+    let mut b = Builder { extended, w: Workload::default(), emitted: HashMap::new(), source };
     for item in &inputs.order {
         match *item {
             Item::Claim(i) if !referenced_claims.contains(&i) => {
@@ -152,6 +159,7 @@ struct Builder<'e> {
     w: Workload,
     /// Claim key -> index in `w.claims`, to refuse name clashes and share claims.
     emitted: HashMap<String, usize>,
+    source: super::Source,
 }
 
 impl Builder<'_> {
@@ -221,9 +229,7 @@ impl Builder<'_> {
                         continue;
                     }
                     let c = claims_by_key.get(&k).and_then(|&c| inputs.claims.get(c)).ok_or_else(|| {
-                        anyhow!(
-                            "{at}: ResourceClaim {k} is not among the inputs; fix: pass it with -f or correct resourceClaimName"
-                        )
+                        anyhow!("{at}: {}", self.source.missing("ResourceClaim", &k, "resourceClaimName"))
                     })?;
                     self.emit(c.object.clone(), &c.origin, Some(p))?
                 }
@@ -231,7 +237,8 @@ impl Builder<'_> {
                     let k = key(ns, template);
                     let t = templates_by_key.get(&k).and_then(|&t| inputs.templates.get(t)).ok_or_else(|| {
                         anyhow!(
-                            "{at}: ResourceClaimTemplate {k} is not among the inputs; fix: pass it with -f or correct resourceClaimTemplateName"
+                            "{at}: {}",
+                            self.source.missing("ResourceClaimTemplate", &k, "resourceClaimTemplateName")
                         )
                     })?;
                     let name = format!("{pod_name}-{}", entry.name);

@@ -32,7 +32,12 @@ fn build_docs(docs: &[String]) -> Result<Workload> {
     let mut manifests = Vec::new();
     parse_into("w.yaml", &docs.join("---\n"), &mut manifests).unwrap();
     let inputs = inputs::sort(manifests, &mut Vec::new()).unwrap();
-    build(&inputs, &|c| c == CLASS, &ExtendedResources::default())
+    build(
+        &inputs,
+        &|c| (c != CLASS).then(|| format!("DeviceClass {c:?} is missing")),
+        &ExtendedResources::default(),
+        super::super::Source::Files,
+    )
 }
 
 fn keys(w: &Workload) -> Vec<&str> {
