@@ -72,3 +72,57 @@ fn every_example_inventory_loads() {
         assert!(stdout_ok(&out).contains("ResourceSlice"), "{path}");
     }
 }
+
+/// Every pod (or workload's pod template) in `examples/` that declares
+/// `resourceClaims` has a container that uses each of them
+/// (`resources.claims`): a pod whose containers use none gets no device
+/// (the kubelet hands a claim's CDI devices only to the containers naming
+/// it). The demo's pods once lacked it.
+#[test]
+fn every_example_pod_uses_its_claims_from_a_container() {
+    fn pod_specs(v: &Value, out: &mut Vec<Value>) {
+        match v {
+            Value::Object(map) => {
+                if map.contains_key("containers") && map.contains_key("resourceClaims") {
+                    out.push(v.clone());
+                }
+                map.values().for_each(|child| pod_specs(child, out));
+            }
+            Value::Array(items) => items.iter().for_each(|child| pod_specs(child, out)),
+            _ => {}
+        }
+    }
+    let mut checked = 0;
+    for dir in
+        ["examples/claims", "examples/demo", "examples/sharing", "examples/dynamic-mig", "examples/compute-domain"]
+    {
+        for file in files(dir) {
+            let text = std::fs::read_to_string(&file).unwrap();
+            for doc in serde_yaml_ng::Deserializer::from_str(&text) {
+                let v: Value = serde::Deserialize::deserialize(doc).unwrap();
+                let mut specs = Vec::new();
+                pod_specs(&v, &mut specs);
+                for spec in specs {
+                    let used: Vec<String> = spec["containers"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .chain(spec["initContainers"].as_array().into_iter().flatten())
+                        .flat_map(|c| c["resources"]["claims"].as_array().cloned().unwrap_or_default())
+                        .filter_map(|c| c["name"].as_str().map(str::to_owned))
+                        .collect();
+                    for claim in spec["resourceClaims"].as_array().into_iter().flatten() {
+                        let name = claim["name"].as_str().unwrap_or_default();
+                        assert!(
+                            used.iter().any(|u| u == name),
+                            "{}: no container uses the claim {name:?}",
+                            file.display()
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(checked >= 4, "the demo's four pods at least: {checked}");
+}
