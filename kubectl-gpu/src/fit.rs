@@ -42,6 +42,39 @@ pub fn replaced(wanted: &[Manifest]) -> HashSet<String> {
         .collect()
 }
 
+/// The warning `fit` gives when `wanted` carries an opaque config for the
+/// driver: the webhook judges configs under the driver's feature gates,
+/// which a client cannot read from the cluster, so `fit` assumed every gate
+/// on; the webhook may still deny a config whose gate is off there.
+pub fn assumed_gates(wanted: &[Manifest]) -> Option<String> {
+    let configs = |spec: &serde_json::Value| {
+        spec["devices"]["config"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|c| c["opaque"]["driver"].as_str() == Some(crate::nodes::DRIVER))
+            .count()
+    };
+    let with_config: Vec<String> = wanted
+        .iter()
+        .filter(|m| {
+            let v: serde_json::Value = m.decode().unwrap_or_default();
+            configs(&v["spec"]) + configs(&v["spec"]["spec"]) > 0
+        })
+        .map(|m| format!("{} {}", m.kind(), m.name()))
+        .collect();
+    (!with_config.is_empty()).then(|| {
+        format!(
+            "{} carr{} a {} config: fit judged it with every feature gate of the driver on (its webhook's gates \
+             cannot be read from the cluster); the webhook denies a config whose gate (MPSSupport, \
+             TimeSlicingSettings, ...) is off there",
+            crate::printable::escape(&with_config.join(", ")),
+            if with_config.len() == 1 { "ies" } else { "y" },
+            crate::nodes::DRIVER
+        )
+    })
+}
+
 /// Simulates `wanted` after the cluster's allocations (read with the
 /// [`replaced`] keys excepted); the outcomes of the claims `wanted` makes.
 pub fn fit(mut cluster: ClusterInput, wanted: Vec<Manifest>) -> Result<Vec<Outcome>> {

@@ -192,13 +192,15 @@ async fn run(cli: Cli, connection: cluster::Connection, paint: Paint) -> Result<
         }
         Command::Fit { files } => {
             let wanted = fit::read(files, &namespace)?;
+            let assumed = fit::assumed_gates(&wanted);
             let cluster = cluster::read_for_simulate(client, fit::replaced(&wanted)).await?;
             let outcomes = fit::fit(cluster, wanted)?;
-            match format {
-                Format::Table if outcomes.is_empty() => Ok("No claims to fit.\n".to_string().into()),
-                Format::Table => Ok(output::table(&fit::HEADERS, &fit::rows(&outcomes), &paint).into()),
-                _ => output::document(&serde_json::json!({ "results": outcomes }), format).map(Printed::from),
-            }
+            let text = match format {
+                Format::Table if outcomes.is_empty() => "No claims to fit.\n".to_string(),
+                Format::Table => output::table(&fit::HEADERS, &fit::rows(&outcomes), &paint),
+                _ => output::document(&serde_json::json!({ "results": outcomes }), format)?,
+            };
+            Ok(Printed { text, warnings: assumed.into_iter().collect() })
         }
     }
 }

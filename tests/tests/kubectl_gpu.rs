@@ -523,3 +523,41 @@ fn why_says_the_cluster_lacks_a_class_not_to_pass_a_file() {
     assert!(text.contains("fix: correct deviceClassName, or create the DeviceClass in the cluster"), "{text}");
     assert!(!text.contains("-f"), "{text}");
 }
+
+/// `fit` cannot read the driver's feature gates from the cluster, so it
+/// judges a claim's opaque config with all of them on; it says so, since
+/// the webhook may deny the config where its gate is off.
+#[test]
+fn fit_says_it_assumed_the_drivers_gates_for_an_opaque_config() {
+    let server = cluster();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("mps.yaml");
+    std::fs::write(
+        &file,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: mps-one}\n\
+         spec:\n  devices:\n    requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]\n\
+         \x20   config:\n    - opaque:\n        driver: gpu.nvidia.com\n        parameters:\n\
+         \x20         apiVersion: resource.nvidia.com/v1beta1\n          kind: GpuConfig\n\
+         \x20         sharing: {strategy: MPS}\n",
+    )
+    .unwrap();
+    let out = kubectl_gpu_in(&server, dir.path(), &["fit", "-f", file.to_str().unwrap()]);
+    stdout_ok(&out);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "Warning: ResourceClaim mps-one carries a gpu.nvidia.com config: fit judged it with every feature gate"
+        ),
+        "{stderr}"
+    );
+    let plain = dir.path().join("plain.yaml");
+    std::fs::write(
+        &plain,
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: plain}\n\
+         spec: {devices: {requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n",
+    )
+    .unwrap();
+    let out = kubectl_gpu_in(&server, dir.path(), &["fit", "-f", plain.to_str().unwrap()]);
+    stdout_ok(&out);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), "");
+}
