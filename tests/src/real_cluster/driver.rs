@@ -127,16 +127,19 @@ pub async fn start_plugin_with_options(cluster: &Cluster, inventory_text: &str, 
     plugin
 }
 
-/// Whether `slices` are some and every pool among them is whole: as many
+/// Whether `slices` are some and every pool among them (a driver's pool of
+/// a name: the ComputeDomain driver's pool bears the node's name too) is
+/// whole: as many
 /// slices at its newest generation as they say the pool has. A plugin
 /// writes a pool's slices one at a time (a GPU's counter set, its MIG
 /// devices); a test that reads after the first one saw half a pool under
 /// load (2 of 3 counter sets, a device missing).
 pub fn pools_complete(slices: &[ResourceSlice]) -> bool {
-    let mut newest: std::collections::BTreeMap<&str, (i64, i64, i64)> = std::collections::BTreeMap::new();
+    let mut newest: std::collections::BTreeMap<(&str, &str), (i64, i64, i64)> = std::collections::BTreeMap::new();
     for s in slices {
         let pool = &s.spec.pool;
-        let entry = newest.entry(pool.name.as_str()).or_insert((pool.generation, pool.resource_slice_count, 0));
+        let key = (s.spec.driver.as_str(), pool.name.as_str());
+        let entry = newest.entry(key).or_insert((pool.generation, pool.resource_slice_count, 0));
         if pool.generation > entry.0 {
             *entry = (pool.generation, pool.resource_slice_count, 0);
         }
@@ -260,8 +263,12 @@ mod tests {
     use super::*;
 
     fn slice(pool: &str, generation: i64, count: i64) -> ResourceSlice {
+        slice_of("gpu.nvidia.com", pool, generation, count)
+    }
+
+    fn slice_of(driver: &str, pool: &str, generation: i64, count: i64) -> ResourceSlice {
         serde_json::from_value(json!({"metadata": {"name": format!("{pool}-{generation}")},
-            "spec": {"driver": "gpu.nvidia.com", "nodeName": "n",
+            "spec": {"driver": driver, "nodeName": "n",
                      "pool": {"name": pool, "generation": generation, "resourceSliceCount": count}}}))
         .unwrap()
     }
@@ -274,5 +281,7 @@ mod tests {
         assert!(pools_complete(&[slice("n", 1, 2), slice("n", 1, 2)]));
         assert!(!pools_complete(&[slice("n", 1, 1), slice("n", 2, 2)]), "the newest generation has one of two");
         assert!(!pools_complete(&[slice("n", 1, 1), slice("m", 1, 2)]), "every pool counts");
+        let two_drivers = [slice("n", 1, 1), slice_of("compute-domain.nvidia.com", "n", 1, 1)];
+        assert!(pools_complete(&two_drivers), "pools of one name but two drivers are two pools");
     }
 }
