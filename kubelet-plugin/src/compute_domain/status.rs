@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::ready_condition::{ConditionError, Explanation};
 use super::{ConditionWriter, DomainLookup};
+use crate::claim_status::write::edit_status;
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
 use crate::observe::telemetry::idle_events::REPORTING_CONTROLLER;
 
@@ -118,25 +119,7 @@ impl ConditionWriter for KubeConditions {
         device: &str,
         state: &DaemonState,
     ) -> Result<(), ConditionError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-        for _ in 0..3 {
-            let claim = api
-                .get(name)
-                .await
-                .map_err(|e| ConditionError::from_kube(format!("reading claim {namespace}/{name}"), e))?;
-            let Some(updated) = with_condition(&claim, &self.node, device, state) else { return Ok(()) };
-            match api.replace_status(name, &PostParams::default(), &updated).await {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => {
-                    return Err(ConditionError::from_kube(
-                        format!("writing the status of claim {namespace}/{name}"),
-                        e,
-                    ));
-                }
-            }
-        }
-        Err(ConditionError::Failed(format!("claim {namespace}/{name} kept changing while its condition was written")))
+        edit_status(&self.client, namespace, name, |claim| with_condition(claim, &self.node, device, state)).await
     }
 
     /// An `events.k8s.io/v1` Warning, named after what it is about and the

@@ -9,6 +9,8 @@
 //! before they reach the API server (which caps a condition's message at
 //! 32768 bytes).
 
+pub mod write;
+
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 
