@@ -9,6 +9,7 @@
 //! before they reach the API server (which caps a condition's message at
 //! 32768 bytes).
 
+pub mod claim;
 pub mod write;
 
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
