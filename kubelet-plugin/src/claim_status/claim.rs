@@ -13,6 +13,9 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use super::{EntryKey, Readiness, entry_mut, remove_stale, set_ready};
 
+/// The API server's cap on an entry's `data` (its raw JSON), 10 KiB.
+pub const DATA_LIMIT: usize = 10 * 1024;
+
 /// Who writes: the driver's name and the node (its pool's name).
 #[derive(Debug, Clone, Copy)]
 pub struct Writer<'a> {
@@ -37,7 +40,8 @@ fn ours(claim: &ResourceClaim, writer: Writer<'_>) -> Vec<(String, Option<String
 }
 
 /// The claim with each of our allocated devices' entry saying
-/// `readiness`, its `data` set from `data` (by device name) when given,
+/// `readiness`, its `data` set from `data` (by device name) when given
+/// and within [`DATA_LIMIT`] (larger data is left out, not refused),
 /// and our entries for devices no longer allocated dropped; `None` when
 /// it already says all that.
 pub fn prepared(
@@ -57,7 +61,8 @@ pub fn prepared(
         let key = EntryKey { driver: writer.driver, pool: writer.node, device, share_id: share.as_deref() };
         let entry = entry_mut(devices, &key);
         set_ready(entry, readiness, generation);
-        if let Some(value) = data.get(device) {
+        if let Some(value) = data.get(device).filter(|v| serde_json::to_vec(v).is_ok_and(|raw| raw.len() <= DATA_LIMIT))
+        {
             entry.data = Some(RawExtension(value.clone()));
         }
     }
@@ -158,6 +163,15 @@ mod tests {
             assert_eq!((condition.status.as_str(), condition.observed_generation), ("True", Some(3)));
         }
         assert!(prepared(&updated, WRITER, &ready(), &data).is_none(), "written once");
+    }
+
+    #[test]
+    fn data_over_the_api_servers_limit_is_left_out() {
+        let claim = claim(vec![result(OURS, "node-a", "gpu-0", None)], vec![]);
+        let data = BTreeMap::from([("gpu-0".to_owned(), serde_json::json!({"uuids": ["x".repeat(DATA_LIMIT)]}))]);
+        let updated = prepared(&claim, WRITER, &ready(), &data).unwrap();
+        let entry = &updated.status.unwrap().devices.unwrap()[0];
+        assert_eq!((entry.data.as_ref(), entry.conditions.as_ref().map(Vec::len)), (None, Some(1)));
     }
 
     #[test]
