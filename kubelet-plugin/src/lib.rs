@@ -7,6 +7,7 @@
 //! (`host`), what an operator reads (`observe`), dynamic MIG (`mig`),
 //! ComputeDomains (`compute_domain`) and the process's own heap (`heap`).
 
+pub mod claim_status;
 pub mod cli;
 pub mod compute_domain;
 pub mod heap;

@@ -17,40 +17,11 @@ use gpu_dra_driver::compute_domain::{DRIVER_NAME, api};
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{ConditionWriter, DomainLookup, DomainPreparer};
+pub use crate::claim_status::write::{ConditionError, is_permanent};
 use crate::prepare::types::ClaimSource;
 
 /// The Event's `reason`.
 pub const REFUSED_REASON: &str = "ReadyConditionRefused";
-
-/// Why a condition write failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum ConditionError {
-    /// An answer retrying does not change: someone must fix RBAC or an
-    /// admission rule.
-    #[error("{action}: the API server refused it with HTTP {code} {reason}: {message}")]
-    Refused { action: String, code: u16, reason: String, message: String },
-    /// Anything else (unreachable, a server error, a conflict that kept on).
-    #[error("{0}")]
-    Failed(String),
-}
-
-impl ConditionError {
-    /// Sorts a client error of `action` into a refusal or a failure.
-    pub fn from_kube(action: String, error: kube::Error) -> Self {
-        match error {
-            kube::Error::Api(status) if is_permanent(status.code) => {
-                Self::Refused { action, code: status.code, reason: status.reason, message: status.message }
-            }
-            other => Self::Failed(format!("{action}: {other}")),
-        }
-    }
-}
-
-/// A 4xx that a retry cannot cure (not a missing claim, a timeout, a
-/// conflict or throttling).
-pub fn is_permanent(code: u16) -> bool {
-    (400..500).contains(&code) && ![404, 408, 409, 429].contains(&code)
-}
 
 /// A Warning Event to write in `namespace`.
 #[derive(Debug, Clone, PartialEq)]

@@ -8,8 +8,8 @@ use gpu_dra_driver::compute_domain::api::ComputeDomain;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::service::decoded_watch;
 use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::runtime::reflector::Store;
@@ -18,6 +18,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::ready_condition::{ConditionError, Explanation};
 use super::{ConditionWriter, DomainLookup};
+use crate::claim_status::write::edit_status;
+use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
 use crate::observe::telemetry::idle_events::REPORTING_CONTROLLER;
 
 /// Domains as a reflector store holds them, and as the API server has
@@ -86,44 +88,26 @@ pub struct KubeConditions {
 }
 
 /// The claim's `status.devices` with `device`'s `Ready` condition set to
-/// `state` (other entries kept); `None` when it already says so.
+/// `state` (other entries, other drivers' above all, kept); `None` when it
+/// already says so.
 pub fn with_condition(claim: &ResourceClaim, node: &str, device: &str, state: &DaemonState) -> Option<ResourceClaim> {
-    let (status, reason, message) = match state {
-        DaemonState::Ready => {
-            ("True", "ImexDaemonReady", "the node's IMEX daemon for this ComputeDomain is ready".to_owned())
-        }
-        DaemonState::NotReady(answer) => {
-            ("False", "ImexDaemonNotReady", format!("the node's IMEX daemon is not ready: {answer}"))
-        }
+    let readiness = match state {
+        DaemonState::Ready => Readiness {
+            ready: true,
+            reason: "ImexDaemonReady",
+            message: "the node's IMEX daemon for this ComputeDomain is ready".to_owned(),
+        },
+        DaemonState::NotReady(answer) => Readiness {
+            ready: false,
+            reason: "ImexDaemonNotReady",
+            message: format!("the node's IMEX daemon is not ready: {answer}"),
+        },
     };
     let mut claim = claim.clone();
+    let generation = claim.metadata.generation;
     let devices = claim.status.get_or_insert_default().devices.get_or_insert_default();
-    let index = match devices.iter().position(|d| d.driver == DRIVER_NAME && d.pool == node && d.device == device) {
-        Some(i) => i,
-        None => {
-            devices.push(AllocatedDeviceStatus {
-                driver: DRIVER_NAME.to_owned(),
-                pool: node.to_owned(),
-                device: device.to_owned(),
-                ..AllocatedDeviceStatus::default()
-            });
-            devices.len() - 1
-        }
-    };
-    let conditions = devices[index].conditions.get_or_insert_default();
-    if conditions.iter().any(|c| c.type_ == "Ready" && c.status == status && c.message == message) {
-        return None;
-    }
-    conditions.retain(|c| c.type_ != "Ready");
-    conditions.push(Condition {
-        type_: "Ready".to_owned(),
-        status: status.to_owned(),
-        reason: reason.to_owned(),
-        message,
-        last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
-        observed_generation: claim.metadata.generation,
-    });
-    Some(claim)
+    let key = EntryKey { driver: DRIVER_NAME, pool: node, device, share_id: None };
+    set_ready(entry_mut(devices, &key), &readiness, generation).then_some(claim)
 }
 
 impl ConditionWriter for KubeConditions {
@@ -134,25 +118,7 @@ impl ConditionWriter for KubeConditions {
         device: &str,
         state: &DaemonState,
     ) -> Result<(), ConditionError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
-        for _ in 0..3 {
-            let claim = api
-                .get(name)
-                .await
-                .map_err(|e| ConditionError::from_kube(format!("reading claim {namespace}/{name}"), e))?;
-            let Some(updated) = with_condition(&claim, &self.node, device, state) else { return Ok(()) };
-            match api.replace_status(name, &PostParams::default(), &updated).await {
-                Ok(_) => return Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 409 => continue,
-                Err(e) => {
-                    return Err(ConditionError::from_kube(
-                        format!("writing the status of claim {namespace}/{name}"),
-                        e,
-                    ));
-                }
-            }
-        }
-        Err(ConditionError::Failed(format!("claim {namespace}/{name} kept changing while its condition was written")))
+        edit_status(&self.client, namespace, name, |claim| with_condition(claim, &self.node, device, state)).await
     }
 
     /// An `events.k8s.io/v1` Warning, named after what it is about and the
