@@ -4,9 +4,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpu_dra_driver::allocator::TaintRule;
+use gpu_dra_driver::allocator::{TaintRule, describe_taint as describe};
 use gpu_dra_driver::slices::attributes::name;
-use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 
 use crate::output::Cell;
@@ -119,12 +119,6 @@ impl Summaries {
     pub fn finish(self) -> Vec<NodeSummary> {
         self.nodes.into_values().collect()
     }
-}
-
-/// `key=value:Effect`, as kubectl prints taints.
-fn describe(t: &DeviceTaint) -> String {
-    let value = t.value.as_deref().map(|v| format!("={v}")).unwrap_or_default();
-    format!("{}{value}:{}", t.key, t.effect)
 }
 
 fn counts(map: &BTreeMap<String, usize>) -> String {

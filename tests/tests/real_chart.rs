@@ -33,7 +33,7 @@ use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{self, NAMESPACE, RELEASE};
 use integration_tests::image::{BuiltImage, build_image};
-use integration_tests::real_cluster::driver::{eventually, yaml_documents};
+use integration_tests::real_cluster::driver::{event_about, eventually, yaml_documents};
 use integration_tests::real_cluster::host_address::HostAddress;
 use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
 use integration_tests::real_cluster::objects::create_all;
@@ -41,7 +41,6 @@ use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::{helm_cli, run, workspace_root};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -367,19 +366,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
         "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": TEST_IMAGE, "imagePullPolicy": "Never"}],
                  "resourceClaims": [{"name": "gpus", "resourceClaimName": "eight-b200"}]}});
     create_all(&cluster.admin(), &[impossible[0].clone(), waiting]).await.unwrap_or_else(|e| panic!("{e}"));
-    let events: Api<Event> = Api::namespaced(cluster.admin(), "default");
-    let event = eventually(
-        "the explanation Event on the claim",
-        || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items.into_iter().find(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("eight-b200")
-                    && e.reason.as_deref() == Some("Unsatisfiable")
-            })
-        },
-        logs,
-    )
-    .await;
+    let event = event_about(&cluster, "default", "eight-b200", "Unsatisfiable", logs).await;
     assert_eq!(event.reporting_controller.as_deref(), Some("gpu.nvidia.com/controller"));
 
     // Every kubectl command NOTES.txt prints runs, against this cluster,

@@ -11,7 +11,7 @@ use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{self, render_all, rendered};
 use integration_tests::kubelet::{Kubelet, KubeletConfig, claim};
 use integration_tests::real_cluster::driver::{
-    NAMESPACE, PLUGIN_ACCOUNT, WAIT, allocation, eventually, install, pod_claim, start_controller,
+    NAMESPACE, PLUGIN_ACCOUNT, WAIT, allocation, event_about, eventually, install, pod_claim, start_controller,
     start_controller_through, start_plugin, yaml_documents,
 };
 use integration_tests::real_cluster::host_address::HostAddress;
@@ -21,7 +21,6 @@ use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
 use integration_tests::{example_inventories, kubelet_plugin, run, stdout_ok, workspace_root};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Pod, Secret};
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
@@ -307,19 +306,7 @@ async fn controller_explains_allocates_and_fails_over(release: Release) {
         "spec": {"containers": [{"name": "c", "image": "registry.invalid/x"}],
                  "resourceClaims": [{"name": "gpus", "resourceClaimName": "eight-b200"}]}});
     create_all(&cluster.admin(), &[pod]).await.unwrap();
-    let events: Api<Event> = Api::namespaced(cluster.admin(), "default");
-    let event = eventually(
-        "the explanation Event on the claim",
-        || async {
-            let list = events.list(&ListParams::default()).await.ok()?;
-            list.items.into_iter().find(|e| {
-                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("eight-b200")
-                    && e.reason.as_deref() == Some("Unsatisfiable")
-            })
-        },
-        || logs(&controllers),
-    )
-    .await;
+    let event = event_about(&cluster, "default", "eight-b200", "Unsatisfiable", || logs(&controllers)).await;
     assert_eq!(event.type_.as_deref(), Some("Warning"));
     assert_eq!(event.reporting_controller.as_deref(), Some("gpu.nvidia.com/controller"));
     let note = event.note.clone().unwrap_or_default();

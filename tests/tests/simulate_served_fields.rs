@@ -52,12 +52,19 @@ fn the_cluster_gates_or_a_newer_release_share_the_gpu() {
     }
 }
 
+/// A fleet file in `dir` of one node `node` with the example inventory
+/// `inventory`.
+fn one_node_fleet(dir: &std::path::Path, node: &str, inventory: &str) -> std::path::PathBuf {
+    let inventory = workspace_root().join("examples/inventories").join(inventory);
+    let fleet = dir.join("fleet.yaml");
+    std::fs::write(&fleet, format!("nodes:\n  - name: {node}\n    inventory: {}\n", inventory.display())).unwrap();
+    fleet
+}
+
 #[test]
 fn a_faulty_gpu_is_never_given_on_stock_1_34() {
     let dir = tempfile::tempdir().unwrap();
-    let inventory = workspace_root().join("examples/inventories/faulty-node.yaml");
-    let fleet = dir.path().join("fleet.yaml");
-    std::fs::write(&fleet, format!("nodes:\n  - name: faulty\n    inventory: {}\n", inventory.display())).unwrap();
+    let fleet = one_node_fleet(dir.path(), "faulty", "faulty-node.yaml");
     let claims = dir.path().join("claims.yaml");
     let claim = |name: &str, count: u32| {
         format!(
@@ -91,9 +98,7 @@ fn a_faulty_gpu_is_never_given_on_stock_1_34() {
 #[test]
 fn a_device_taint_rule_in_the_input_taints_what_it_names() {
     let dir = tempfile::tempdir().unwrap();
-    let inventory = workspace_root().join("examples/inventories/dgx-h100.yaml");
-    let fleet = dir.path().join("fleet.yaml");
-    std::fs::write(&fleet, format!("nodes:\n  - name: dgx\n    inventory: {}\n", inventory.display())).unwrap();
+    let fleet = one_node_fleet(dir.path(), "dgx", "dgx-h100.yaml");
     let objects = dir.path().join("objects.yaml");
     std::fs::write(
         &objects,

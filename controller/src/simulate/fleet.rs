@@ -189,9 +189,17 @@ pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed
             .with_gates(node_gates)
             .with_consumable_shares(node_gates, node_shares)
             .serving(&not_served);
-        for field in [GatedField::Taints, GatedField::SharedCounters].into_iter().filter(|f| not_served.contains(*f)) {
-            let all = builder.clone().serving(&NotServed::none()).build(&inventory, GENERATION);
-            if all.is_ok_and(|all| all.iter().any(|s| field.used_in(&s.spec))) {
+        // What the plugin leaves out for a field the server drops: known
+        // from its slices as a serving server would get them (built once,
+        // and only when such a field is dropped).
+        let withholding: Vec<GatedField> = [GatedField::Taints, GatedField::SharedCounters]
+            .into_iter()
+            .filter(|f| not_served.contains(*f) && !fleet.withheld_for.contains(*f))
+            .collect();
+        if !withholding.is_empty()
+            && let Ok(all) = builder.clone().serving(&NotServed::none()).build(&inventory, GENERATION)
+        {
+            for field in withholding.into_iter().filter(|f| all.iter().any(|s| f.used_in(&s.spec))) {
                 fleet.withheld_for.insert(field);
             }
         }

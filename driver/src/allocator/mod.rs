@@ -84,6 +84,7 @@ pub use explain::{
 };
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 pub use taint_rules::{TaintRule, TaintRuleError};
+pub use taints::describe as describe_taint;
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};

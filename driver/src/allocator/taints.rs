@@ -42,7 +42,7 @@ pub(crate) fn blocking_taint<'d>(
 }
 
 /// `key=value:Effect`, as kubectl prints taints.
-pub(crate) fn describe(taint: &DeviceTaint) -> String {
+pub fn describe(taint: &DeviceTaint) -> String {
     match taint.value.as_deref().filter(|v| !v.is_empty()) {
         Some(v) => format!("{}={v}:{}", taint.key, taint.effect),
         None => format!("{}:{}", taint.key, taint.effect),

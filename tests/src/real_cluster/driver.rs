@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
@@ -125,6 +126,31 @@ pub async fn start_plugin_with_options(cluster: &Cluster, inventory_text: &str, 
     )
     .await;
     plugin
+}
+
+/// Waits for the Event with `reason` about the object `regarding` in
+/// `namespace` (a controller's explanation), panicking with `context()`
+/// after [`WAIT`].
+pub async fn event_about(
+    cluster: &Cluster,
+    namespace: &str,
+    regarding: &str,
+    reason: &str,
+    context: impl Fn() -> String,
+) -> Event {
+    let events: Api<Event> = Api::namespaced(cluster.admin(), namespace);
+    eventually(
+        &format!("the {reason} Event on {namespace}/{regarding}"),
+        || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            list.items.into_iter().find(|e| {
+                e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(regarding)
+                    && e.reason.as_deref() == Some(reason)
+            })
+        },
+        context,
+    )
+    .await
 }
 
 /// Whether `slices` are some and every pool among them (a driver's pool of

@@ -335,26 +335,19 @@ impl RealNode {
 
     /// The pause and test images, into the namespace the CRI uses.
     fn import_images(&mut self) {
-        let archive = self.bins.images.display().to_string();
-        let out = self.ctr(&["-n", "k8s.io", "images", "import", "--local", &archive]);
-        assert!(
-            out.status.success(),
-            "ctr images import {archive}: {}{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            self.logs()
-        );
-        let listed = self.ctr(&["-n", "k8s.io", "images", "list", "-q"]);
-        let listed = String::from_utf8_lossy(&listed.stdout);
-        for image in [PAUSE_IMAGE, TEST_IMAGE] {
-            assert!(listed.lines().any(|l| l == image), "{image} not imported: {listed}");
-        }
+        self.import_archive(&self.bins.images, &[PAUSE_IMAGE, TEST_IMAGE]);
     }
 
     /// Imports an image archive (`image/build.sh`'s) into the namespace
     /// the CRI reads, as a user does with `ctr -n k8s.io images import`,
     /// and checks that `name` is there.
     pub fn import_image(&self, archive: &Path, name: &str) {
+        self.import_archive(archive, &[name]);
+    }
+
+    /// `ctr -n k8s.io images import` of `archive`, then a check that each
+    /// of `names` is listed.
+    fn import_archive(&self, archive: &Path, names: &[&str]) {
         let archive = archive.display().to_string();
         let out = self.ctr(&["-n", CRI_NAMESPACE, "images", "import", "--local", &archive]);
         assert!(
@@ -366,7 +359,9 @@ impl RealNode {
         );
         let listed = self.ctr(&["-n", CRI_NAMESPACE, "images", "list", "-q"]);
         let listed = String::from_utf8_lossy(&listed.stdout);
-        assert!(listed.lines().any(|l| l == name), "{name} not imported from {archive}: {listed}");
+        for name in names {
+            assert!(listed.lines().any(|l| l == *name), "{name} not imported from {archive}: {listed}");
+        }
     }
 
     fn save_sysctls(&mut self) {
