@@ -4,8 +4,13 @@
 
 use std::path::Path;
 
-const PROTOS: [&str; 4] =
-    ["dra/v1/api.proto", "dra/v1beta1/api.proto", "pluginregistration/v1/api.proto", "dra-health/v1alpha1/api.proto"];
+const PROTOS: [&str; 5] = [
+    "dra/v1/api.proto",
+    "dra/v1beta1/api.proto",
+    "pluginregistration/v1/api.proto",
+    "dra-health/v1alpha1/api.proto",
+    "dra-health/v1/api.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let root = Path::new("proto");
@@ -15,6 +20,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("cargo:rerun-if-changed={}", file.display());
     }
     let descriptors = protox::compile(&files, [root])?;
-    tonic_prost_build::configure().build_server(true).build_client(true).compile_fds(descriptors)?;
+    // dra-health v1 is v1alpha1 under another package name: its messages
+    // are v1alpha1's, so one server implementation answers both.
+    tonic_prost_build::configure()
+        .build_server(true)
+        .build_client(true)
+        .extern_path(".v1", "crate::health_v1alpha1")
+        .compile_fds(descriptors)?;
     Ok(())
 }

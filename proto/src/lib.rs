@@ -7,6 +7,7 @@
 //! | [`dra_v1beta1`] | `k8s.io.kubelet.pkg.apis.dra.v1beta1` | `DRAPlugin` | `v1beta1.DRAPlugin` |
 //! | [`registration`] | `pluginregistration` | `Registration` | (the registration socket) |
 //! | [`health_v1alpha1`] | `v1alpha1` | `DRAResourceHealth` | `v1alpha1.DRAResourceHealth` |
+//! | [`health_v1`] | `v1` | `DRAResourceHealth` | `v1.DRAResourceHealth` |
 //!
 //! Each module holds the messages plus a tonic server and client.
 
@@ -32,6 +33,12 @@ pub mod health_v1alpha1 {
     tonic::include_proto!("v1alpha1");
 }
 
+/// DRA device health v1 (kubelet 1.37+): v1alpha1's service under the
+/// package `v1`, with v1alpha1's messages.
+pub mod health_v1 {
+    tonic::include_proto!("v1");
+}
+
 /// `type` a DRA plugin reports in `PluginInfo` (pluginregistration
 /// `constants.go`: `DRAPlugin = "DRAPlugin"`).
 pub const DRA_PLUGIN_TYPE: &str = "DRAPlugin";
@@ -43,6 +50,7 @@ pub mod versions {
     pub const DRA_V1: &str = "v1.DRAPlugin";
     pub const DRA_V1BETA1: &str = "v1beta1.DRAPlugin";
     pub const HEALTH_V1ALPHA1: &str = "v1alpha1.DRAResourceHealth";
+    pub const HEALTH_V1: &str = "v1.DRAResourceHealth";
 }
 
 #[cfg(test)]
@@ -59,6 +67,7 @@ mod tests {
         type V1beta1 = dra_v1beta1::dra_plugin_server::DraPluginServer<()>;
         type Reg = registration::registration_server::RegistrationServer<()>;
         type Health = health_v1alpha1::dra_resource_health_server::DraResourceHealthServer<()>;
+        type HealthV1 = health_v1::dra_resource_health_server::DraResourceHealthServer<()>;
         assert_eq!(<V1 as NamedService>::NAME, "k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin");
         assert_eq!(<V1beta1 as NamedService>::NAME, "k8s.io.kubelet.pkg.apis.dra.v1beta1.DRAPlugin");
         assert_eq!(<Reg as NamedService>::NAME, "pluginregistration.Registration");
@@ -67,6 +76,7 @@ mod tests {
         assert!(<V1 as NamedService>::NAME.ends_with(&format!(".{}", versions::DRA_V1)));
         assert!(<V1beta1 as NamedService>::NAME.ends_with(&format!(".{}", versions::DRA_V1BETA1)));
         assert_eq!(<Health as NamedService>::NAME, versions::HEALTH_V1ALPHA1);
+        assert_eq!(<HealthV1 as NamedService>::NAME, versions::HEALTH_V1);
     }
 
     /// The method paths, read from the generated client code.
@@ -77,6 +87,7 @@ mod tests {
             include_str!(concat!(env!("OUT_DIR"), "/k8s.io.kubelet.pkg.apis.dra.v1beta1.rs")),
             include_str!(concat!(env!("OUT_DIR"), "/pluginregistration.rs")),
             include_str!(concat!(env!("OUT_DIR"), "/v1alpha1.rs")),
+            include_str!(concat!(env!("OUT_DIR"), "/v1.rs")),
         ]
         .concat();
         for path in [
@@ -87,6 +98,7 @@ mod tests {
             "/pluginregistration.Registration/GetInfo",
             "/pluginregistration.Registration/NotifyRegistrationStatus",
             "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+            "/v1.DRAResourceHealth/NodeWatchResources",
         ] {
             assert!(generated.contains(&format!("\"{path}\"")), "no generated method for {path}");
         }

@@ -46,7 +46,10 @@ fn registers_with_v1_first_and_private_sockets() {
     assert_eq!(registered.info.r#type, "DRAPlugin");
     assert_eq!(registered.info.name, DRIVER);
     assert_eq!(registered.info.endpoint, dirs.dra_socket(DRIVER).display().to_string());
-    assert_eq!(registered.info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]);
+    assert_eq!(
+        registered.info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+    );
     // The kubelet takes the first version it knows.
     assert_eq!(registered.version, DraVersion::V1);
     assert_eq!(registered.registration_socket, dirs.registration_socket(DRIVER));

@@ -8,86 +8,33 @@
 //! Needs root (mounts, cgroups, device nodes), like a kubelet.
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_dra_driver::driver_root::fake_tree;
-use integration_tests::helm::{self, render_all, rendered};
-use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::plugin_process::{PluginOptions, PluginProcess};
+use integration_tests::real_cluster::driver::{eventually_within, install_without_workloads};
 use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, V1_37};
 use integration_tests::workspace_root;
-use k8s_openapi::api::authentication::v1::TokenRequest;
-use k8s_openapi::api::core::v1::{Namespace, Pod, ServiceAccount};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(120);
 const NODE: &str = "real-node";
-const PLUGIN_ACCOUNT: &str = "gpu-dra-driver-kubelet-plugin";
 const INVENTORY: &str = "examples/inventories/dgx-h100.yaml";
 /// The inventory's `driverVersion`: the fake driver root holds its files.
 const DRIVER_VERSION: &str = "580.82.07";
 
 /// Polls `check` until it gives `Some`, panicking with `context()` after `WAIT`.
-async fn eventually<T, F, Fut>(what: &str, mut check: F, context: impl Fn() -> String) -> T
+async fn eventually<T, F, Fut>(what: &str, check: F, context: impl Fn() -> String) -> T
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Option<T>>,
 {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        if let Some(found) = check().await {
-            return found;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", context());
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
-/// `helm install --create-namespace` of the chart (webhook off: no
-/// controller serves it here) without its workloads: the test runs the
-/// plugin as a process, and the real kubelet would otherwise start the
-/// controller's and the plugin's pods on the node (with images no
-/// registry here serves).
-async fn install_chart(cluster: &Cluster) {
-    let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let mut objects = rendered(&render_all(tmp, &[("real", json!({"webhook": {"enabled": false}}))]), "real").0;
-    objects.retain(|o| !matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet")));
-    let namespace: Namespace = serde_json::from_value(json!({"metadata": {"name": helm::NAMESPACE}})).unwrap();
-    Api::<Namespace>::all(cluster.admin()).create(&PostParams::default(), &namespace).await.unwrap();
-    create_all(&cluster.admin(), &objects)
-        .await
-        .unwrap_or_else(|e| panic!("the real API server refused the chart: {e}"));
-}
-
-/// The plugin's pod as its DaemonSet would put it on the node (here a
-/// busybox that sleeps, run by the real kubelet), and the token the
-/// kubelet would project into it: bound to that pod, so it carries the
-/// node's name.
-async fn plugin_token(cluster: &Cluster) -> String {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin(), helm::NAMESPACE);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "kubelet-plugin-stand-in"},
-        "spec": {
-            "nodeName": NODE, "hostNetwork": true, "serviceAccountName": PLUGIN_ACCOUNT,
-            "automountServiceAccountToken": false, "terminationGracePeriodSeconds": 0,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [{"name": "sleep", "image": TEST_IMAGE, "imagePullPolicy": "Never",
-                            "command": ["sleep", "3600"]}],
-        },
-    }))
-    .unwrap();
-    let pod = pods.create(&PostParams::default(), &pod).await.unwrap();
-    let request: TokenRequest = serde_json::from_value(json!({"spec": {
-        "boundObjectRef": {"apiVersion": "v1", "kind": "Pod", "name": pod.metadata.name, "uid": pod.metadata.uid},
-        "expirationSeconds": 3600,
-    }}))
-    .unwrap();
-    let accounts: Api<ServiceAccount> = Api::namespaced(cluster.admin(), helm::NAMESPACE);
-    let answer = accounts.create_token_request(PLUGIN_ACCOUNT, &PostParams::default(), &request).await.unwrap();
-    answer.status.and_then(|s| s.token).expect("a token")
+    eventually_within(what, WAIT, check, context).await
 }
 
 /// What the container prints: its device nodes (type, major and minor in
@@ -135,25 +82,15 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
         panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
     }
     let cluster = Cluster::start(V1_37).await;
-    install_chart(&cluster).await;
-    let token = plugin_token(&cluster).await;
+    install_without_workloads(&cluster, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
     let tunables_before = kernel_tunables();
     let node = RealNode::start(&cluster, NODE).await;
+    let token = node.plugin_token(&cluster).await;
 
     // The plugin on the kubelet's sockets, the CDI directory containerd
     // reads, a fake driver root and a test /dev root.
     let inventory = std::fs::read_to_string(workspace_root().join(INVENTORY)).unwrap();
-    let plugin_root = tempfile::tempdir().unwrap();
-    let dirs = PluginDirs {
-        plugins: node.plugins_dir(),
-        registry: node.registry_dir(),
-        cdi: node.cdi_dir(),
-        inventory: plugin_root.path().join("inventory.yaml"),
-        kubeconfig: plugin_root.path().join("kubeconfig"),
-        root: plugin_root,
-    };
-    std::fs::write(&dirs.inventory, &inventory).unwrap();
-    cluster.write_kubeconfig(&dirs.kubeconfig, &token);
+    let dirs = node.plugin_dirs(&cluster, &inventory, &token);
     let driver_root = dirs.root.path().join("driver-root");
     fake_tree::build(
         &driver_root,

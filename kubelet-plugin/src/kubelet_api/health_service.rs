@@ -1,4 +1,5 @@
-//! `v1alpha1.DRAResourceHealth`: streams the health of every published
+//! `v1.DRAResourceHealth` and `v1alpha1.DRAResourceHealth` (the same
+//! messages): streams the health of every published
 //! device to the kubelet, which shows it in pods'
 //! `status.containerStatuses[].allocatedResourcesStatus`.
 //!
@@ -110,15 +111,9 @@ struct StreamState {
     stopping: watch::Receiver<bool>,
 }
 
-#[tonic::async_trait]
-impl DraResourceHealth for HealthService {
-    type NodeWatchResourcesStream = HealthStream;
-
-    async fn node_watch_resources(
-        &self,
-        _request: Request<NodeWatchResourcesRequest>,
-    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
-        tracing::info!("kubelet opened the device health stream");
+impl HealthService {
+    /// One stream: the full list now, then on every change and resend.
+    fn open(&self) -> HealthStream {
         let mut ticker = tokio::time::interval_at(tokio::time::Instant::now() + self.resend, self.resend);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let state = StreamState {
@@ -149,7 +144,34 @@ impl DraResourceHealth for HealthService {
             let devices = device_health(&inventory, &state.pool, now_unix(), state.timeout_seconds);
             Some((Ok(NodeWatchResourcesResponse { devices }), state))
         });
-        Ok(Response::new(Box::pin(stream)))
+        Box::pin(stream)
+    }
+}
+
+#[tonic::async_trait]
+impl DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        tracing::info!(version = "v1alpha1", "kubelet opened the device health stream");
+        Ok(Response::new(self.open()))
+    }
+}
+
+/// v1 (kubelet 1.37+) is v1alpha1 under another package name.
+#[tonic::async_trait]
+impl kubelet_proto::health_v1::dra_resource_health_server::DraResourceHealth for HealthService {
+    type NodeWatchResourcesStream = HealthStream;
+
+    async fn node_watch_resources(
+        &self,
+        _request: Request<NodeWatchResourcesRequest>,
+    ) -> Result<Response<Self::NodeWatchResourcesStream>, Status> {
+        tracing::info!(version = "v1", "kubelet opened the device health stream");
+        Ok(Response::new(self.open()))
     }
 }
 

@@ -19,8 +19,11 @@ use crate::observe::metrics::{ErrorKind, Metrics};
 
 /// The services the plugin serves on dra.sock, in the order the kubelet
 /// reads them: it uses the first DRAPlugin version it knows, so v1 comes
-/// first (dra-facts §1.3, `dra_plugin_manager.go`).
-pub const SUPPORTED_VERSIONS: [&str; 3] = [versions::DRA_V1, versions::DRA_V1BETA1, versions::HEALTH_V1ALPHA1];
+/// first (dra-facts §1.3, `dra_plugin_manager.go`). Both health versions:
+/// the kubelet of 1.37 picks v1 (`pickHealthService`), older ones always
+/// dial v1alpha1 and skip names they do not know.
+pub const SUPPORTED_VERSIONS: [&str; 4] =
+    [versions::DRA_V1, versions::DRA_V1BETA1, versions::HEALTH_V1, versions::HEALTH_V1ALPHA1];
 
 /// What the kubelet last told us about our registration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -134,7 +137,10 @@ mod tests {
         assert_eq!(info.r#type, "DRAPlugin");
         assert_eq!(info.name, "gpu.nvidia.com");
         assert_eq!(info.endpoint, "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock");
-        assert_eq!(info.supported_versions, ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1alpha1.DRAResourceHealth"]);
+        assert_eq!(
+            info.supported_versions,
+            ["v1.DRAPlugin", "v1beta1.DRAPlugin", "v1.DRAResourceHealth", "v1alpha1.DRAResourceHealth"]
+        );
     }
 
     #[tokio::test]

@@ -74,6 +74,16 @@ pub async fn install(cluster: &Cluster, objects: &[Value]) {
     }
 }
 
+/// The chart's objects without its workloads (webhook off: no controller
+/// serves it), for tests that run the plugin as a process on a real node:
+/// the real kubelet would otherwise start the chart's pods there, with an
+/// image the node does not have. Helm's engine runs from under `tmp_dir`.
+pub async fn install_without_workloads(cluster: &Cluster, tmp_dir: &Path) {
+    let mut objects = chart(tmp_dir, json!({"webhook": {"enabled": false}}));
+    objects.retain(|o| !matches!(o["kind"].as_str(), Some("Deployment" | "DaemonSet")));
+    install(cluster, &objects).await;
+}
+
 /// A node's plugin on its own ServiceAccount token (bound to a pod on the
 /// node), publishing its fake inventory's slices.
 pub struct NodePlugin {

@@ -14,7 +14,8 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use kubelet_proto::dra_v1::dra_plugin_server::DraPluginServer as V1Server;
 use kubelet_proto::dra_v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
-use kubelet_proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer;
+use kubelet_proto::health_v1::dra_resource_health_server::DraResourceHealthServer as HealthV1Server;
+use kubelet_proto::health_v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthV1alpha1Server;
 use kubelet_proto::registration::registration_server::RegistrationServer;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
@@ -118,7 +119,7 @@ pub struct PluginServers {
 }
 
 /// Binds both sockets and serves: DRAPlugin v1, v1beta1 and
-/// DRAResourceHealth on dra.sock, then Registration on the registry socket.
+/// DRAResourceHealth v1 and v1alpha1 on dra.sock, then Registration on the registry socket.
 pub async fn start<S: DraService>(
     config: &ServeConfig,
     service: Arc<S>,
@@ -143,17 +144,19 @@ pub async fn start<S: DraService>(
 
     let dra_listener = sockets::bind(&paths.dra)?;
     let core = DraCore::new(service, metrics.clone(), servers.in_flight.clone());
-    let health = HealthService::new(inventory, &config.node, config.health_resend, servers.stopping.subscribe());
+    let health =
+        Arc::new(HealthService::new(inventory, &config.node, config.health_resend, servers.stopping.subscribe()));
     let router = tonic::transport::Server::builder()
         .add_service(V1Server::new(DraPluginV1(core.clone())))
         .add_service(V1beta1Server::new(DraPluginV1beta1(core)))
-        .add_service(DraResourceHealthServer::new(health));
+        .add_service(HealthV1Server::from_arc(health.clone()))
+        .add_service(HealthV1alpha1Server::from_arc(health));
     servers.dra = Some(Server::spawn("DRA", move |stop| {
         router.serve_with_incoming_shutdown(super::any_client::incoming(dra_listener), async {
             let _ = stop.await;
         })
     }));
-    tracing::info!(socket = %paths.dra.display(), "serving DRAPlugin v1, v1beta1 and DRAResourceHealth");
+    tracing::info!(socket = %paths.dra.display(), "serving DRAPlugin v1, v1beta1 and DRAResourceHealth v1, v1alpha1");
 
     let reg_listener = sockets::bind(&paths.registration)?;
     let registration =

@@ -21,6 +21,7 @@ mod binaries;
 mod cleanup;
 mod config;
 mod containerd;
+mod plugin;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
