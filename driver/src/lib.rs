@@ -8,6 +8,7 @@
 pub mod allocator;
 pub mod bounded_file;
 pub mod cdi;
+pub mod claim_status;
 pub mod compute_domain;
 pub mod driver_root;
 pub mod echo;

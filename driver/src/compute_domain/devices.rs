@@ -15,6 +15,17 @@ use crate::inventory::Inventory;
 pub const CHANNEL_DEVICE: &str = "channel-0";
 pub const DAEMON_DEVICE: &str = "daemon-0";
 pub const CLIQUE_ATTRIBUTE: &str = crate::slices::attributes::name::CLIQUE_ID;
+/// The channel's binding condition: the kube-scheduler (with
+/// `DRADeviceBindingConditions`, beta and on since 1.36) binds a pod whose
+/// claim got a channel only once the channel's entry in the claim's
+/// `status.devices` says `Ready` (its node's IMEX daemon answers READY),
+/// which the node agent writes before the pod is bound.
+pub const BINDING_CONDITION: &str = "Ready";
+/// The channel's binding failure condition: the node agent sets it when
+/// the node cannot serve the domain (it never joined, or its daemon did
+/// not become ready in time), and the scheduler then gives the allocation
+/// up and schedules the pod again.
+pub const BINDING_FAILURE_CONDITION: &str = "ImexDaemonFailed";
 
 /// The node's clique when every GPU that has one agrees; `Err` naming the
 /// two when GPUs disagree (a node is in one NVLink partition or none).
@@ -47,7 +58,14 @@ fn device(name: &str, kind: &str, clique: &str) -> Device {
 /// otherwise (the pool exists and says "nothing here").
 pub fn slice(node: &str, clique: Option<&str>, generation: i64) -> ResourceSlice {
     let devices = clique
-        .map(|c| vec![device(CHANNEL_DEVICE, "channel", c), device(DAEMON_DEVICE, "daemon", c)])
+        .map(|c| {
+            let channel = Device {
+                binding_conditions: Some(vec![BINDING_CONDITION.to_owned()]),
+                binding_failure_conditions: Some(vec![BINDING_FAILURE_CONDITION.to_owned()]),
+                ..device(CHANNEL_DEVICE, "channel", c)
+            };
+            vec![channel, device(DAEMON_DEVICE, "daemon", c)]
+        })
         .unwrap_or_default();
     ResourceSlice {
         metadata: ObjectMeta { name: Some(format!("{node}-{DRIVER_NAME}-0")), ..Default::default() },
@@ -79,6 +97,11 @@ mod tests {
         let attrs = devices[0].attributes.as_ref().unwrap();
         assert_eq!(attrs["type"].string.as_deref(), Some("channel"));
         assert_eq!(attrs["id"].int, Some(0));
+        // The channel binds once its node's daemon is ready; a daemon
+        // device (held by no workload) binds at once.
+        assert_eq!(devices[0].binding_conditions.as_deref(), Some(&["Ready".to_owned()][..]));
+        assert_eq!(devices[0].binding_failure_conditions.as_deref(), Some(&["ImexDaemonFailed".to_owned()][..]));
+        assert_eq!(devices[1].binding_conditions, None);
         assert_eq!(slice_clique(&s), Some("u.1"));
         assert_eq!(s.spec.pool.name, "n1");
         assert!(crate::slices::validation::validate_slice(&s).is_empty());

@@ -8,6 +8,7 @@
 //! and the IMEX daemon's files and answers ([`imex`]).
 
 pub mod api;
+pub mod binding;
 pub mod devices;
 pub mod imex;
 

@@ -7,7 +7,8 @@
 //! channel prepares there fail at once while it is not ready. A domain a
 //! host-managed daemon serves is only asked, never started or signalled.
 //! A write the API refuses is retried each pass and logged once
-//! ([`super::ready_condition`]). Each pass also releases prepared claims deleted from the API (see
+//! ([`super::ready_condition`]). Each pass then readies the channels the
+//! scheduler holds for binding ([`super::binding`]). Each pass also releases prepared claims deleted from the API (see
 //! [`DomainPreparer::deleted_claims`]).
 
 use std::collections::HashMap;
@@ -27,9 +28,11 @@ pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
 ) {
     // What each claim's condition says, as written.
     let mut written: HashMap<String, DaemonState> = HashMap::new();
+    let mut binding = super::binding::BindingState::default();
     loop {
         tokio::time::sleep(interval).await;
         pass(&preparer, &mut written).await;
+        preparer.binding_pass(&mut binding).await;
     }
 }
 

@@ -46,6 +46,7 @@
 //! `gpu_dra_errors_total{kind="checkpoint"}`, and nothing it names is
 //! touched.
 
+pub mod binding;
 pub mod claim_plan;
 pub mod created_nodes;
 pub mod daemons;
@@ -108,6 +109,19 @@ pub trait DomainLookup: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, String>> + Send {
         std::future::ready(Ok(self.find(namespace, uid)))
     }
+
+    /// The domains whose status lists `node` (a channel of theirs is
+    /// allocated there), for readying channels before binding.
+    fn listing(&self, node: &str) -> Vec<ComputeDomain>;
+
+    /// The claims of the domain with `uid` in `namespace`: those carrying
+    /// the label its template puts on them. An error when the API server
+    /// could not be read.
+    fn claims_of(
+        &self,
+        namespace: &str,
+        uid: &str,
+    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, String>> + Send;
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim, and
@@ -122,6 +136,15 @@ pub trait ConditionWriter: Send + Sync + 'static {
     ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
 
     fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), String>> + Send;
+
+    /// Sets the binding failure condition of this node's channel with
+    /// `reason`: the scheduler gives the allocation up ([`binding`]).
+    fn fail_binding(
+        &self,
+        namespace: &str,
+        name: &str,
+        reason: &str,
+    ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
 }
 
 #[derive(Debug, Clone)]
@@ -664,6 +687,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
     }
 }
 
+#[cfg(test)]
+mod binding_tests;
 #[cfg(test)]
 mod forged_tests;
 #[cfg(test)]

@@ -14,7 +14,7 @@ use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
 
 /// How long the health loop waits for the API to say whether a claim exists.
-const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Which daemon serves a domain on this node.
 #[derive(Debug, Clone)]

@@ -3,9 +3,10 @@
 //! (`status.devices`, which the controller reads for the domain's status),
 //! with the Warning Event that explains a refused write.
 
-use gpu_dra_driver::compute_domain::DRIVER_NAME;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
+use gpu_dra_driver::compute_domain::binding::with_binding_failure;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
+use gpu_dra_driver::compute_domain::{DOMAIN_LABEL, DRIVER_NAME};
 use gpu_dra_driver::service::decoded_watch;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -79,6 +80,26 @@ impl DomainLookup for StoreDomains {
         tracing::info!(namespace, uid, "ComputeDomain read from the API: the watch had not delivered it yet");
         Ok(Some(domain))
     }
+
+    fn listing(&self, node: &str) -> Vec<ComputeDomain> {
+        self.store
+            .state()
+            .iter()
+            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node(d, node))
+            .map(|d| (**d).clone())
+            .collect()
+    }
+
+    /// One list of the namespace's claims with the domain's label, through
+    /// the agent's client and its timeouts.
+    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, String> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+        let selector = format!("{DOMAIN_LABEL}={uid}");
+        let listed = api.list(&ListParams::default().labels(&selector)).await.map_err(|error| {
+            format!("listing ResourceClaims in {namespace} ({selector}): {}", error.to_string().escape_debug())
+        })?;
+        Ok(listed.items)
+    }
 }
 
 /// Writes conditions through the API server as this node.
@@ -111,6 +132,10 @@ pub fn with_condition(claim: &ResourceClaim, node: &str, device: &str, state: &D
 }
 
 impl ConditionWriter for KubeConditions {
+    async fn fail_binding(&self, namespace: &str, name: &str, reason: &str) -> Result<(), ConditionError> {
+        edit_status(&self.client, namespace, name, |claim| with_binding_failure(claim, &self.node, reason)).await
+    }
+
     async fn set_ready(
         &self,
         namespace: &str,

@@ -31,6 +31,7 @@ pub(super) struct Domains(
     Arc<std::sync::atomic::AtomicBool>,
     Arc<Mutex<Option<ComputeDomain>>>,
     Arc<Mutex<Option<String>>>,
+    Arc<Mutex<Vec<ResourceClaim>>>,
 );
 
 impl DomainLookup for Domains {
@@ -52,6 +53,30 @@ impl DomainLookup for Domains {
         Ok(live
             .filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid)))
     }
+
+    fn listing(&self, node: &str) -> Vec<ComputeDomain> {
+        self.0
+            .lock()
+            .unwrap()
+            .clone()
+            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node(d, node))
+            .into_iter()
+            .collect()
+    }
+
+    /// The domain's claims: those of `4` with its label, or the error `3`
+    /// holds.
+    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, String> {
+        if let Some(error) = self.3.lock().unwrap().clone() {
+            return Err(error);
+        }
+        let labelled = |c: &ResourceClaim| {
+            c.metadata.namespace.as_deref() == Some(namespace)
+                && c.metadata.labels.as_ref().and_then(|l| l.get(gpu_dra_driver::compute_domain::DOMAIN_LABEL))
+                    == Some(&uid.to_owned())
+        };
+        Ok(self.4.lock().unwrap().iter().filter(|c| labelled(c)).cloned().collect())
+    }
 }
 
 /// Conditions written; while `refusal` holds an error, writes fail with
@@ -61,6 +86,8 @@ pub(super) struct Conditions {
     pub(super) written: Arc<Mutex<Vec<(String, DaemonState)>>>,
     refusal: Arc<Mutex<Option<ConditionError>>>,
     explained: Arc<Mutex<Vec<Explanation>>>,
+    /// Binding failures written: (claim, reason).
+    pub(super) failed: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 impl ConditionWriter for Conditions {
@@ -74,6 +101,14 @@ impl ConditionWriter for Conditions {
 
     async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
         self.explained.lock().unwrap().push(explanation.clone());
+        Ok(())
+    }
+
+    async fn fail_binding(&self, _ns: &str, name: &str, reason: &str) -> Result<(), ConditionError> {
+        if let Some(error) = self.refusal.lock().unwrap().clone() {
+            return Err(error);
+        }
+        self.failed.lock().unwrap().push((name.to_owned(), reason.to_owned()));
         Ok(())
     }
 }
@@ -159,6 +194,41 @@ impl Node {
         .unwrap();
         self.claims.put(claim);
         ClaimRef { namespace: "team".into(), name: name.into(), uid: uid.into() }
+    }
+
+    /// A channel claim of the domain (labelled as its template labels it)
+    /// allocated here with the channel's binding conditions, that the
+    /// scheduler holds for binding; `domain_id` is what its config names.
+    pub(super) fn waiting_channel_claim(&self, name: &str, uid: &str, domain_id: &str) -> ResourceClaim {
+        let claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"namespace": "team", "name": name, "uid": uid,
+                "labels": {gpu_dra_driver::compute_domain::DOMAIN_LABEL: DOMAIN}},
+            "spec": {"devices": {"requests": [{"name": "channel", "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"}}],
+                "config": [{"requests": ["channel"], "opaque": {"driver": "compute-domain.nvidia.com",
+                    "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": domain_id}}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "channel", "driver": "compute-domain.nvidia.com", "pool": NODE, "device": "channel-0",
+                 "bindingConditions": ["Ready"], "bindingFailureConditions": ["ImexDaemonFailed"]}]}}}
+        }))
+        .unwrap();
+        self.claims.put(claim.clone());
+        self.domains.4.lock().unwrap().push(claim.clone());
+        claim
+    }
+
+    /// Replaces the domain's claims as the API lists them.
+    pub(super) fn set_domain_claims(&self, claims: Vec<ResourceClaim>) {
+        *self.domains.4.lock().unwrap() = claims;
+    }
+
+    /// Makes listing the domain's claims fail with `error` (`None`: succeed).
+    pub(super) fn set_api_error(&self, error: Option<&str>) {
+        *self.domains.3.lock().unwrap() = error.map(str::to_owned);
+    }
+
+    pub(super) fn remove_claim(&self, name: &str) {
+        self.claims.remove(name);
+        self.domains.4.lock().unwrap().retain(|c| c.metadata.name.as_deref() != Some(name));
     }
 
     pub(super) fn imex_log(&self) -> Vec<String> {

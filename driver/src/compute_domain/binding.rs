@@ -1,0 +1,143 @@
+//! Binding conditions of ComputeDomain channels, the pure part shared by
+//! the node agent (which readies a channel's IMEX daemon before the pod is
+//! bound and says so) and the controller (which fails the binding of a
+//! channel on a node that cannot join its domain). The conditions are
+//! [`super::devices::BINDING_CONDITION`] and
+//! [`super::devices::BINDING_FAILURE_CONDITION`]; the kube-scheduler waits
+//! for the first, or gives the allocation up on the second
+//! (`isClaimReadyForBinding` in
+//! `pkg/scheduler/framework/plugins/dynamicresources`).
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use super::DRIVER_NAME;
+use super::api::ComputeDomain;
+use super::devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION, CHANNEL_DEVICE};
+use crate::claim_status::{EntryKey, Readiness, entry_mut, set_condition};
+
+/// The failure condition's reason.
+pub const FAILURE_REASON: &str = "ImexDaemonUnavailable";
+
+/// Whether the scheduler holds `claim`'s binding for this node's channel:
+/// allocated here with our binding condition, and neither it nor the
+/// failure condition true yet in the claim's `status.devices`.
+pub fn waits_for_binding(claim: &ResourceClaim, node: &str) -> bool {
+    let Some(status) = claim.status.as_ref() else { return false };
+    let results = status.allocation.as_ref().and_then(|a| a.devices.as_ref()).and_then(|d| d.results.as_ref());
+    let here = results.into_iter().flatten().any(|r| {
+        r.driver == DRIVER_NAME
+            && r.pool == node
+            && r.device == CHANNEL_DEVICE
+            && r.binding_conditions.iter().flatten().any(|c| c == BINDING_CONDITION)
+    });
+    let decided = status
+        .devices
+        .iter()
+        .flatten()
+        .filter(|d| d.driver == DRIVER_NAME && d.pool == node && d.device == CHANNEL_DEVICE)
+        .flat_map(|d| d.conditions.iter().flatten())
+        .any(|c| c.status == "True" && (c.type_ == BINDING_CONDITION || c.type_ == BINDING_FAILURE_CONDITION));
+    here && !decided
+}
+
+/// Whether `claim` (still) has this node's channel allocated.
+pub fn allocated_here(claim: &ResourceClaim, node: &str) -> bool {
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_ref());
+    results.into_iter().flatten().any(|r| r.driver == DRIVER_NAME && r.pool == node && r.device == CHANNEL_DEVICE)
+}
+
+/// Whether `domain`'s status lists `node`.
+pub fn lists_node(domain: &ComputeDomain, node: &str) -> bool {
+    domain.status.as_ref().is_some_and(|s| s.nodes.iter().any(|n| n.name == node))
+}
+
+/// The claim's `status.devices` with the binding failure condition of
+/// `node`'s channel true, saying `reason` (escaped and bounded); `None`
+/// when it already says so.
+pub fn with_binding_failure(claim: &ResourceClaim, node: &str, reason: &str) -> Option<ResourceClaim> {
+    let failed = Readiness { ready: true, reason: FAILURE_REASON, message: reason.to_owned() };
+    let mut claim = claim.clone();
+    let generation = claim.metadata.generation;
+    let devices = claim.status.get_or_insert_default().devices.get_or_insert_default();
+    let key = EntryKey { driver: DRIVER_NAME, pool: node, device: CHANNEL_DEVICE, share_id: None };
+    set_condition(entry_mut(devices, &key), BINDING_FAILURE_CONDITION, &failed, generation).then_some(claim)
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, DeviceRequestAllocationResult};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+    use serde_json::json;
+
+    use super::*;
+
+    fn claim(conditions: &[(&str, &str)], pool: &str, binding: bool) -> ResourceClaim {
+        let mut result: DeviceRequestAllocationResult = serde_json::from_value(json!({
+            "request": "channel", "driver": DRIVER_NAME, "pool": pool, "device": CHANNEL_DEVICE,
+        }))
+        .unwrap();
+        if binding {
+            result.binding_conditions = Some(vec![BINDING_CONDITION.into()]);
+            result.binding_failure_conditions = Some(vec![BINDING_FAILURE_CONDITION.into()]);
+        }
+        let mut claim: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "default", "uid": "u"},
+            "spec": {},
+            "status": {"allocation": {"devices": {"results": []}}},
+        }))
+        .unwrap();
+        let status = claim.status.as_mut().unwrap();
+        status.allocation.as_mut().unwrap().devices.as_mut().unwrap().results = Some(vec![result]);
+        if !conditions.is_empty() {
+            status.devices = Some(vec![AllocatedDeviceStatus {
+                driver: DRIVER_NAME.into(),
+                pool: pool.into(),
+                device: CHANNEL_DEVICE.into(),
+                conditions: Some(
+                    conditions
+                        .iter()
+                        .map(|(t, s)| Condition {
+                            type_: (*t).into(),
+                            status: (*s).into(),
+                            reason: "R".into(),
+                            message: String::new(),
+                            last_transition_time: Time(k8s_openapi::jiff::Timestamp::now()),
+                            observed_generation: None,
+                        })
+                        .collect(),
+                ),
+                ..AllocatedDeviceStatus::default()
+            }]);
+        }
+        claim
+    }
+
+    #[test]
+    fn a_failure_is_one_true_condition_with_the_reason_escaped() {
+        let failed = with_binding_failure(&claim(&[("Ready", "False")], "n1", true), "n1", "no \u{1b}[2J").unwrap();
+        let conditions = failed.status.as_ref().unwrap().devices.as_ref().unwrap()[0].conditions.clone().unwrap();
+        let types: Vec<(&str, &str)> = conditions.iter().map(|c| (c.type_.as_str(), c.status.as_str())).collect();
+        assert_eq!(types, [("Ready", "False"), ("ImexDaemonFailed", "True")]);
+        assert!(!conditions[1].message.contains('\u{1b}'), "{:?}", conditions[1].message);
+        assert!(!waits_for_binding(&failed, "n1"), "decided");
+        assert!(with_binding_failure(&failed, "n1", "no \u{1b}[2J").is_none());
+    }
+
+    #[test]
+    fn a_channel_waits_until_ready_or_failed_is_true() {
+        assert!(waits_for_binding(&claim(&[], "n1", true), "n1"));
+        assert!(waits_for_binding(&claim(&[("Ready", "False")], "n1", true), "n1"), "not ready yet");
+        assert!(!waits_for_binding(&claim(&[("Ready", "True")], "n1", true), "n1"));
+        assert!(!waits_for_binding(&claim(&[("ImexDaemonFailed", "True")], "n1", true), "n1"));
+        assert!(!waits_for_binding(&claim(&[], "n2", true), "n1"), "another node's channel");
+        assert!(!waits_for_binding(&claim(&[], "n1", false), "n1"), "allocated without binding conditions");
+        assert!(!waits_for_binding(&ResourceClaim::default(), "n1"), "not allocated");
+        assert!(allocated_here(&claim(&[], "n1", false), "n1"));
+        assert!(!allocated_here(&claim(&[], "n2", true), "n1"));
+    }
+}
