@@ -291,6 +291,15 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
         "allocation": {"devices": {"results": [{"request": "channel", "driver": CD_DRIVER, "pool": "node-a", "device": "channel-0"}],
                                    "config": allocated}},
         "reservedFor": [{"resource": "pods", "name": "worker", "uid": "worker-uid"}]});
+    // Another pod's channel, allocated on node-b (which publishes no
+    // clique, so it cannot join), waits for binding: the controller fails
+    // its binding through the claim's status.devices (made once the domain
+    // is Ready: the node without a clique keeps it NotReady).
+    let mut stray = object.clone();
+    stray["metadata"]["name"] = json!("stray-channel");
+    stray["status"]["allocation"]["devices"]["results"] = json!([{"request": "channel", "driver": CD_DRIVER,
+        "pool": "node-b", "device": "channel-0", "bindingConditions": ["Ready"], "bindingFailureConditions": ["ImexDaemonFailed"]}]);
+    stray["status"]["reservedFor"] = json!([{"resource": "pods", "name": "stray", "uid": "stray-uid"}]);
     let stored = server.create_with_status(&serde_json::from_value::<ResourceClaim>(object).unwrap()).unwrap();
     let request = claim("default", "worker-channel", stored.metadata.uid.as_deref().unwrap());
     // The agent's first write of the channel's condition is refused, as
@@ -308,6 +317,14 @@ fn compute_domain_calls() -> Vec<(String, ApiCall)> {
         domain.and_then(|d| d.status).is_some_and(|s| s.status == Readiness::Ready)
     };
     wait_until("the domain Ready", &logs, ready);
+    server.create_with_status(&serde_json::from_value::<ResourceClaim>(stray).unwrap()).unwrap();
+    let refused = || {
+        let claim = server.get::<ResourceClaim>(Some("default"), "stray-channel").ok();
+        let devices = claim.and_then(|c| c.status).and_then(|s| s.devices).unwrap_or_default();
+        devices.iter().flat_map(|d| d.conditions.iter().flatten()).any(|c| c.type_ == "ImexDaemonFailed")
+    };
+    wait_until("the stray channel's binding refused", &logs, refused);
+    server.delete::<ResourceClaim>(Some("default"), "stray-channel").unwrap();
     runtime.block_on(kubelet.unprepare(&registered, &[request])).unwrap_or_else(|e| panic!("{e}\n{}", logs()));
     server.delete::<ResourceClaim>(Some("default"), "worker-channel").unwrap();
     server.delete::<ComputeDomain>(Some("default"), "job").unwrap();
@@ -337,7 +354,16 @@ fn compute_domain_rbac_is_exactly_the_calls_they_make() {
     let extra = grants(&extra_objects);
     let mut made: BTreeMap<String, BTreeSet<ApiCall>> = BTreeMap::new();
     for (agent, call) in compute_domain_calls() {
-        made.entry(agent.clone()).or_default().extend(authorization_checks(&agent, call));
+        // Here the controller's only claim status write is a refused
+        // binding: status.devices, on a token bound to no node.
+        let checks = if agent == "gpu-dra-controller" && call.resource == "resourceclaims/status" {
+            let driver =
+                ApiCall { verb: "arbitrary-node:update", resource: "resourceclaims/driver".into(), ..call.clone() };
+            vec![call, driver]
+        } else {
+            authorization_checks(&agent, call)
+        };
+        made.entry(agent.clone()).or_default().extend(checks);
     }
     let accounts =
         [("gpu-kubelet-plugin", "gpu-dra-driver-kubelet-plugin"), ("gpu-dra-controller", "gpu-dra-driver-controller")];

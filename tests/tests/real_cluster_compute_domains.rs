@@ -51,6 +51,10 @@ struct Scene<'a> {
     cluster: &'a Cluster,
     trays: Vec<Tray>,
     controller: integration_tests::controller_process::ControllerProcess,
+    /// Whether the release serves the channel's binding conditions and its
+    /// scheduler waits for them (`DRADeviceBindingConditions`, beta and on
+    /// since 1.36; dropped from the slice on 1.34 defaults).
+    binding: bool,
 }
 
 impl Scene<'_> {
@@ -176,6 +180,16 @@ impl Scene<'_> {
         }
     }
 
+    /// Every Event note about pod `name` (the scheduler's among them).
+    async fn pod_notes(&self, name: &str) -> Vec<String> {
+        let events: Api<Event> = Api::namespaced(self.cluster.admin(), NAMESPACE);
+        let list = events.list(&ListParams::default()).await.map(|l| l.items).unwrap_or_default();
+        list.into_iter()
+            .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+            .filter_map(|e| e.note)
+            .collect()
+    }
+
     /// The Warning notes our controller wrote on domain `name`.
     async fn warnings(&self, name: &str) -> Vec<(String, String)> {
         let events: Api<Event> = Api::namespaced(self.cluster.admin(), NAMESPACE);
@@ -224,6 +238,22 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) {
     let mut running = Vec::new();
     for pod in &pods {
         let (node, claims) = scene.scheduled(pod).await;
+        if scene.binding {
+            // Bound only once the node's IMEX daemon was ready: it runs
+            // before the kubelet's prepare, and the channel says Ready.
+            let tray = scene.tray(&node);
+            assert_eq!(
+                tray.imex.daemons(),
+                1,
+                "{pod} bound to {node} before its daemon ran: {:?}",
+                tray.imex.imex_log()
+            );
+            let channel = claims.iter().find(|c| !binding_conditions(c).is_empty()).unwrap_or_else(|| {
+                panic!("{pod}: no channel allocated with binding conditions: {claims:?}\n{}", scene.logs())
+            });
+            assert_eq!(binding_conditions(channel), ["Ready"]);
+            assert_eq!(device_conditions(channel), [("Ready".to_owned(), "True".to_owned())], "{channel:?}");
+        }
         scene.run_pod(pod, &node, &claims).await;
         running.push((pod.clone(), node, claims));
     }
@@ -302,6 +332,36 @@ async fn four_trays_form_a_domain(scene: &Scene<'_>) {
     templates.delete("four-gpus", &DeleteParams::default()).await.unwrap();
 }
 
+/// The binding conditions of `claim`'s allocated channel.
+fn binding_conditions(claim: &ResourceClaim) -> Vec<String> {
+    let results = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+    let channel =
+        results.and_then(|d| d.results.as_ref()).into_iter().flatten().find(|r| r.device.starts_with("channel"));
+    channel.and_then(|r| r.binding_conditions.clone()).unwrap_or_default()
+}
+
+/// (type, status) of each condition of `claim`'s channel entry in
+/// `status.devices`, read from the API server now.
+fn device_conditions(claim: &ResourceClaim) -> Vec<(String, String)> {
+    let devices = claim.status.as_ref().and_then(|s| s.devices.as_ref());
+    let channel = devices.into_iter().flatten().find(|d| d.device.starts_with("channel"));
+    channel
+        .and_then(|d| d.conditions.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|c| (c.type_.clone(), c.status.clone()))
+        .collect()
+}
+
+/// Whether the trays' compute-domain slices keep the channel's binding
+/// conditions as the server stored them.
+async fn serves_binding_conditions(cluster: &Cluster) -> bool {
+    let slices: Api<k8s_openapi::api::resource::v1::ResourceSlice> = Api::all(cluster.admin());
+    let selector = format!("spec.driver={}", gpu_dra_driver::compute_domain::DRIVER_NAME);
+    let list = slices.list(&ListParams::default().fields(&selector)).await.unwrap();
+    list.items.iter().flat_map(|s| s.spec.devices.iter().flatten()).any(|d| d.binding_conditions.is_some())
+}
+
 /// The peers a fake daemon was last given (`start|reload <cfg> <peers...>`).
 fn last_peers(log: &[String]) -> Option<BTreeSet<String>> {
     let line = log.iter().rev().find(|l| l.starts_with("start ") || l.starts_with("reload "))?;
@@ -356,8 +416,7 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     let objects = [daemon_claim("wide-daemon", &domain_uid), wide_a, pod_on("wide-b", stray, "wide-channel")];
     create_all(&scene.cluster.admin(), &objects).await.unwrap_or_else(|e| panic!("{e}"));
     let (node_a, claims_a) = scene.scheduled("wide-a").await;
-    let (node_b, claims_b) = scene.scheduled("wide-b").await;
-    assert_eq!((node_a.as_str(), node_b.as_str()), (first.as_str(), stray));
+    assert_eq!(node_a, first);
     let daemons: Vec<_> = claims_a.iter().flat_map(allocation).filter(|(_, d)| d.starts_with("daemon")).collect();
     assert_eq!(daemons.len(), 1, "wide-a's daemon claim allocated on its node: {claims_a:?}");
 
@@ -377,13 +436,36 @@ async fn beyond_the_clique_is_explained(scene: &Scene<'_>, stray: &str) {
     assert_eq!(status.nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>(), [first.as_str()], "{status:?}");
     assert_eq!(status.status, Readiness::NotReady);
 
-    // The kubelet's part: the clique's node prepares; the stray one is
-    // refused with the reason after its bounded wait, and starts nothing.
+    // The kubelet's part: the clique's node prepares.
     let stray_tray = scene.tray(stray);
     scene.run_pod("wide-a", &first, &claims_a).await;
     assert_eq!(scene.tray(&first).imex.daemons(), 1, "one daemon for the channel and the daemon claim");
-    let error = stray_tray.prepare(&claims_b[0]).await.unwrap_err();
-    assert!(error.starts_with(&format!("node {stray} has not joined ComputeDomain default/wide after")), "{error}");
+    let claims_b = if scene.binding {
+        // The stray node's channel never binds: the controller fails its
+        // binding with the reason, which the scheduler reports on the pod
+        // (and places it again, on the only node its selector allows).
+        let note = eventually(
+            "the scheduler's note that wide-b's binding failed",
+            || async {
+                let notes = scene.pod_notes("wide-b").await;
+                notes.into_iter().find(|n| n.contains(&format!("node {stray} cannot join ComputeDomain default/wide")))
+            },
+            || scene.logs(),
+        )
+        .await;
+        assert!(note.contains("ImexDaemonUnavailable"), "{note}");
+        let pod = scene.pods().get("wide-b").await.unwrap();
+        assert_eq!(pod.spec.and_then(|s| s.node_name), None, "never bound");
+        Vec::new()
+    } else {
+        // Without binding conditions the pod binds, and the stray node's
+        // prepare is refused with the reason after its bounded wait.
+        let (node_b, claims_b) = scene.scheduled("wide-b").await;
+        assert_eq!(node_b, stray);
+        let error = stray_tray.prepare(&claims_b[0]).await.unwrap_err();
+        assert!(error.starts_with(&format!("node {stray} has not joined ComputeDomain default/wide after")), "{error}");
+        claims_b
+    };
     assert!(stray_tray.imex.imex_log().is_empty(), "{:?}", stray_tray.imex.imex_log());
     assert_eq!(stray_tray.imex.daemons(), 0);
 
@@ -449,7 +531,9 @@ async fn compute_domains_on_the_real_control_plane(release: Release) {
         trays.push(Tray::start(&cluster, &format!("gb200-{i}"), &gb200(1), &format!("10.0.0.{}", i + 1), 20_000).await);
     }
     let controller = start_controller(&cluster, "cd", "gb200-0", &["--compute-domains"]).await;
-    let mut scene = Scene { cluster: &cluster, trays, controller };
+    let binding = serves_binding_conditions(&cluster).await;
+    assert_eq!(binding, release.minor == "1.37", "{}: binding conditions served", release.describe());
+    let mut scene = Scene { cluster: &cluster, trays, controller, binding };
     four_trays_form_a_domain(&scene).await;
     eprintln!(
         "{}: the four-tray domain formed and was cleaned up after {:.1} s",

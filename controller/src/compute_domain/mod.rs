@@ -16,12 +16,13 @@
 
 pub mod plan;
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
 use gpu_dra_driver::compute_domain::api::ComputeDomain;
+use gpu_dra_driver::compute_domain::binding::with_binding_failure;
 use gpu_dra_driver::compute_domain::devices::slice_clique;
 use gpu_dra_driver::compute_domain::{DOMAIN_LABEL, DRIVER_NAME, FINALIZER};
 use gpu_dra_driver::service::decoded_watch::{self, Decoder, Rejection, Rejections};
@@ -36,7 +37,7 @@ use prometheus_client::metrics::counter::Counter;
 use crate::service::cluster::Verdict;
 use crate::service::events::{EventWriter, Regarding};
 use crate::service::leadership::{WriteError, Writes};
-use plan::{ChannelClaim, Inputs, NodeFacts, Plan, TemplateAction};
+use plan::{ChannelClaim, Inputs, NodeFacts, Plan, RefusedBinding, TemplateAction};
 
 /// How often the reconciler plans every domain.
 const PASS: Duration = Duration::from_millis(500);
@@ -123,7 +124,8 @@ pub async fn run(client: Client, writes: Writes, events: EventWriter, rejected_t
         }
     }
     tracing::info!("reconciling ComputeDomains");
-    let mut reconciler = Reconciler { client, writes, events, explained_rejections: HashSet::new() };
+    let mut reconciler =
+        Reconciler { client, writes, events, explained_rejections: HashSet::new(), binding_failures: HashMap::new() };
     loop {
         if reconciler.writes.leadership.is_leading() {
             reconciler.pass(&stores).await;
@@ -138,6 +140,8 @@ struct Reconciler {
     events: EventWriter,
     /// Undecodable domains given an Event, to forget once they are gone.
     explained_rejections: HashSet<Regarding>,
+    /// The last error failing a channel's binding, by claim (logged once).
+    binding_failures: HashMap<String, String>,
 }
 
 fn regarding(namespace: &str, name: &str, uid: &str) -> Regarding {
@@ -224,19 +228,59 @@ impl Reconciler {
                 (None, Some(name)) => self.foreign_template(&namespace, name).await,
                 _ => None,
             };
-            let plan = plan::plan(&Inputs {
+            let mut plan = plan::plan(&Inputs {
                 domain: &domain,
                 template: template.or(foreign.as_ref()),
                 channels: mine,
                 nodes: &nodes,
                 clique_sizes: &clique_sizes,
             });
+            for refused in std::mem::take(&mut plan.refused_bindings) {
+                self.refuse_binding(stores, &refused).await;
+            }
             if let Err(error) = self.carry_out(&domain, plan).await
                 && !matches!(error, WriteError::NotLeading)
                 && !error.is_conflict()
             {
                 let name = domain.metadata.name.as_deref().unwrap_or_default();
                 tracing::warn!(%error, domain = %format!("{namespace}/{name}"), "ComputeDomain write failed; retrying");
+            }
+        }
+    }
+
+    /// Fails the binding of a channel on a node that cannot join its
+    /// domain (the claim's `status.devices`, written as the driver's
+    /// controller). A failed write is retried next pass and logged once
+    /// per claim until its error changes.
+    async fn refuse_binding(&mut self, stores: &Stores, refused: &RefusedBinding) {
+        let claim = stores.claims.state().into_iter().find(|c| {
+            c.metadata.namespace.as_deref() == Some(refused.namespace.as_str())
+                && c.metadata.name.as_deref() == Some(refused.name.as_str())
+        });
+        let Some(edited) = claim.and_then(|c| with_binding_failure(&c, &refused.node, &refused.reason)) else { return };
+        let key = format!("{}/{}", refused.namespace, refused.name);
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &refused.namespace);
+        match self.writes.run(api.replace_status(&refused.name, &PostParams::default(), &edited)).await {
+            Ok(_) => {
+                self.binding_failures.remove(&key);
+                tracing::info!(
+                    claim = key,
+                    node = refused.node,
+                    reason = refused.reason,
+                    "failed the binding of a channel on a node that cannot join its ComputeDomain"
+                );
+            }
+            Err(WriteError::NotLeading) => {}
+            Err(error) if error.is_conflict() => {}
+            Err(error) => {
+                let text = error.to_string();
+                if self.binding_failures.insert(key.clone(), text.clone()).as_ref() != Some(&text) {
+                    tracing::warn!(
+                        claim = key,
+                        error = text,
+                        "cannot fail the binding of a channel on a node outside its ComputeDomain; retrying every pass, logged again only if the error changes"
+                    );
+                }
             }
         }
     }

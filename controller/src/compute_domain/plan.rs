@@ -15,6 +15,7 @@ use gpu_dra_driver::compute_domain::api::{
     AllocationMode, ChannelConfig, ComputeDomain, ComputeDomainNode, ComputeDomainStatus, DomainConfig, Readiness,
     decode_config,
 };
+use gpu_dra_driver::compute_domain::binding;
 use gpu_dra_driver::compute_domain::{CHANNEL_CLASS, DOMAIN_LABEL, DRIVER_NAME, FINALIZER, MAX_NODES_PER_DOMAIN};
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClaimConfiguration, DeviceRequest, ExactDeviceRequest, OpaqueDeviceConfiguration, ResourceClaim,
@@ -47,6 +48,9 @@ pub struct ChannelClaim {
     /// The node agent's `Ready` condition on the channel device: `None`
     /// before it said anything.
     pub ready: Option<bool>,
+    /// The scheduler holds the pod's binding until the node agent says the
+    /// channel is ready or that it failed ([`binding::waits_for_binding`]).
+    pub waiting: bool,
 }
 
 impl ChannelClaim {
@@ -73,6 +77,7 @@ impl ChannelClaim {
             namespace: claim.metadata.namespace.clone().unwrap_or_default(),
             name: claim.metadata.name.clone().unwrap_or_default(),
             domain_id,
+            waiting: binding::waits_for_binding(claim, &result.pool),
             node: result.pool.clone(),
             ready,
         })
@@ -149,6 +154,17 @@ pub enum TemplateAction {
     Delete { namespace: String, name: String },
 }
 
+/// A channel whose pod waits for binding on a node that cannot join the
+/// domain: its binding is failed with `reason`, and the scheduler places
+/// the pod again rather than waiting for a daemon that will never start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RefusedBinding {
+    pub namespace: String,
+    pub name: String,
+    pub node: String,
+    pub reason: String,
+}
+
 /// One pass's decisions for one domain.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -159,6 +175,7 @@ pub struct Plan {
     /// The status to write, when it differs from the stored one.
     pub status: Option<ComputeDomainStatus>,
     pub problems: Vec<Problem>,
+    pub refused_bindings: Vec<RefusedBinding>,
 }
 
 /// Everything the plan for `domain` reads.
@@ -200,6 +217,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
             template,
             status: None,
             problems: Vec::new(),
+            refused_bindings: Vec::new(),
         };
     }
     let mut problems = Vec::new();
@@ -217,6 +235,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         (Some(_), None) => TemplateAction::Create(Box::new(workload_template(domain))),
     };
     let status = desired_status(inputs, &mut problems);
+    let refused_bindings = refused_bindings(inputs, &status, &problems);
     let stored = domain.status.clone().unwrap_or_default();
     Plan {
         add_finalizer: !has_finalizer,
@@ -224,6 +243,7 @@ pub fn plan(inputs: &Inputs<'_>) -> Plan {
         template,
         status: (domain.status.is_none() || status != stored).then_some(status),
         problems,
+        refused_bindings,
     }
 }
 
@@ -370,6 +390,38 @@ fn desired_status(inputs: &Inputs<'_>, problems: &mut Vec<Problem>) -> ComputeDo
     let complete = !nodes.is_empty() && ready == nodes.len() && ready >= wants as usize;
     let blocking = problems.iter().any(|p| !matches!(p, Problem::TemplateTaken { .. }));
     ComputeDomainStatus { status: if complete && !blocking { Readiness::Ready } else { Readiness::NotReady }, nodes }
+}
+
+/// The waiting channels on nodes the status leaves out, each with the
+/// problem that names its node (else the domain being full).
+fn refused_bindings(inputs: &Inputs<'_>, status: &ComputeDomainStatus, problems: &[Problem]) -> Vec<RefusedBinding> {
+    let domain = format!(
+        "{}/{}",
+        inputs.domain.metadata.namespace.as_deref().unwrap_or_default(),
+        inputs.domain.metadata.name.as_deref().unwrap_or_default()
+    );
+    let names_node = |problem: &Problem, node: &str| match problem {
+        Problem::OtherCliques { outside, .. } => outside.iter().any(|(n, _)| n == node),
+        Problem::NoClique { nodes } | Problem::NoAddress { nodes } => nodes.iter().any(|n| n == node),
+        _ => false,
+    };
+    inputs
+        .channels
+        .iter()
+        .filter(|c| c.waiting && !status.nodes.iter().any(|n| n.name == c.node))
+        .map(|c| {
+            let why = problems.iter().find(|p| names_node(p, &c.node)).map_or_else(
+                || format!("the domain already has {MAX_NODES_PER_DOMAIN} nodes, the most one IMEX domain holds"),
+                Problem::note,
+            );
+            RefusedBinding {
+                namespace: c.namespace.clone(),
+                name: c.name.clone(),
+                node: c.node.clone(),
+                reason: format!("node {} cannot join ComputeDomain {domain}: {why}", c.node),
+            }
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -18,6 +18,7 @@ fn channel(node: &str, ready: Option<bool>) -> ChannelClaim {
         domain_id: UID.into(),
         node: node.into(),
         ready,
+        waiting: false,
     }
 }
 
@@ -125,6 +126,27 @@ fn nodes_of_two_cliques_never_share_a_domain() {
     );
     let note = p.problems[0].note();
     assert!(note.contains("b0 (clique uuid.2) cannot join"), "{note}");
+}
+
+/// A pod waiting for binding on a node of another clique: its binding is
+/// failed at once with the reason (the scheduler would otherwise wait its
+/// whole binding timeout for a daemon that never starts); one waiting in
+/// the domain's clique, or already decided, is left to its node agent.
+#[test]
+fn a_channel_waiting_on_a_node_that_cannot_join_has_its_binding_refused() {
+    let d = domain(0);
+    let waiting = |node: &str| ChannelClaim { waiting: true, ..channel(node, None) };
+    let channels = [waiting("a0"), waiting("b0"), channel("a1", Some(true)), channel("b1", None)];
+    let p = run(&d, None, &channels, 2, 2);
+    assert_eq!(p.refused_bindings.len(), 1, "{:?}", p.refused_bindings);
+    let refused = &p.refused_bindings[0];
+    assert_eq!((refused.name.as_str(), refused.node.as_str()), ("pod-b0-channel", "b0"));
+    assert!(refused.reason.starts_with("node b0 cannot join ComputeDomain default/job: "), "{}", refused.reason);
+    assert!(
+        refused.reason.contains("b0 (clique uuid.2)") && refused.reason.contains("cannot join its IMEX domain"),
+        "{}",
+        refused.reason
+    );
 }
 
 #[test]
