@@ -328,3 +328,46 @@ async fn delegated_claims_are_deallocated_when_their_consumers_are_gone() {
     .await;
     assert_eq!(status_writes("unused"), 1);
 }
+
+/// An administrator's DeviceTaintRule is honoured as the scheduler
+/// honours it: a delegated claim is not given the device it taints, the
+/// explanation names the rule's taint, and the device comes back when the
+/// rule goes. A rule the allocator cannot apply (no taint key, refused by
+/// the real API server) is left out on its own.
+#[tokio::test(flavor = "multi_thread")]
+async fn device_taint_rules_take_devices_out_and_give_them_back() {
+    use k8s_openapi::api::resource::v1::DeviceTaintRule;
+    let cluster = Cluster::start(1, 1).await;
+    let rule = |name: &str, key: &str| -> DeviceTaintRule {
+        serde_json::from_value(json!({
+            "metadata": {"name": name},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": "node-000", "device": "gpu-0"},
+                     "taint": {"key": key, "value": "drain", "effect": "NoSchedule"}},
+        }))
+        .unwrap()
+    };
+    cluster.server.create(&rule("maintenance", "example.com/maintenance")).unwrap();
+    cluster.server.create(&rule("keyless", "")).unwrap();
+    cluster.server.create(&claim("one", 1, true)).unwrap();
+    let controller = cluster.controller("a", &["--explain-after", "0s"]);
+    eventually(
+        "the explanation",
+        Duration::from_secs(60),
+        || !cluster.events_about("one").is_empty(),
+        || controller.log(),
+    )
+    .await;
+    let note = cluster.events_about("one")[0].note.clone().unwrap();
+    assert!(note.contains("example.com/maintenance=drain:NoSchedule"), "{note}");
+    let claim = cluster.claims().into_iter().find(|c| c.metadata.name.as_deref() == Some("one")).unwrap();
+    assert!(allocated_devices(&claim).is_empty(), "the tainted GPU was given: {claim:?}");
+    assert!(controller.log().contains("a DeviceTaintRule is left out"), "{}", controller.log());
+
+    cluster.server.delete::<DeviceTaintRule>(None, "maintenance").unwrap();
+    let allocated = || {
+        let claims = cluster.claims();
+        claims.iter().any(|c| allocated_devices(c) == ["gpu.nvidia.com/node-000/gpu-0"])
+    };
+    eventually("the claim allocated once the rule is gone", Duration::from_secs(60), allocated, || controller.log())
+        .await;
+}

@@ -258,6 +258,25 @@ async fn kubectl_gpu_reads_the_real_control_plane(release: Release) {
     assert_eq!((results[1]["name"].as_str(), results[1]["allocated"].as_bool()), (Some("nine"), Some(false)), "{fit}");
     assert!(results[1]["reason"].as_str().is_some_and(|r| !r.is_empty()), "{fit}");
 
+    // An administrator's DeviceTaintRule (served in resource.k8s.io/v1
+    // from 1.37) on the MIG node's pool: nodes shows its taint with the
+    // rule's name, as the scheduler would count it.
+    if release.minor == "1.37" {
+        let rule = json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceTaintRule",
+            "metadata": {"name": "hgx-maintenance"},
+            "spec": {"deviceSelector": {"driver": "gpu.nvidia.com", "pool": HGX},
+                     "taint": {"key": "example.com/maintenance", "value": "bios", "effect": "NoSchedule"}}});
+        create_all(&cluster.admin(), &[rule]).await.unwrap_or_else(|e| panic!("the real API server refused it: {e}"));
+        let (text, _) = kubectl_gpu_on(&cluster, &["nodes"]);
+        let hgx_line = text.lines().find(|l| l.starts_with(HGX)).unwrap_or_default();
+        assert!(
+            hgx_line.contains("example.com/maintenance=bios:NoSchedule (DeviceTaintRule hgx-maintenance)"),
+            "{text}"
+        );
+        let dgx_line = text.lines().find(|l| l.starts_with(DGX)).unwrap_or_default();
+        assert!(!dgx_line.contains("hgx-maintenance"), "{text}");
+    }
+
     // A user holding only the chart's two viewer roles sees the same.
     let analyst = tmp_dir().join(format!("analyst-{}.kubeconfig", release.minor));
     cluster.write_kubeconfig(&analyst, &service_account_token(&cluster, "default", "analyst").await);

@@ -6,13 +6,13 @@
 //! as objects); claims are kept as objects (the controller writes them),
 //! pods only as the claims they reference.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
-use gpu_dra_driver::allocator::{AllocateError, Allocator, FatalError, SearchBudget};
+use gpu_dra_driver::allocator::{AllocateError, Allocator, FatalError, SearchBudget, TaintRule, TaintRuleError};
 use gpu_dra_driver::selector::CelEnvironment;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
 /// The annotation that delegates a claim's allocation to this controller.
 pub const ALLOCATE_ANNOTATION: &str = "gpu.nvidia.com/allocate";
@@ -108,6 +108,8 @@ pub struct ClusterState {
     /// What the allocator holds for each claim, to release it exactly.
     recorded: HashMap<ClaimKey, AllocationResult>,
     pods: HashMap<ClaimKey, PodClaims>,
+    /// The DeviceTaintRules by name, as the allocator applies them.
+    taint_rules: BTreeMap<String, TaintRule>,
     /// Bumped by every change that can change an allocation's outcome.
     version: u64,
     /// Why claims of a given spec do not fit, at `version`: claims made
@@ -126,6 +128,7 @@ impl ClusterState {
             claims: HashMap::new(),
             recorded: HashMap::new(),
             pods: HashMap::new(),
+            taint_rules: BTreeMap::new(),
             version: 0,
             verdicts: (0, HashMap::new()),
         }
@@ -177,6 +180,37 @@ impl ClusterState {
             self.our_classes.remove(&name);
         }
         self.allocator.set_class(class);
+    }
+
+    /// Takes in a DeviceTaintRule: its taint is on the devices it names.
+    /// One the allocator cannot apply (no name, no taint key: the API
+    /// server refuses both) is left out, and the error says which.
+    pub fn apply_taint_rule(&mut self, rule: &DeviceTaintRule) -> Result<(), TaintRuleError> {
+        let name = rule.metadata.name.clone().unwrap_or_default();
+        match TaintRule::from_api(rule) {
+            Ok(rule) => {
+                self.taint_rules.insert(name, rule);
+                self.rules_changed();
+                Ok(())
+            }
+            Err(error) => {
+                if self.taint_rules.remove(&name).is_some() {
+                    self.rules_changed();
+                }
+                Err(error)
+            }
+        }
+    }
+
+    pub fn remove_taint_rule(&mut self, name: &str) {
+        if self.taint_rules.remove(name).is_some() {
+            self.rules_changed();
+        }
+    }
+
+    fn rules_changed(&mut self) {
+        self.changed();
+        self.allocator.set_taint_rules(self.taint_rules.values().cloned().collect());
     }
 
     pub fn remove_class(&mut self, name: &str) {

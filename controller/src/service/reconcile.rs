@@ -32,7 +32,7 @@ use super::watch::{Change, Event};
 use super::{RunArgs, TICK};
 
 /// Kinds whose initial list is complete.
-const KINDS: usize = 5;
+const KINDS: usize = 6;
 
 pub struct Owner {
     client: Client,
@@ -292,6 +292,28 @@ impl Owner {
                 Event::InitDone => {
                     for key in self.vanished("pod") {
                         self.state().remove_pod(&key);
+                    }
+                }
+            },
+            Change::TaintRule(event) => match event {
+                Event::Apply(rule) => {
+                    let name = rule.metadata.name.clone().unwrap_or_default();
+                    self.track("taintrule", name.clone(), true);
+                    if let Err(error) = self.state().apply_taint_rule(&rule) {
+                        tracing::warn!(rule = name.escape_debug().to_string(), %error, "a DeviceTaintRule is left out");
+                    }
+                }
+                Event::Delete(rule) => {
+                    let name = rule.metadata.name.clone().unwrap_or_default();
+                    self.track("taintrule", name.clone(), false);
+                    self.state().remove_taint_rule(&name);
+                }
+                Event::Init => {
+                    self.relisting.insert("taintrule", HashSet::new());
+                }
+                Event::InitDone => {
+                    for name in self.vanished("taintrule") {
+                        self.state().remove_taint_rule(&name);
                     }
                 }
             },

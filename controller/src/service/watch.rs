@@ -6,7 +6,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use gpu_dra_driver::service::api_call;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Client};
 use serde::de::DeserializeOwned;
@@ -45,6 +45,7 @@ pub enum Change {
     Node(Event<Node>),
     Claim(Event<ResourceClaim>),
     Pod(Event<Pod>),
+    TaintRule(Event<DeviceTaintRule>),
 }
 
 /// Starts one watcher per kind. Each watch asks the server to end it after
@@ -60,7 +61,34 @@ pub fn spawn_all(client: &Client, tx: mpsc::Sender<Change>, timeout_seconds: u32
     spawn(Api::<ResourceClaim>::all(client.clone()), config(), tx.clone(), Change::Claim);
     // Only pending pods wait for claims.
     let pending = config().fields("status.phase=Pending");
-    spawn(Api::<Pod>::all(client.clone()), pending, tx, Change::Pod);
+    spawn(Api::<Pod>::all(client.clone()), pending, tx.clone(), Change::Pod);
+    spawn_taint_rules(client.clone(), config(), tx);
+}
+
+/// DeviceTaintRules, which `resource.k8s.io/v1` serves from Kubernetes
+/// 1.37 (`DRADeviceTaintRules`): on an older server (its list answers 404
+/// Not Found) none exist for the controller, as for the scheduler, which
+/// reads them only from that version on; said once, and the list counts
+/// as done so the other kinds are acted on.
+fn spawn_taint_rules(client: Client, config: watcher::Config, tx: mpsc::Sender<Change>) {
+    tokio::spawn(async move {
+        let api = Api::<DeviceTaintRule>::all(client);
+        let probe = api.list(&kube::api::ListParams::default().limit(1)).await;
+        if let Err(error) = &probe
+            && api_call::is_not_found(error)
+        {
+            tracing::info!(
+                "this API server does not serve DeviceTaintRules in resource.k8s.io/v1 (Kubernetes 1.37+): none are applied, as the scheduler applies none"
+            );
+            for event in [Event::Init, Event::InitDone] {
+                if tx.send(Change::TaintRule(event)).await.is_err() {
+                    return;
+                }
+            }
+            return;
+        }
+        spawn(api, config, tx, Change::TaintRule);
+    });
 }
 
 fn spawn<K>(api: Api<K>, config: watcher::Config, tx: mpsc::Sender<Change>, wrap: fn(Event<K>) -> Change)

@@ -193,7 +193,12 @@ impl<'a> Like<'a> {
 /// The rarely set parts of a device, boxed so most devices pay one pointer.
 #[derive(Debug, Default, Clone, PartialEq)]
 pub(crate) struct DeviceExtra {
+    /// The slice's own taints, then those of the DeviceTaintRules that
+    /// name the device (added by the fleet, see `own_taints`).
     pub(crate) taints: Vec<DeviceTaint>,
+    /// How many of `taints` are the slice's own: the rest come from rules
+    /// and are replaced when the rules change.
+    pub(crate) own_taints: usize,
     pub(crate) binding_conditions: Option<Vec<String>>,
     pub(crate) binding_failure_conditions: Option<Vec<String>>,
     pub(crate) binds_to_node: Option<bool>,
@@ -406,8 +411,10 @@ impl Compactor {
 
     /// One device; what equals that of a device in `like` is taken from it.
     pub(crate) fn device(&mut self, d: &Device, like: Like<'_>) -> DeviceRecord {
+        let taints = d.taints.clone().unwrap_or_default();
         let extra = DeviceExtra {
-            taints: d.taints.clone().unwrap_or_default(),
+            own_taints: taints.len(),
+            taints,
             binding_conditions: d.binding_conditions.clone(),
             binding_failure_conditions: d.binding_failure_conditions.clone(),
             binds_to_node: d.binds_to_node,

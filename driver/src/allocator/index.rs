@@ -271,6 +271,8 @@ pub(crate) struct Fleet {
     garbage: usize,
     /// A name appeared in or left `known_nodes` or `mentioned`.
     names_dirty: bool,
+    /// The DeviceTaintRules, whose taints are on the devices they name.
+    taint_rules: Vec<super::TaintRule>,
 }
 
 /// A fleet built from slices handed over one at a time: each is compacted
@@ -304,7 +306,9 @@ impl FleetBuilder {
     }
 
     pub(crate) fn finish(self) -> Fleet {
-        let FleetBuilder { mut fleet, grouped, .. } = self;
+        let FleetBuilder { mut fleet, grouped, taint_rules } = self;
+        // Slices applied later get the rules' taints too.
+        fleet.taint_rules = taint_rules;
         let devices: usize = grouped.values().flatten().map(|s| s.devices.len()).sum();
         fleet.signatures.reserve(devices);
         fleet.devices.reserve(devices);
@@ -325,6 +329,18 @@ fn taint(slice: &mut CompactSlice, rule: &super::TaintRule) {
     for d in &mut slice.devices {
         if rule.matches(&slice.driver, &slice.pool, &d.name) {
             d.extra.get_or_insert_with(Default::default).taints.push(rule.taint.clone());
+        }
+    }
+}
+
+/// Takes the rules' taints off `slice`'s devices (their own stay).
+fn untaint(slice: &mut CompactSlice) {
+    for d in &mut slice.devices {
+        if let Some(extra) = d.extra.as_deref_mut() {
+            extra.taints.truncate(extra.own_taints);
+        }
+        if d.extra.as_deref().is_some_and(|e| *e == super::compact::DeviceExtra::default()) {
+            d.extra = None;
         }
     }
 }
@@ -350,7 +366,10 @@ impl Fleet {
             .get(name)
             .and_then(|&p| self.slots.get(p as usize))
             .and_then(|slot| slot.kept.iter().chain(&slot.other).find(|s| &*s.name == name));
-        let c = self.compactor.slice(slice, previous);
+        let mut c = self.compactor.slice(slice, previous);
+        for rule in &self.taint_rules {
+            taint(&mut c, rule);
+        }
         let mut changes = Vec::new();
         // A slice that moved to another pool leaves its old one first.
         if let Some(&old) = self.slice_home.get(&c.name)
@@ -383,6 +402,35 @@ impl Fleet {
             .filter(|s| &*s.name != name)
             .collect();
         Some(self.reassemble(p, slices, Some(Changed { name, replaced: None }), true))
+    }
+
+    /// Replaces the DeviceTaintRules: each pool with a device that the old
+    /// or the new rules name is derived again with the new rules' taints.
+    pub(crate) fn set_taint_rules(&mut self, rules: Vec<super::TaintRule>) -> Vec<PoolChange> {
+        let old = std::mem::replace(&mut self.taint_rules, rules);
+        let mut changes = Vec::new();
+        for (p, slot) in (0u32..).zip(0..self.slots.len()) {
+            let names = |s: &CompactSlice| {
+                s.devices
+                    .iter()
+                    .any(|d| old.iter().chain(&self.taint_rules).any(|r| r.matches(&s.driver, &s.pool, &d.name)))
+            };
+            let touched = self.slots[slot].kept.iter().chain(&self.slots[slot].other).any(names);
+            if !touched {
+                continue;
+            }
+            let slot = &mut self.slots[slot];
+            let mut slices: Vec<CompactSlice> =
+                std::mem::take(&mut slot.kept).into_iter().chain(std::mem::take(&mut slot.other)).collect();
+            for s in &mut slices {
+                untaint(s);
+                for rule in &self.taint_rules {
+                    taint(s, rule);
+                }
+            }
+            changes.push(self.reassemble(p, slices, None, true));
+        }
+        changes
     }
 
     /// Adds or updates a node's labels. Returns whether anything changed.

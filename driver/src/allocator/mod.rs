@@ -226,6 +226,13 @@ impl Allocator {
         }
     }
 
+    /// Replaces the DeviceTaintRules (all of them, as a watch holds them):
+    /// the devices they name carry their taints, whenever the devices came.
+    pub fn set_taint_rules(&mut self, rules: Vec<TaintRule>) {
+        let changes = self.fleet.set_taint_rules(rules);
+        self.after_fleet_change(&changes);
+    }
+
     /// Adds or replaces a DeviceClass.
     pub fn set_class(&mut self, class: &DeviceClass) {
         if let Some(name) = class.metadata.name.clone() {

@@ -73,17 +73,20 @@ fn taints_block_unless_tolerated_and_tolerations_are_copied() {
     assert_eq!(res.tolerations.as_deref(), Some(&[tolerate][..]));
 }
 
+/// A DeviceTaintRule on device `device` of pool n1, its taint's value `name`.
+fn taint_rule(name: &str, device: &str) -> super::TaintRule {
+    let api: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name},
+        "spec": {"deviceSelector": {"driver": DRIVER, "pool": "n1", "device": device},
+                 "taint": {"key": "example.com/maintenance", "value": name, "effect": "NoSchedule"}}
+    }))
+    .unwrap();
+    super::TaintRule::from_api(&api).unwrap()
+}
+
 #[test]
 fn device_taint_rules_taint_the_devices_they_name_whenever_they_come() {
-    let rule = |name: &str, device: &str| {
-        let api: k8s_openapi::api::resource::v1::DeviceTaintRule = serde_json::from_value(serde_json::json!({
-            "metadata": {"name": name},
-            "spec": {"deviceSelector": {"driver": DRIVER, "pool": "n1", "device": device},
-                     "taint": {"key": "example.com/maintenance", "value": name, "effect": "NoSchedule"}}
-        }))
-        .unwrap();
-        super::TaintRule::from_api(&api).unwrap()
-    };
+    let rule = taint_rule;
     let mut builder = super::Allocator::builder();
     builder.add_taint_rule(rule("before", "gpu-0"));
     builder.add_slice(&node_slice("n1", vec![gpu("gpu-0"), gpu("gpu-1"), gpu("gpu-2")]));
@@ -93,6 +96,30 @@ fn device_taint_rules_taint_the_devices_they_name_whenever_they_come() {
     let e = unsatisfiable(one(&mut a, "n1", &claim("c", vec![request("r", "gpu", 2)])));
     assert_eq!(e.requests[0].tainted.len(), 2, "{e}");
     assert!(e.to_string().contains("example.com/maintenance=after:NoSchedule"), "{e}");
+}
+
+/// Rules set on a live allocator (as a watch delivers them) taint what
+/// they name, slices applied afterwards too, and their removal gives the
+/// devices back with the slice's own taints kept.
+#[test]
+fn live_taint_rules_come_and_go_and_the_slices_own_taints_stay() {
+    let own = gpu("gpu-2").taint("gpu.nvidia.com/xid", Some("79"), "NoSchedule");
+    let slice = || node_slice("n1", vec![gpu("gpu-0"), gpu("gpu-1"), own.clone()]);
+    let mut a = allocator(&[slice()], &[gpu_class()]);
+    let two = claim("c", vec![request("r", "gpu", 2)]);
+    assert_eq!(picks(&one(&mut a, "n1", &two).unwrap()), pairs(&[("r", "gpu-0"), ("r", "gpu-1")]));
+    a.set_taint_rules(vec![taint_rule("drain", "gpu-0")]);
+    let e = unsatisfiable(one(&mut a, "n1", &two));
+    assert!(e.to_string().contains("example.com/maintenance=drain:NoSchedule"), "{e}");
+    // The slice rewritten (a new generation): the rule still holds.
+    let mut again = slice();
+    again.spec.pool.generation += 1;
+    a.apply_slice(&again);
+    assert!(unsatisfiable(one(&mut a, "n1", &two)).to_string().contains("drain"));
+    a.set_taint_rules(Vec::new());
+    assert_eq!(picks(&one(&mut a, "n1", &two).unwrap()), pairs(&[("r", "gpu-0"), ("r", "gpu-1")]));
+    let three = unsatisfiable(one(&mut a, "n1", &claim("c", vec![request("r", "gpu", 3)])));
+    assert!(three.to_string().contains("gpu.nvidia.com/xid=79:NoSchedule"), "the slice's own taint stays: {three}");
 }
 
 fn partitioned_gpu() -> Vec<ResourceSlice> {
