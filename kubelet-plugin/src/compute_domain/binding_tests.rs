@@ -110,6 +110,8 @@ async fn a_failing_api_server_readies_nothing_until_it_answers() {
     passes_until(&p, &mut state, || !node.conditions.written.lock().unwrap().is_empty()).await;
     assert_eq!(node.conditions.written.lock().unwrap().len(), 1);
     assert_eq!(node.imex_log().len(), 1);
+    unprepare(&p, &reference("pod-a-channel", UID_A)).await;
+    assert!(p.daemons.find(&domain()).is_none(), "nothing left running");
 }
 
 /// A claim with the domain's label whose config names another domain:
