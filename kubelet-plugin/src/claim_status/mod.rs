@@ -10,6 +10,8 @@
 //! 32768 bytes).
 
 pub mod claim;
+pub mod queue;
+pub mod refusal;
 pub mod write;
 
 use k8s_openapi::api::resource::v1::AllocatedDeviceStatus;
