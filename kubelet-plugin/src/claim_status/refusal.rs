@@ -47,7 +47,7 @@ pub struct Stakes<'a> {
 /// costs and the fix.
 pub fn refusal_note(node: &str, claim: &str, devices: &str, error: &ConditionError, stakes: &Stakes<'_>) -> String {
     let fix = match error {
-        ConditionError::Refused { code: 403, .. } => format!(
+        error if unauthorized(error) => format!(
             "Grant the node agent's service account update on resourceclaims/status and, on Kubernetes 1.36 and later, \
              associated-node:update on resourceclaims/driver for {}; the chart does this ({}).",
             stakes.driver, stakes.role
@@ -64,6 +64,21 @@ pub fn refusal_note(node: &str, claim: &str, devices: &str, error: &ConditionErr
          (status.devices): the API server refused it with {answer}. {} {fix}",
         stakes.cost
     )
+}
+
+/// Whether `error` is the authorizer's refusal: a 403, or the 422 with
+/// which Kubernetes 1.36+ refuses a change of `status.devices` its writer
+/// may not make (the granular check runs in the status strategy's
+/// validation, so it answers `field.Forbidden` "changing status.devices
+/// requires resource=\"resourceclaims/driver\"…" as an Invalid status:
+/// `AuthorizedForDeviceStatus` in `pkg/registry/resource/utils.go`, seen
+/// from the real 1.37 server in `real_cluster_claim_status`).
+pub fn unauthorized(error: &ConditionError) -> bool {
+    match error {
+        ConditionError::Refused { code: 403, .. } => true,
+        ConditionError::Refused { code: 422, message, .. } => message.contains("resourceclaims/driver"),
+        _ => false,
+    }
 }
 
 /// A reference to the claim `namespace/name` with `uid`.
@@ -158,8 +173,29 @@ mod tests {
         assert!(note.starts_with("The node agent on node node-a cannot write the Ready condition of gpu-0, gpu-1"));
         assert!(note.contains("HTTP 403 Forbidden") && note.contains("resourceclaims/driver for gpu.nvidia.com"));
         assert!(note.contains("its kubelet-plugin ClusterRole") && note.contains("only their status is missing"));
-        let other = refusal_note("node-a", "default/train", "gpu-0", &refused(422), &GPU);
+        let mut invalid = refused(422);
+        if let ConditionError::Refused { message, .. } = &mut invalid {
+            *message = "denied by policy".into();
+        }
+        let other = refusal_note("node-a", "default/train", "gpu-0", &invalid, &GPU);
         assert!(other.contains("HTTP 422") && other.contains("admission webhook"), "{other}");
+    }
+
+    #[test]
+    fn the_granular_check_answers_422_and_is_an_authorization_refusal() {
+        // As the real 1.37 server words it.
+        let message = "ResourceClaim.resource.k8s.io \"train\" is invalid: status.devices: Forbidden: changing \
+                       status.devices requires resource=\"resourceclaims/driver\", verb=\"[associated-node:update \
+                       arbitrary-node:update]\" permission: ...";
+        let error = ConditionError::Refused {
+            action: "writing".into(),
+            code: 422,
+            reason: "Invalid".into(),
+            message: message.into(),
+        };
+        assert!(unauthorized(&error) && unauthorized(&refused(403)));
+        let note = refusal_note("node-a", "default/train", "gpu-0", &error, &GPU);
+        assert!(note.contains("associated-node:update on resourceclaims/driver for gpu.nvidia.com"), "{note}");
     }
 
     #[test]

@@ -117,7 +117,11 @@ mod tests {
              resourceclaims/status and, on Kubernetes 1.36 and later, associated-node:update on resourceclaims/driver \
              for compute-domain.nvidia.com; the chart does this (its kubelet-plugin -compute-domains ClusterRole)."
         );
-        let other = refusal_note("gb200-0", "default/worker-channel", "channel-0", &refused(422), &CHANNEL);
+        let mut invalid = refused(422);
+        if let ConditionError::Refused { message, .. } = &mut invalid {
+            *message = "denied by policy".into();
+        }
+        let other = refusal_note("gb200-0", "default/worker-channel", "channel-0", &invalid, &CHANNEL);
         assert!(other.contains("HTTP 422") && other.contains("admission webhook"), "{other}");
     }
 }
