@@ -22,6 +22,10 @@ struct State {
     refuse_writes: Option<u16>,
     /// Every answer waits this long.
     delay: Duration,
+    /// Drop `status.devices` from every write, as a server with the
+    /// DRAResourceClaimDeviceStatus gate off does for a claim without
+    /// entries (`dropDisabledDRAResourceClaimDeviceStatusFields`).
+    drop_devices: bool,
     puts: usize,
     events: Vec<Value>,
 }
@@ -83,6 +87,11 @@ impl Server {
                 }
                 let version: u64 = claim["metadata"]["resourceVersion"].as_str().unwrap().parse().unwrap();
                 written["metadata"]["resourceVersion"] = json!((version + 1).to_string());
+                if state.drop_devices
+                    && let Some(status) = written["status"].as_object_mut()
+                {
+                    status.remove("devices");
+                }
                 state.claim = Some(written.clone());
                 ok(&written)
             }
@@ -256,4 +265,19 @@ async fn forged_entries_of_ours_go_and_others_stay() {
     assert_eq!(p.unprepare(vec![claim_ref(A, "a")]).await[A], Ok(()));
     p.settled_status().await;
     assert_eq!(setup.server.state().puts, puts, "nothing written to another claim");
+}
+
+#[tokio::test]
+async fn a_server_that_drops_the_field_gets_one_write_per_call_not_a_loop() {
+    let setup = Setup::new(&["gpu-0"]);
+    setup.server.state().drop_devices = true;
+    let p = setup.preparer(WRITE_TIMEOUT);
+    for _ in 0..2 {
+        assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
+        p.settled_status().await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(setup.server.state().puts, 2, "one write per prepare call");
+    assert!(setup.server.ours().is_empty());
+    assert_eq!(setup.failures(), 0, "the server said yes: nothing to report");
 }
