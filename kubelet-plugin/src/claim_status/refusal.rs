@@ -144,7 +144,9 @@ pub async fn post_event(client: &kube::Client, node: &str, explanation: &Explana
         ..Event::default()
     };
     let api: Api<Event> = Api::namespaced(client.clone(), &explanation.namespace);
-    api.create(&PostParams::default(), &event).await.map_err(|e| format!("creating Event {name}: {e}"))?;
+    api.create(&PostParams::default(), &event)
+        .await
+        .map_err(|e| super::bounded_message(&format!("creating Event {name}: {e}")))?;
     Ok(())
 }
 
