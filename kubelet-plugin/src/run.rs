@@ -11,6 +11,7 @@ use gpu_dra_driver::inventory::Inventory;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::watch;
 
+use crate::claim_status::queue::StatusQueue;
 use crate::cli::{MetricsAddr, RunArgs};
 use crate::http::{HttpState, ReadyCheck};
 use crate::kube_client;
@@ -92,7 +93,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     ));
 
     let service = Arc::new(
-        open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?.with_metrics(metrics.clone()),
+        open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?
+            .with_metrics(metrics.clone())
+            .with_status_queue(StatusQueue::new(client.clone(), driver.as_str(), node.as_str(), Some(metrics.clone()))),
     );
     let compute_domains = match args.compute_domains {
         true => {

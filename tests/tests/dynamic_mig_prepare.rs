@@ -1,8 +1,8 @@
 //! Dynamic MIG at prepare, through the real plugin and the mock NVML: two
 //! H100s, GPU 0 dynamic, GPU 1 cut by an administrator (two 3g.40gb).
 //! - a claim for 4g + 2g + 1g on GPU 0 makes three instances (three MIG
-//!   UUIDs in the spec, caps minors as the driver's files say), and
-//!   unprepare leaves the GPU empty;
+//!   UUIDs in the spec and in the claim's status.devices, caps minors as
+//!   the driver's files say), and unprepare leaves the GPU empty;
 //! - a SIGKILL at every step of prepare and unprepare, then a restart:
 //!   no instance leaked, no claim lost, the retry succeeds;
 //! - forged records naming GPU 1's instances never get them destroyed.
@@ -18,6 +18,7 @@ use integration_tests::kubelet::KubeletConfig;
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};
 use integration_tests::plugin_process::PluginOptions;
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n    mig:\n      - gpus: [0]\n        dynamic: true\n      \
@@ -69,6 +70,30 @@ fn a_claim_for_4g_2g_1g_is_made_and_unmade_through_nvml() {
         }
     }
     assert_eq!(spec.matches("GPU_DRA_MIG_UUID_").count(), 3);
+    // The claim's status.devices names each device's made MIG UUID.
+    let made_uuids: std::collections::BTreeSet<String> = made.iter().map(|i| i.uuid.clone()).collect();
+    let started = std::time::Instant::now();
+    loop {
+        let status_uuids: std::collections::BTreeSet<String> = node
+            .server
+            .get::<ResourceClaim>(Some("default"), "mixed")
+            .ok()
+            .and_then(|c| c.status?.devices)
+            .unwrap_or_default()
+            .iter()
+            .filter(|d| d.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True"))
+            .filter_map(|d| d.data.as_ref()?.0["uuid"].as_str().map(str::to_owned))
+            .collect();
+        if status_uuids == made_uuids {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "status.devices {status_uuids:?}, made {made_uuids:?}\n{}",
+            node.process.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     // A repeat answers from the record.
     let again = node.prepare(std::slice::from_ref(&claim));
     assert_eq!(again[&claim.uid].as_ref().map(Vec::len), Ok(3));

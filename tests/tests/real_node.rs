@@ -4,7 +4,8 @@
 //! kubelet over its real plugin-registration and DRA sockets; the real
 //! kube-scheduler allocates a pod's GPU claim from the slices the plugin
 //! publishes; the kubelet has the plugin prepare it and hands the CDI
-//! device to containerd, which injects our spec into a busybox container.
+//! device to containerd, which injects our spec into a busybox container;
+//! the claim's status.devices shows the device Ready with its GPU UUID.
 //! Needs root (mounts, cgroups, device nodes), like a kubelet.
 
 use std::path::Path;
@@ -171,6 +172,23 @@ async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
     let results = claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap();
     assert_eq!(results.len(), 1, "{results:?}");
     assert_eq!(results[0].pool, NODE);
+    // The plugin, on its own token under the chart's RBAC, wrote the
+    // device's status: Ready, with the GPU's UUID.
+    let entry = eventually(
+        "the claim's status.devices entry Ready",
+        || async {
+            let claim = claims.get(&claim_name).await.ok()?;
+            claim.status?.devices?.into_iter().find(|d| {
+                d.driver == "gpu.nvidia.com"
+                    && d.device == results[0].device
+                    && d.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True")
+            })
+        },
+        logs,
+    )
+    .await;
+    let uuid = entry.data.as_ref().and_then(|d| d.0["uuid"].as_str().map(str::to_owned)).unwrap_or_default();
+    assert!(uuid.starts_with("GPU-"), "{entry:?}");
     let spec_path = node.cdi_dir().join(format!("k8s.gpu.nvidia.com-claim_{claim_uid}.json"));
     let spec: Value = serde_json::from_str(&std::fs::read_to_string(&spec_path).unwrap_or_else(|e| {
         panic!("{}: {e}\n{}", spec_path.display(), logs());

@@ -4,6 +4,8 @@
 //! ([`write`]).
 
 pub mod claim;
+pub mod queue;
+pub mod refusal;
 pub mod write;
 
 pub use gpu_dra_driver::claim_status::*;

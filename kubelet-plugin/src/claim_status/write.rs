@@ -8,6 +8,8 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::PostParams;
 
+use super::bounded_message;
+
 /// Reads-and-writes tried before a claim that keeps changing is given up.
 pub const ATTEMPTS: usize = 3;
 
@@ -24,13 +26,18 @@ pub enum ConditionError {
 }
 
 impl ConditionError {
-    /// Sorts a client error of `action` into a refusal or a failure.
+    /// Sorts a client error of `action` into a refusal or a failure; the
+    /// server's words are escaped and bounded here, once (they reach logs
+    /// and Events).
     pub fn from_kube(action: String, error: kube::Error) -> Self {
         match error {
-            kube::Error::Api(status) if is_permanent(status.code) => {
-                Self::Refused { action, code: status.code, reason: status.reason, message: status.message }
-            }
-            other => Self::Failed(format!("{action}: {other}")),
+            kube::Error::Api(status) if is_permanent(status.code) => Self::Refused {
+                action,
+                code: status.code,
+                reason: bounded_message(&status.reason),
+                message: bounded_message(&status.message),
+            },
+            other => Self::Failed(bounded_message(&format!("{action}: {other}"))),
         }
     }
 }
@@ -43,7 +50,8 @@ pub fn is_permanent(code: u16) -> bool {
 
 /// Applies `edit` to the claim `namespace/name` and writes its status
 /// (`resourceclaims/status`, update); `edit` answers `None` when the
-/// claim already says what it would write, and nothing is written.
+/// claim already says what it would write, and nothing is written. A
+/// claim that is gone has no status to write: that is no error.
 pub async fn edit_status(
     client: &kube::Client,
     namespace: &str,
@@ -53,13 +61,14 @@ pub async fn edit_status(
     let api: Api<ResourceClaim> = Api::namespaced(client.clone(), namespace);
     for _ in 0..ATTEMPTS {
         let claim = api
-            .get(name)
+            .get_opt(name)
             .await
             .map_err(|e| ConditionError::from_kube(format!("reading claim {namespace}/{name}"), e))?;
-        let Some(updated) = edit(&claim) else { return Ok(()) };
+        let Some(updated) = claim.as_ref().and_then(&edit) else { return Ok(()) };
         match api.replace_status(name, &PostParams::default(), &updated).await {
             Ok(_) => return Ok(()),
             Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
             Err(e) => {
                 return Err(ConditionError::from_kube(format!("writing the status of claim {namespace}/{name}"), e));
             }

@@ -71,6 +71,8 @@ use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainNode};
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 
+use crate::claim_status::refusal::{Explanation, WriteFailures};
+use crate::claim_status::write::ConditionError;
 use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
@@ -78,7 +80,7 @@ use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointD
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
-use ready_condition::{ChannelClaim, ConditionError, Explanation, WriteFailures};
+use ready_condition::ChannelClaim;
 pub(crate) use serving::Server;
 
 const CDI_FILE_MODE: u32 = 0o644;

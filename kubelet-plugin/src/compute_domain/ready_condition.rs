@@ -9,80 +9,21 @@
 //! unknown), naming the claim, the HTTP status and message and the fix.
 //! Without the condition the domain shows this node NotReady.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
-
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::compute_domain::{DRIVER_NAME, api};
 use k8s_openapi::api::core::v1::ObjectReference;
 
 use super::{ConditionWriter, DomainLookup, DomainPreparer};
-pub use crate::claim_status::write::{ConditionError, is_permanent};
+use crate::claim_status::refusal::{Explanation, REFUSED_REASON, Stakes, claim_reference, refusal_note};
+use crate::claim_status::write::ConditionError;
 use crate::prepare::types::ClaimSource;
 
-/// The Event's `reason`.
-pub const REFUSED_REASON: &str = "ReadyConditionRefused";
-
-/// A Warning Event to write in `namespace`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Explanation {
-    pub namespace: String,
-    /// The ComputeDomain (or the claim when the domain is unknown).
-    pub regarding: ObjectReference,
-    /// The claim, when `regarding` is the domain.
-    pub related: Option<ObjectReference>,
-    pub reason: &'static str,
-    pub note: String,
-}
-
-/// What the Event says: which claim, the HTTP answer, what it costs and
-/// the fix.
-pub fn refusal_note(node: &str, claim: &str, device: &str, error: &ConditionError) -> String {
-    let fix = match error {
-        ConditionError::Refused { code: 403, .. } => format!(
-            "Grant the node agent's service account update on resourceclaims/status and, on Kubernetes 1.36 and later, \
-             associated-node:update on resourceclaims/driver for {DRIVER_NAME}; the chart does this \
-             (its kubelet-plugin -compute-domains ClusterRole)."
-        ),
-        _ => "Find what refuses the write (an admission webhook or policy on resourceclaims/status) and let it pass."
-            .to_owned(),
-    };
-    let answer = match error {
-        ConditionError::Refused { code, reason, message, .. } => format!("HTTP {code} {reason}: {message}"),
-        ConditionError::Failed(text) => text.clone(),
-    };
-    format!(
-        "The node agent on node {node} cannot write the Ready condition of {device} on ResourceClaim {claim} \
-         (status.devices): the API server refused it with {answer}. This node stays NotReady in the ComputeDomain \
-         until the write succeeds; the agent retries it. {fix}"
-    )
-}
-
-/// The last failed write of each claim's condition (by claim UID).
-#[derive(Debug, Default)]
-pub struct WriteFailures(Mutex<HashMap<String, ConditionError>>);
-
-impl WriteFailures {
-    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, ConditionError>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Records the claim's failure; `true` when it is new for the claim
-    /// (log it and explain it), `false` when it repeats the last one.
-    pub fn record(&self, uid: &str, error: &ConditionError) -> bool {
-        self.map().insert(uid.to_owned(), error.clone()).as_ref() != Some(error)
-    }
-
-    /// Forgets the claim's failure; `true` when it had one.
-    pub fn clear(&self, uid: &str) -> bool {
-        self.map().remove(uid).is_some()
-    }
-
-    /// Keeps the failures of the claims `keep` accepts (the prepared ones).
-    pub fn retain(&self, keep: impl Fn(&str) -> bool) {
-        self.map().retain(|uid, _| keep(uid));
-    }
-}
+/// What a channel's missing condition costs, and who grants the write.
+const CHANNEL: Stakes<'static> = Stakes {
+    driver: DRIVER_NAME,
+    role: "its kubelet-plugin -compute-domains ClusterRole",
+    cost: "This node stays NotReady in the ComputeDomain until the write succeeds; the agent retries it.",
+};
 
 /// The claim whose condition is written.
 pub(crate) struct ChannelClaim<'a> {
@@ -113,7 +54,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         }
         tracing::warn!(claim = name, %error, "cannot write the channel's Ready condition; retried every health pass, logged again only if the error changes");
         if let ConditionError::Refused { .. } = error {
-            let explanation = self.explanation(claim, refusal_note(self.node(), &name, claim.device, &error));
+            let note = refusal_note(self.node(), &name, claim.device, &error, &CHANNEL);
+            let explanation = self.explanation(claim, note);
             if let Err(more) = self.conditions.explain(&explanation).await {
                 tracing::warn!(claim = name, error = %more, "cannot write the Event explaining the refused condition");
             }
@@ -123,14 +65,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// The Event about the claim's domain (the claim when the domain is unknown).
     fn explanation(&self, claim: &ChannelClaim<'_>, note: String) -> Explanation {
-        let claim_ref = ObjectReference {
-            api_version: Some("resource.k8s.io/v1".into()),
-            kind: Some("ResourceClaim".into()),
-            namespace: Some(claim.namespace.into()),
-            name: Some(claim.name.into()),
-            uid: Some(claim.uid.into()),
-            ..ObjectReference::default()
-        };
+        let claim_ref = claim_reference(claim.namespace, claim.name, claim.uid);
         let domain = self.domains.find(claim.namespace, claim.domain_uid);
         let (regarding, related) = match domain {
             Some(domain) => (
@@ -153,6 +88,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::claim_status::write::is_permanent;
 
     fn refused(code: u16) -> ConditionError {
         ConditionError::Refused {
@@ -171,7 +107,7 @@ mod tests {
 
     #[test]
     fn the_note_names_the_claim_the_answer_and_the_fix() {
-        let note = refusal_note("gb200-0", "default/worker-channel", "channel-0", &refused(403));
+        let note = refusal_note("gb200-0", "default/worker-channel", "channel-0", &refused(403), &CHANNEL);
         assert_eq!(
             note,
             "The node agent on node gb200-0 cannot write the Ready condition of channel-0 on ResourceClaim \
@@ -181,22 +117,11 @@ mod tests {
              resourceclaims/status and, on Kubernetes 1.36 and later, associated-node:update on resourceclaims/driver \
              for compute-domain.nvidia.com; the chart does this (its kubelet-plugin -compute-domains ClusterRole)."
         );
-        let other = refusal_note("gb200-0", "default/worker-channel", "channel-0", &refused(422));
+        let mut invalid = refused(422);
+        if let ConditionError::Refused { message, .. } = &mut invalid {
+            *message = "denied by policy".into();
+        }
+        let other = refusal_note("gb200-0", "default/worker-channel", "channel-0", &invalid, &CHANNEL);
         assert!(other.contains("HTTP 422") && other.contains("admission webhook"), "{other}");
-    }
-
-    #[test]
-    fn a_failure_is_new_once_per_claim_and_error() {
-        let failures = WriteFailures::default();
-        assert!(failures.record("a", &refused(403)));
-        assert!(!failures.record("a", &refused(403)));
-        assert!(failures.record("b", &refused(403)), "another claim");
-        assert!(failures.record("a", &ConditionError::Failed("connection refused".into())), "another error");
-        assert!(failures.clear("a"));
-        assert!(!failures.clear("a"));
-        assert!(failures.record("a", &refused(403)), "failing again after a success");
-        failures.retain(|uid| uid == "b");
-        assert!(failures.record("a", &refused(403)));
-        assert!(!failures.record("b", &refused(403)));
     }
 }

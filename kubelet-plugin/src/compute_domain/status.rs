@@ -8,20 +8,17 @@ use gpu_dra_driver::compute_domain::binding::with_binding_failure;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::compute_domain::{DOMAIN_LABEL, DRIVER_NAME};
 use gpu_dra_driver::service::decoded_watch;
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::Api;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::{DynamicObject, ListParams};
 use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::ready_condition::{ConditionError, Explanation};
 use super::{ConditionWriter, DomainLookup};
-use crate::claim_status::write::edit_status;
+use crate::claim_status::refusal::{Explanation, post_event};
+use crate::claim_status::write::{ConditionError, edit_status};
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
-use crate::observe::telemetry::idle_events::REPORTING_CONTROLLER;
 
 /// Domains as a reflector store holds them, and as the API server has
 /// them for one the store lacks.
@@ -146,32 +143,8 @@ impl ConditionWriter for KubeConditions {
         edit_status(&self.client, namespace, name, |claim| with_condition(claim, &self.node, device, state)).await
     }
 
-    /// An `events.k8s.io/v1` Warning, named after what it is about and the
-    /// time (an Event's note cannot change, so each explanation is new).
     async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
-        let stamp = k8s_openapi::jiff::Timestamp::now();
-        let about = explanation.regarding.name.as_deref().unwrap_or("claim");
-        let name = format!("{about}.{:x}", stamp.as_nanosecond());
-        let event = Event {
-            metadata: ObjectMeta {
-                name: Some(name.clone()),
-                namespace: Some(explanation.namespace.clone()),
-                ..ObjectMeta::default()
-            },
-            event_time: Some(MicroTime(stamp)),
-            reporting_controller: Some(REPORTING_CONTROLLER.into()),
-            reporting_instance: Some(format!("{REPORTING_CONTROLLER}-{}", self.node)),
-            action: Some("WriteReadyCondition".into()),
-            reason: Some(explanation.reason.into()),
-            type_: Some("Warning".into()),
-            note: Some(explanation.note.clone()),
-            regarding: Some(explanation.regarding.clone()),
-            related: explanation.related.clone(),
-            ..Event::default()
-        };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &explanation.namespace);
-        api.create(&PostParams::default(), &event).await.map_err(|e| format!("creating Event {name}: {e}"))?;
-        Ok(())
+        post_event(&self.client, &self.node, explanation).await
     }
 }
 

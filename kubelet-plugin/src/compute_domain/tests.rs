@@ -363,7 +363,7 @@ async fn a_refused_condition_is_explained_once_and_written_when_allowed() {
     let explained = node.conditions.explained.lock().unwrap().clone();
     assert_eq!(explained.len(), 1, "once, not every pass: {explained:#?}");
     let event = &explained[0];
-    assert_eq!((event.namespace.as_str(), event.reason), ("team", ready_condition::REFUSED_REASON));
+    assert_eq!((event.namespace.as_str(), event.reason), ("team", crate::claim_status::refusal::REFUSED_REASON));
     assert_eq!(
         (event.regarding.kind.as_deref(), event.regarding.name.as_deref(), event.regarding.uid.as_deref()),
         (Some("ComputeDomain"), Some("job"), Some(DOMAIN))

@@ -82,6 +82,8 @@ pub enum ErrorKind {
     Health,
     /// A claim's call gave up at the kubelet's deadline (waiting for a lock).
     Deadline,
+    /// Writing a claim's `status.devices` failed (its call still answered).
+    ClaimStatus,
 }
 
 /// Label values in Prometheus' lower-case style.
@@ -108,6 +110,7 @@ label_values! {
         Prepare => "prepare", Unprepare => "unprepare", InvalidRequest => "invalid_request",
         ClaimLookup => "claim_lookup", Config => "config", Checkpoint => "checkpoint", Cdi => "cdi",
         Publish => "publish", Registration => "registration", Health => "health", Deadline => "deadline",
+        ClaimStatus => "claim_status",
     }
 }
 

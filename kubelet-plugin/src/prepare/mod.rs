@@ -32,18 +32,19 @@ pub mod sharing;
 pub mod types;
 mod with_mig;
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::feature_gates::FeatureGates;
-use gpu_dra_driver::inventory::Inventory;
-use gpu_dra_driver::names::{ClaimUid, DriverName, NodeName};
+use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
+use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
 use crate::kubelet_api::grpc::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::state::checkpoint::{
@@ -121,6 +122,8 @@ pub struct Preparer<S> {
     metrics: Option<Arc<Metrics>>,
     /// Damaged records and MIG ledger files start-up set aside.
     damaged_at_open: usize,
+    /// Where each outcome's `status.devices` goes; `None`: nowhere.
+    status: Option<StatusQueue>,
 }
 
 /// A claim's failure: the text for the kubelet and its kind for metrics.
@@ -158,6 +161,7 @@ impl<S: ClaimSource> Preparer<S> {
             locks: KeyedLocks::default(),
             metrics: None,
             damaged_at_open,
+            status: None,
         };
         preparer.tell_selection();
         preparer.tell_withheld();
@@ -173,6 +177,49 @@ impl<S: ClaimSource> Preparer<S> {
         }
         self.metrics = Some(metrics);
         self
+    }
+
+    /// Tells each claim's outcome to `queue`, which writes the claim's
+    /// `status.devices` without holding up the answer.
+    pub fn with_status_queue(mut self, queue: StatusQueue) -> Self {
+        self.status = Some(queue);
+        self
+    }
+
+    /// Waits until the claims' status writes are done (tests).
+    pub async fn settled_status(&self) {
+        if let Some(queue) = &self.status {
+            queue.settled().await;
+        }
+    }
+
+    /// Hands the claim's wanted status to the queue (under the claim's
+    /// lock, so one claim's wishes arrive in the order of its calls).
+    fn tell_status(&self, claim: &ValidClaim, wanted: impl FnOnce() -> Wanted) {
+        if let Some(queue) = &self.status {
+            let name =
+                ClaimName { namespace: claim.namespace.clone(), name: claim.name.clone(), uid: claim.uid.to_string() };
+            queue.submit(name, wanted());
+        }
+    }
+
+    /// A prepared claim's devices' UUIDs, by device name: a dynamic MIG
+    /// device's is the instance prepare made, others' the inventory's.
+    fn device_uuids(&self, uid: &str) -> BTreeMap<String, serde_json::Value> {
+        let Some(record) = self.record(uid) else { return BTreeMap::new() };
+        let inventory = self.inventory.borrow().clone();
+        let uuid_of = |device: &CheckpointDevice| -> Option<String> {
+            if let Some(made) = device.dynamic_mig.as_ref().and_then(|m| m.made.as_ref()) {
+                return Some(made.uuid.clone());
+            }
+            let name = DeviceName::new(device.device_name.as_str()).ok()?;
+            Some(match inventory.find_device(&name)? {
+                PublishedDevice::Gpu(gpu) => gpu.uuid.clone(),
+                PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
+                PublishedDevice::DynamicMig { .. } => return None,
+            })
+        };
+        record.devices.iter().filter_map(|d| Some((d.device_name.clone(), uuid_data(&uuid_of(d)?)))).collect()
     }
 
     fn count<T>(&self, result: Result<T, Failure>) -> Result<T, String> {
@@ -291,6 +338,22 @@ impl<S: ClaimSource> Preparer<S> {
         let uid = claim.uid.to_string();
         let _claim_lock =
             self.lock_until(vec![claim_key(&uid)], deadline, until, "another call for this claim to finish").await?;
+        let outcome = self.prepare_locked(claim.clone(), deadline, until).await;
+        self.tell_status(&claim, || match &outcome {
+            Ok(_) => Wanted::ready(self.config.node.as_str(), self.device_uuids(&uid)),
+            Err(failure) => Wanted::failed(&failure.message),
+        });
+        outcome
+    }
+
+    /// Prepares a claim whose lock the caller holds.
+    async fn prepare_locked(
+        &self,
+        claim: ValidClaim,
+        deadline: Deadline,
+        until: Instant,
+    ) -> Result<Vec<PreparedDevice>, Failure> {
+        let uid = claim.uid.to_string();
         if let Some(devices) = self.completed(&uid) {
             return Ok(devices);
         }
@@ -503,6 +566,16 @@ impl<S: ClaimSource> Preparer<S> {
         let uid = claim.uid.to_string();
         let _claim_lock =
             self.lock_until(vec![claim_key(&uid)], deadline, until, "another call for this claim to finish").await?;
+        let outcome = self.unprepare_locked(&claim, deadline, until).await;
+        if outcome.is_ok() {
+            self.tell_status(&claim, || Wanted::Unprepared);
+        }
+        outcome
+    }
+
+    /// Unprepares a claim whose lock the caller holds.
+    async fn unprepare_locked(&self, claim: &ValidClaim, deadline: Deadline, until: Instant) -> Result<(), Failure> {
+        let uid = claim.uid.to_string();
         match self.record(&uid) {
             Some(record) => {
                 let keys = record.devices.iter().map(|d| device_key(&d.device_name));
