@@ -11,7 +11,7 @@
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use super::DRIVER_NAME;
-use super::api::ComputeDomain;
+use super::api::{self, ComputeDomain};
 use super::devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION, CHANNEL_DEVICE};
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_condition};
 
@@ -51,9 +51,14 @@ pub fn allocated_here(claim: &ResourceClaim, node: &str) -> bool {
     results.into_iter().flatten().any(|r| r.driver == DRIVER_NAME && r.pool == node && r.device == CHANNEL_DEVICE)
 }
 
-/// Whether `domain`'s status lists `node`.
-pub fn lists_node(domain: &ComputeDomain, node: &str) -> bool {
-    domain.status.as_ref().is_some_and(|s| s.nodes.iter().any(|n| n.name == node))
+/// Whether `domain`'s status lists `node` as not ready: a channel of the
+/// domain is allocated there (the controller adds the node) and one of the
+/// node's channels has no `Ready` condition yet, or a false one (the
+/// controller's node status is ready only when all are). Only then may a
+/// channel there wait for binding, so a node agent lists a domain's claims
+/// only then, not every pass of a domain that runs.
+pub fn lists_node_not_ready(domain: &ComputeDomain, node: &str) -> bool {
+    domain.status.as_ref().is_some_and(|s| s.nodes.iter().any(|n| n.name == node && n.status != api::Readiness::Ready))
 }
 
 /// The claim's `status.devices` with the binding failure condition of
@@ -126,6 +131,26 @@ mod tests {
         assert!(!conditions[1].message.contains('\u{1b}'), "{:?}", conditions[1].message);
         assert!(!waits_for_binding(&failed, "n1"), "decided");
         assert!(with_binding_failure(&failed, "n1", "no \u{1b}[2J").is_none());
+    }
+
+    #[test]
+    fn a_domain_is_read_for_a_node_only_while_the_node_is_not_ready_in_it() {
+        use super::super::api::{ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness};
+        let mut domain = ComputeDomain::new("team", "job", ComputeDomainSpec::with_template(0, "job-channel"));
+        assert!(!lists_node_not_ready(&domain, "n1"), "no status yet");
+        let node = |status| ComputeDomainNode {
+            name: "n1".into(),
+            ip_address: "10.0.0.1".into(),
+            clique_id: "u.1".into(),
+            index: 0,
+            status,
+        };
+        domain.status =
+            Some(ComputeDomainStatus { status: Readiness::NotReady, nodes: vec![node(Readiness::NotReady)] });
+        assert!(lists_node_not_ready(&domain, "n1"));
+        assert!(!lists_node_not_ready(&domain, "n2"));
+        domain.status = Some(ComputeDomainStatus { status: Readiness::Ready, nodes: vec![node(Readiness::Ready)] });
+        assert!(!lists_node_not_ready(&domain, "n1"), "every channel there is ready: nothing waits");
     }
 
     #[test]

@@ -13,9 +13,10 @@
 //! the slice never wait, and the prepare brings the daemon up as before.
 //!
 //! Each pass (the health loop's interval) takes the domains whose status
-//! lists this node (the controller adds a node when a channel is allocated
-//! there), lists each domain's claims by the label its template puts on
-//! them, and for a channel allocated here and not yet decided: records the
+//! lists this node as not ready (the controller adds a node when a channel
+//! is allocated there, ready only once all its channels say so: a domain
+//! that runs costs no API call), lists each domain's claims by the label
+//! its template puts on them, and for a channel allocated here and not yet decided: records the
 //! claim (`PrepareStarted`, so a restart rolls it back and nothing it
 //! started outlives it), starts or tells the daemon, and writes `Ready`
 //! once `nvidia-imex-ctl` answers READY. A node that cannot serve the

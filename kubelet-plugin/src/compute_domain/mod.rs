@@ -112,8 +112,9 @@ pub trait DomainLookup: Send + Sync + 'static {
         std::future::ready(Ok(self.find(namespace, uid)))
     }
 
-    /// The domains whose status lists `node` (a channel of theirs is
-    /// allocated there), for readying channels before binding.
+    /// The domains whose status lists `node` as not ready (a channel of
+    /// theirs allocated there may wait for binding), for readying channels
+    /// before binding.
     fn listing(&self, node: &str) -> Vec<ComputeDomain>;
 
     /// The claims of the domain with `uid` in `namespace`: those carrying

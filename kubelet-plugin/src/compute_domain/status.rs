@@ -82,7 +82,7 @@ impl DomainLookup for StoreDomains {
         self.store
             .state()
             .iter()
-            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node(d, node))
+            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node_not_ready(d, node))
             .map(|d| (**d).clone())
             .collect()
     }

@@ -59,7 +59,7 @@ impl DomainLookup for Domains {
             .lock()
             .unwrap()
             .clone()
-            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node(d, node))
+            .filter(|d| gpu_dra_driver::compute_domain::binding::lists_node_not_ready(d, node))
             .into_iter()
             .collect()
     }
