@@ -116,10 +116,14 @@ pub const V1_36: Release =
 
 /// 1.37: admin access, prioritized lists, device taints and extended
 /// resources are GA; partitionable devices and consumable capacity are
-/// beta and on: its defaults are what our features use, so there is no
-/// optional gate to turn on.
-pub const V1_37: Release =
-    Release { minor: "1.37", optional_gates: &[], optional_runtime_config: &[], gates_on: false };
+/// beta and on. List-typed attributes (`DRAListTypeAttributes`) are alpha:
+/// the one optional gate.
+pub const V1_37: Release = Release {
+    minor: "1.37",
+    optional_gates: &["DRAListTypeAttributes"],
+    optional_runtime_config: &[],
+    gates_on: false,
+};
 
 /// The oldest and the newest supported release.
 pub const RELEASES: [Release; 2] = [V1_34, V1_37];
