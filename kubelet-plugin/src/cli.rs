@@ -238,6 +238,12 @@ pub struct RunArgs {
     /// here, `nvidia-imex` run from --driver-root.
     #[arg(long, env = "COMPUTE_DOMAINS")]
     pub compute_domains: bool,
+    /// Serve the GPU driver (--driver-name): publish the node's GPUs and
+    /// prepare their claims. `--gpus=false` (with --compute-domains) serves
+    /// ComputeDomains only: no GPU slices, no GPU registration; the GPUs
+    /// are still read, for their fabric clique.
+    #[arg(long, env = "GPUS", default_value_t = true, action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub gpus: bool,
     /// How long a ComputeDomain prepare waits for the node to join its
     /// domain and for a newly started IMEX daemon to answer ready, in
     /// milliseconds.
@@ -262,6 +268,16 @@ impl RunArgs {
     /// `--state-dir`, or `<plugins-dir>/<driver-name>`.
     pub fn state_dir(&self) -> PathBuf {
         self.state_dir.clone().unwrap_or_else(|| self.plugins_dir.join(self.node.driver_name.as_str()))
+    }
+
+    /// At least one driver is served.
+    pub fn check_drivers(&self) -> Result<(), String> {
+        match (self.gpus, self.compute_domains) {
+            (false, false) => Err("--gpus=false without --compute-domains serves no driver; fix: drop --gpus=false, \
+                                   or add --compute-domains to serve ComputeDomains only"
+                .to_string()),
+            _ => Ok(()),
+        }
     }
 
     /// Directories must be absolute: the kubelet dials the advertised
@@ -478,6 +494,26 @@ mod tests {
         assert_eq!(args.state_dir(), Path::new("/var/lib/kubelet/plugins/gpu.nvidia.com"));
         assert_eq!(args.metrics_addr, MetricsAddr::Listen("0.0.0.0:8080".parse().unwrap()));
         assert!(args.check_paths().is_ok());
+        assert!(args.gpus && !args.compute_domains);
+        assert!(args.check_drivers().is_ok());
+    }
+
+    #[test]
+    fn compute_domains_may_be_served_alone_but_something_is_served() {
+        let run = |extra: &[&str]| {
+            let mut argv = vec!["gpu-kubelet-plugin", "run", "--node-name", "node-a"];
+            argv.extend_from_slice(extra);
+            let Command::Run(args) = Cli::try_parse_from(argv).unwrap().command else { panic!("not run") };
+            args
+        };
+        let alone = run(&["--gpus=false", "--compute-domains"]);
+        assert!(!alone.gpus && alone.compute_domains);
+        assert!(alone.check_drivers().is_ok());
+        let err = run(&["--gpus=false"]).check_drivers().unwrap_err();
+        assert!(err.contains("--gpus=false without --compute-domains serves no driver"), "{err}");
+        assert!(run(&["--gpus", "true", "--compute-domains"]).check_drivers().is_ok());
+        let err = Cli::try_parse_from(["gpu-kubelet-plugin", "run", "--node-name", "n", "--gpus=no"]).unwrap_err();
+        assert!(err.to_string().contains("--gpus"), "{err}");
     }
 
     #[test]

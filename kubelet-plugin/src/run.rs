@@ -40,6 +40,7 @@ const HEALTH_RESEND: Duration = Duration::from_secs(20);
 /// Runs the node agent until SIGTERM or SIGINT. Needs a tokio runtime.
 pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
     args.check_paths().map_err(anyhow::Error::msg)?;
+    args.check_drivers().map_err(anyhow::Error::msg)?;
     args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
     let node = &args.node.node_name;
     let driver = &args.node.driver_name;
@@ -65,7 +66,7 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 
     // Shared with prepare, which tells it the instances it made.
     let dynamic_mig = DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone());
-    let mig = if dynamic_mig.enabled() { mig_host(args) } else { None };
+    let mig = if dynamic_mig.enabled() && args.gpus { mig_host(args) } else { None };
     seed_ours(args, &dynamic_mig, mig.as_ref())?;
     let (inventory, mode_refresh) = watch_inventory(args, &dynamic_mig)?;
     // Every MIG mode switch (prepare, unprepare, start-up) re-reads the GPU.
@@ -78,26 +79,36 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to the API server")?;
     tracing::info!(config = %source, "API client ready");
+    // The GPU driver, unless ComputeDomains are served alone (--gpus=false).
     let publish_status = Arc::new(PublishStatus::with_observer(metrics.clone()));
-    let publisher_task = tokio::spawn(publisher::run(
-        client.clone(),
-        PublisherConfig {
-            additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
-            gates: args.feature_gates,
-            consumable_shares: args.node.consumable_shares,
-            watch_timeout_seconds: timeouts.watch_timeout_seconds(),
-            ..PublisherConfig::new(node.clone(), driver.clone())
-        },
-        inventory.clone(),
-        publish_status.clone(),
-    ));
-
-    let service = Arc::new(
-        open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?
-            .with_metrics(metrics.clone())
-            .with_status_queue(StatusQueue::new(client.clone(), driver.as_str(), node.as_str(), Some(metrics.clone()))),
-    );
-    let compute_domains = match args.compute_domains {
+    let publisher_task = args.gpus.then(|| {
+        tokio::spawn(publisher::run(
+            client.clone(),
+            PublisherConfig {
+                additional_ignored_xids: args.node.additional_xids_to_ignore.clone(),
+                gates: args.feature_gates,
+                consumable_shares: args.node.consumable_shares,
+                watch_timeout_seconds: timeouts.watch_timeout_seconds(),
+                ..PublisherConfig::new(node.clone(), driver.clone())
+            },
+            inventory.clone(),
+            publish_status.clone(),
+        ))
+    });
+    let service = match args.gpus {
+        true => Some(Arc::new(
+            open_preparer(args, client.clone(), inventory.clone(), mig, dynamic_mig.clone())?
+                .with_metrics(metrics.clone())
+                .with_status_queue(StatusQueue::new(
+                    client.clone(),
+                    driver.as_str(),
+                    node.as_str(),
+                    Some(metrics.clone()),
+                )),
+        )),
+        false => None,
+    };
+    let mut compute_domains = match args.compute_domains {
         true => {
             let boot_id = checkpoint::boot_id(&args.host.proc_root).context("reading the boot id")?;
             let side = crate::compute_domain::serve::start(
@@ -112,31 +123,48 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
         }
         false => None,
     };
-    let telemetry_task =
-        telemetry.and_then(|store| start_telemetry(args, store, &client, &inventory, &service, &metrics));
+    let telemetry_task = telemetry
+        .zip(service.as_ref())
+        .and_then(|(store, service)| start_telemetry(args, store, &client, &inventory, service, &metrics));
 
-    let config = ServeConfig {
-        paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
-        driver: driver.clone(),
-        node: node.clone(),
-        health_resend: HEALTH_RESEND,
+    let mut servers = match service {
+        Some(service) => {
+            let config = ServeConfig {
+                paths: SocketPaths::new(&args.plugins_dir, &args.registry_dir, driver),
+                driver: driver.clone(),
+                node: node.clone(),
+                health_resend: HEALTH_RESEND,
+            };
+            Some(serve::start(&config, service, inventory.clone(), metrics.clone()).await?)
+        }
+        None => None,
     };
-    let mut servers = serve::start(&config, service, inventory.clone(), metrics.clone()).await?;
 
-    let (http_stop, http_task) = start_http(args.metrics_addr, &servers, &publish_status, &metrics).await?;
+    // /readyz and the wait below follow the GPU driver's servers, or the
+    // ComputeDomain driver's when it is served alone.
+    let (watched, watched_status) = match (servers.as_mut(), compute_domains.as_mut()) {
+        (Some(servers), _) => (servers, publish_status),
+        (None, Some(side)) => (&mut side.servers, side.status.clone()),
+        (None, None) => anyhow::bail!("no driver is served (--gpus=false needs --compute-domains)"),
+    };
+    let (http_stop, http_task) = start_http(args.metrics_addr, &*watched, &watched_status, &metrics).await?;
 
     let result = tokio::select! {
         name = signals.next() => {
             tracing::info!(signal = name, "stopping");
             Ok(())
         }
-        error = servers.failed() => Err(anyhow::Error::new(error)),
+        error = watched.failed() => Err(anyhow::Error::new(error)),
     };
-    servers.stop().await;
+    if let Some(servers) = servers {
+        servers.stop().await;
+    }
     if let Some(side) = compute_domains {
         side.stop().await;
     }
-    publisher_task.abort();
+    if let Some(task) = publisher_task {
+        task.abort();
+    }
     if let Some(task) = telemetry_task {
         task.abort();
     }
@@ -151,6 +179,9 @@ pub async fn run(args: &RunArgs) -> anyhow::Result<()> {
 /// inventory has no numbers to give).
 fn telemetry_store(args: &RunArgs) -> Option<Arc<TelemetryStore>> {
     args.telemetry.interval()?;
+    if !args.gpus {
+        return None;
+    }
     if args.node.fake_inventory.is_some() {
         tracing::info!("no device telemetry with --fake-inventory (NVML gives the numbers)");
         return None;

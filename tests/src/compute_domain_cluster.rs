@@ -64,6 +64,18 @@ impl Node {
         clique: u32,
         ready_timeout_ms: u32,
     ) -> Self {
+        Self::start_with(server, rt, index, clique, ready_timeout_ms, &[])
+    }
+
+    /// [`Node::start`] with more flags for the node agent.
+    pub fn start_with(
+        server: &ApiServer,
+        rt: &tokio::runtime::Runtime,
+        index: usize,
+        clique: u32,
+        ready_timeout_ms: u32,
+        flags: &[&str],
+    ) -> Self {
         let name = format!("gb200-{index}");
         let address = format!("10.0.0.{}", index + 1);
         let dirs = PluginDirs::new(&gb200(clique)).unwrap();
@@ -104,8 +116,10 @@ impl Node {
                 "--imex-health-interval-ms",
                 "200",
             ]
+            .into_iter()
+            .chain(flags.iter().copied())
             .map(String::from)
-            .to_vec(),
+            .collect(),
             ..PluginOptions::default()
         };
         let process = PluginProcess::spawn(&dirs, &options).unwrap();

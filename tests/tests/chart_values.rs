@@ -445,7 +445,11 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ),
     ];
     let refused = [
-        ("gpus-disabled", json!({"resources": {"gpus": {"enabled": false}}}), "uninstall it instead"),
+        (
+            "no-driver",
+            json!({"resources": {"gpus": {"enabled": false}, "computeDomains": {"enabled": false}}}),
+            "nothing to install",
+        ),
         ("verbosity-word", json!({"logVerbosity": "verbose"}), "/logVerbosity"),
         // A word that is not a level would filter every log out.
         ("level-word", json!({"logLevel": "verbose"}), "'/logLevel': 'verbose' does not match"),
@@ -454,7 +458,7 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ("webhook-port", json!({"webhook": {"containerPort": 443}}), "use webhook.port"),
         ("webhook-replicas", json!({"webhook": {"replicas": 2}}), "controller.replicas"),
         ("controller-metrics", json!({"controller": {"metrics": {"enabled": true}}}), "controller.metricsPort"),
-        ("plugin-node-selector", json!({"kubeletPlugin": {"nodeSelector": {"a": "b"}}}), "kubeletPlugin.nodeAffinity"),
+        ("plugin-affinity", json!({"kubeletPlugin": {"affinity": {"nodeAffinity": {}}}}), "kubeletPlugin.nodeAffinity"),
         (
             "plugin-containers",
             json!({"kubeletPlugin": {"containers": {"gpus": {"resources": {}}}}}),
@@ -475,7 +479,7 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ("no-health", json!({"featureGates": {"NVMLDeviceHealthCheck": false}}), "additionalXidsToIgnore"),
         ("passthrough", json!({"featureGates": {"PassthroughSupport": true}}), "CDI only"),
         ("imex", json!({"featureGates": {"IMEXDaemonsWithDNSNames": true}}), "listed by address"),
-        ("logging-gate", json!({"featureGates": {"ContextualLogging": true}}), "logFormat and logLevel"),
+        ("vgpu-gate", json!({"featureGates": {"VGPUSupport": true}}), "dynamicMig"),
     ];
     let mut cases: Vec<(&str, Value)> = accepted.to_vec();
     cases.extend(refused.iter().map(|(n, v, _)| (*n, v.clone())));

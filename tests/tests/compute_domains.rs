@@ -8,7 +8,7 @@ use gpu_dra_driver::compute_domain::api::{ComputeDomain, Readiness};
 use integration_tests::compute_domain_cluster::{
     CD_DRIVER, Cluster, Node, example_documents, example_domain, one_node_domain, wait_until,
 };
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate, ResourceSlice};
 use kubelet_proto::dra_v1::Claim;
 
 #[test]
@@ -192,6 +192,38 @@ fn a_killed_node_agent_neither_leaks_nor_doubles_a_daemon() {
     rt.block_on(node.kubelet.unprepare(&node.plugin, std::slice::from_ref(&claim))).unwrap();
     assert_eq!(node.daemons(), 0);
     assert!(!node.channel_node().exists());
+}
+
+/// `--gpus=false` (the chart's ComputeDomain-only install,
+/// `resources.gpus.enabled=false`): the node agent registers and publishes
+/// the compute-domain driver only, and its channels prepare as usual.
+#[test]
+fn a_node_agent_without_the_gpu_driver_serves_compute_domains_alone() {
+    let cluster = Cluster::start();
+    let node = Node::start_with(&cluster.server, &cluster.rt, 0, 1, 20_000, &["--gpus=false"]);
+    let logs = || format!("controller:\n{}\nnode:\n{}", cluster.controller.log(), node.process.log());
+    cluster.apply_domain(1);
+    wait_until("the domain's template", || cluster.template().is_some(), logs);
+    let channel = cluster.allocated_channel("worker-0", "gb200-0");
+    wait_until(
+        "the node in the domain",
+        || cluster.domain().and_then(|d| d.status).is_some_and(|s| s.nodes.len() == 1),
+        logs,
+    );
+    let devices = node.prepare(&cluster.rt, std::slice::from_ref(&channel)).remove(0);
+    assert_eq!(
+        devices.unwrap_or_else(|e| panic!("{e}\n{}", logs())),
+        [format!("k8s.{CD_DRIVER}/claim={}-channel-0", channel.uid)]
+    );
+
+    let slices = || -> Vec<ResourceSlice> { cluster.server.list(None, "").unwrap() };
+    wait_until("the compute-domain slices", || !slices().is_empty(), logs);
+    let slices = slices();
+    let drivers: std::collections::BTreeSet<&str> = slices.iter().map(|s| s.spec.driver.as_str()).collect();
+    assert_eq!(drivers, [CD_DRIVER].into(), "{slices:?}");
+    let sockets = node.files(&node.dirs.registry);
+    assert!(sockets.iter().any(|s| s.starts_with(CD_DRIVER)), "{sockets:?}");
+    assert!(!sockets.iter().any(|s| s.starts_with("gpu.nvidia.com")), "no GPU registration: {sockets:?}");
 }
 
 /// The example's other documents are valid Kubernetes objects, and its pods

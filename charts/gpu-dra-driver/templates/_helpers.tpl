@@ -58,11 +58,29 @@ dynamicMig.enabled turns DynamicMIG on. */ -}}
 {{- end -}}
 {{- $gates := list -}}
 {{- range $name, $on := $set -}}
-{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG") -}}
+{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG" "DRAListTypeAttributes") -}}
 {{- $gates = append $gates (printf "%s=%t" $name $on) -}}
 {{- end -}}
 {{- end -}}
 {{- join "," $gates -}}
+{{- end -}}
+
+{{- /* "true" when the GPU driver is served (NVIDIA's resources.gpus.enabled,
+default true), else empty. */ -}}
+{{- define "gpu-dra-driver.gpus" -}}
+{{- if dig "gpus" "enabled" true (.Values.resources | default dict) -}}
+true
+{{- end -}}
+{{- end -}}
+
+{{- /* "true" when ComputeDomains are served (NVIDIA's
+resources.computeDomains.enabled), else empty. Unset, it follows the GPU
+driver: off beside it, on without it (NVIDIA's ComputeDomain-only install
+sets only resources.gpus.enabled=false). */ -}}
+{{- define "gpu-dra-driver.computeDomains" -}}
+{{- if dig "computeDomains" "enabled" (not (include "gpu-dra-driver.gpus" .)) (.Values.resources | default dict) -}}
+true
+{{- end -}}
 {{- end -}}
 
 {{- /* "true" when dynamic MIG is on (dynamicMig.enabled or NVIDIA's

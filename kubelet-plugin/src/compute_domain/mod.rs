@@ -197,6 +197,10 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     pub fn open(config: DomainConfig, daemons: Daemons, claims: S, domains: D, conditions: W) -> Result<Self, String> {
         durable::create_dir(&config.state_dir, 0o700)
             .map_err(|e| format!("creating {}: {e}", config.state_dir.display()))?;
+        // Its own, not left to the GPU driver's preparer: with --gpus=false
+        // this is the only writer of the directory.
+        durable::create_dir(&config.cdi_dir, 0o755)
+            .map_err(|e| format!("creating the CDI directory {}: {e}", config.cdi_dir.display()))?;
         let checkpoint = CheckpointDir::open(config.state_dir.join("checkpoint")).map_err(|e| e.to_string())?;
         let preparer = Self {
             config,

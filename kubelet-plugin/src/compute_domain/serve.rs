@@ -31,6 +31,9 @@ use crate::publish::publisher::{self, PublishStatus, PublisherConfig, SliceKind}
 /// The running side; stop it with [`Running::stop`].
 pub struct Running {
     pub servers: PluginServers,
+    /// Whether its slices are published (for `/readyz` when it is served
+    /// alone).
+    pub status: Arc<PublishStatus>,
     tasks: Vec<JoinHandle<()>>,
 }
 
@@ -57,7 +60,7 @@ pub async fn start(
     let status = Arc::new(PublishStatus::with_observer(metrics.clone()));
     let publisher =
         PublisherConfig { kind: SliceKind::ComputeDomains, ..PublisherConfig::new(node.clone(), driver.clone()) };
-    tasks.push(tokio::spawn(publisher::run(client.clone(), publisher, inventory.clone(), status)));
+    tasks.push(tokio::spawn(publisher::run(client.clone(), publisher, inventory.clone(), status.clone())));
 
     // Each domain decoded on its own: one the code cannot hold is logged,
     // counted and left out; the controller explains it with an Event.
@@ -136,5 +139,5 @@ pub async fn start(
         let _keep = _keep;
         std::future::pending::<()>().await
     }));
-    Ok(Running { servers, tasks })
+    Ok(Running { servers, status, tasks })
 }
