@@ -214,7 +214,7 @@ impl<S: ClaimSource> Preparer<S> {
             }
             let name = DeviceName::new(device.device_name.as_str()).ok()?;
             Some(match inventory.find_device(&name)? {
-                PublishedDevice::Gpu(gpu) => gpu.uuid.clone(),
+                PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) => gpu.uuid.clone(),
                 PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
                 PublishedDevice::DynamicMig { .. } => return None,
             })
