@@ -359,7 +359,7 @@ impl Inventory {
 }
 
 /// What every VFIO device's name starts with.
-const VFIO_PREFIX: &str = "gpu-vfio-";
+pub const VFIO_PREFIX: &str = "gpu-vfio-";
 
 /// The GPU minor a device name starts with (`gpu-3`, `gpu-3-mig-...`).
 fn gpu_minor_of(name: &str) -> Option<u32> {

@@ -44,14 +44,6 @@ impl PlannedDevice {
 /// kubelet, which shows them in the pod's events.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PlanError {
-    /// The switch exists (`crate::vfio`) but the preparer does not drive
-    /// it yet: a spec for a group still on the nvidia driver would be
-    /// useless, so the claim is refused before anything is touched.
-    #[error(
-        "device {device} of ResourceClaim {claim} is a GPU for VFIO passthrough: binding it to vfio-pci at \
-         prepare is not wired into this plugin yet; use a gpu.nvidia.com claim, or turn PassthroughSupport off"
-    )]
-    PassthroughNotWired { claim: String, device: String },
     #[error(
         "ResourceClaim {namespace}/{name} has UID {found}, but the kubelet asked for {expected}: \
          the claim was deleted and re-created; the pod must be re-created to use the new claim"
@@ -163,9 +155,6 @@ fn planned(
     let unknown = || PlanError::UnknownDevice { claim: claim.to_string(), index, device: result.device.clone() };
     let device = DeviceName::new(result.device.as_str()).map_err(|_| unknown())?;
     let published = inventory.find_device(&device).ok_or_else(unknown)?;
-    if let PublishedDevice::Vfio(_) = published {
-        return Err(PlanError::PassthroughNotWired { claim: claim.to_string(), device: device.to_string() });
-    }
     Ok(PlannedDevice {
         request: result.request.clone(),
         pool: result.pool.clone(),

@@ -25,7 +25,23 @@ pub(crate) mod fake_kernel;
 pub mod switch;
 pub mod sysfs;
 
+use std::sync::Arc;
+
 use gpu_dra_driver::inventory::PciBusId;
+
+/// What the preparer switches drivers with: the node's sysfs (an emulator
+/// in tests) and how long a switch may take.
+#[derive(Clone)]
+pub struct VfioHost {
+    pub binding: Arc<dyn sysfs::PciBinding>,
+    pub timing: switch::Timing,
+}
+
+impl std::fmt::Debug for VfioHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("VfioHost").field("timing", &self.timing).finish_non_exhaustive()
+    }
+}
 
 /// What a claim's record says of a GPU it passes through: written before
 /// the first sysfs write, so that start-up can give everything back.

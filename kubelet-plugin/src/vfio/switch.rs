@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use gpu_dra_driver::inventory::PciBusId;
+use gpu_dra_driver::bounded_file::is_plain_name;
+use gpu_dra_driver::inventory::{Inventory, PciBusId};
 
 use super::sysfs::{PciBinding, SysfsError, VFIO_PCI};
 use super::{VfioMember, VfioSwitch};
@@ -82,6 +83,50 @@ pub fn plan(
         out.push(VfioMember { pci_bus_id: member.to_string(), original_driver: driver });
     }
     Ok(VfioSwitch { pci_bus_id: gpu.to_string(), iommu_group: group, members: out })
+}
+
+/// Checks a record's switch against the node before anything of it is
+/// touched: `device` is `gpu-vfio-<minor>` of the inventory's GPU at the
+/// recorded address, the group is that GPU's, and every recorded member is
+/// in the group as sysfs lists it now (membership does not change with
+/// binding). A record that says otherwise names devices the plugin never
+/// switched: it is forged or damaged, and nothing it names may be written.
+pub fn check_recorded(
+    binding: &dyn PciBinding,
+    inventory: &Inventory,
+    device: &str,
+    switch: &VfioSwitch,
+) -> Result<(), String> {
+    let gpu = inventory
+        .gpus
+        .iter()
+        .find(|g| g.pci_bus_id.is_some_and(|id| id.to_string() == switch.pci_bus_id))
+        .ok_or_else(|| format!("field `vfio.pciBusId` {:?} is no GPU of this node", switch.pci_bus_id))?;
+    if gpu.vfio_device_name().map_err(|e| e.to_string())?.as_str() != device {
+        return Err(format!("device {device:?} is not the passthrough device of GPU {}", switch.pci_bus_id));
+    }
+    if gpu.iommu_group != Some(switch.iommu_group) {
+        return Err(format!(
+            "field `vfio.iommuGroup` is {}, but GPU {} is in IOMMU group {:?}",
+            switch.iommu_group, switch.pci_bus_id, gpu.iommu_group
+        ));
+    }
+    let recorded = switch.member_ids()?;
+    let id = gpu.pci_bus_id.ok_or_else(|| format!("GPU {} has no PCI address", switch.pci_bus_id))?;
+    let members = binding.group_members(&id, switch.iommu_group).map_err(|e| e.to_string())?;
+    if let Some(stranger) = recorded.iter().find(|m| !members.contains(m)) {
+        return Err(format!(
+            "field `vfio.members` names {stranger}, which is not in IOMMU group {} of GPU {}",
+            switch.iommu_group, switch.pci_bus_id
+        ));
+    }
+    if !recorded.contains(&id) {
+        return Err(format!("field `vfio.members` does not name GPU {} itself", switch.pci_bus_id));
+    }
+    if let Some(bad) = switch.members.iter().filter_map(|m| m.original_driver.as_deref()).find(|d| !is_plain_name(d)) {
+        return Err(format!("field `vfio.members` names driver {bad:?}, which is no plain driver name"));
+    }
+    Ok(())
 }
 
 /// Binds every member to `vfio-pci` and waits for the group's node. On a
