@@ -133,6 +133,26 @@ pub(super) fn give_back(host: Option<&VfioHost>, record: &ClaimRecord) -> Result
     Ok(())
 }
 
+/// Start-up, for a kept (completed) record: a group that is not wholly on
+/// `vfio-pci` (an unprepare killed half-way through giving it back, which
+/// the kubelet retries) is bound again, so the claim is whole until its
+/// unprepare. Failures are logged: the unprepare gives back either way.
+pub(super) fn settle(config: &PreparerConfig, record: &ClaimRecord) {
+    let Some(host) = &config.vfio else { return };
+    for recorded in record.devices.iter().filter_map(|d| d.vfio.as_ref()) {
+        let Ok(members) = recorded.member_ids() else { continue };
+        let on_vfio =
+            |m: &PciBusId| host.binding.driver(m).ok().flatten().as_deref() == Some(crate::vfio::sysfs::VFIO_PCI);
+        if members.iter().all(on_vfio) {
+            continue;
+        }
+        tracing::warn!(claim_uid = %record.uid, gpu = %recorded.pci_bus_id, "a prepared claim's IOMMU group is not on vfio-pci; binding it again");
+        if let Err(error) = switch::bind(&*host.binding, recorded, &mut switch::kill_points, host.timing) {
+            tracing::error!(claim_uid = %record.uid, gpu = %recorded.pci_bus_id, %error, "binding a prepared claim's group to vfio-pci again failed");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

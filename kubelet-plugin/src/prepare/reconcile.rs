@@ -17,7 +17,8 @@
 //!   so is a record naming a VFIO switch of devices that are not in the
 //!   IOMMU group of the node's GPU it names ([`super::passthrough`]);
 //! - an interrupted prepare that passed GPUs through gives them back to
-//!   their drivers before its record goes (a completed one keeps them);
+//!   their drivers before its record goes; a completed one keeps them (a
+//!   group an interrupted unprepare half gave back is bound again);
 //! - a spec file of ours that no record owns is deleted, as are leftover
 //!   temporary files.
 
@@ -132,6 +133,7 @@ pub(super) fn reconcile(
         if !config.cdi_dir.join(&spec_file).exists() && rewrite_spec(config, inventory, &uid, &record, &spec_file) {
             report.rewritten.push(record.uid.clone());
         }
+        super::passthrough::settle(config, &record);
         owners.insert(record.uid.clone());
         report.kept += 1;
         records.insert(record.uid.clone(), record);
