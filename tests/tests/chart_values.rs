@@ -536,7 +536,10 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     // Only this driver's gates reach the binaries.
     let gates = plugin_args("gates");
     assert!(
-        gates.contains(&"--feature-gates=DynamicMIG=false,MPSSupport=true,TimeSlicingSettings=true".to_string()),
+        gates.contains(
+            &"--feature-gates=DynamicMIG=false,MPSSupport=true,PassthroughSupport=false,TimeSlicingSettings=true"
+                .to_string()
+        ),
         "{gates:?}"
     );
     // DynamicMIG is this driver's too (MIG devices made per claim).
