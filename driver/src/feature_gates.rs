@@ -10,6 +10,7 @@
 //! | `ConsumableCapacity` | off | whole GPUs published for several claims at once, shared by memory (and optionally compute), each share's limit enforced through MPS: needs `MPSSupport` |
 //! | `ConsumableShares` | off | NVIDIA's unenforced sharing: GPUs and MIG devices published for several claims, by memory, without limit, or as N shares (`--consumable-shares`); nothing holds a claim to its share, as in NVIDIA's driver |
 //! | `DRAListTypeAttributes` | off | the cluster has Kubernetes' `DRAListTypeAttributes` (alpha in 1.36 and 1.37) on: `resource.kubernetes.io/numaNode` is published as a list (the GPU's NUMA node, as upstream's `deviceattribute` list form without SLIT distances), the webhook and `simulate` check selectors with list-typed attributes and constraints match lists by a common element; a server with the gate off refuses the slices |
+//! | `PassthroughSupport` | off | each whole GPU whose IOMMU group is known is also published as `gpu-vfio-<minor>` (`type: vfio`, the `vfio.gpu.nvidia.com` class), sharing a counter with `gpu-<minor>` so the scheduler gives a GPU one way at a time; prepare binds it (and its IOMMU group) to `vfio-pci`, unprepare back to `nvidia`; the server needs `DRAPartitionableDevices`. Not with `DynamicMIG`, `ConsumableCapacity` or `ConsumableShares` |
 //! | `DynamicMIG` | off | MIG devices made at prepare: MIG-mode GPUs the plugin manages (`--dynamic-mig-gpus`) are published as one device per MIG profile and placement plus the whole GPU (Hopper+), sharing counters (KEP-4815); the server needs `DRAPartitionableDevices` (on by default from 1.36) |
 
 use std::fmt;
@@ -24,16 +25,18 @@ pub enum Gate {
     ConsumableShares,
     DynamicMig,
     ListTypeAttributes,
+    Passthrough,
 }
 
 impl Gate {
-    pub const ALL: [Gate; 6] = [
+    pub const ALL: [Gate; 7] = [
         Gate::TimeSlicingSettings,
         Gate::MpsSupport,
         Gate::ConsumableCapacity,
         Gate::ConsumableShares,
         Gate::DynamicMig,
         Gate::ListTypeAttributes,
+        Gate::Passthrough,
     ];
 
     pub fn name(self) -> &'static str {
@@ -44,6 +47,7 @@ impl Gate {
             Gate::ConsumableShares => "ConsumableShares",
             Gate::DynamicMig => "DynamicMIG",
             Gate::ListTypeAttributes => "DRAListTypeAttributes",
+            Gate::Passthrough => "PassthroughSupport",
         }
     }
 }
@@ -57,13 +61,14 @@ pub struct FeatureGates {
     consumable_shares: bool,
     dynamic_mig: bool,
     list_type_attributes: bool,
+    passthrough: bool,
 }
 
 /// A `--feature-gates` value that cannot be used, with the fix.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FeatureGateError {
     #[error(
-        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity, ConsumableShares, DynamicMIG and DRAListTypeAttributes"
+        "unknown feature gate {0:?}; the gates are TimeSlicingSettings, MPSSupport, ConsumableCapacity, ConsumableShares, DynamicMIG, DRAListTypeAttributes and PassthroughSupport"
     )]
     Unknown(String),
     #[error("feature gate {gate}: {value:?} is not true or false")]
@@ -81,6 +86,7 @@ impl FeatureGates {
             Gate::ConsumableShares => self.consumable_shares,
             Gate::DynamicMig => self.dynamic_mig,
             Gate::ListTypeAttributes => self.list_type_attributes,
+            Gate::Passthrough => self.passthrough,
         }
     }
 
@@ -105,6 +111,21 @@ impl FeatureGates {
                 Gate::ConsumableShares.name()
             ));
         }
+        if self.passthrough {
+            // NVIDIA's driver refuses PassthroughSupport with DynamicMIG too;
+            // here the VFIO device and the whole GPU share a counter, which
+            // neither dynamic MIG's counters nor shares leave room for.
+            let other = [Gate::DynamicMig, Gate::ConsumableCapacity, Gate::ConsumableShares]
+                .into_iter()
+                .find(|g| self.enabled(*g));
+            if let Some(other) = other {
+                return Err(format!(
+                    "{} and {} both decide how a whole GPU is published: turn on one of them",
+                    Gate::Passthrough.name(),
+                    other.name()
+                ));
+            }
+        }
         Ok(self)
     }
 
@@ -116,6 +137,7 @@ impl FeatureGates {
             Gate::ConsumableShares => self.consumable_shares = on,
             Gate::DynamicMig => self.dynamic_mig = on,
             Gate::ListTypeAttributes => self.list_type_attributes = on,
+            Gate::Passthrough => self.passthrough = on,
         }
         self
     }
@@ -184,5 +206,15 @@ mod tests {
         assert!(two.check_dependencies().unwrap_err().contains("turn on one of them"));
         let nvidia: FeatureGates = "ConsumableShares=true".parse().unwrap();
         assert!(nvidia.check_dependencies().is_ok(), "NVIDIA's shares need no MPS");
+    }
+
+    #[test]
+    fn passthrough_excludes_the_other_ways_of_publishing_a_whole_gpu() {
+        let alone: FeatureGates = "PassthroughSupport=true".parse().unwrap();
+        assert!(alone.enabled(Gate::Passthrough) && alone.check_dependencies().is_ok());
+        for other in ["DynamicMIG", "ConsumableShares", "ConsumableCapacity=true,MPSSupport"] {
+            let gates: FeatureGates = format!("PassthroughSupport=true,{other}=true").parse().unwrap();
+            assert!(gates.check_dependencies().unwrap_err().contains("turn on one of them"), "{other}");
+        }
     }
 }

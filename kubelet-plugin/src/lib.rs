@@ -5,7 +5,8 @@
 //! cluster is told (`publish`), what a claim does to the node (`prepare`),
 //! what survives a crash (`state`), the node's driver installation
 //! (`host`), what an operator reads (`observe`), dynamic MIG (`mig`),
-//! ComputeDomains (`compute_domain`) and the process's own heap (`heap`).
+//! ComputeDomains (`compute_domain`), VFIO passthrough (`vfio`) and the
+//! process's own heap (`heap`).
 
 pub mod claim_status;
 pub mod cli;
@@ -21,3 +22,4 @@ pub mod prepare;
 pub mod publish;
 pub mod run;
 pub mod state;
+pub mod vfio;

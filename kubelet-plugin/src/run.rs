@@ -315,6 +315,15 @@ fn open_preparer(
         },
         mig,
         selection: Some(dynamic_mig),
+        // Always on a real node, so that a claim passed through before a
+        // restart with PassthroughSupport off is still given back.
+        vfio: args.node.fake_inventory.is_none().then(|| crate::vfio::VfioHost {
+            binding: Arc::new(crate::vfio::sysfs::Sysfs {
+                sys_root: args.host.sys_root.clone(),
+                dev_root: args.dev_root.clone().unwrap_or_else(|| "/".into()),
+            }),
+            timing: Default::default(),
+        }),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;

@@ -5,7 +5,7 @@
 //! and telemetry nodes, so the mock answers alike for all of them.
 
 use std::fmt::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use gpu_dra_driver::driver_root::fake_tree::{self, LIBDIR};
@@ -131,16 +131,35 @@ fn mig_lines(t: &mut String, g: &Gpu) {
     }
 }
 
-/// `/sys/bus/pci/devices/<bdf>` links into a PCIe root, with `numa_node`.
+/// `/sys/bus/pci/devices/<bdf>` links into a PCIe root, with `numa_node`,
+/// each GPU bound to `nvidia` and in its IOMMU group (the fake
+/// inventory's) as sysfs-bus-pci lays them out.
 pub fn sys_tree(sys: &Path, inventory: &Inventory) {
     for g in &inventory.gpus {
-        let bdf = g.pci_bus_id.expect("bus id").to_string();
         let root = g.pcie_root.clone().unwrap_or_else(|| "pci0000:00".into());
-        let device = sys.join("devices").join(&root).join(&bdf);
-        std::fs::create_dir_all(&device).expect("sys");
+        let device = pci_device(sys, &root, &g.pci_bus_id.expect("bus id").to_string(), g.iommu_group, "nvidia");
         std::fs::write(device.join("numa_node"), format!("{}\n", g.numa_node.unwrap_or(0))).expect("numa_node");
-        let links = sys.join("bus/pci/devices");
-        std::fs::create_dir_all(&links).expect("sys");
-        std::os::unix::fs::symlink(format!("../../../devices/{root}/{bdf}"), links.join(&bdf)).expect("symlink");
     }
+}
+
+/// One PCI function under `sys`: `devices/<root>/<bdf>` with its
+/// `driver_override` (none), its `driver` link, its `iommu_group` link and
+/// the group's link back, and `bus/pci/devices/<bdf>`. Returns its directory.
+pub fn pci_device(sys: &Path, root: &str, bdf: &str, group: Option<u32>, driver: &str) -> PathBuf {
+    use std::os::unix::fs::symlink;
+    let device = sys.join("devices").join(root).join(bdf);
+    std::fs::create_dir_all(&device).expect("sys");
+    std::fs::create_dir_all(sys.join("bus/pci/drivers").join(driver)).expect("driver");
+    std::fs::write(device.join("driver_override"), "(null)\n").expect("driver_override");
+    symlink(format!("../../../bus/pci/drivers/{driver}"), device.join("driver")).expect("driver link");
+    if let Some(group) = group {
+        let members = sys.join("kernel/iommu_groups").join(group.to_string()).join("devices");
+        std::fs::create_dir_all(&members).expect("group");
+        symlink(format!("../../../../devices/{root}/{bdf}"), members.join(bdf)).expect("member");
+        symlink(format!("../../../kernel/iommu_groups/{group}"), device.join("iommu_group")).expect("iommu_group");
+    }
+    let links = sys.join("bus/pci/devices");
+    std::fs::create_dir_all(&links).expect("sys");
+    symlink(format!("../../../devices/{root}/{bdf}"), links.join(bdf)).expect("symlink");
+    device
 }

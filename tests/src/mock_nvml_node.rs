@@ -135,7 +135,8 @@ impl MockNvmlNode {
     pub fn uuid(&self, name: &str) -> String {
         let name = gpu_dra_driver::names::DeviceName::new(name).expect("device name");
         match self.inventory.find_device(&name).unwrap_or_else(|| panic!("no device {name}")) {
-            gpu_dra_driver::inventory::PublishedDevice::Gpu(g) => g.uuid.clone(),
+            gpu_dra_driver::inventory::PublishedDevice::Gpu(g)
+            | gpu_dra_driver::inventory::PublishedDevice::Vfio(g) => g.uuid.clone(),
             gpu_dra_driver::inventory::PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
             gpu_dra_driver::inventory::PublishedDevice::DynamicMig { .. } => {
                 panic!("{name} is a dynamic MIG device: it has no UUID until a claim makes it")

@@ -438,6 +438,7 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
         ),
         ("api-version", json!({"resourceApiVersion": "resource.k8s.io/v1"})),
         ("dynamic-mig", json!({"featureGates": {"DynamicMIG": true}})),
+        ("passthrough", json!({"featureGates": {"PassthroughSupport": true}})),
         ("consumable-shares", json!({"featureGates": {"ConsumableShares": true}, "consumableShares": "4"})),
         (
             "driver-capabilities",
@@ -477,7 +478,12 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
             "turn on one of them",
         ),
         ("no-health", json!({"featureGates": {"NVMLDeviceHealthCheck": false}}), "additionalXidsToIgnore"),
-        ("passthrough", json!({"featureGates": {"PassthroughSupport": true}}), "CDI only"),
+        (
+            "passthrough-with-dynamic-mig",
+            json!({"featureGates": {"PassthroughSupport": true, "DynamicMIG": true}}),
+            "turn on one of them",
+        ),
+        ("device-metadata", json!({"featureGates": {"DeviceMetadata": true}}), "pciBusID"),
         ("imex", json!({"featureGates": {"IMEXDaemonsWithDNSNames": true}}), "listed by address"),
         ("vgpu-gate", json!({"featureGates": {"VGPUSupport": true}}), "dynamicMig"),
     ];
@@ -534,7 +540,10 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     // Only this driver's gates reach the binaries.
     let gates = plugin_args("gates");
     assert!(
-        gates.contains(&"--feature-gates=DynamicMIG=false,MPSSupport=true,TimeSlicingSettings=true".to_string()),
+        gates.contains(
+            &"--feature-gates=DynamicMIG=false,MPSSupport=true,PassthroughSupport=false,TimeSlicingSettings=true"
+                .to_string()
+        ),
         "{gates:?}"
     );
     // DynamicMIG is this driver's too (MIG devices made per claim).

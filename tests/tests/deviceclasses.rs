@@ -23,6 +23,7 @@ fn shipped_classes_parse_and_match_published_types() {
             "gpu.nvidia.com" => ("gpu.nvidia.com", "'gpu'"),
             "compute-domain-daemon.nvidia.com" => ("compute-domain.nvidia.com", "'daemon'"),
             "compute-domain-default-channel.nvidia.com" => ("compute-domain.nvidia.com", "'channel'"),
+            "vfio.gpu.nvidia.com" => ("gpu.nvidia.com", "'vfio'"),
             _ => ("gpu.nvidia.com", "'mig'"),
         };
         assert!(expr.contains(&format!("device.driver == '{driver}'")), "{expr}");
@@ -36,7 +37,8 @@ fn shipped_classes_parse_and_match_published_types() {
             "compute-domain-daemon.nvidia.com",
             "compute-domain-default-channel.nvidia.com",
             "gpu.nvidia.com",
-            "mig.nvidia.com"
+            "mig.nvidia.com",
+            "vfio.gpu.nvidia.com"
         ]
     );
 }

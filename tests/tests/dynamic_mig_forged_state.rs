@@ -80,6 +80,7 @@ fn device(name: &str) -> CheckpointDevice {
         time_slice: None,
         dynamic_mig: None,
         mig_mode_off: None,
+        vfio: None,
     }
 }
 

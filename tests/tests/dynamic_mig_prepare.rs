@@ -192,6 +192,7 @@ fn forged(uid: &str, state: PrepareState, device: &str, intent: MigIntent, made:
             time_slice: None,
             dynamic_mig: Some(DynamicMigDevice { intent, made }),
             mig_mode_off: None,
+            vfio: None,
         }],
         mps: None,
         compute_domain: None,

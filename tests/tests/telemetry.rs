@@ -342,7 +342,8 @@ fn sampling_cost_for_8_gpus_and_56_mig_devices_is_printed() {
             .iter()
             .map(|d| {
                 let uuid = match d {
-                    gpu_dra_driver::inventory::PublishedDevice::Gpu(g) => g.uuid.clone(),
+                    gpu_dra_driver::inventory::PublishedDevice::Gpu(g)
+                    | gpu_dra_driver::inventory::PublishedDevice::Vfio(g) => g.uuid.clone(),
                     gpu_dra_driver::inventory::PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
                     gpu_dra_driver::inventory::PublishedDevice::DynamicMig { .. } => {
                         unreachable!("these inventories have no dynamic MIG GPU")

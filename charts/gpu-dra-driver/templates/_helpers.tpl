@@ -58,7 +58,7 @@ dynamicMig.enabled turns DynamicMIG on. */ -}}
 {{- end -}}
 {{- $gates := list -}}
 {{- range $name, $on := $set -}}
-{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG" "DRAListTypeAttributes") -}}
+{{- if has $name (list "TimeSlicingSettings" "MPSSupport" "ConsumableCapacity" "ConsumableShares" "DynamicMIG" "DRAListTypeAttributes" "PassthroughSupport") -}}
 {{- $gates = append $gates (printf "%s=%t" $name $on) -}}
 {{- end -}}
 {{- end -}}

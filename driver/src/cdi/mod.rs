@@ -149,6 +149,20 @@ pub enum CdiError {
     NoDevices,
 }
 
+/// The VFIO container (the IOMMU API): `/dev/vfio/vfio`, misc device
+/// 10:196 (`VFIO_MINOR` in the kernel's `include/linux/miscdevice.h`). It
+/// grants nothing alone: a VM reaches a device only through its group's
+/// node (Documentation/driver-api/vfio.rst).
+pub const VFIO_CONTAINER: &str = "/dev/vfio/vfio";
+const MISC_MAJOR: u32 = 10;
+const VFIO_MINOR: u32 = 196;
+
+/// `/dev/vfio/<group>`, the node the kernel makes for an IOMMU group once
+/// every device of it is bound to a VFIO driver.
+pub fn vfio_group_node(group: u32) -> String {
+    format!("/dev/vfio/{group}")
+}
+
 /// CDI vendor of our specs: `k8s.<driver>`.
 pub fn vendor(driver: &DriverName) -> String {
     format!("k8s.{driver}")
@@ -177,31 +191,36 @@ pub fn claim_spec(
     if devices.is_empty() {
         return Err(CdiError::NoDevices);
     }
-    let uvm = inventory.device_majors.nvidia_uvm.ok_or(CdiError::UvmNotLoaded)?;
+    let found: Vec<(&DeviceName, PublishedDevice<'_>)> = devices
+        .iter()
+        .map(|name| Ok((name, inventory.find_device(name).ok_or_else(|| CdiError::UnknownDevice(name.clone()))?)))
+        .collect::<Result<_, CdiError>>()?;
+    // A GPU passed through is bound to vfio-pci: it needs none of the
+    // nvidia driver's devices, files or hooks.
+    let nvidia = found.iter().any(|(_, d)| !matches!(d, PublishedDevice::Vfio(_)));
+    let vfio = found.iter().any(|(_, d)| matches!(d, PublishedDevice::Vfio(_)));
+    let uvm = if nvidia { Some(inventory.device_majors.nvidia_uvm.ok_or(CdiError::UvmNotLoaded)?) } else { None };
     let vendor = vendor(driver);
     let kind = format!("{vendor}/{CLAIM_CLASS}");
     let mut cdi_devices: Vec<spec::Device> = Vec::new();
     let mut device_ids = Vec::new();
-    for name in devices {
+    for (name, device) in &found {
+        let name = *name;
         if device_ids.iter().any(|(d, _)| d == name) {
             continue;
         }
-        let device = inventory.find_device(name).ok_or_else(|| CdiError::UnknownDevice(name.clone()))?;
         let cdi_name = format!("{claim}-{name}");
         device_ids.push((name.clone(), format!("{kind}={cdi_name}")));
         cdi_devices.push(spec::Device {
             name: cdi_name,
             container_edits: ContainerEdits {
-                device_nodes: device_nodes(inventory, name, &device)?,
+                device_nodes: device_nodes(inventory, name, device)?,
                 ..Default::default()
             },
         });
     }
-    let mut spec = Spec {
-        cdi_version: String::new(),
-        kind,
-        devices: cdi_devices,
-        container_edits: ContainerEdits {
+    let mut container_edits = match uvm {
+        Some(uvm) => ContainerEdits {
             env: vec![VISIBLE_DEVICES_VOID.to_string()],
             device_nodes: [
                 DeviceNode::char("/dev/nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR),
@@ -214,7 +233,12 @@ pub fn claim_spec(
             mounts: driver_edits.mounts.clone(),
             hooks: driver_edits.hooks.clone(),
         },
+        None => ContainerEdits { env: vec![VISIBLE_DEVICES_VOID.to_string()], ..Default::default() },
     };
+    if vfio {
+        container_edits.device_nodes.push(DeviceNode::char(VFIO_CONTAINER, MISC_MAJOR, VFIO_MINOR));
+    }
+    let mut spec = Spec { cdi_version: String::new(), kind, devices: cdi_devices, container_edits };
     spec.cdi_version = spec::minimum_version(&spec).to_string();
     Ok(ClaimSpec { spec, file_name: claim_spec_file_name(driver, claim), device_ids })
 }
@@ -226,6 +250,10 @@ fn device_nodes(
 ) -> Result<Vec<DeviceNode>, CdiError> {
     if let PublishedDevice::DynamicMig { .. } = device {
         return Err(CdiError::NotCreated(name.clone()));
+    }
+    if let PublishedDevice::Vfio(gpu) = device {
+        let group = gpu.iommu_group.ok_or_else(|| CdiError::UnknownDevice(name.clone()))?;
+        return Ok(vec![DeviceNode::from_host(vfio_group_node(group))]);
     }
     let gpu = device.gpu();
     let mut nodes = vec![DeviceNode::char(format!("/dev/nvidia{}", gpu.minor), NVIDIA_MAJOR, gpu.minor)];
@@ -285,6 +313,29 @@ mod tests {
             [("/dev/nvidiactl", 195, 255), ("/dev/nvidia-uvm", 235, 0), ("/dev/nvidia-uvm-tools", 235, 1)]
         );
         assert!(common.device_nodes.iter().all(|n| n.node_type == "c"));
+    }
+
+    #[test]
+    fn a_vfio_claim_gets_its_group_and_the_container_and_nothing_of_the_nvidia_driver() {
+        let mut g = gpu(0);
+        g.iommu_group = Some(42);
+        let mut inv = inventory(vec![g]);
+        inv.device_majors.nvidia_uvm = None;
+        let edits =
+            DriverEdits { device_nodes: vec![DeviceNode::char("/dev/nvidia-modeset", 195, 254)], ..Default::default() };
+        let spec = claim_spec(&DriverName::nvidia_default(), &inv, &edits, &uid(), &[dn("gpu-vfio-0")]).unwrap();
+        assert_eq!(node_paths(&spec.spec.devices[0]), ["/dev/vfio/42"]);
+        let json = serde_json::to_value(&spec.spec.devices[0].container_edits.device_nodes[0]).unwrap();
+        assert_eq!(json, serde_json::json!({"path": "/dev/vfio/42"}), "the runtime stats the group's node");
+        let common = &spec.spec.container_edits;
+        let paths: Vec<&str> = common.device_nodes.iter().map(|n| n.path.as_str()).collect();
+        assert_eq!(paths, ["/dev/vfio/vfio"]);
+        assert_eq!((common.device_nodes[0].major, common.device_nodes[0].minor), (10, 196));
+        assert!(common.mounts.is_empty() && common.hooks.is_empty());
+        assert_eq!(common.env, [VISIBLE_DEVICES_VOID]);
+        let mut no_group = inv.clone();
+        no_group.gpus[0].iommu_group = None;
+        assert!(claim_spec(&DriverName::nvidia_default(), &no_group, &edits, &uid(), &[dn("gpu-vfio-0")]).is_err());
     }
 
     #[test]

@@ -68,23 +68,38 @@ pub struct Hook {
 
 /// A device node the runtime creates in the container.
 ///
-/// We always give `type`, `major` and `minor`: a node "minimally specified"
-/// this way is created without the runtime stat-ing the host path, so a spec
-/// stays injectable even before the host's `/dev` entry appears.
+/// We give `type`, `major` and `minor` wherever we know them: a node
+/// "minimally specified" this way is created without the runtime stat-ing
+/// the host path, so a spec stays injectable even before the host's `/dev`
+/// entry appears. A VFIO group's node has a minor the kernel hands out when
+/// the group appears, so it is given by path alone ([`DeviceNode::from_host`]):
+/// the CDI spec lets the runtime take type, major and minor from the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNode {
     pub path: String,
-    #[serde(rename = "type")]
+    #[serde(rename = "type", skip_serializing_if = "String::is_empty")]
     pub node_type: String,
+    /// Negative: not given (the runtime stats the host path).
+    #[serde(skip_serializing_if = "not_given")]
     pub major: i64,
+    #[serde(skip_serializing_if = "not_given")]
     pub minor: i64,
+}
+
+fn not_given(n: &i64) -> bool {
+    *n < 0
 }
 
 impl DeviceNode {
     /// A character device.
     pub fn char(path: impl Into<String>, major: u32, minor: u32) -> Self {
         Self { path: path.into(), node_type: "c".into(), major: major.into(), minor: minor.into() }
+    }
+
+    /// A node the runtime describes from the host's file at `path`.
+    pub fn from_host(path: impl Into<String>) -> Self {
+        Self { path: path.into(), node_type: String::new(), major: -1, minor: -1 }
     }
 }
 

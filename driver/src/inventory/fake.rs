@@ -519,6 +519,8 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
         cuda_compute_capability: Semver::from_major_minor(cc_major.parse().unwrap_or(0), cc_minor.parse().unwrap_or(0)),
         pci_bus_id: Some(PciBusId { domain, bus, device: 0, function: 0 }),
         pcie_root: Some(format!("pci{domain:04x}:{root_bus:02x}")),
+        // One group per GPU, as on servers with ACS (fake nodes have an IOMMU).
+        iommu_group: Some(0x20 + index),
         numa_node: Some(numa.unwrap_or(if total >= 2 && index >= total / 2 { 1 } else { 0 })),
         memory_bytes: model.memory_mib << 20,
         mig: MigMode::Disabled,

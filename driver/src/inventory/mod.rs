@@ -62,6 +62,10 @@ pub struct Gpu {
     pub pci_bus_id: Option<PciBusId>,
     /// Root complex of the GPU's PCIe hierarchy, e.g. `pci0000:64`.
     pub pcie_root: Option<String>,
+    /// The IOMMU group the kernel put the GPU in (`<sys>/bus/pci/devices/
+    /// <bdf>/iommu_group`); `None` when the IOMMU is off or not read. A GPU
+    /// with one can be passed through with VFIO ([`PublishedDevice::Vfio`]).
+    pub iommu_group: Option<u32>,
     pub numa_node: Option<u32>,
     pub memory_bytes: u64,
     pub mig: MigMode,
@@ -214,14 +218,36 @@ pub enum Fault {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum PublishedDevice<'a> {
     Gpu(&'a Gpu),
-    Mig { parent: &'a Gpu, mig: &'a MigDevice },
-    DynamicMig { parent: &'a Gpu, profile: &'a dynamic_mig::MigCapableProfile, placement: Placement },
+    Mig {
+        parent: &'a Gpu,
+        mig: &'a MigDevice,
+    },
+    DynamicMig {
+        parent: &'a Gpu,
+        profile: &'a dynamic_mig::MigCapableProfile,
+        placement: Placement,
+    },
+    /// The whole GPU for VFIO passthrough (`gpu-vfio-<minor>`), published
+    /// beside `gpu-<minor>` with the `PassthroughSupport` gate only.
+    Vfio(&'a Gpu),
 }
 
 impl Gpu {
     /// `gpu-<minor>`, as NVIDIA names it.
     pub fn device_name(&self) -> Result<DeviceName, InvalidName> {
         DeviceName::new(format!("gpu-{}", self.minor))
+    }
+
+    /// `gpu-vfio-<minor>`: NVIDIA's `gpu-vfio-<n>` form, numbered by minor
+    /// like every other name here.
+    pub fn vfio_device_name(&self) -> Result<DeviceName, InvalidName> {
+        DeviceName::new(format!("{VFIO_PREFIX}{}", self.minor))
+    }
+
+    /// Whether the GPU can be handed to a VM whole: MIG off, and the PCI
+    /// address and IOMMU group known (the group is what VFIO opens).
+    pub fn passthrough_capable(&self) -> bool {
+        matches!(self.mig, MigMode::Disabled) && self.pci_bus_id.is_some() && self.iommu_group.is_some()
     }
 
     /// The devices this GPU offers, in [`Inventory::published_devices`]'
@@ -272,13 +298,14 @@ impl<'a> PublishedDevice<'a> {
                 profile.profile.gi_profile_id,
                 placement.start,
             ),
+            PublishedDevice::Vfio(gpu) => gpu.vfio_device_name(),
         }
     }
 
     /// The physical GPU this device lives on.
     pub fn gpu(&self) -> &'a Gpu {
         match self {
-            PublishedDevice::Gpu(gpu) => gpu,
+            PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) => gpu,
             PublishedDevice::Mig { parent, .. } | PublishedDevice::DynamicMig { parent, .. } => parent,
         }
     }
@@ -286,7 +313,7 @@ impl<'a> PublishedDevice<'a> {
     /// Faults of the device itself and, for a MIG device, of its parent GPU.
     pub fn faults(&self) -> Vec<Fault> {
         match self {
-            PublishedDevice::Gpu(gpu) => gpu.faults.clone(),
+            PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) => gpu.faults.clone(),
             PublishedDevice::Mig { parent, mig } => parent.faults.iter().chain(&mig.faults).copied().collect(),
             PublishedDevice::DynamicMig { parent, .. } => parent.faults.clone(),
         }
@@ -307,12 +334,21 @@ impl Inventory {
         out
     }
 
+    /// The GPUs' VFIO devices (published with `PassthroughSupport`), by minor.
+    pub fn vfio_devices(&self) -> impl Iterator<Item = PublishedDevice<'_>> {
+        self.gpus.iter().filter(|g| g.passthrough_capable()).map(PublishedDevice::Vfio)
+    }
+
     /// Looks a published device up by its device name.
     ///
     /// Every name starts with its GPU's `gpu-<minor>`, so only that GPU's
     /// devices are named and compared: a prepare looks each of its devices
     /// up several times, and a dynamic MIG GPU offers dozens.
     pub fn find_device(&self, name: &DeviceName) -> Option<PublishedDevice<'_>> {
+        if let Some(minor) = name.as_str().strip_prefix(VFIO_PREFIX) {
+            let gpu = self.gpus.iter().find(|g| g.minor.to_string() == minor)?;
+            return gpu.passthrough_capable().then_some(PublishedDevice::Vfio(gpu));
+        }
         let minor = gpu_minor_of(name.as_str());
         let mut candidates = Vec::new();
         for gpu in self.gpus.iter().filter(|g| minor.is_none_or(|m| g.minor == m)) {
@@ -321,6 +357,9 @@ impl Inventory {
         candidates.into_iter().find(|d| d.name().is_ok_and(|n| &n == name))
     }
 }
+
+/// What every VFIO device's name starts with.
+pub const VFIO_PREFIX: &str = "gpu-vfio-";
 
 /// The GPU minor a device name starts with (`gpu-3`, `gpu-3-mig-...`).
 fn gpu_minor_of(name: &str) -> Option<u32> {
@@ -361,6 +400,7 @@ pub(crate) mod test_support {
             cuda_compute_capability: Semver::from_major_minor(9, 0),
             pci_bus_id: Some(PciBusId::parse(&format!("0000:{:02x}:00.0", 0x18 + minor)).unwrap()),
             pcie_root: Some("pci0000:17".into()),
+            iommu_group: None,
             numa_node: Some(0),
             memory_bytes: 80 << 30,
             mig: MigMode::Disabled,

@@ -37,6 +37,31 @@ pub struct MigDeviceConfig {
     pub sharing: Option<MigSharing>,
 }
 
+/// `VfioDeviceConfig`: parameters for a GPU passed through (NVIDIA's
+/// `iommu` block). Every VFIO claim here gets the legacy container
+/// `/dev/vfio/vfio` and its groups' nodes; `PreferIommuFD` falls back to
+/// that, as NVIDIA's does on a node without `/dev/iommu`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct VfioDeviceConfig {
+    #[serde(default)]
+    pub api_version: String,
+    #[serde(default)]
+    pub kind: String,
+    #[serde(default)]
+    pub iommu: Option<IommuConfig>,
+}
+
+/// NVIDIA's `IOMMUConfig`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct IommuConfig {
+    #[serde(default)]
+    pub backend_policy: String,
+    #[serde(default, rename = "enableAPIDevice")]
+    pub enable_api_device: Option<bool>,
+}
+
 /// `GpuSharing`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -80,6 +105,7 @@ pub struct MpsConfig {
 pub enum DeviceConfig {
     Gpu(GpuConfig),
     Mig(MigDeviceConfig),
+    Vfio(VfioDeviceConfig),
 }
 
 impl DeviceConfig {
@@ -94,6 +120,11 @@ impl DeviceConfig {
                 kind: "MigDeviceConfig".into(),
                 sharing: None,
             }),
+            DeviceKind::Vfio => Self::Vfio(VfioDeviceConfig {
+                api_version: API_VERSION.into(),
+                kind: "VfioDeviceConfig".into(),
+                iommu: None,
+            }),
         }
     }
 
@@ -101,6 +132,7 @@ impl DeviceConfig {
         match self {
             Self::Gpu(_) => "GpuConfig",
             Self::Mig(_) => "MigDeviceConfig",
+            Self::Vfio(_) => "VfioDeviceConfig",
         }
     }
 
@@ -109,6 +141,7 @@ impl DeviceConfig {
         match self {
             Self::Gpu(_) => DeviceKind::Gpu,
             Self::Mig(_) => DeviceKind::Mig,
+            Self::Vfio(_) => DeviceKind::Vfio,
         }
     }
 }
@@ -131,19 +164,27 @@ pub fn decode(parameters: &Value, path: &str, gates: &FeatureGates) -> Result<De
     let config = match kind {
         "GpuConfig" => DeviceConfig::Gpu(strict(parameters, path)?),
         "MigDeviceConfig" => DeviceConfig::Mig(strict(parameters, path)?),
-        "VfioDeviceConfig" | "ComputeDomainChannelConfig" | "ComputeDomainDaemonConfig" => {
+        "VfioDeviceConfig" if gates.enabled(Gate::Passthrough) => DeviceConfig::Vfio(strict(parameters, path)?),
+        "VfioDeviceConfig" => {
+            return Err(ConfigError::new(
+                field("kind"),
+                "VfioDeviceConfig needs the PassthroughSupport feature gate (off here): no GPU is published for \
+                 passthrough; turn the gate on, or use GpuConfig",
+            ));
+        }
+        "ComputeDomainChannelConfig" | "ComputeDomainDaemonConfig" => {
             return Err(ConfigError::new(
                 field("kind"),
                 format!(
-                    "{kind} is not supported by this driver: it publishes no VFIO or ComputeDomain devices; \
-                     use GpuConfig or MigDeviceConfig"
+                    "{kind} configures a ComputeDomain's devices (driver compute-domain.nvidia.com), not a GPU: \
+                     move it to a config whose opaque.driver is compute-domain.nvidia.com"
                 ),
             ));
         }
         other => {
             return Err(ConfigError::new(
                 field("kind"),
-                format!("unknown kind {other:?}: use GpuConfig or MigDeviceConfig"),
+                format!("unknown kind {other:?}: use GpuConfig, MigDeviceConfig or VfioDeviceConfig"),
             ));
         }
     };
@@ -181,6 +222,18 @@ fn validate(config: &DeviceConfig, path: &str, gates: &FeatureGates) -> Result<(
             Some(s) => (s.strategy.as_str(), None, s.mps_config.as_ref()),
             None => return Ok(()),
         },
+        DeviceConfig::Vfio(c) => {
+            let policy = c.iommu.as_ref().map_or("", |i| i.backend_policy.as_str());
+            return match policy {
+                "" | "LegacyOnly" | "PreferIommuFD" => Ok(()),
+                other => Err(ConfigError::new(
+                    format!("{path}.iommu.backendPolicy"),
+                    format!(
+                        "unknown IOMMU backend policy: {other}, supported IOMMU backend policies: LegacyOnly, PreferIommuFD"
+                    ),
+                )),
+            };
+        }
     };
     let at = |field: &str| format!("{path}.sharing.{field}");
     let gate = match strategy {
@@ -338,7 +391,15 @@ mod tests {
         let m = message(json!({"apiVersion": "resource.nvidia.com/v1alpha1", "kind": "GpuConfig"}));
         assert!(m.starts_with(&format!("{AT}.apiVersion:")) && m.contains(API_VERSION), "{m}");
         let m = message(json!({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig"}));
-        assert!(m.contains(".kind: VfioDeviceConfig is not supported"), "{m}");
+        assert!(m.contains(".kind: VfioDeviceConfig needs the PassthroughSupport feature gate"), "{m}");
+        let m = message(json!({"apiVersion": API_VERSION, "kind": "ComputeDomainChannelConfig"}));
+        assert!(m.contains("configures a ComputeDomain's devices") && !m.contains("VFIO"), "{m}");
+        let on: FeatureGates = "PassthroughSupport=true".parse().unwrap();
+        let vfio = json!({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig",
+            "iommu": {"backendPolicy": "LegacyOnly", "enableAPIDevice": true}});
+        assert!(matches!(decode(&vfio, "p", &on), Ok(DeviceConfig::Vfio(_))));
+        let bad = json!({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "Any"}});
+        assert!(decode(&bad, "p", &on).unwrap_err().to_string().contains("p.iommu.backendPolicy: unknown IOMMU"));
         let m = message(json!({"apiVersion": API_VERSION, "kind": "TpuConfig"}));
         assert!(m.contains("unknown kind \"TpuConfig\""), "{m}");
         assert!(message(json!("GpuConfig")).contains("must be an object"));

@@ -7,7 +7,9 @@
 
 mod decode;
 
-pub use decode::{API_VERSION, DeviceConfig, GpuConfig, INTERVALS, MigDeviceConfig, decode};
+pub use decode::{
+    API_VERSION, DeviceConfig, GpuConfig, INTERVALS, IommuConfig, MigDeviceConfig, VfioDeviceConfig, decode,
+};
 
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 
@@ -19,6 +21,8 @@ use crate::names::{DeviceName, DriverName};
 pub enum DeviceKind {
     Gpu,
     Mig,
+    /// A GPU for passthrough (`gpu-vfio-<minor>`).
+    Vfio,
 }
 
 impl DeviceKind {
@@ -26,6 +30,7 @@ impl DeviceKind {
         match self {
             Self::Gpu => "gpu",
             Self::Mig => "mig",
+            Self::Vfio => "vfio",
         }
     }
 }

@@ -48,6 +48,10 @@ pub mod name {
     /// Values of `type`.
     pub const TYPE_GPU: &str = "gpu";
     pub const TYPE_MIG: &str = "mig";
+    /// A whole GPU for VFIO passthrough (NVIDIA's `vfio` type).
+    pub const TYPE_VFIO: &str = "vfio";
+    /// Ours: the VFIO device's IOMMU group (`/dev/vfio/<group>`).
+    pub const IOMMU_GROUP: &str = "iommuGroup";
 }
 
 /// Taint keys, in the driver's domain (`gpu.nvidia.com/xid`).
@@ -145,6 +149,21 @@ fn gpu_device(inv: &Inventory, gpu: &Gpu) -> (BTreeMap<String, DeviceAttribute>,
     }
     if let Some(clique) = gpu.clique {
         attrs.insert(name::CLIQUE_ID.into(), string(clique.to_string()));
+    }
+    let caps = BTreeMap::from([(name::MEMORY.to_string(), capacity(quantity::bytes(gpu.memory_bytes)))]);
+    (attrs, caps)
+}
+
+/// A GPU for passthrough: the GPU's own attributes (KubeVirt finds the
+/// device by `resource.kubernetes.io/pciBusID`) under `type: vfio`, and
+/// its IOMMU group. No NVLink or clique: a VM sees the GPU, not its fabric.
+fn vfio_device(inv: &Inventory, gpu: &Gpu) -> (BTreeMap<String, DeviceAttribute>, BTreeMap<String, DeviceCapacity>) {
+    let mut attrs = BTreeMap::new();
+    attrs.insert(name::TYPE.into(), string(name::TYPE_VFIO));
+    attrs.insert(name::UUID.into(), string(&gpu.uuid));
+    gpu_common_attributes(inv, gpu, &mut attrs);
+    if let Some(group) = gpu.iommu_group {
+        attrs.insert(name::IOMMU_GROUP.into(), int(group));
     }
     let caps = BTreeMap::from([(name::MEMORY.to_string(), capacity(quantity::bytes(gpu.memory_bytes)))]);
     (attrs, caps)
@@ -263,6 +282,7 @@ pub fn to_api_device(
         PublishedDevice::Gpu(gpu) => gpu_device(inv, gpu),
         PublishedDevice::Mig { parent, mig } => mig_device(inv, parent, mig),
         PublishedDevice::DynamicMig { parent, profile, .. } => mig_profile_device(inv, parent, &profile.profile),
+        PublishedDevice::Vfio(gpu) => vfio_device(inv, gpu),
     };
     let taints = taints(driver, &device.faults(), policy);
     Ok(Device {

@@ -47,6 +47,8 @@ pub struct SliceBuilder {
     /// The cluster has DRAListTypeAttributes (`DRAListTypeAttributes`):
     /// `resource.kubernetes.io/numaNode` is published as a list.
     list_attributes: bool,
+    /// `PassthroughSupport`: each capable GPU also as `gpu-vfio-<minor>`.
+    passthrough: bool,
 }
 
 /// Why slices could not be built.
@@ -76,6 +78,7 @@ impl SliceBuilder {
             dynamic_mig: false,
             not_served: served::NotServed::none(),
             list_attributes: false,
+            passthrough: false,
         }
     }
 
@@ -85,6 +88,7 @@ impl SliceBuilder {
         self.shares = gates.enabled(Gate::ConsumableCapacity);
         self.dynamic_mig = gates.enabled(Gate::DynamicMig);
         self.list_attributes = gates.enabled(Gate::ListTypeAttributes);
+        self.passthrough = gates.enabled(Gate::Passthrough);
         self
     }
 
@@ -138,12 +142,18 @@ impl SliceBuilder {
         let mut sets = Vec::new();
         let counters = !self.not_served.contains(served::GatedField::SharedCounters);
         let taints = !self.not_served.contains(served::GatedField::Taints);
+        // VFIO devices only where counters keep them apart from their GPU.
+        let passthrough = self.passthrough && counters;
         for gpu in &inventory.gpus {
             if let (true, true, Some((caps, _))) = (self.dynamic_mig, counters, gpu.dynamic_mig()) {
                 sets.push((gpu.minor, partitionable::counter_set(gpu, caps)));
             }
+            if passthrough && gpu.passthrough_capable() {
+                sets.push((gpu.minor, partitionable::passthrough_counter_set(gpu)));
+            }
         }
-        for d in inventory.published_devices() {
+        let vfio = inventory.vfio_devices().filter(|_| passthrough);
+        for d in inventory.published_devices().into_iter().chain(vfio) {
             let dynamic = d.gpu().dynamic_mig().is_some();
             if dynamic && !(self.dynamic_mig && counters) {
                 // A dynamic GPU without the gate is a MIG GPU without
@@ -164,11 +174,19 @@ impl SliceBuilder {
                 entries.push(partitionable::Entry { device, counter_gpu: Some(d.gpu().minor) });
                 continue;
             }
+            if passthrough
+                && d.gpu().passthrough_capable()
+                && let PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) = d
+            {
+                device.consumes_counters = Some(vec![partitionable::passthrough_consumption(gpu)]);
+                entries.push(partitionable::Entry { device, counter_gpu: Some(gpu.minor) });
+                continue;
+            }
             if let (true, PublishedDevice::Gpu(gpu)) = (self.shares, &d) {
                 shares::make_shareable(&mut device, gpu);
             }
             let memory = match d {
-                PublishedDevice::Gpu(gpu) => gpu.memory_bytes,
+                PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) => gpu.memory_bytes,
                 PublishedDevice::Mig { mig, .. } => mig.profile.memory_bytes,
                 PublishedDevice::DynamicMig { profile, .. } => profile.profile.memory_bytes,
             };

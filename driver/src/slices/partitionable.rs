@@ -58,13 +58,36 @@ pub fn consumption(device: &PublishedDevice<'_>) -> Option<DeviceCounterConsumpt
     let used = match device {
         PublishedDevice::DynamicMig { profile, placement, .. } => caps.consumption(profile, *placement),
         PublishedDevice::Gpu(_) => caps.counters(),
-        PublishedDevice::Mig { .. } => return None,
+        PublishedDevice::Mig { .. } | PublishedDevice::Vfio(_) => return None,
     };
     Some(DeviceCounterConsumption {
         counter_set: counter_set_name(device.gpu().minor),
         counters: counters(used),
         compatibility_groups: None,
     })
+}
+
+/// The one counter of a GPU offered for passthrough: the whole GPU and
+/// its VFIO device each take it, so the scheduler gives the GPU one way.
+const WHOLE_GPU: &str = "gpu";
+
+/// The counter set of a GPU offered for passthrough (`PassthroughSupport`,
+/// which excludes dynamic MIG, so the set's name is free).
+pub fn passthrough_counter_set(gpu: &Gpu) -> CounterSet {
+    CounterSet {
+        name: counter_set_name(gpu.minor),
+        counters: BTreeMap::from([(WHOLE_GPU.to_string(), Counter { value: quantity::count(1) })]),
+    }
+}
+
+/// What `gpu-<minor>` and `gpu-vfio-<minor>` of a GPU offered for
+/// passthrough consume: the GPU's one counter.
+pub fn passthrough_consumption(gpu: &Gpu) -> DeviceCounterConsumption {
+    DeviceCounterConsumption {
+        counter_set: counter_set_name(gpu.minor),
+        counters: BTreeMap::from([(WHOLE_GPU.to_string(), Counter { value: quantity::count(1) })]),
+        compatibility_groups: None,
+    }
 }
 
 /// A device to publish, and the dynamic GPU whose counters it consumes.

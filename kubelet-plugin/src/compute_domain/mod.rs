@@ -607,6 +607,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 time_slice: None,
                 dynamic_mig: None,
                 mig_mode_off: None,
+                vfio: None,
             })
             .collect();
         record.state = PrepareState::PrepareCompleted;

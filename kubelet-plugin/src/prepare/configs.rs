@@ -28,7 +28,11 @@ pub fn resolve(
         .map(|d| ResultToConfigure {
             request: &d.request,
             device: &d.device,
-            kind: if d.is_mig { DeviceKind::Mig } else { DeviceKind::Gpu },
+            kind: match (d.is_mig, d.device.as_str().starts_with("gpu-vfio-")) {
+                (true, _) => DeviceKind::Mig,
+                (false, true) => DeviceKind::Vfio,
+                (false, false) => DeviceKind::Gpu,
+            },
         })
         .collect();
     opaque_config::resolve(driver, configs, &results, gates)

@@ -25,6 +25,7 @@ pub mod dynamic_mig;
 mod files;
 pub mod locks;
 pub mod mps;
+pub mod passthrough;
 pub mod plan;
 pub mod reconcile;
 mod reconcile_mig;
@@ -99,6 +100,9 @@ pub struct PreparerConfig {
     /// Told the MIG instances prepared claims own after every change, so a
     /// re-read inventory keeps their GPUs dynamic.
     pub selection: Option<Arc<crate::mig::selection::DynamicMigSelection>>,
+    /// Switches passed-through GPUs between `nvidia` and `vfio-pci`
+    /// (sysfs); `None` on a fake inventory, where they are refused.
+    pub vfio: Option<crate::vfio::VfioHost>,
 }
 
 /// Why the preparer could not start.
@@ -214,7 +218,7 @@ impl<S: ClaimSource> Preparer<S> {
             }
             let name = DeviceName::new(device.device_name.as_str()).ok()?;
             Some(match inventory.find_device(&name)? {
-                PublishedDevice::Gpu(gpu) => gpu.uuid.clone(),
+                PublishedDevice::Gpu(gpu) | PublishedDevice::Vfio(gpu) => gpu.uuid.clone(),
                 PublishedDevice::Mig { mig, .. } => mig.uuid.clone(),
                 PublishedDevice::DynamicMig { .. } => return None,
             })
@@ -378,6 +382,7 @@ impl<S: ClaimSource> Preparer<S> {
             }
         };
         let dynamic = dynamic_mig::plan(&planned, &inventory).map_err(kind(ErrorKind::Prepare))?;
+        let passthrough = passthrough::plan(&planned, &inventory).map_err(kind(ErrorKind::Prepare))?;
         let base_inventory = inventory.clone();
         let inventory =
             if dynamic.is_empty() { inventory } else { Arc::new(dynamic_mig::provisional(&inventory, &dynamic)) };
@@ -398,11 +403,13 @@ impl<S: ClaimSource> Preparer<S> {
             .iter()
             .map(|d| device_key(d.device.as_str()))
             .chain(daemon.iter().flat_map(gpu_keys))
-            .chain(dynamic.gpus().map(|gpu| format!("gpu:{gpu}")));
+            .chain(dynamic.gpus().map(|gpu| format!("gpu:{gpu}")))
+            .chain(passthrough.iter().map(|t| device_key(&t.plain_name)));
         let _device_locks = self
             .lock_until(keys.collect(), deadline, until, "the claim's devices (another claim's call holds them)")
             .await?;
         self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
+        passthrough::check_records(&uid, &planned, self.records().values()).map_err(kind(ErrorKind::Prepare))?;
         if !dynamic.is_empty() {
             if self.config.mig.is_none() {
                 return Err(Failure {
@@ -414,6 +421,21 @@ impl<S: ClaimSource> Preparer<S> {
             dynamic_mig::check_records(&uid, &dynamic, self.records().values()).map_err(kind(ErrorKind::Prepare))?;
         }
         let time_sliced = slices.iter().any(Option::is_some);
+        if !passthrough.is_empty() {
+            let refuse = |message: &str| Failure { kind: ErrorKind::Prepare, message: message.to_owned() };
+            if self.config.vfio.is_none() {
+                return Err(refuse(
+                    "the claim passes GPUs through (vfio-pci), which needs the node's sysfs, and this plugin runs \
+                     on a fake inventory",
+                ));
+            }
+            if time_sliced || daemon.is_some() || !dynamic.is_empty() {
+                return Err(refuse(
+                    "a claim that passes GPUs through (vfio-pci) cannot also share GPUs or make MIG devices: split \
+                     it into two claims",
+                ));
+            }
+        }
         if time_sliced || daemon.is_some() {
             let refuse = |message: &str| Failure { kind: ErrorKind::Config, message: message.to_owned() };
             if self.config.gpu_control.is_none() {
@@ -463,6 +485,9 @@ impl<S: ClaimSource> Preparer<S> {
             let edits = spec.spec.devices.iter().map(|d| &d.container_edits).chain([&spec.spec.container_edits]);
             crate::host::device_nodes::create_missing(dev_root, edits.flat_map(|e| &e.device_nodes));
         }
+        if !passthrough.is_empty() {
+            return self.prepare_passthrough(&claim, record, passthrough, bytes).await;
+        }
         if time_sliced || record.mps.is_some() {
             return self.prepare_shared(&claim, record, bytes).await;
         }
@@ -497,14 +522,7 @@ impl<S: ClaimSource> Preparer<S> {
         record: ClaimRecord,
         spec: Vec<u8>,
     ) -> Result<Vec<PreparedDevice>, Failure> {
-        let uid = claim.uid.to_string();
-        let files = self.files.clone();
-        let (owned_uid, started) = (claim.uid.clone(), record.clone());
-        blocking(move || files.record_started(&owned_uid, &started))
-            .await
-            .and_then(|r| r)
-            .map_err(kind(ErrorKind::Checkpoint))?;
-        self.records().insert(uid.clone(), record.clone());
+        self.record_started(claim, &record).await?;
         let control = self.config.gpu_control.clone();
         let host = self.config.mps_host.clone();
         let timeouts = self.config.mps_timeouts;
@@ -532,6 +550,81 @@ impl<S: ClaimSource> Preparer<S> {
         .await
         .map_err(|e| (ErrorKind::Prepare, e))
         .and_then(|r| r);
+        self.complete_or_roll_back(claim, applied, spec, "prepared (shared)").await
+    }
+
+    /// The prepare of a claim that passes GPUs through: read each group's
+    /// devices and drivers, record them (`PrepareStarted`), bind each group
+    /// to `vfio-pci`, then write the spec and complete; any failure after
+    /// the record gives every group back and rolls back (see
+    /// [`crate::vfio`]).
+    async fn prepare_passthrough(
+        &self,
+        claim: &ValidClaim,
+        mut record: ClaimRecord,
+        targets: Vec<passthrough::Target>,
+        spec: Vec<u8>,
+    ) -> Result<Vec<PreparedDevice>, Failure> {
+        let host = self.config.vfio.clone().ok_or_else(|| Failure {
+            kind: ErrorKind::Prepare,
+            message: "the claim passes GPUs through, and this plugin has no sysfs".into(),
+        })?;
+        let reader = host.clone();
+        let switches = blocking(move || {
+            targets
+                .into_iter()
+                .map(|t| {
+                    let planned = crate::vfio::switch::plan(&*reader.binding, &t.gpu, t.group, &t.other_gpus);
+                    planned.map(|s| (t.index, s))
+                })
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .await
+        .map_err(kind(ErrorKind::Prepare))?
+        .map_err(kind(ErrorKind::Prepare))?;
+        for (index, switch) in switches {
+            if let Some(device) = record.devices.get_mut(index) {
+                device.vfio = Some(switch);
+            }
+        }
+        self.record_started(claim, &record).await?;
+        crate::state::kill_point::reached(crate::state::kill_point::Step::VfioRecorded);
+        let started = record.clone();
+        let bound = blocking(move || -> Result<ClaimRecord, (ErrorKind, String)> {
+            for recorded in started.devices.iter().filter_map(|d| d.vfio.as_ref()) {
+                crate::vfio::switch::bind(&*host.binding, recorded, &mut crate::vfio::switch::kill_points, host.timing)
+                    .map_err(|e| (ErrorKind::Prepare, e.to_string()))?;
+            }
+            Ok(started)
+        })
+        .await
+        .map_err(|e| (ErrorKind::Prepare, e))
+        .and_then(|r| r);
+        self.complete_or_roll_back(claim, bound, spec, "prepared (passed through)").await
+    }
+
+    /// Records `PrepareStarted` before a prepare's side effects.
+    async fn record_started(&self, claim: &ValidClaim, record: &ClaimRecord) -> Result<(), Failure> {
+        let files = self.files.clone();
+        let (owned_uid, started) = (claim.uid.clone(), record.clone());
+        blocking(move || files.record_started(&owned_uid, &started))
+            .await
+            .and_then(|r| r)
+            .map_err(kind(ErrorKind::Checkpoint))?;
+        self.records().insert(claim.uid.to_string(), record.clone());
+        Ok(())
+    }
+
+    /// After a recorded prepare's side effects: writes the spec and
+    /// completes, or (they failed, or writing did) rolls everything back.
+    async fn complete_or_roll_back(
+        &self,
+        claim: &ValidClaim,
+        applied: Result<ClaimRecord, (ErrorKind, String)>,
+        spec: Vec<u8>,
+        done: &'static str,
+    ) -> Result<Vec<PreparedDevice>, Failure> {
+        let uid = claim.uid.to_string();
         let completed = match applied {
             Ok(record) => {
                 let files = self.files.clone();
@@ -547,7 +640,7 @@ impl<S: ClaimSource> Preparer<S> {
             Ok(record) => {
                 let devices = record.prepared_devices();
                 self.records().insert(uid, record);
-                tracing::info!(claim = %claim, devices = devices.len(), "prepared (shared)");
+                tracing::info!(claim = %claim, devices = devices.len(), "{done}");
                 Ok(devices)
             }
             Err((kind, message)) => {
@@ -664,6 +757,7 @@ impl<S: ClaimSource> Preparer<S> {
                     time_slice: None,
                     dynamic_mig: None,
                     mig_mode_off: None,
+                    vfio: None,
                 })
                 .collect(),
             mps: None,
@@ -671,8 +765,9 @@ impl<S: ClaimSource> Preparer<S> {
         }
     }
 
-    /// Resets the time-slices only this claim needed, removes the claim's
-    /// spec file, then its record (see [`Files::remove_claim`]), then
+    /// Resets the time-slices only this claim needed, gives the GPUs it
+    /// passed through back to their drivers, removes the claim's spec
+    /// file, then its record (see [`Files::remove_claim`]), then
     /// forgets it. The reset comes first: if it fails the record stays, and
     /// the next attempt or start-up retries.
     async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
@@ -700,6 +795,9 @@ impl<S: ClaimSource> Preparer<S> {
             })
             .await??;
         }
+        let host = self.config.vfio.clone();
+        let passed = record.clone();
+        blocking(move || passthrough::give_back(host.as_ref(), &passed)).await??;
         self.unmake_dynamic(uid.as_str()).await?;
         // Derived, never taken from the record (see `checkpoint::derived`).
         let name = cdi::claim_spec_file_name(&self.config.driver, uid);
@@ -770,3 +868,5 @@ mod tests;
 mod tests_mig;
 #[cfg(test)]
 mod tests_mps;
+#[cfg(test)]
+mod tests_vfio;

@@ -14,6 +14,11 @@
 //!   start-up acts only on names it made; so is a record naming dynamic MIG
 //!   devices or whole GPUs its claim's MIG ledger does not hold (see
 //!   [`super::reconcile_mig`]): start-up acts only on instances it made;
+//!   so is a record naming a VFIO switch of devices that are not in the
+//!   IOMMU group of the node's GPU it names ([`super::passthrough`]);
+//! - an interrupted prepare that passed GPUs through gives them back to
+//!   their drivers before its record goes; a completed one keeps them (a
+//!   group an interrupted unprepare half gave back is bound again);
 //! - a spec file of ours that no record owns is deleted, as are leftover
 //!   temporary files.
 
@@ -48,7 +53,8 @@ pub struct ReconcileReport {
     pub temp_files: usize,
     /// Dynamic MIG instances destroyed and made again.
     pub mig: super::reconcile_mig::MigReport,
-    /// Interrupted prepares whose MIG instances could not be removed: their
+    /// Interrupted prepares whose MIG instances could not be removed (or
+    /// whose GPUs could not be given back from vfio-pci): their
     /// records stay `PrepareStarted` for the kubelet's next call.
     pub mig_pending: Vec<String>,
 }
@@ -72,7 +78,8 @@ pub(super) fn reconcile(
     let mut valid = Vec::new();
     for record in loaded.records {
         let checked = derived::check(&record, &config.driver, &config.mps_dir)
-            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid));
+            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid))
+            .and_then(|uid| super::passthrough::check(config, inventory, &record).map(|()| uid));
         match checked {
             Ok(uid) => valid.push((uid, record)),
             Err(reason) => damaged.push(DamagedRecord {
@@ -95,9 +102,14 @@ pub(super) fn reconcile(
     for (uid, record) in valid {
         let spec_file = cdi::claim_spec_file_name(&config.driver, &uid);
         if record.boot_id != config.boot_id || record.state == PrepareState::PrepareStarted {
-            // Instances first: the record must outlive them.
-            if let Err(error) = super::reconcile_mig::roll_back(config, inventory, &record) {
-                tracing::error!(claim_uid = %record.uid, %error, "removing the MIG devices of an interrupted prepare failed; kept for the next attempt");
+            // Instances and bindings first: the record must outlive them. A
+            // reboot gave every GPU back to its driver already.
+            let same_boot = record.boot_id == config.boot_id;
+            let undone = super::reconcile_mig::roll_back(config, inventory, &record).and_then(|()| {
+                if same_boot { super::passthrough::give_back(config.vfio.as_ref(), &record) } else { Ok(()) }
+            });
+            if let Err(error) = undone {
+                tracing::error!(claim_uid = %record.uid, %error, "undoing an interrupted prepare (its MIG devices, its GPUs on vfio-pci) failed; kept for the next attempt");
                 if record.boot_id == config.boot_id {
                     report.mig_pending.push(record.uid.clone());
                     owners.insert(record.uid.clone());
@@ -121,6 +133,7 @@ pub(super) fn reconcile(
         if !config.cdi_dir.join(&spec_file).exists() && rewrite_spec(config, inventory, &uid, &record, &spec_file) {
             report.rewritten.push(record.uid.clone());
         }
+        super::passthrough::settle(config, &record);
         owners.insert(record.uid.clone());
         report.kept += 1;
         records.insert(record.uid.clone(), record);

@@ -137,6 +137,8 @@ pub struct Harness {
     pub mps: Option<Arc<crate::prepare::mps::lifecycle::test_support::FakeHost>>,
     /// Dynamic MIG through an in-memory GPU (`<dir>/proc` for caps minors).
     pub mig: Option<Arc<crate::mig::control::fake::FakeControl>>,
+    /// VFIO passthrough through a fake kernel.
+    pub vfio: Option<crate::vfio::VfioHost>,
 }
 
 impl Harness {
@@ -150,6 +152,7 @@ impl Harness {
             gpu: None,
             mps: None,
             mig: None,
+            vfio: None,
         }
     }
 
@@ -177,6 +180,7 @@ impl Harness {
                 ledger: Arc::new(crate::mig::ledger::Ledger::new(self.dir.path().join("state/mig-ledger"))),
             }),
             selection: None,
+            vfio: self.vfio.clone(),
         }
     }
 

@@ -5,7 +5,8 @@
 //! tests) it costs one atomic load.
 //!
 //! One list of steps for every prepare that has side effects beyond its
-//! record and spec: dynamic MIG (`after-…`) and ComputeDomains (`cd-…`).
+//! record and spec: dynamic MIG (`after-…`), ComputeDomains (`cd-…`) and
+//! VFIO passthrough (`vfio-…`).
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -50,10 +51,22 @@ pub enum Step {
     DomainSpecRemoved,
     /// ComputeDomain unprepare: the daemon was stopped; its directory remains.
     DomainDaemonStopped,
+    /// VFIO prepare: the `PrepareStarted` record naming the group is written.
+    VfioRecorded,
+    /// VFIO prepare: a device's `driver_override` says `vfio-pci`.
+    VfioOverride,
+    /// VFIO prepare: a device was unbound from its driver.
+    VfioUnbound,
+    /// VFIO prepare: `drivers_probe` was written for a device.
+    VfioProbed,
+    /// VFIO prepare: the group is bound to `vfio-pci`; no spec yet.
+    VfioBound,
+    /// VFIO give-back: a device was unbound from `vfio-pci`.
+    VfioReleased,
 }
 
 impl Step {
-    pub const ALL: [Step; 17] = [
+    pub const ALL: [Step; 23] = [
         Step::AfterRecord,
         Step::AfterGpuInstance,
         Step::AfterComputeInstance,
@@ -71,6 +84,12 @@ impl Step {
         Step::DomainUnrecorded,
         Step::DomainSpecRemoved,
         Step::DomainDaemonStopped,
+        Step::VfioRecorded,
+        Step::VfioOverride,
+        Step::VfioUnbound,
+        Step::VfioProbed,
+        Step::VfioBound,
+        Step::VfioReleased,
     ];
 
     pub fn name(self) -> &'static str {
@@ -92,6 +111,12 @@ impl Step {
             Step::DomainUnrecorded => "cd-unrecorded",
             Step::DomainSpecRemoved => "cd-spec-removed",
             Step::DomainDaemonStopped => "cd-daemon-stopped",
+            Step::VfioRecorded => "vfio-recorded",
+            Step::VfioOverride => "vfio-override",
+            Step::VfioUnbound => "vfio-unbound",
+            Step::VfioProbed => "vfio-probed",
+            Step::VfioBound => "vfio-bound",
+            Step::VfioReleased => "vfio-released",
         }
     }
 }

@@ -100,6 +100,7 @@ fn read_gpu(device: &Device<'_>, index: u32, sys_root: &Path, mig_minors: &MigMi
         cuda_compute_capability: Semver::from_major_minor(0, 0),
         pci_bus_id: None,
         pcie_root: None,
+        iommu_group: None,
         numa_node: None,
         memory_bytes: 0,
         mig: MigMode::Disabled,
@@ -148,6 +149,7 @@ fn fill_gpu(gpu: &mut Gpu, device: &Device<'_>, sys_root: &Path, mig_minors: &Mi
         Err(error) => return Err(GpuError::nvml("memory info", error)),
     };
     gpu.pcie_root = procfs::read_pcie_root(sys_root, &bus_id);
+    gpu.iommu_group = procfs::read_iommu_group(sys_root, &bus_id);
     gpu.numa_node = numa_node(device, sys_root, &bus_id, gpu.minor);
     let mig = mig::read(device, gpu.minor, &gpu.architecture, gpu.memory_bytes, mig_minors)?;
     gpu.mig = mig.mode;

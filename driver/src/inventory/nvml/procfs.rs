@@ -132,6 +132,27 @@ pub fn read_pcie_root(sys_root: &Path, bus_id: &PciBusId) -> Option<String> {
     }
 }
 
+/// The IOMMU group of a device: the last component of its `iommu_group`
+/// link (`../../../../kernel/iommu_groups/<n>`, sysfs-bus-pci ABI); `None`
+/// without an IOMMU (no link) or when the link names no group number.
+pub fn read_iommu_group(sys_root: &Path, bus_id: &PciBusId) -> Option<u32> {
+    let target = fs::read_link(sysfs_device(sys_root, bus_id).join("iommu_group")).ok()?;
+    iommu_group_from_link(&target)
+}
+
+/// `.../kernel/iommu_groups/<n>` to `n`.
+pub fn iommu_group_from_link(target: &Path) -> Option<u32> {
+    let parent = target.parent()?.file_name()?;
+    if parent != "iommu_groups" {
+        return None;
+    }
+    let n = target.file_name()?.to_str()?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
+}
+
 /// A sysfs `numa_node` value: `-1` (no NUMA affinity) and garbage are `None`.
 pub fn parse_numa_node(text: &str) -> Option<u32> {
     text.trim().parse::<i64>().ok().and_then(|n| u32::try_from(n).ok())
@@ -146,6 +167,15 @@ pub fn read_numa_node(sys_root: &Path, bus_id: &PciBusId) -> io::Result<Option<u
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn iommu_group_is_the_number_the_link_ends_in() {
+        let group = |t: &str| iommu_group_from_link(Path::new(t));
+        assert_eq!(group("../../../../kernel/iommu_groups/42"), Some(42));
+        assert_eq!(group("../../../../kernel/iommu_groups/4x"), None);
+        assert_eq!(group("../../../../kernel/elsewhere/4"), None);
+        assert_eq!(group("42"), None);
+    }
 
     const PROC_DEVICES: &str = "Character devices:
   1 mem

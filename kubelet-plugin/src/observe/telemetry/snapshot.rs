@@ -45,6 +45,8 @@ pub fn identities(inventory: &Inventory, claims: &[PreparedClaim]) -> Vec<(Devic
             let gpu = d.gpu();
             let (uuid, mig, faults): (String, Option<MigIdentity>, Vec<&Fault>) = match d {
                 PublishedDevice::Gpu(gpu) => (gpu.uuid.clone(), None, gpu.faults.iter().collect()),
+                // Not in published_devices(): the GPU's own line serves.
+                PublishedDevice::Vfio(_) => return None,
                 PublishedDevice::Mig { parent, mig } => (
                     mig.uuid.clone(),
                     Some(MigIdentity {

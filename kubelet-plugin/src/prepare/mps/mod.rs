@@ -76,6 +76,8 @@ pub fn plan_daemon(
             PublishedDevice::DynamicMig { .. } => {
                 return Err(format!("device {} is a dynamic MIG device with no instance yet", device.device));
             }
+            // Bound to vfio-pci: no CUDA, no MPS (its config is a VfioDeviceConfig).
+            PublishedDevice::Vfio(_) => continue,
         };
         let group = group_uuids(planned, resolved, inventory, config.source);
         let Some(settings) = device_mps(device, config, &uuid, &group, gates)? else { continue };
@@ -125,7 +127,7 @@ fn group_uuids(
         .filter_map(|p| match p {
             PublishedDevice::Gpu(gpu) => Some(gpu.uuid.clone()),
             PublishedDevice::Mig { mig, .. } => Some(mig.uuid.clone()),
-            PublishedDevice::DynamicMig { .. } => None,
+            PublishedDevice::DynamicMig { .. } | PublishedDevice::Vfio(_) => None,
         })
         .collect()
 }
@@ -142,6 +144,7 @@ fn device_mps(
     let mps_config = match &config.config {
         DeviceConfig::Gpu(gpu) => gpu.sharing.as_ref().filter(|s| s.strategy == "MPS").map(|s| s.mps_config.clone()),
         DeviceConfig::Mig(mig) => mig.sharing.as_ref().filter(|s| s.strategy == "MPS").map(|s| s.mps_config.clone()),
+        DeviceConfig::Vfio(_) => None,
     };
     let memory = device.consumed_capacity.get("memory");
     let sm_percent = device.consumed_capacity.get(SM_PERCENT);

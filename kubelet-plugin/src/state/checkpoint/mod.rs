@@ -21,6 +21,7 @@ use gpu_dra_driver::names::{ClaimUid, DomainUid};
 use crate::mig::{MadeInstance, MigIntent};
 use crate::prepare::types::PreparedDevice;
 use crate::state::durable;
+use crate::vfio::VfioSwitch;
 
 /// Where a claim is in its prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -57,6 +58,11 @@ pub struct CheckpointDevice {
     /// before the switch), to be turned on again when the claim goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mig_mode_off: Option<MigModeOff>,
+    /// A GPU passed through (`gpu-vfio-<minor>`): its IOMMU group's devices
+    /// and their drivers, recorded before the first sysfs write so that
+    /// unprepare and start-up give each back from the record alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vfio: Option<VfioSwitch>,
 }
 
 /// A dynamic MIG device of a claim: what to make (recorded first), and what
@@ -496,6 +502,7 @@ pub(crate) mod test_support {
                     time_slice: None,
                     dynamic_mig: None,
                     mig_mode_off: None,
+                    vfio: None,
                 })
                 .collect(),
             mps: None,
