@@ -345,9 +345,6 @@ fn every_nvidia_value_and_gate_is_in_the_table_and_the_chart_does_what_it_says()
     }
     // And the table has no row the cases do not test.
     for path in rows.keys() {
-        assert!(
-            cases.iter().any(|(p, ..)| p == path),
-            "the table's {path} is not tested here"
-        );
+        assert!(cases.iter().any(|(p, ..)| p == path), "the table's {path} is not tested here");
     }
 }
