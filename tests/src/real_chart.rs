@@ -27,6 +27,9 @@ use crate::real_cluster::node::{RealNode, TEST_IMAGE};
 use crate::real_cluster::{Cluster, Release};
 use crate::{helm_cli, workspace_root};
 
+/// The Lease the controller's replicas elect their leader on.
+pub const CONTROLLER_LEASE: &str = "gpu-dra-controller";
+
 /// The image, built once per test process into `dir` (an archive whose
 /// inputs have not changed is kept as it is).
 pub fn image(dir: &Path) -> &'static BuiltImage {

@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{self, NAMESPACE};
 use integration_tests::real_chart::{
-    ChartCluster, env_edits, env_section, image, is_ready, name, node_name, readme_first_claim,
+    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, image, is_ready, name, node_name, readme_first_claim,
 };
 use integration_tests::real_cluster::driver::{event_about, eventually, yaml_documents};
 use integration_tests::real_cluster::node::TEST_IMAGE;
@@ -46,7 +46,6 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const NODES: [&str; 2] = ["chart-node-a", "chart-node-b"];
-const CONTROLLER_LEASE: &str = "gpu-dra-controller";
 
 fn tmp_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-chart")
