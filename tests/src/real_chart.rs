@@ -155,9 +155,19 @@ impl ChartCluster {
 
     /// Reboots node `name` (see [`RealNode::reboot`]).
     pub fn reboot(&mut self, name: &str) {
-        let Self { nodes, cluster, .. } = self;
-        let node = nodes.iter_mut().find(|n| n.name() == name).unwrap_or_else(|| panic!("no node {name}"));
+        let (node, cluster) = self.node_mut(name);
         node.reboot(cluster);
+    }
+
+    /// Restarts node `name`'s kubelet (see [`RealNode::restart_kubelet`]).
+    pub fn restart_kubelet(&mut self, name: &str) {
+        let (node, cluster) = self.node_mut(name);
+        node.restart_kubelet(cluster);
+    }
+
+    fn node_mut(&mut self, name: &str) -> (&mut RealNode, &Cluster) {
+        let node = self.nodes.iter_mut().find(|n| n.name() == name).unwrap_or_else(|| panic!("no node {name}"));
+        (node, &self.cluster)
     }
 
     /// The pods of the chart's `component`.

@@ -11,7 +11,10 @@
 //!    with the CDI directory emptied, the services started again; the
 //!    plugin's state on disk stays): the plugin writes the prepared claim's
 //!    spec again and the pod's container starts again with its devices
-//!    (kubernetes#141433);
+//!    (kubernetes#141433); then the spec removed again, the kubelet alone
+//!    restarted and the pod's processes killed: the kubelet's prepare of
+//!    the new sandbox, answered by the plugin still running, writes it
+//!    again;
 //! 3. `helm uninstall`, as the README's "Upgrade, roll back, uninstall"
 //!    says: the slices go, the sockets go, a running pod keeps its spec and
 //!    record, the ComputeDomain CRD stays; the pod deleted meanwhile waits
@@ -352,6 +355,39 @@ async fn upgrade_rollback_reboot_and_uninstall_keep_a_prepared_claim_and_leave_n
     assert_eq!(std::fs::read(third.record(&chart)).ok(), Some(record), "the record changed");
     let plugin_logs = chart.pod_logs("kubelet-plugin", usize::MAX);
     assert!(plugin_logs.contains("rewritten=1"), "no plugin wrote the spec again:\n{plugin_logs}");
+    let third = ClaimPod { container_id: restarted.container_id.clone().unwrap_or_default(), ..third };
+
+    // The spec gone again, the kubelet restarted (it forgets which claims
+    // it prepared), the plugin running on, and then the pod's sandbox and
+    // container killed: the kubelet prepares the claim again before it
+    // makes the new sandbox, and the running plugin, whose record says
+    // prepared, writes the spec again (not its start-up: it did not
+    // restart). Else the container could not start (kubernetes#141433).
+    let plugin_container = |pods: Vec<Pod>| {
+        let on_node = pods.into_iter().find(|p| node_name(p) == node)?;
+        container(&on_node)?.container_id.clone()
+    };
+    let plugin_before = plugin_container(chart.pods_of("kubelet-plugin").await);
+    let spec = std::fs::read(third.spec(&chart)).unwrap_or_else(|e| panic!("the spec: {e}"));
+    std::fs::remove_file(third.spec(&chart)).unwrap_or_else(|e| panic!("the spec: {e}"));
+    chart.restart_kubelet(&node);
+    chart.node(&node).kill_pod(&third.uid);
+    let restarted = eventually_within(
+        "the pod to run again after its sandbox died",
+        SLOW_WAIT,
+        || async {
+            let pod = pods.get(&third.pod).await.ok()?;
+            let status = running_container(&pod)?;
+            (status.container_id.as_deref() != Some(third.container_id.as_str())).then(|| status.clone())
+        },
+        || chart.logs(),
+    )
+    .await;
+    shows_its_devices(&chart, &third, restarted.restart_count).await;
+    assert_eq!(std::fs::read(third.spec(&chart)).ok(), Some(spec), "the spec written again differs");
+    let plugin_logs = chart.pod_logs("kubelet-plugin", usize::MAX);
+    assert!(plugin_logs.contains("the CDI spec of a prepared claim was missing; written again"), "{plugin_logs}");
+    assert_eq!(plugin_container(chart.pods_of("kubelet-plugin").await), plugin_before, "the plugin restarted");
     let third = ClaimPod { container_id: restarted.container_id.clone().unwrap_or_default(), ..third };
 
     // 3. Uninstall with the claim prepared and its pod running: the

@@ -1,6 +1,7 @@
 //! A node's reboot, as far as one machine can play it: every process of
 //! the node stops at once, what a node keeps in `/run` (a tmpfs) goes,
-//! what it keeps on disk stays, and its services start again.
+//! what it keeps on disk stays, and its services start again; a restart
+//! of the kubelet alone; a pod's processes killed.
 
 use super::{Cluster, RealNode, cleanup};
 
@@ -37,13 +38,40 @@ impl RealNode {
         for file in RUN_FILES {
             let _ = std::fs::remove_file(self.dir.path().join(file));
         }
-        for component in ["kubelet", "containerd"] {
-            let log = self.dir.path().join(format!("{component}.log"));
-            let kept = self.dir.path().join(format!("{component}-before-reboot.log"));
-            std::fs::rename(&log, &kept).unwrap_or_else(|e| panic!("keeping {}: {e}", log.display()));
-        }
+        self.keep_logs(&["kubelet", "containerd"], "before-reboot");
         self.make_mount_namespace();
         self.start_containerd();
         self.start_kubelet(cluster);
+    }
+
+    /// Restarts the kubelet alone (killed, then started again with a new
+    /// configuration and ports), as `systemctl restart kubelet` does: the
+    /// containers run on, and the kubelet finds them. Its log before is
+    /// kept as `kubelet-before-restart.log`.
+    pub fn restart_kubelet(&mut self, cluster: &Cluster) {
+        let at = self.processes.iter().position(|p| p.name() == "kubelet").expect("a running kubelet");
+        self.processes.remove(at).kill();
+        self.keep_logs(&["kubelet"], "before-restart");
+        self.start_kubelet(cluster);
+    }
+
+    /// Kills every process of pod `uid` (its sandbox and its containers),
+    /// as a crash or the OOM killer would: the kubelet finds the sandbox
+    /// dead and makes a new one, preparing the pod's claims before.
+    pub fn kill_pod(&self, uid: &str) {
+        let classes = ["kubepods/besteffort", "kubepods/burstable", "kubepods"];
+        let cgroups = classes.map(|class| format!("{}/{class}/pod{uid}", self.cgroup_root));
+        let cgroup = cgroups.iter().find(|c| cleanup::cgroup_exists(c));
+        let cgroup = cgroup.unwrap_or_else(|| panic!("no cgroup of pod {uid} among {cgroups:?}"));
+        cleanup::kill_cgroup_processes(cgroup);
+    }
+
+    /// Renames each component's log to `<component>-<suffix>.log`.
+    fn keep_logs(&self, components: &[&str], suffix: &str) {
+        for component in components {
+            let log = self.dir.path().join(format!("{component}.log"));
+            let kept = self.dir.path().join(format!("{component}-{suffix}.log"));
+            std::fs::rename(&log, &kept).unwrap_or_else(|e| panic!("keeping {}: {e}", log.display()));
+        }
     }
 }
