@@ -145,6 +145,25 @@ async fn shows_its_devices(chart: &ChartCluster, running: &ClaimPod, run: i32) {
     }
 }
 
+/// Waits for the pod to run a new container (`when` says after what),
+/// whose log shows every variable of its claim's spec: its status.
+async fn runs_again(chart: &ChartCluster, running: &ClaimPod, when: &str) -> ContainerStatus {
+    let pods: Api<Pod> = Api::namespaced(chart.cluster.admin(), "default");
+    let restarted = eventually_within(
+        &format!("{} to run again {when}", running.pod),
+        SLOW_WAIT,
+        || async {
+            let pod = pods.get(&running.pod).await.ok()?;
+            let status = running_container(&pod)?;
+            (status.container_id.as_deref() != Some(running.container_id.as_str())).then(|| status.clone())
+        },
+        || chart.logs(),
+    )
+    .await;
+    shows_its_devices(chart, running, restarted.restart_count).await;
+    restarted
+}
+
 /// The pod as it is now: still running its first container.
 async fn still_running(chart: &ChartCluster, running: &ClaimPod) {
     let pods: Api<Pod> = Api::namespaced(chart.cluster.admin(), "default");
@@ -338,19 +357,8 @@ async fn upgrade_rollback_reboot_and_uninstall_keep_a_prepared_claim_and_leave_n
     let node = third.node.clone();
     chart.reboot(&node);
     let pods: Api<Pod> = Api::namespaced(chart.cluster.admin(), "default");
-    let restarted = eventually_within(
-        "the pod to run again after the reboot",
-        SLOW_WAIT,
-        || async {
-            let pod = pods.get(&third.pod).await.ok()?;
-            let status = running_container(&pod)?;
-            (status.container_id.as_deref() != Some(third.container_id.as_str())).then(|| status.clone())
-        },
-        || chart.logs(),
-    )
-    .await;
+    let restarted = runs_again(&chart, &third, "after the reboot").await;
     assert!(restarted.restart_count >= 1, "{restarted:?}");
-    shows_its_devices(&chart, &third, restarted.restart_count).await;
     assert_eq!(std::fs::read(third.spec(&chart)).ok(), Some(spec), "the spec written again differs");
     assert_eq!(std::fs::read(third.record(&chart)).ok(), Some(record), "the record changed");
     let plugin_logs = chart.pod_logs("kubelet-plugin", usize::MAX);
@@ -372,18 +380,7 @@ async fn upgrade_rollback_reboot_and_uninstall_keep_a_prepared_claim_and_leave_n
     std::fs::remove_file(third.spec(&chart)).unwrap_or_else(|e| panic!("the spec: {e}"));
     chart.restart_kubelet(&node);
     chart.node(&node).kill_pod(&third.uid);
-    let restarted = eventually_within(
-        "the pod to run again after its sandbox died",
-        SLOW_WAIT,
-        || async {
-            let pod = pods.get(&third.pod).await.ok()?;
-            let status = running_container(&pod)?;
-            (status.container_id.as_deref() != Some(third.container_id.as_str())).then(|| status.clone())
-        },
-        || chart.logs(),
-    )
-    .await;
-    shows_its_devices(&chart, &third, restarted.restart_count).await;
+    let restarted = runs_again(&chart, &third, "after its sandbox died").await;
     assert_eq!(std::fs::read(third.spec(&chart)).ok(), Some(spec), "the spec written again differs");
     let plugin_logs = chart.pod_logs("kubelet-plugin", usize::MAX);
     assert!(plugin_logs.contains("the CDI spec of a prepared claim was missing; written again"), "{plugin_logs}");
