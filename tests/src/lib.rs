@@ -24,6 +24,7 @@ pub mod pci_core;
 pub mod plugin_process;
 pub mod ports;
 pub mod rbac;
+pub mod real_chart;
 pub mod real_cluster;
 pub mod webhook_process;
 

@@ -308,6 +308,9 @@ fn each_option_changes_what_it_says() {
     assert_eq!(crd["spec"]["group"], "resource.nvidia.com");
     assert_eq!(crd["spec"]["versions"][0]["name"], "v1beta1");
     assert_eq!(crd["spec"]["versions"][0]["subresources"], json!({"status": {}}));
+    // helm uninstall keeps it, and with it the ComputeDomains (README,
+    // "Upgrade, roll back, uninstall"; real_chart_lifecycle).
+    assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     for class in ["compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"] {
         let shipped: DeviceClass = serde_yaml_ng::from_str(
             &std::fs::read_to_string(workspace_root().join(format!("deviceclasses/{class}.yaml"))).unwrap(),

@@ -28,17 +28,17 @@
 //! (`--enable-aggregator-routing`). Nothing leaves the machine.
 //! Needs root, as `real_node` does.
 
-use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 
-use integration_tests::helm::{self, NAMESPACE, RELEASE};
-use integration_tests::image::{BuiltImage, build_image};
+use integration_tests::helm::{self, NAMESPACE};
+use integration_tests::real_chart::{
+    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, image, is_ready, name, node_name, readme_first_claim,
+};
 use integration_tests::real_cluster::driver::{event_about, eventually, yaml_documents};
-use integration_tests::real_cluster::host_address::HostAddress;
-use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
+use integration_tests::real_cluster::node::TEST_IMAGE;
 use integration_tests::real_cluster::objects::create_all;
-use integration_tests::real_cluster::{Cluster, Release, V1_34, V1_37};
-use integration_tests::{helm_cli, run, workspace_root};
+use integration_tests::real_cluster::{Release, V1_34, V1_37};
+use integration_tests::{run, workspace_root};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
@@ -46,69 +46,9 @@ use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
 const NODES: [&str; 2] = ["chart-node-a", "chart-node-b"];
-const CONTROLLER_LEASE: &str = "gpu-dra-controller";
 
 fn tmp_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-chart")
-}
-
-/// The image, built once for every release's test.
-fn image() -> &'static BuiltImage {
-    static IMAGE: std::sync::OnceLock<BuiltImage> = std::sync::OnceLock::new();
-    IMAGE.get_or_init(|| build_image(&tmp_dir().join("image")))
-}
-
-/// The README's "Try it on kind" install command, as words.
-fn readme_install_command() -> Vec<String> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let kind = readme.split("**Try it on kind**").nth(1).expect("the README's kind section");
-    let block = kind.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its commands");
-    let joined = block.replace("\\\n", " ");
-    let line = joined.lines().find(|l| l.trim_start().starts_with("helm install")).expect("its helm install");
-    line.split_whitespace().map(str::to_string).collect()
-}
-
-/// The values the test adds to the README's: the host's network with
-/// ports of the test's, the API server on loopback, explanations without
-/// the default wait. The kubelet's and CDI's paths are the chart's own.
-fn test_values(cluster: &Cluster, [plugin_metrics, controller_metrics, webhook]: [u16; 3]) -> Value {
-    let port = cluster.url().rsplit(':').next().unwrap().to_string();
-    let api_server = json!([{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                            {"name": "KUBERNETES_SERVICE_PORT", "value": port}]);
-    json!({
-        "kubeletPlugin": {"hostNetwork": true, "metricsPort": plugin_metrics, "env": api_server},
-        "controller": {
-            "hostNetwork": true, "metricsPort": controller_metrics, "env": api_server, "explainAfter": "1s",
-        },
-        "webhook": {"port": webhook},
-    })
-}
-
-/// `helm install` as the README says, plus `-f` with the test's values:
-/// helm's output (NOTES.txt).
-fn helm_install(cluster: &Cluster, ports: [u16; 3], image_name: &str) -> String {
-    let command = readme_install_command();
-    assert_eq!(&command[..4], ["helm", "install", RELEASE, "charts/gpu-dra-driver"], "{command:?}");
-    let chart = workspace_root().join("charts/gpu-dra-driver").display().to_string();
-    let mut args: Vec<String> = command[1..].to_vec();
-    args[2] = chart;
-    // The README's image name is what `docker build -t` gave; image/build.sh
-    // names it with the chart's repository and version.
-    let (repository, tag) = image_name.rsplit_once(':').unwrap();
-    for arg in args.iter_mut() {
-        if arg.starts_with("image.repository=") {
-            *arg = format!("image.repository={repository}");
-        }
-    }
-    let values = tmp_dir().join(format!("values-{}.json", cluster.release().minor));
-    std::fs::write(&values, serde_json::to_vec(&test_values(cluster, ports)).unwrap()).unwrap();
-    args.extend(["--set".into(), format!("image.tag={tag}"), "-f".into(), values.display().to_string()]);
-    args.extend(["--kubeconfig".into(), cluster.admin_kubeconfig().display().to_string()]);
-    let borrowed: Vec<&str> = args.iter().map(String::as_str).collect();
-    let out = helm_cli::run(&tmp_dir().join(format!("helm-home-{}", cluster.release().minor)), &borrowed);
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert!(out.status.success(), "helm {args:?}: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    stdout
 }
 
 /// The `kubectl` commands NOTES.txt prints, as words, without their
@@ -122,115 +62,22 @@ fn notes_commands(notes: &str) -> Vec<Vec<String>> {
         .collect()
 }
 
-/// The pods of the chart's `component`, and which of them run and are ready.
-async fn pods_of(cluster: &Cluster, component: &str) -> Vec<Pod> {
-    let pods: Api<Pod> = Api::namespaced(cluster.admin(), NAMESPACE);
-    let selector = format!("app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}");
-    pods.list(&ListParams::default().labels(&selector)).await.map(|l| l.items).unwrap_or_default()
-}
-
-fn is_ready(pod: &Pod) -> bool {
-    let conditions = pod.status.as_ref().and_then(|s| s.conditions.as_ref());
-    conditions.into_iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True")
-}
-
-fn name(pod: &Pod) -> String {
-    pod.metadata.name.clone().unwrap_or_default()
-}
-
-fn node_name(pod: &Pod) -> String {
-    pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
-}
-
-/// The README's first claim ("Writing claims"): its template as written,
-/// its pod with a container that prints its environment (the README's
-/// image has no shell) on the host's network.
-fn readme_first_claim(signal: &Path) -> (Value, Value) {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme.split("## Writing claims").nth(1).expect("the README's Writing claims");
-    let block = section.split("```yaml").nth(1).and_then(|b| b.split("```").next()).expect("its first claim");
-    let documents = helm::documents("README", block);
-    let mut template = documents.iter().find(|d| d["kind"] == "ResourceClaimTemplate").unwrap().clone();
-    let mut pod = documents.iter().find(|d| d["kind"] == "Pod").unwrap().clone();
-    template["metadata"]["namespace"] = json!("default");
-    pod["metadata"]["namespace"] = json!("default");
-    let spec = &mut pod["spec"];
-    spec["hostNetwork"] = json!(true);
-    spec["restartPolicy"] = json!("Never");
-    spec["automountServiceAccountToken"] = json!(false);
-    spec["volumes"] = json!([{"name": "signal", "hostPath": {"path": signal}}]);
-    let container = &mut spec["containers"][0];
-    container["image"] = json!(TEST_IMAGE);
-    container["imagePullPolicy"] = json!("Never");
-    container["volumeMounts"] = json!([{"name": "signal", "mountPath": "/signal"}]);
-    container["command"] = json!(["sh", "-c", SHOW]);
-    (template, pod)
-}
-
-/// What the container prints (its environment), then it waits for the
-/// test to let it finish (so its claim stays prepared while the test reads
-/// the CDI spec).
-const SHOW: &str = "echo '== env'; env; echo '== end'; until [ -e /signal/finish ]; do sleep 0.2; done";
-
-/// The container's report: the lines between `== env` and `== end`.
-fn env_section(log: &str) -> Vec<&str> {
-    log.lines().skip_while(|l| *l != "== env").skip(1).take_while(|l| *l != "== end").collect()
-}
-
 async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Release) {
-    if !rustix::process::geteuid().is_root() {
-        panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
-    }
-    std::fs::create_dir_all(tmp_dir()).unwrap();
-    let image = image();
-    let cluster = Cluster::start(release).await;
-    // Each node's address: the benchmarking range, apart per process and
-    // release ("1.37": .74 and .75).
-    let pid = std::process::id();
-    let minor: u8 = release.minor.trim_start_matches("1.").parse().unwrap();
-    let addresses: Vec<HostAddress> = (0..NODES.len() as u8)
-        .map(|i| HostAddress::add_to_loopback(Ipv4Addr::new(198, 19, (pid & 0xff) as u8, 2 * minor + i)))
-        .collect();
-    let mut nodes = Vec::new();
-    for (name, address) in NODES.iter().zip(&addresses) {
-        let node = RealNode::start_own(&cluster, name, address.ip()).await;
-        node.import_image(&image.archive, &image.name);
-        nodes.push(node);
-    }
-    let node_of = |name: &str| nodes.iter().find(|n| n.name() == name).unwrap();
-    let ports: [u16; 3] = integration_tests::ports::reserve();
-    let notes = helm_install(&cluster, ports, &image.name);
-
-    let pod_logs = |component: &str, lines: usize| -> String {
-        let mut text = String::new();
-        for entry in
-            nodes.iter().flat_map(|n| std::fs::read_dir(n.dir().join("pod-logs")).into_iter().flatten().flatten())
-        {
-            let folder = entry.file_name().to_string_lossy().into_owned();
-            if folder.starts_with(&format!("{NAMESPACE}_{RELEASE}-{component}")) {
-                for file in walk(&entry.path()) {
-                    text += &format!("---- {}\n{}\n", file.display(), tail(&file, lines));
-                }
-            }
-        }
-        text
-    };
-    let logs = || {
-        format!(
-            "{}\n{}\n---- plugin pods\n{}\n---- controller pods\n{}",
-            cluster.logs(),
-            nodes.iter().map(RealNode::logs).collect::<Vec<_>>().join("\n"),
-            pod_logs("kubelet-plugin", 40),
-            pod_logs("controller", 40)
-        )
-    };
+    let image = image(&tmp_dir().join("image"));
+    let chart = ChartCluster::start(release, &tmp_dir(), &NODES, image).await;
+    let (cluster, nodes) = (&chart.cluster, &chart.nodes);
+    let node_of = |name: &str| chart.node(name);
+    let notes = chart.install(&image.name, &json!({}));
+    let pod_logs = |component: &str, lines: usize| chart.pod_logs(component, lines);
+    let logs = || chart.logs();
+    let pods_of = |component: &'static str| chart.pods_of(component);
 
     // The plugin: the DaemonSet's pod runs and is ready on each node, has
     // registered with its kubelet and published the fake inventory.
     let plugins = eventually(
         "a ready plugin on each node",
         || async {
-            let ready: Vec<Pod> = pods_of(&cluster, "kubelet-plugin").await.into_iter().filter(is_ready).collect();
+            let ready: Vec<Pod> = pods_of("kubelet-plugin").await.into_iter().filter(is_ready).collect();
             (ready.len() == NODES.len()).then_some(ready)
         },
         logs,
@@ -240,7 +87,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
     on.sort();
     assert_eq!(on, NODES, "one plugin per node");
     let slices: Api<ResourceSlice> = Api::all(cluster.admin());
-    for node in &nodes {
+    for node in nodes {
         let published = eventually(
             "the plugin's slices",
             || async {
@@ -263,7 +110,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
     let controllers = eventually(
         "two ready controllers",
         || async {
-            let ready: Vec<Pod> = pods_of(&cluster, "controller").await.into_iter().filter(is_ready).collect();
+            let ready: Vec<Pod> = pods_of("controller").await.into_iter().filter(is_ready).collect();
             (ready.len() == 2).then_some(ready)
         },
         logs,
@@ -366,7 +213,7 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
         "spec": {"hostNetwork": true, "containers": [{"name": "c", "image": TEST_IMAGE, "imagePullPolicy": "Never"}],
                  "resourceClaims": [{"name": "gpus", "resourceClaimName": "eight-b200"}]}});
     create_all(&cluster.admin(), &[impossible[0].clone(), waiting]).await.unwrap_or_else(|e| panic!("{e}"));
-    let event = event_about(&cluster, "default", "eight-b200", "Unsatisfiable", logs).await;
+    let event = event_about(cluster, "default", "eight-b200", "Unsatisfiable", logs).await;
     assert_eq!(event.reporting_controller.as_deref(), Some("gpu.nvidia.com/controller"));
 
     // Every kubectl command NOTES.txt prints runs, against this cluster,
@@ -404,30 +251,6 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
         assert!(!log.is_empty(), "no log of the {component} pods");
         assert!(!log.contains("ERROR"), "the {component} pods logged an error:\n{log}");
     }
-}
-
-/// Every variable the spec sets (its own and its devices').
-fn env_edits(spec: &Value) -> Vec<&str> {
-    let devices = spec["devices"].as_array().into_iter().flatten();
-    let edits = std::iter::once(&spec["containerEdits"]).chain(devices.map(|d| &d["containerEdits"]));
-    edits.flat_map(|e| e["env"].as_array().into_iter().flatten()).filter_map(Value::as_str).collect()
-}
-
-/// Every file under `dir`.
-fn walk(dir: &Path) -> Vec<PathBuf> {
-    let mut files = Vec::new();
-    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
-        let path = entry.path();
-        if path.is_dir() { files.extend(walk(&path)) } else { files.push(path) }
-    }
-    files
-}
-
-/// The last `n` lines of `file`.
-fn tail(file: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(file).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 macro_rules! on_release {

@@ -4,7 +4,8 @@
 //!
 //! The protocol for one claim (under the claim's lock and its devices'
 //! locks):
-//! 1. a completed record answers at once (idempotent repeat);
+//! 1. a completed record answers at once (idempotent repeat), its spec
+//!    written again first if it went missing (kubernetes#141433);
 //! 2. read the claim, check UID, allocation, pool, inventory, configs;
 //!    refuse a device another claim holds exclusively;
 //! 3. record `PrepareStarted` with the devices and the spec file name (and
@@ -359,6 +360,7 @@ impl<S: ClaimSource> Preparer<S> {
     ) -> Result<Vec<PreparedDevice>, Failure> {
         let uid = claim.uid.to_string();
         if let Some(devices) = self.completed(&uid) {
+            self.restore_spec(&claim).await?;
             return Ok(devices);
         }
         let lookup =
@@ -698,6 +700,29 @@ impl<S: ClaimSource> Preparer<S> {
                     .and_then(|r| r.map_err(|e| format!("removing CDI spec: {e}")))
                     .map_err(kind(ErrorKind::Cdi))?;
             }
+        }
+        Ok(())
+    }
+
+    /// A prepared claim's spec, written again when it is missing: someone
+    /// emptied the CDI directory (a tmpfs) while the plugin ran, and the
+    /// kubelet asks again because it is about to start the pod's
+    /// containers, which the runtime cannot give their devices without it
+    /// (kubernetes#141433: CreateContainerError for good). A stat when the
+    /// spec is there.
+    async fn restore_spec(&self, claim: &ValidClaim) -> Result<(), Failure> {
+        let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
+        if self.config.cdi_dir.join(&name).exists() {
+            return Ok(());
+        }
+        let Some(record) = self.record(claim.uid.as_str()) else { return Ok(()) };
+        let (config, inventory, uid) = (self.config.clone(), self.inventory.borrow().clone(), claim.uid.clone());
+        let rewritten = blocking(move || reconcile::restore_missing_spec(&config, &inventory, &uid, &record))
+            .await
+            .and_then(|r| r)
+            .map_err(kind(ErrorKind::Cdi))?;
+        if rewritten {
+            tracing::warn!(claim = %claim, "the CDI spec of a prepared claim was missing; written again");
         }
         Ok(())
     }

@@ -6,7 +6,9 @@
 //! - a `PrepareStarted` record is an interrupted prepare: rolled back, and
 //!   the kubelet's retry prepares afresh;
 //! - a `PrepareCompleted` record is kept, and its spec file rewritten if it
-//!   went missing (`/var/run/cdi` is a tmpfs someone may have cleaned);
+//!   went missing (`/var/run/cdi` is a tmpfs someone may have cleaned; a
+//!   repeated prepare does the same while the plugin runs, see
+//!   [`restore_missing_spec`]);
 //! - a damaged record is set aside (`*.damaged`) and its spec file kept, as
 //!   the claim may be in use; unprepare removes that spec later. A record
 //!   that names a spec file or MPS directory other than the ones derived
@@ -130,8 +132,12 @@ pub(super) fn reconcile(
             }
             continue;
         }
-        if !config.cdi_dir.join(&spec_file).exists() && rewrite_spec(config, inventory, &uid, &record, &spec_file) {
-            report.rewritten.push(record.uid.clone());
+        match restore_missing_spec(config, inventory, &uid, &record) {
+            Ok(true) => report.rewritten.push(record.uid.clone()),
+            Ok(false) => {}
+            Err(error) => {
+                tracing::error!(claim_uid = %uid, %error, "the CDI spec of a prepared claim is missing and cannot be rewritten")
+            }
         }
         super::passthrough::settle(config, &record);
         owners.insert(record.uid.clone());
@@ -276,40 +282,36 @@ fn settle_time_slices(config: &PreparerConfig, interrupted: &[ClaimRecord], kept
     }
 }
 
-/// Rewrites a completed claim's missing spec from the inventory; the
-/// device ids come out the same because they are derived from the claim
-/// UID and device names only.
-fn rewrite_spec(
+/// Writes a completed claim's spec again from the inventory if it is
+/// missing (true when it was); the device ids come out the same because
+/// they are derived from the claim UID and device names only.
+pub(super) fn restore_missing_spec(
     config: &PreparerConfig,
     inventory: &Inventory,
     uid: &ClaimUid,
     record: &ClaimRecord,
-    spec_file: &str,
-) -> bool {
-    let names: Result<Vec<DeviceName>, _> =
-        record.devices.iter().map(|d| DeviceName::new(d.device_name.as_str())).collect();
-    let written = names
-        .map_err(|e| e.to_string())
-        .and_then(|names| {
-            let view = super::dynamic_mig::overlay_record(inventory, record);
-            cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names).map_err(|e| e.to_string())
-        })
-        .map(|mut spec| {
-            if let Some(daemon) = &record.mps {
-                super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
-            }
-            super::dynamic_mig::add_uuid_env(&mut spec.spec, uid.as_str(), record);
-            spec
-        })
-        .and_then(|spec| spec.to_json().map_err(|e| e.to_string()))
-        .and_then(|bytes| durable::write(&config.cdi_dir, spec_file, &bytes, CDI_FILE_MODE).map_err(|e| e.to_string()));
-    match written {
-        Ok(()) => true,
-        Err(error) => {
-            tracing::error!(claim_uid = %uid, %error, "the CDI spec of a prepared claim is missing and cannot be rewritten");
-            false
-        }
+) -> Result<bool, String> {
+    let spec_file = cdi::claim_spec_file_name(&config.driver, uid);
+    if config.cdi_dir.join(&spec_file).exists() {
+        return Ok(false);
     }
+    let names: Vec<DeviceName> = record
+        .devices
+        .iter()
+        .map(|d| DeviceName::new(d.device_name.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|e| e.to_string())?;
+    let view = super::dynamic_mig::overlay_record(inventory, record);
+    let mut spec =
+        cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names).map_err(|e| e.to_string())?;
+    if let Some(daemon) = &record.mps {
+        super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
+    }
+    super::dynamic_mig::add_uuid_env(&mut spec.spec, uid.as_str(), record);
+    let bytes = spec.to_json().map_err(|e| e.to_string())?;
+    durable::write(&config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
+        .map_err(|e| format!("writing CDI spec {}: {e}", config.cdi_dir.join(&spec_file).display()))?;
+    Ok(true)
 }
 
 /// Deletes our spec files that no record owns and our temporary files;

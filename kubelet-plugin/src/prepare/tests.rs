@@ -176,6 +176,27 @@ async fn start_up_keeps_completed_claims_and_rewrites_missing_specs() {
 }
 
 #[tokio::test]
+async fn a_repeated_prepare_writes_a_missing_spec_again() {
+    // kubernetes#141433: the CDI directory emptied while the plugin runs
+    // (a tmpfs cleaned, a node "rebooted" without a new boot id); the
+    // kubelet's next prepare must give the runtime a spec again.
+    let h = Harness::new();
+    h.source.put(allocated(A, "a", &["gpu-0"]));
+    let (p, _) = h.open();
+    let devices = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    let spec = h.dir.path().join("cdi").join(spec_file(A));
+    let original = std::fs::read(&spec).unwrap();
+    std::fs::remove_file(&spec).unwrap();
+    let gets = h.source.gets();
+    assert_eq!(p.prepare(vec![claim_ref(A, "a")]).await[A], Ok(devices), "the same devices");
+    assert_eq!(std::fs::read(&spec).unwrap(), original, "the same spec, written again");
+    assert_eq!(h.source.gets(), gets, "from the record: the claim is not read again");
+    assert_eq!(h.checkpoint_files(), [format!("{A}.json")]);
+    p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
+    assert!(h.cdi_files().is_empty() && h.checkpoint_files().is_empty());
+}
+
+#[tokio::test]
 async fn a_reboot_voids_every_record() {
     let h = Harness::new();
     h.source.put(allocated(A, "a", &["gpu-0"]));

@@ -20,14 +20,15 @@ const DEVICE_PLUGINS_DIR: &str = "/var/lib/kubelet/device-plugins";
 /// whatever its flags, children before parents.
 pub const FIXED_DIRS: [&str; 3] = [LOG_LINKS_DIR, DEVICE_PLUGINS_DIR, "/var/lib/kubelet"];
 
-/// Makes cgroup `root` (e.g. `/gpu-dra-realnode-1`) in every hierarchy:
-/// the kubelet refuses a `cgroupRoot` missing in any.
+/// Makes cgroup `root` (e.g. `/gpu-dra-realnode-1`) in every hierarchy
+/// where it is missing (a restarted kubelet finds it there): the kubelet
+/// refuses a `cgroupRoot` missing in any.
 pub fn make_cgroups(root: &str) -> std::io::Result<()> {
     let relative = root.trim_start_matches('/');
     for hierarchy in std::fs::read_dir(CGROUP_MOUNTS)?.flatten() {
         if hierarchy.path().join("cgroup.procs").is_file() {
             let dir = hierarchy.path().join(relative);
-            std::fs::create_dir(&dir)
+            std::fs::create_dir_all(&dir)
                 .map_err(|e| std::io::Error::new(e.kind(), format!("making cgroup {}: {e}", dir.display())))?;
         }
     }
@@ -39,6 +40,11 @@ fn cgroup_dirs(root: &str) -> Vec<PathBuf> {
     let relative = root.trim_start_matches('/');
     let entries = std::fs::read_dir(CGROUP_MOUNTS).into_iter().flatten().flatten();
     entries.map(|e| e.path().join(relative)).filter(|d| d.is_dir()).collect()
+}
+
+/// Whether cgroup `root` exists in any hierarchy.
+pub fn cgroup_exists(root: &str) -> bool {
+    !cgroup_dirs(root).is_empty()
 }
 
 /// SIGKILL to every process in cgroup `root` and below (the pods'

@@ -22,6 +22,7 @@ mod cleanup;
 mod config;
 mod containerd;
 mod plugin;
+mod reboot;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -226,8 +227,19 @@ impl RealNode {
     /// cannot reach this kubelet's port to serve `pods/log`: the kubelet
     /// listens on loopback, and a node's address may not be loopback.
     pub fn container_log(&self, namespace: &str, name: &str, uid: &str, container: &str) -> String {
-        let file =
-            self.dir.path().join("pod-logs").join(format!("{namespace}_{name}_{uid}")).join(container).join("0.log");
+        self.container_log_of_run(namespace, name, uid, container, 0)
+    }
+
+    /// [`RealNode::container_log`] of the container's run number `run`
+    /// (its `restartCount` then): the kubelet writes each run's log apart.
+    pub fn container_log_of_run(&self, namespace: &str, name: &str, uid: &str, container: &str, run: i32) -> String {
+        let file = self
+            .dir
+            .path()
+            .join("pod-logs")
+            .join(format!("{namespace}_{name}_{uid}"))
+            .join(container)
+            .join(format!("{run}.log"));
         let text = std::fs::read_to_string(&file).unwrap_or_default();
         text.lines().filter_map(|line| line.splitn(4, ' ').nth(3)).collect::<Vec<_>>().join("\n")
     }
@@ -346,6 +358,14 @@ impl RealNode {
         self.import_archive(archive, &[name]);
     }
 
+    /// Gives image `name` a second name `also` in the namespace the CRI
+    /// reads (`ctr -n k8s.io images tag`): the same image under another
+    /// tag, as a user's registry holds two versions.
+    pub fn tag_image(&self, name: &str, also: &str) {
+        let out = self.ctr(&["-n", CRI_NAMESPACE, "images", "tag", "--force", name, also]);
+        assert!(out.status.success(), "ctr images tag {name} {also}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
     /// `ctr -n k8s.io images import` of `archive`, then a check that each
     /// of `names` is listed.
     fn import_archive(&self, archive: &Path, names: &[&str]) {
@@ -442,10 +462,11 @@ impl RealNode {
     }
 }
 
-impl Drop for RealNode {
-    fn drop(&mut self) {
-        // The kubelet first (it would restart what is killed), then the
-        // pods' processes, containerd and its shims.
+impl RealNode {
+    /// Stops every process of the node: the kubelet first (it would
+    /// restart what is killed), then the pods' processes, containerd and
+    /// its shims, and last an own node's mount namespace.
+    fn kill_all(&mut self) {
         while let Some(mut process) = self.processes.pop() {
             if process.name() == "containerd" {
                 cleanup::kill_cgroup_processes(&self.cgroup_root);
@@ -454,6 +475,12 @@ impl Drop for RealNode {
         }
         cleanup::kill_cgroup_processes(&self.cgroup_root);
         cleanup::kill_shims(&self.containerd_socket());
+    }
+}
+
+impl Drop for RealNode {
+    fn drop(&mut self) {
+        self.kill_all();
         cleanup::unmount_under(self.dir.path());
         cleanup::remove_cgroups(&self.cgroup_root);
         cleanup::remove_fixed_paths(self.dir.path(), &self.made_fixed_dirs);
