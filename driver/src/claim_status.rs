@@ -65,6 +65,15 @@ pub fn bounded_message(text: &str) -> String {
     out
 }
 
+/// The claim's allocation results (none when it is not allocated).
+pub fn allocation_results(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+) -> impl Iterator<Item = &k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+    let status = claim.status.as_ref();
+    let results = status.and_then(|s| s.allocation.as_ref()).and_then(|a| a.devices.as_ref());
+    results.and_then(|d| d.results.as_ref()).into_iter().flatten()
+}
+
 /// The entry `key` names in `devices`, added (empty) when missing.
 pub fn entry_mut<'a>(devices: &'a mut Vec<AllocatedDeviceStatus>, key: &EntryKey<'_>) -> &'a mut AllocatedDeviceStatus {
     let index = match devices.iter().position(|d| key.names(d)) {

@@ -57,8 +57,7 @@ impl ChannelClaim {
     /// The claim's domain and node when it is an allocated
     /// `compute-domain.nvidia.com` channel claim; `None` otherwise.
     pub fn of(claim: &ResourceClaim) -> Option<Self> {
-        let allocation = claim.status.as_ref()?.allocation.as_ref()?;
-        let result = allocation.devices.as_ref()?.results.iter().flatten().find(|r| r.driver == DRIVER_NAME)?;
+        let result = gpu_dra_driver::claim_status::allocation_results(claim).find(|r| r.driver == DRIVER_NAME)?;
         let configs =
             claim.spec.as_ref().and_then(|s| s.devices.as_ref()).and_then(|d| d.config.as_ref()).into_iter().flatten();
         let domain_id =

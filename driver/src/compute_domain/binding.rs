@@ -13,7 +13,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use super::DRIVER_NAME;
 use super::api::{self, ComputeDomain};
 use super::devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION, CHANNEL_DEVICE};
-use crate::claim_status::{EntryKey, Readiness, entry_mut, set_condition};
+use crate::claim_status::{EntryKey, Readiness, allocation_results, entry_mut, set_condition};
 
 /// The failure condition's reason.
 pub const FAILURE_REASON: &str = "ImexDaemonUnavailable";
@@ -23,8 +23,7 @@ pub const FAILURE_REASON: &str = "ImexDaemonUnavailable";
 /// failure condition true yet in the claim's `status.devices`.
 pub fn waits_for_binding(claim: &ResourceClaim, node: &str) -> bool {
     let Some(status) = claim.status.as_ref() else { return false };
-    let results = status.allocation.as_ref().and_then(|a| a.devices.as_ref()).and_then(|d| d.results.as_ref());
-    let here = results.into_iter().flatten().any(|r| {
+    let here = allocation_results(claim).any(|r| {
         r.driver == DRIVER_NAME
             && r.pool == node
             && r.device == CHANNEL_DEVICE
@@ -42,13 +41,7 @@ pub fn waits_for_binding(claim: &ResourceClaim, node: &str) -> bool {
 
 /// Whether `claim` (still) has this node's channel allocated.
 pub fn allocated_here(claim: &ResourceClaim, node: &str) -> bool {
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref());
-    results.into_iter().flatten().any(|r| r.driver == DRIVER_NAME && r.pool == node && r.device == CHANNEL_DEVICE)
+    allocation_results(claim).any(|r| r.driver == DRIVER_NAME && r.pool == node && r.device == CHANNEL_DEVICE)
 }
 
 /// Whether `domain`'s status lists `node` as not ready: a channel of the

@@ -25,15 +25,7 @@ pub struct Writer<'a> {
 
 /// The claim's allocated devices of `writer`'s driver in its pool.
 fn ours(claim: &ResourceClaim, writer: Writer<'_>) -> Vec<(String, Option<String>)> {
-    let results = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.as_ref());
-    results
-        .into_iter()
-        .flatten()
+    super::allocation_results(claim)
         .filter(|r| r.driver == writer.driver && r.pool == writer.node)
         .map(|r| (r.device.clone(), r.share_id.clone()))
         .collect()

@@ -95,7 +95,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             let since = *state.first_seen.entry(uid.clone()).or_insert_with(Instant::now);
             seen.push(uid);
             let outcome = self.ready_ahead(domain, claim, since).await;
-            self.tell_scheduler(claim, &outcome).await;
+            self.tell_scheduler(domain, claim, &outcome).await;
         }
         state.first_seen.retain(|uid, _| seen.contains(uid));
     }
@@ -178,7 +178,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     }
 
     /// Writes the binding condition or the failure condition.
-    async fn tell_scheduler(&self, claim: &ResourceClaim, outcome: &Outcome) {
+    async fn tell_scheduler(&self, domain: &ComputeDomain, claim: &ResourceClaim, outcome: &Outcome) {
         let (namespace, name, uid) = (
             claim.metadata.namespace.as_deref().unwrap_or_default(),
             claim.metadata.name.as_deref().unwrap_or_default(),
@@ -187,10 +187,9 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         match outcome {
             Outcome::Waiting => {}
             Outcome::Ready => {
-                let domain_uid = claim_plan::plan(claim, self.config.driver.as_str(), self.node())
-                    .map(|p| p.domain.domain_uid.to_string())
-                    .unwrap_or_default();
-                let channel = ChannelClaim { namespace, name, uid, domain_uid: &domain_uid, device: CHANNEL_DEVICE };
+                // Ready only when the claim's config names this domain.
+                let domain_uid = domain.metadata.uid.as_deref().unwrap_or_default();
+                let channel = ChannelClaim { namespace, name, uid, domain_uid, device: CHANNEL_DEVICE };
                 if self.write_ready(&channel, &DaemonState::Ready).await {
                     tracing::info!(claim = %format!("{namespace}/{name}"), "channel ready for binding: the IMEX daemon answers READY");
                 }
