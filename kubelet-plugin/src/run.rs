@@ -324,6 +324,7 @@ fn open_preparer(
             }),
             timing: Default::default(),
         }),
+        nvidia_dir: Some(args.plugins_dir.join(args.node.driver_name.as_str())),
     };
     let source = KubeClaimSource::new(client, ClaimSourceConfig::default());
     let (preparer, report) = Preparer::open(config, source, inventory).context("opening the checkpoint")?;
@@ -336,6 +337,7 @@ fn open_preparer(
         orphan_specs = report.orphans.len(),
         "checkpoint reconciled"
     );
+    crate::prepare::adopt::log(&report.adopted);
     Ok(preparer)
 }
 

@@ -174,6 +174,14 @@ pub fn claim_spec_file_name(driver: &DriverName, claim: &ClaimUid) -> String {
     format!("{}-{CLAIM_CLASS}_{claim}.json", vendor(driver))
 }
 
+/// The file name NVIDIA's plugin gives a claim's spec:
+/// `<vendor>-claim_<claimUID>.yaml` (`writeSpec` in their
+/// `cmd/gpu-kubelet-plugin/cdi.go`), with the same kind and device names as
+/// ours; kept for the claims our plugin adopts from theirs.
+pub fn nvidia_claim_spec_file_name(driver: &DriverName, claim: &ClaimUid) -> String {
+    format!("{}-{CLAIM_CLASS}_{claim}.yaml", vendor(driver))
+}
+
 /// The prefix shared by all claim spec file names of `driver`; start-up
 /// uses it to find spec files no checkpoint record owns.
 pub fn claim_spec_file_prefix(driver: &DriverName) -> String {

@@ -135,6 +135,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                     devices: Vec::new(),
                     mps: None,
                     compute_domain: Some(plan.domain.clone()),
+                    adopted: None,
                 };
                 if let Err(error) = self.checkpoint.write(&uid, &record) {
                     return Outcome::Failed(format!("recording the claim: {error}"));

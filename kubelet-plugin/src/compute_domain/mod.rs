@@ -464,6 +464,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             devices: Vec::new(),
             mps: None,
             compute_domain: Some(plan.domain.clone()),
+            adopted: None,
         };
         self.checkpoint.write(&valid.uid, &record).map_err(|e| e.to_string())?;
         kill_point::reached(Step::DomainRecorded);

@@ -20,6 +20,7 @@
 //! spec file is never written without a record that names it, so start-up
 //! can delete any spec file no record owns.
 
+pub mod adopt;
 pub mod claims;
 pub mod configs;
 pub mod dynamic_mig;
@@ -50,7 +51,7 @@ use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
 use crate::kubelet_api::grpc::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::state::checkpoint::{
-    CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice,
+    CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice, derived,
 };
 use crate::state::durable;
 use files::Files;
@@ -104,6 +105,9 @@ pub struct PreparerConfig {
     /// Switches passed-through GPUs between `nvidia` and `vfio-pci`
     /// (sysfs); `None` on a fake inventory, where they are refused.
     pub vfio: Option<crate::vfio::VfioHost>,
+    /// NVIDIA's plugin directory (`<plugins-dir>/gpu.nvidia.com`), whose
+    /// `checkpoint.json` start-up adopts (see [`adopt`]); `None`: none.
+    pub nvidia_dir: Option<PathBuf>,
 }
 
 /// Why the preparer could not start.
@@ -113,6 +117,11 @@ pub enum OpenError {
     Checkpoint(#[from] CheckpointError),
     #[error("CDI directory {path}: {error}")]
     CdiDir { path: PathBuf, error: std::io::Error },
+    #[error(
+        "adopting NVIDIA's checkpoint {path}: {error}; its claims' records are written, renaming it failed: \
+         the plugin serves nothing until it can set the file aside (check the directory's permissions and space)"
+    )]
+    Adopt { path: PathBuf, error: std::io::Error },
 }
 
 /// Prepares and unprepares claims; one per plugin process.
@@ -359,6 +368,17 @@ impl<S: ClaimSource> Preparer<S> {
         until: Instant,
     ) -> Result<Vec<PreparedDevice>, Failure> {
         let uid = claim.uid.to_string();
+        if let Some(reason) = self.record(&uid).and_then(|r| r.adopted).and_then(|a| a.not_served) {
+            return Err(Failure {
+                kind: ErrorKind::Prepare,
+                message: format!(
+                    "ResourceClaim {}/{} was prepared on this node by NVIDIA's DRA driver, and this driver does not \
+                     serve it: {reason}. Delete the pods that use it (the kubelet then unprepares it) and create \
+                     them again with a new claim",
+                    claim.namespace, claim.name
+                ),
+            });
+        }
         if let Some(devices) = self.completed(&uid) {
             self.restore_spec(&claim).await?;
             return Ok(devices);
@@ -693,9 +713,15 @@ impl<S: ClaimSource> Preparer<S> {
                 };
                 self.unmake_dynamic(&uid).await.map_err(kind(ErrorKind::Unprepare))?;
                 self.forget_dynamic(&uid).await.map_err(kind(ErrorKind::Unprepare))?;
+                // NVIDIA's spec too: the kubelet says the claim is done, and a
+                // claim prepared by NVIDIA's plugin and not adopted (its
+                // checkpoint unreadable) leaves its spec under their name.
                 let dir = self.config.cdi_dir.clone();
-                let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
-                blocking(move || durable::remove(&dir, &name))
+                let names = [
+                    cdi::claim_spec_file_name(&self.config.driver, &claim.uid),
+                    cdi::nvidia_claim_spec_file_name(&self.config.driver, &claim.uid),
+                ];
+                blocking(move || names.iter().try_for_each(|name| durable::remove(&dir, name).map(|_| ())))
                     .await
                     .and_then(|r| r.map_err(|e| format!("removing CDI spec: {e}")))
                     .map_err(kind(ErrorKind::Cdi))?;
@@ -711,11 +737,11 @@ impl<S: ClaimSource> Preparer<S> {
     /// (kubernetes#141433: CreateContainerError for good). A stat when the
     /// spec is there.
     async fn restore_spec(&self, claim: &ValidClaim) -> Result<(), Failure> {
-        let name = cdi::claim_spec_file_name(&self.config.driver, &claim.uid);
+        let Some(record) = self.record(claim.uid.as_str()) else { return Ok(()) };
+        let name = derived::spec_file(&record, &self.config.driver, &claim.uid);
         if self.config.cdi_dir.join(&name).exists() {
             return Ok(());
         }
-        let Some(record) = self.record(claim.uid.as_str()) else { return Ok(()) };
         let (config, inventory, uid) = (self.config.clone(), self.inventory.borrow().clone(), claim.uid.clone());
         let rewritten = blocking(move || reconcile::restore_missing_spec(&config, &inventory, &uid, &record))
             .await
@@ -787,6 +813,7 @@ impl<S: ClaimSource> Preparer<S> {
                 .collect(),
             mps: None,
             compute_domain: None,
+            adopted: None,
         }
     }
 
@@ -825,7 +852,7 @@ impl<S: ClaimSource> Preparer<S> {
         blocking(move || passthrough::give_back(host.as_ref(), &passed)).await??;
         self.unmake_dynamic(uid.as_str()).await?;
         // Derived, never taken from the record (see `checkpoint::derived`).
-        let name = cdi::claim_spec_file_name(&self.config.driver, uid);
+        let name = derived::spec_file(&record, &self.config.driver, uid);
         let (files, owned_uid) = (self.files.clone(), uid.clone());
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());

@@ -1,6 +1,8 @@
 //! Start-up: make the checkpoint and the CDI directory agree before the
 //! first claim is served.
 //!
+//! - the claims NVIDIA's plugin prepared are adopted first (see
+//!   [`super::adopt`]), then treated as below like our own;
 //! - a record from another boot is void (no container survived the reboot):
 //!   its spec and record go;
 //! - a `PrepareStarted` record is an interrupted prepare: rolled back, and
@@ -59,6 +61,8 @@ pub struct ReconcileReport {
     /// whose GPUs could not be given back from vfio-pci): their
     /// records stay `PrepareStarted` for the kubelet's next call.
     pub mig_pending: Vec<String>,
+    /// Claims taken over from NVIDIA's plugin first.
+    pub adopted: super::adopt::AdoptReport,
 }
 
 type Records = HashMap<String, ClaimRecord>;
@@ -69,6 +73,11 @@ pub(super) fn reconcile(
     inventory: &Inventory,
 ) -> Result<(Records, ReconcileReport), OpenError> {
     let mut report = ReconcileReport::default();
+    if let Some(dir) = &config.nvidia_dir {
+        let node =
+            super::adopt::Node { driver: &config.driver, node: &config.node, boot_id: &config.boot_id, inventory };
+        report.adopted = super::adopt::adopt(dir, checkpoint, &node)?;
+    }
     let loaded = checkpoint.load()?;
     for temp in &loaded.temp_files {
         remove_file(temp);
@@ -102,7 +111,7 @@ pub(super) fn reconcile(
     let mut interrupted: Vec<ClaimRecord> = Vec::new();
     let mut from_other_boot: Vec<ClaimRecord> = Vec::new();
     for (uid, record) in valid {
-        let spec_file = cdi::claim_spec_file_name(&config.driver, &uid);
+        let spec_file = derived::spec_file(&record, &config.driver, &uid);
         if record.boot_id != config.boot_id || record.state == PrepareState::PrepareStarted {
             // Instances and bindings first: the record must outlive them. A
             // reboot gave every GPU back to its driver already.
@@ -132,7 +141,14 @@ pub(super) fn reconcile(
             }
             continue;
         }
-        match restore_missing_spec(config, inventory, &uid, &record) {
+        let restored = if record.adopted.as_ref().is_some_and(|a| a.not_served.is_some()) {
+            // Only NVIDIA's plugin could write its spec (an MPS daemon's
+            // edits); its containers, if any, already have their devices.
+            Ok(false)
+        } else {
+            restore_missing_spec(config, inventory, &uid, &record)
+        };
+        match restored {
             Ok(true) => report.rewritten.push(record.uid.clone()),
             Ok(false) => {}
             Err(error) => {
@@ -291,7 +307,9 @@ pub(super) fn restore_missing_spec(
     uid: &ClaimUid,
     record: &ClaimRecord,
 ) -> Result<bool, String> {
-    let spec_file = cdi::claim_spec_file_name(&config.driver, uid);
+    // An adopted claim's spec is written again under NVIDIA's name: JSON
+    // is YAML, and the record keeps naming one file.
+    let spec_file = derived::spec_file(record, &config.driver, uid);
     if config.cdi_dir.join(&spec_file).exists() {
         return Ok(false);
     }
@@ -334,7 +352,9 @@ fn sweep_cdi_dir(
             continue;
         }
         let Some(rest) = name.strip_prefix(&prefix) else { continue };
-        let Some(uid) = rest.strip_suffix(".json").or_else(|| rest.strip_suffix(".yaml")) else { continue };
+        // Ours only: a `.yaml` of that prefix is NVIDIA's plugin's, kept for
+        // the pods it prepared (see `adopt`) and removed by their unprepare.
+        let Some(uid) = rest.strip_suffix(".json") else { continue };
         if !owners.contains(uid) {
             remove_cdi(&config.cdi_dir, name)?;
             orphans.push(entry.path());

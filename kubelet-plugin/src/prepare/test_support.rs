@@ -181,6 +181,7 @@ impl Harness {
             }),
             selection: None,
             vfio: self.vfio.clone(),
+            nvidia_dir: Some(self.dir.path().join("state")),
         }
     }
 

@@ -27,12 +27,23 @@ impl ClaimFiles {
     }
 }
 
+/// The name of `record`'s spec file in the CDI directory, derived from its
+/// UID: ours, or for a claim adopted from NVIDIA's plugin that names it,
+/// NVIDIA's (see [`cdi::nvidia_claim_spec_file_name`]).
+pub fn spec_file(record: &ClaimRecord, driver: &DriverName, uid: &ClaimUid) -> String {
+    let nvidia = cdi::nvidia_claim_spec_file_name(driver, uid);
+    if record.adopted.is_some() && record.cdi_spec_file.as_deref() == Some(nvidia.as_str()) {
+        return nvidia;
+    }
+    cdi::claim_spec_file_name(driver, uid)
+}
+
 /// Checks that `record` names only the files derived from its UID; the
 /// UID (checked) on success, else why not, naming the field.
 pub fn check(record: &ClaimRecord, driver: &DriverName, mps_dir: &Path) -> Result<ClaimUid, String> {
     let uid = check_uid(record)?;
     let files = ClaimFiles::new(driver, &uid, mps_dir);
-    check_spec_file(record, &files.spec_file)?;
+    check_spec_file(record, &spec_file(record, driver, &uid))?;
     if let Some(daemon) = &record.mps
         && daemon.root != files.mps_root
     {
@@ -110,6 +121,20 @@ mod tests {
         assert_eq!(check(&r, &driver(), Path::new("/state/mps")).unwrap().as_str(), UID);
         r.cdi_spec_file = None;
         assert!(check(&r, &driver(), Path::new("/state/mps")).is_ok(), "an old record without the name");
+    }
+
+    #[test]
+    fn nvidias_name_is_the_spec_file_of_an_adopted_record_only() {
+        let uid = ClaimUid::new(UID).unwrap();
+        let nvidia = format!("k8s.gpu.nvidia.com-claim_{UID}.yaml");
+        let mut r = record(UID, &["gpu-0"]);
+        r.cdi_spec_file = Some(nvidia.clone());
+        assert!(check(&r, &driver(), Path::new("/m")).is_err(), "a record of ours never names NVIDIA's file");
+        r.adopted = Some(crate::state::checkpoint::Adopted { from: "v2".into(), not_served: None });
+        assert_eq!(check(&r, &driver(), Path::new("/m")).unwrap(), uid);
+        assert_eq!(spec_file(&r, &driver(), &uid), nvidia);
+        r.cdi_spec_file = Some(format!("k8s.gpu.nvidia.com-claim_{UID}.json"));
+        assert_eq!(spec_file(&r, &driver(), &uid), format!("k8s.gpu.nvidia.com-claim_{UID}.json"));
     }
 
     #[test]

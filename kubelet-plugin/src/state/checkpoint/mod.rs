@@ -195,6 +195,24 @@ pub struct ClaimRecord {
     /// records of the GPU driver and in older records.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compute_domain: Option<DomainClaim>,
+    /// A claim NVIDIA's plugin prepared, taken over at start-up (see
+    /// [`crate::prepare::adopt`]); absent for the claims we prepared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub adopted: Option<Adopted>,
+}
+
+/// Where an adopted claim came from, and whether this plugin serves it.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Adopted {
+    /// The layout of NVIDIA's checkpoint it was read from (`v1`, `v2`).
+    pub from: String,
+    /// Why this plugin does not serve it (an MPS daemon, a VM or a MIG
+    /// device NVIDIA's driver made): its devices stay taken and a repeated
+    /// prepare is refused until the kubelet unprepares it, which removes
+    /// its spec and record only. `None`: served like our own claims.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_served: Option<String>,
 }
 
 /// What a ComputeDomain claim holds on this node.
@@ -507,6 +525,7 @@ pub(crate) mod test_support {
                 .collect(),
             mps: None,
             compute_domain: None,
+            adopted: None,
         }
     }
 }
