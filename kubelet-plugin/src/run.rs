@@ -322,6 +322,7 @@ fn open_preparer(
                 sys_root: args.host.sys_root.clone(),
                 dev_root: args.dev_root.clone().unwrap_or_else(|| "/".into()),
             }),
+            holders: Arc::new(crate::vfio::holders::ProcHolders { proc_root: args.host.proc_root.clone() }),
             timing: Default::default(),
         }),
         nvidia_dir: Some(args.plugins_dir.join(args.node.driver_name.as_str())),

@@ -592,12 +592,15 @@ impl<S: ClaimSource> Preparer<S> {
             message: "the claim passes GPUs through, and this plugin has no sysfs".into(),
         })?;
         let reader = host.clone();
-        let switches = blocking(move || {
+        let switches = blocking(move || -> Result<Vec<_>, String> {
+            for t in &targets {
+                crate::vfio::holders::wait_free(&*reader.holders, t.minor, reader.timing).map_err(|e| e.to_string())?;
+            }
             targets
                 .into_iter()
                 .map(|t| {
                     let planned = crate::vfio::switch::plan(&*reader.binding, &t.gpu, t.group, &t.other_gpus);
-                    planned.map(|s| (t.index, s))
+                    planned.map(|s| (t.index, s)).map_err(|e| e.to_string())
                 })
                 .collect::<Result<Vec<_>, _>>()
         })

@@ -18,6 +18,8 @@ pub struct Target {
     /// Its index in the claim's planned devices.
     pub index: usize,
     pub gpu: PciBusId,
+    /// The GPU's minor: `/dev/nvidia<minor>` must be open nowhere.
+    pub minor: u32,
     pub group: u32,
     /// The same GPU's `gpu-<minor>`, locked with it: a claim for either
     /// name waits for the other's call.
@@ -45,6 +47,7 @@ pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<Vec<Targ
         out.push(Target {
             index,
             gpu: id,
+            minor: gpu.minor,
             group,
             plain_name: gpu.device_name().map_err(|e| e.to_string())?.to_string(),
             other_gpus: inventory.gpus.iter().filter_map(|g| g.pci_bus_id).filter(|g| *g != id).collect(),

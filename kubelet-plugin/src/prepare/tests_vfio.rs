@@ -44,7 +44,10 @@ fn harness() -> (Harness, Arc<FakeKernel>) {
             ("0000:38:00.0", 34, "nvidia"),
         ],
     ));
-    h.vfio = Some(VfioHost { binding: kernel.clone(), timing: FAST });
+    let proc_root = h.dir.path().join("proc");
+    std::fs::create_dir_all(&proc_root).unwrap();
+    let holders = Arc::new(crate::vfio::holders::ProcHolders { proc_root });
+    h.vfio = Some(VfioHost { binding: kernel.clone(), holders, timing: FAST });
     (h, kernel)
 }
 
@@ -160,4 +163,22 @@ async fn a_forged_switch_is_set_aside_and_nothing_it_names_is_touched() {
         assert_eq!(p.unprepare(vec![claim_ref(A, "a")]).await[A], Ok(()));
         assert_eq!(kernel.drivers(), gpu0_passed(), "{forge}: the unprepare touched nothing");
     }
+}
+
+#[tokio::test]
+async fn a_gpu_a_process_holds_open_is_not_passed_through_and_nothing_changes() {
+    let (h, kernel) = harness();
+    h.source.put(allocated(A, "a", &["gpu-vfio-0"]));
+    let fd_dir = h.dir.path().join("proc/4242/fd");
+    std::fs::create_dir_all(&fd_dir).unwrap();
+    std::os::unix::fs::symlink("/dev/nvidia0", fd_dir.join("5")).unwrap();
+    let before = kernel.drivers();
+    let (p, _) = h.open();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    assert!(error.contains("GPU gpu-0 (/dev/nvidia0) is still open in process(es) [4242]"), "{error}");
+    assert_eq!(kernel.drivers(), before, "no sysfs write");
+    assert!(h.checkpoint_files().is_empty() && h.cdi_files().is_empty());
+    std::fs::remove_file(fd_dir.join("5")).unwrap();
+    assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok(), "the retry once the process let go");
+    assert_eq!(kernel.drivers(), gpu0_passed());
 }

@@ -3,6 +3,8 @@
 //! prepare and given back at unprepare, so that a VM (KubeVirt) can own it.
 //!
 //! The switch, in the discipline of [`crate::prepare`]:
+//! 0. wait, bounded, until no process holds the GPU open ([`holders`]), as
+//!    NVIDIA's driver waits for `fuser`; else fail, having changed nothing;
 //! 1. the `PrepareStarted` record names the GPU, its group and each
 //!    member's driver before anything is written ([`VfioSwitch`]);
 //! 2. per member: `driver_override` ← `vfio-pci`, unbind from its driver,
@@ -22,6 +24,7 @@
 
 #[cfg(test)]
 pub(crate) mod fake_kernel;
+pub mod holders;
 pub mod switch;
 pub mod sysfs;
 
@@ -34,6 +37,8 @@ use gpu_dra_driver::inventory::PciBusId;
 #[derive(Clone)]
 pub struct VfioHost {
     pub binding: Arc<dyn sysfs::PciBinding>,
+    /// Who holds a GPU open: a GPU in use is not switched.
+    pub holders: Arc<dyn holders::GpuHolders>,
     pub timing: switch::Timing,
 }
 
