@@ -106,8 +106,11 @@ pub(super) enum Refusal {
     DeviceName { device: String, error: String },
     #[error("device {device} is in pool {pool:?}, but this node's pool is {node:?}")]
     Pool { device: String, pool: String, node: String },
-    #[error("device {device} has CDI ids {ids:?}; NVIDIA's plugin gives exactly [{expected:?}]")]
-    CdiIds { device: String, ids: Vec<String>, expected: String },
+    #[error(
+        "device {device} has CDI ids {ids:?}; NVIDIA's plugin gives {claim:?}, before v25.12 {standard:?} and \
+         possibly {claim:?}, each once"
+    )]
+    CdiIds { device: String, ids: Vec<String>, claim: String, standard: String },
     #[error("device {device} has a shareID that is not a Kubernetes UID: {share_id:?}")]
     ShareId { device: String, share_id: String },
     #[error("device {device} has a request name that is not one: {request:?}")]
@@ -231,10 +234,7 @@ fn adopt_device(
     if device.pool != node.node.as_str() {
         return Err(Refusal::Pool { device: name.to_string(), pool: device.pool.clone(), node: node.node.to_string() });
     }
-    let expected = format!("{}/{}={uid}-{name}", cdi::vendor(node.driver), cdi::CLAIM_CLASS);
-    if device.cdi_device_ids != [expected.as_str()] {
-        return Err(Refusal::CdiIds { device: name.to_string(), ids: device.cdi_device_ids.clone(), expected });
-    }
+    check_cdi_ids(uid, &name, &device.cdi_device_ids, node.driver)?;
     if let Some(share_id) = &device.share_id
         && !is_uid(share_id)
     {
@@ -257,6 +257,45 @@ fn adopt_device(
         vfio: None,
     };
     Ok((recorded, why))
+}
+
+/// The CDI ids NVIDIA's plugin gives a claim's device: from v25.12 on the
+/// claim spec's `k8s.gpu.nvidia.com/claim=<uid>-<device>`; before, the
+/// base spec's `k8s.gpu.nvidia.com/device=<device>` and, when the device's
+/// config had edits, the claim spec's (`GetStandardDevice` and
+/// `GetClaimDevice` in their v25.3 to v25.8 `cdi.go`). Nothing else is ever
+/// answered to the kubelet for an adopted claim.
+fn check_cdi_ids(uid: &ClaimUid, name: &DeviceName, ids: &[String], driver: &DriverName) -> Result<(), Refusal> {
+    let claim = claim_cdi_id(driver, uid, name);
+    let standard = format!("{}/device={name}", cdi::vendor(driver));
+    let valid = match ids {
+        [one] => *one == claim || *one == standard,
+        [first, second] => *first == standard && *second == claim,
+        _ => false,
+    };
+    if valid {
+        return Ok(());
+    }
+    Err(Refusal::CdiIds { device: name.to_string(), ids: ids.to_vec(), claim, standard })
+}
+
+fn claim_cdi_id(driver: &DriverName, uid: &ClaimUid, name: &DeviceName) -> String {
+    format!("{}/{}={uid}-{name}", cdi::vendor(driver), cdi::CLAIM_CLASS)
+}
+
+/// Whether a missing spec of `record` may be written again: for an adopted
+/// claim only when its containers reference nothing but the claim spec
+/// (v25.12 on). An older claim's devices come from NVIDIA's base spec,
+/// which stays where their plugin wrote it, and its claim spec held only
+/// config edits this plugin cannot know.
+pub(super) fn spec_restorable(record: &ClaimRecord, driver: &DriverName, uid: &ClaimUid) -> bool {
+    record.adopted.as_ref().is_none_or(|adopted| {
+        adopted.not_served.is_none()
+            && record.devices.iter().all(|d| {
+                DeviceName::new(d.device_name.as_str())
+                    .is_ok_and(|name| d.cdi_device_ids == [claim_cdi_id(driver, uid, &name)])
+            })
+    })
 }
 
 /// Why this plugin cannot serve `name` as NVIDIA's plugin prepared it, if

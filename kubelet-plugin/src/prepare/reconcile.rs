@@ -141,14 +141,7 @@ pub(super) fn reconcile(
             }
             continue;
         }
-        let restored = if record.adopted.as_ref().is_some_and(|a| a.not_served.is_some()) {
-            // Only NVIDIA's plugin could write its spec (an MPS daemon's
-            // edits); its containers, if any, already have their devices.
-            Ok(false)
-        } else {
-            restore_missing_spec(config, inventory, &uid, &record)
-        };
-        match restored {
+        match restore_missing_spec(config, inventory, &uid, &record) {
             Ok(true) => report.rewritten.push(record.uid.clone()),
             Ok(false) => {}
             Err(error) => {
@@ -310,7 +303,7 @@ pub(super) fn restore_missing_spec(
     // An adopted claim's spec is written again under NVIDIA's name: JSON
     // is YAML, and the record keeps naming one file.
     let spec_file = derived::spec_file(record, &config.driver, uid);
-    if config.cdi_dir.join(&spec_file).exists() {
+    if config.cdi_dir.join(&spec_file).exists() || !super::adopt::spec_restorable(record, &config.driver, uid) {
         return Ok(false);
     }
     let names: Vec<DeviceName> = record

@@ -270,3 +270,28 @@ fn a_gpu_that_changed_or_a_mig_device_nvidia_made_is_not_served() {
     bad_request.requests = vec!["Gpu\n".into()];
     assert!(matches!(super::decide(&claim(bad_request), "v2", &node), Err(super::Refusal::Request { .. })));
 }
+
+#[tokio::test]
+async fn claims_of_nvidias_releases_before_v25_12_keep_their_base_spec_ids() {
+    let h = Harness::new();
+    let device = |ids: Value| {
+        json!({"gpu": {"info": {"uuid": gpu_uuid(&h, 0)}, "device":
+            {"Requests": ["gpu"], "PoolName": "node-a", "DeviceName": "gpu-0", "CDIDeviceIDs": ids}}, "mig": null})
+    };
+    let both = json!(["k8s.gpu.nvidia.com/device=gpu-0", format!("k8s.gpu.nvidia.com/claim={GPU}-gpu-0")]);
+    let reversed = json!([format!("k8s.gpu.nvidia.com/claim={MIG}-gpu-0"), "k8s.gpu.nvidia.com/device=gpu-0"]);
+    write_nvidia(
+        &h,
+        &json!({"checksum": 9, "v1": {"preparedClaims": {
+            GPU: {"status": {}, "preparedDevices": [{"devices": [device(both.clone())], "configState": {"mpsControlDaemonID": ""}}]},
+            MIG: {"status": {}, "preparedDevices": [{"devices": [device(reversed)], "configState": {"mpsControlDaemonID": ""}}]}}}}),
+    );
+    let (p, report) = h.open();
+    assert_eq!(report.adopted.served, [GPU]);
+    assert!(report.adopted.refused[0].1.contains("before v25.12"), "{:?}", report.adopted.refused);
+    assert!(report.rewritten.is_empty(), "no claim spec is made up for a claim of NVIDIA's base spec");
+    assert!(h.cdi_files().is_empty());
+    let answer = p.prepare(vec![claim_ref(GPU, "gpu")]).await[GPU].clone().unwrap();
+    assert_eq!(serde_json::to_value(&answer[0].cdi_device_ids).unwrap(), both);
+    assert_eq!(p.unprepare(vec![claim_ref(GPU, "gpu")]).await[GPU], Ok(()));
+}
