@@ -36,7 +36,9 @@ if [[ ! -x $final/go-allocator ]]; then
 		echo "build.sh: building the Go allocator ($here) into $final (once per machine and source version; about 2 min of CPU cold)" >&2
 		start=$SECONDS
 		# A line a minute while go builds (silent for minutes on 2 cores).
-		(while sleep 60 </dev/null >/dev/null 2>&1; do echo "build.sh: still building the Go allocator ($((SECONDS - start)) s so far)" >&2; done) &
+		# Without the lock (9>&-): its sleep would hold the lock up to a
+		# minute after the build, and every waiting caller with it.
+		(while sleep 60 </dev/null >/dev/null 2>&1; do echo "build.sh: still building the Go allocator ($((SECONDS - start)) s so far)" >&2; done) 9>&- &
 		ticker=$!
 		trap 'kill "$ticker" 2>/dev/null' EXIT
 		(cd "$here" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$tmp/go-allocator" .) >&2 || {

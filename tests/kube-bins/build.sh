@@ -79,7 +79,9 @@ build_into() {
 		chmod 755 "$tmp"
 		echo "build.sh: building $* into $final (once per machine and version; minutes on a small machine)" >&2
 		local start=$SECONDS
-		progress_every 60 "building $*" &
+		# Without the lock (9>&-): the ticker's sleep would hold it up to a
+		# minute after the build, and every caller waiting on it.
+		progress_every 60 "building $*" 9>&- &
 		local ticker=$!
 		(cd "$module" && go build -trimpath ${tags:+-tags "$tags"} -ldflags="-s -w $ldflags" -o "$tmp/" "$@") >&2 || {
 			kill "$ticker" 2>/dev/null

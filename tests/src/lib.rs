@@ -20,6 +20,7 @@ pub mod mock_gpu;
 pub mod mock_nvml;
 pub mod mock_nvml_node;
 pub mod node;
+pub mod nvidia_state;
 pub mod pci_core;
 pub mod plugin_process;
 pub mod ports;

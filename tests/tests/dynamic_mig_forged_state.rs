@@ -95,6 +95,7 @@ fn forged(uid: &str, state: PrepareState, devices: Vec<CheckpointDevice>) -> Cla
         devices,
         mps: None,
         compute_domain: None,
+        adopted: None,
     }
 }
 

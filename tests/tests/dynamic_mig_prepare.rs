@@ -196,6 +196,7 @@ fn forged(uid: &str, state: PrepareState, device: &str, intent: MigIntent, made:
         }],
         mps: None,
         compute_domain: None,
+        adopted: None,
     }
 }
 

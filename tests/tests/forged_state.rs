@@ -52,6 +52,7 @@ fn record(uid: &str, state: PrepareState, boot: &str) -> ClaimRecord {
         devices: Vec::new(),
         mps: None,
         compute_domain: None,
+        adopted: None,
     }
 }
 

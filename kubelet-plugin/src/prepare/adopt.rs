@@ -115,7 +115,7 @@ pub(super) enum Refusal {
     ShareId { device: String, share_id: String },
     #[error("device {device} has a request name that is not one: {request:?}")]
     Request { device: String, request: String },
-    #[error("it has no devices")]
+    #[error("it is prepared, with no devices")]
     NoDevices,
 }
 
@@ -199,7 +199,8 @@ pub(super) fn decide(claim: &NvidiaClaim, layout: &str, node: &Node<'_>) -> Resu
             not_served.extend(why);
         }
     }
-    if devices.is_empty() {
+    // NVIDIA's plugin records an interrupted prepare without its devices.
+    if devices.is_empty() && claim.completed {
         return Err(Refusal::NoDevices);
     }
     let record = ClaimRecord {

@@ -62,7 +62,8 @@ fn nvidia_state(h: &Harness, boot: &str) -> Value {
             "concrete": {"parentMinor": 1, "giId": 1, "ciId": 0, "migUUID": mig_uuid(h), "parentUUID": gpu_uuid(h, 1)},
             "device": kubelet_device(MIG, "gpu-1-mig-1g10gb-19-0", "node-a")}})], ""),
         MPS: claim("PrepareCompleted", "mps", vec![gpu(MPS, "gpu-2", gpu_uuid(h, 2))], "d41d8cd9"),
-        STARTED: claim("PrepareStarted", "started", vec![gpu(STARTED, "gpu-2", gpu_uuid(h, 2))], ""),
+        // As NVIDIA's plugin records it: no devices.
+        STARTED: {"checkpointState": "PrepareStarted", "name": "started", "namespace": "default", "status": {}},
         FORGED: claim("PrepareCompleted", "forged", vec![json!({"gpu": {"info": {"uuid": "GPU-x"}, "device": forged}})], ""),
         ELSEWHERE: claim("PrepareCompleted", "elsewhere",
             vec![json!({"gpu": {"info": {"uuid": "GPU-x"}, "device": kubelet_device(ELSEWHERE, "gpu-0", "node-b")}})], ""),

@@ -13,9 +13,14 @@
 //!   later `v2.nodeBootID`, and MIG devices as `"concrete"` rather than
 //!   `"info"` (`prepared.go`, `mig.go`).
 //!
+//! A completed claim carries no name or namespace, an interrupted one no
+//! devices (their `Prepare` writes them that way).
+//!
 //! `v2` is read when present, as their `ToLatestVersion` does. Their
 //! checksums hash Go's re-encoding of their structs, which only their
-//! types reproduce; they are not checked here. Instead every field that is
+//! types reproduce (and their unreleased main no longer reproduces for
+//! older files: it writes `configState` without `mpsControlDaemonID`);
+//! they are not checked here. Instead every field that is
 //! used is validated where it is used, and each claim is decoded on its
 //! own: one undecodable claim is reported and costs only itself.
 
