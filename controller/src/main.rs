@@ -119,7 +119,7 @@ fn parse_minor(text: &str) -> Result<u32, String> {
         .strip_prefix("1.")
         .and_then(|m| m.parse::<u32>().ok())
         .ok_or_else(|| format!("{text:?} is not a Kubernetes version such as 1.35"))?;
-    let (oldest, newest) = (gpu_dra_driver::selector::OLDEST_MINOR, gpu_dra_driver::selector::NEWEST_MINOR);
+    let (oldest, newest) = (dra_cel::OLDEST_MINOR, dra_cel::NEWEST_MINOR);
     if (oldest..=newest).contains(&minor) {
         Ok(minor)
     } else {
@@ -175,10 +175,8 @@ fn main() -> ExitCode {
         } => {
             let mut buffer = Vec::new();
             let cel = match selectors_as {
-                SelectorsAs::Stored => {
-                    gpu_dra_driver::selector::CelEnvironment::stored_expressions(*kubernetes_version)
-                }
-                SelectorsAs::New => gpu_dra_driver::selector::CelEnvironment::new_expressions(*kubernetes_version),
+                SelectorsAs::Stored => dra_cel::CelEnvironment::stored_expressions(*kubernetes_version),
+                SelectorsAs::New => dra_cel::CelEnvironment::new_expressions(*kubernetes_version),
             };
             let options = simulate::Options {
                 fleet: fleet.as_deref(),

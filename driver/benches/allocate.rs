@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 #[path = "common/fleets.rs"]
 mod fleets;
 
+use dra_cel::{CelDevice, SelectorEnv};
 use fleets::{
     DRIVER, DRIVER_VERSION, GPU_CLASS, GPUS_PER_NODE, MIG_CLASS, NODES, claim, class, gpu_devices, node_name,
     node_slices,
 };
 use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
-use gpu_dra_driver::selector::{CelDevice, SelectorEnv};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
 };

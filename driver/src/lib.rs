@@ -20,7 +20,6 @@ pub mod names;
 pub mod nesting;
 pub mod opaque_config;
 pub mod quantity;
-pub mod selector;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod slices;

@@ -156,7 +156,7 @@ fn options() -> simulate::Options<'static> {
         fleet: None,
         format: simulate::Format::Json,
         timings: false,
-        cel: gpu_dra_driver::selector::CelEnvironment::stored_expressions(gpu_dra_driver::selector::NEWEST_MINOR),
+        cel: dra_cel::CelEnvironment::stored_expressions(dra_cel::NEWEST_MINOR),
         // The newest release serves extended resources through classes.
         extended_resources: true,
         // Objects in the cluster were admitted by its webhook under the

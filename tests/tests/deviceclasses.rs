@@ -48,7 +48,7 @@ fn shipped_classes_parse_and_match_published_types() {
 /// the driver's CEL on what the example inventories publish.
 #[test]
 fn narrower_classes_select_what_they_say() {
-    use gpu_dra_driver::selector::{CelDevice, SelectorEnv};
+    use dra_cel::{CelDevice, SelectorEnv};
     use integration_tests::{kubelet_plugin, run, stdout_ok};
     use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 

@@ -24,7 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use anyhow::Context as _;
-use gpu_dra_driver::selector::{CelEnvironment, NEWEST_MINOR};
+use dra_cel::{CelEnvironment, NEWEST_MINOR};
 use gpu_dra_driver::service::api_call;
 use gpu_dra_driver::service::http::{HttpState, ReadyCheck};
 use gpu_dra_driver::service::kube_client;

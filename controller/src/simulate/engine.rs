@@ -34,7 +34,7 @@ pub fn allocate(
     mut fleet: AllocatorBuilder,
     classes: &[DeviceClass],
     nodes: &[Node],
-    cel: gpu_dra_driver::selector::CelEnvironment,
+    cel: dra_cel::CelEnvironment,
 ) -> Result<Vec<Outcome>> {
     for node in nodes {
         fleet.add_node(node);

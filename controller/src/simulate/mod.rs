@@ -49,7 +49,7 @@ pub struct Options<'a> {
     /// Print each phase's duration on `note`.
     pub timings: bool,
     /// Which Kubernetes' CEL environment selectors are checked in.
-    pub cel: gpu_dra_driver::selector::CelEnvironment,
+    pub cel: dra_cel::CelEnvironment,
     /// The scheduler serves extended resources through DeviceClasses
     /// (`DRAExtendedResource`, on by default from 1.36).
     pub extended_resources: bool,
@@ -214,11 +214,11 @@ impl Feed {
 /// on when the driver's gate of that name says the cluster has it (the
 /// driver cannot see the cluster's gates; its operator sets both alike).
 fn cel_environment(
-    cel: gpu_dra_driver::selector::CelEnvironment,
+    cel: dra_cel::CelEnvironment,
     gates: &gpu_dra_driver::feature_gates::FeatureGates,
-) -> gpu_dra_driver::selector::CelEnvironment {
+) -> dra_cel::CelEnvironment {
     let lists = gates.enabled(gpu_dra_driver::feature_gates::Gate::ListTypeAttributes);
-    gpu_dra_driver::selector::CelEnvironment { list_type_attributes: cel.list_type_attributes || lists, ..cel }
+    dra_cel::CelEnvironment { list_type_attributes: cel.list_type_attributes || lists, ..cel }
 }
 
 /// From sorted inputs to printed outcomes: workload, allocation, output.

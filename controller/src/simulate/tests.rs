@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use super::*;
-use gpu_dra_driver::selector::CelEnvironment;
+use dra_cel::CelEnvironment;
 
 const CLASS: &str = "apiVersion: resource.k8s.io/v1\nkind: DeviceClass\nmetadata: {name: gpu.nvidia.com}\n\
 spec: {selectors: [{cel: {expression: 'device.driver == \"gpu.nvidia.com\"'}}]}\n";

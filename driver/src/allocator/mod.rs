@@ -301,7 +301,7 @@ impl Allocator {
     /// the newest modelled version's stored expressions): an older version
     /// lacks some functions, and new expressions are held to the
     /// apiserver's cost limit. Call before the first claim.
-    pub fn with_cel_environment(mut self, environment: crate::selector::CelEnvironment) -> Self {
+    pub fn with_cel_environment(mut self, environment: dra_cel::CelEnvironment) -> Self {
         self.selectors = selectors::SelectorCache::for_environment(environment);
         self
     }

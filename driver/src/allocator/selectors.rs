@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use super::compact::DeviceRecord;
 use super::index::Fleet;
-use crate::selector as sel;
+use dra_cel as sel;
 
 /// Where a selector comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

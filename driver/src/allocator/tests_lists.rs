@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceClaim};
 use super::test_support::*;
 use super::tests_core::{allocator, one, pairs, picks};
 use super::*;
-use crate::selector::CelEnvironment;
+use dra_cel::CelEnvironment;
 
 #[derive(Debug, Clone)]
 enum V {

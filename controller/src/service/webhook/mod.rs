@@ -80,7 +80,7 @@ impl Fleet for SharedFleet {
 struct Reviewer {
     driver: String,
     gates: gpu_dra_driver::feature_gates::FeatureGates,
-    cel: gpu_dra_driver::selector::SelectorEnv,
+    cel: dra_cel::SelectorEnv,
     state: Arc<Mutex<ClusterState>>,
     metrics: Arc<Metrics>,
 }

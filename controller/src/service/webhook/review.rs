@@ -12,9 +12,9 @@
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimSpec};
 use serde_json::{Value, json};
 
+use dra_cel::{CelEnvironment, SelectorEnv};
 use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::opaque_config;
-use gpu_dra_driver::selector::{CelEnvironment, SelectorEnv};
 
 /// What a review may look at beyond the request.
 pub trait Fleet {

@@ -21,12 +21,12 @@ pub mod supervisor;
 
 use std::path::Path;
 
+use dra_cel::Quantity;
 use gpu_dra_driver::cdi::spec::{ContainerEdits, Mount};
 use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::ClaimUid;
 use gpu_dra_driver::opaque_config::{ConfigSource, DeviceConfig, ResolvedConfig};
-use gpu_dra_driver::selector::Quantity;
 
 use super::plan::PlannedDevice;
 use crate::state::checkpoint::{ClaimRecord, MpsDaemon, PinnedLimit};

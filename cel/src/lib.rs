@@ -1,10 +1,32 @@
-//! CEL device selectors, evaluated as the kube-scheduler evaluates them
-//! (`k8s.io/dynamic-resource-allocation/cel`), on the `cel` crate.
+//! Kubernetes' DRA CEL environment: DeviceClass and claim selectors
+//! type-checked, costed and evaluated as the apiserver and the
+//! kube-scheduler do (`k8s.io/dynamic-resource-allocation/cel` on the
+//! apiserver's base environment, Kubernetes 1.34 to 1.37), on the `cel`
+//! crate. Nothing here is specific to a driver or to GPUs: any Rust DRA
+//! driver, allocator or admission check can use it.
 //!
 //! [`SelectorEnv`] compiles an expression once and caches the result, errors
 //! included, by expression text; [`CelDevice`] is the `device` variable,
 //! built once per device; [`CompiledSelector::matches`] evaluates one against
-//! the other within a cost budget (see [`cost`]).
+//! the other within a cost budget (see `cost`). [`CelEnvironment`] says
+//! which Kubernetes version and kind of expression (stored or new) to check
+//! against. [`Quantity`] is Kubernetes' `resource.Quantity` as a CEL value,
+//! exact, parsed as the apiserver does.
+//!
+//! ```
+//! use dra_cel::{CelDevice, SelectorEnv};
+//! use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+//!
+//! let product = DeviceAttribute { string: Some("H100".into()), ..Default::default() };
+//! let device = Device {
+//!     name: "gpu-0".into(),
+//!     attributes: Some([("productName".to_string(), product)].into()),
+//!     ..Default::default()
+//! };
+//! let env = SelectorEnv::new();
+//! let selector = env.compile(r#"device.attributes["example.com"].productName == "H100""#).unwrap();
+//! assert!(selector.matches(&CelDevice::new("example.com", &device).unwrap()).unwrap());
+//! ```
 
 mod checker;
 mod cost;

@@ -249,13 +249,13 @@ fn owned<'b, 'v, T: Val + 'v>(value: T) -> Result<CowVal<'b, 'v>, ExecutionError
 
 fn quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let text = string_arg("quantity", args.first())?;
-    crate::selector::cost::charge(crate::selector::cost::bytes_units(text.len()))?;
+    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
     owned(Quantity::parse(text).map_err(|e| error("quantity", e))?)
 }
 
 fn is_quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let text = string_arg("isQuantity", args.first())?;
-    crate::selector::cost::charge(crate::selector::cost::bytes_units(text.len()))?;
+    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
     Ok(super::cost::boolean(Quantity::parse(text).is_ok()))
 }
 

@@ -126,7 +126,7 @@ fn parse_args(function: &str, args: &[CowVal<'_, '_>]) -> Result<Result<Semver, 
         .and_then(|v| v.downcast_ref::<CelString>())
         .map(|s| s.inner())
         .ok_or_else(|| error(function, "expects a string"))?;
-    crate::selector::cost::charge(crate::selector::cost::bytes_units(text.len()))?;
+    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
     let normalize = args.get(1).and_then(|v| v.downcast_ref::<CelBool>()).is_some_and(|b| *b.inner());
     Ok(Semver::parse(text, normalize))
 }

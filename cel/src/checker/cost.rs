@@ -913,8 +913,8 @@ fn dra_size(path: &[String]) -> Option<Size> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::selector::checker::{Declarations, check};
-    use crate::selector::environment::CelEnvironment;
+    use crate::checker::{Declarations, check};
+    use crate::environment::CelEnvironment;
 
     /// Kubernetes' `testCostEstimator` (apiserver `library/cost_test.go`):
     /// any string or bytes value not otherwise known is at most 12 long.
@@ -927,7 +927,7 @@ mod tests {
     }
 
     fn estimated(expression: &str, sizes: &dyn SizeEstimator) -> CostEstimate {
-        let env = crate::selector::env::build().unwrap();
+        let env = crate::env::build().unwrap();
         let (ast, source) = env.parser().parse_with_source_info(expression).unwrap();
         let environment = CelEnvironment::default();
         let declarations = Declarations::for_environment(&environment);

@@ -10,7 +10,7 @@
 use std::collections::HashMap;
 
 use super::types::{ObjectType, Type};
-use crate::selector::environment::CelEnvironment;
+use crate::environment::CelEnvironment;
 
 /// cel-go's standard library, with `CrossTypeNumericComparisons` on.
 const STANDARD: &str = "
