@@ -48,8 +48,8 @@ use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
 use cel::common::value::{CowVal, Val};
 
 use super::ops_lib::{METERED_OPERATORS, deep_units};
-use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
+use crate::quantity::Quantity;
 
 /// Units one evaluation may spend, unless its estimate is within the limit.
 pub const BUDGET: u64 = super::MAX_COST;

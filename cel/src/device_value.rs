@@ -20,8 +20,8 @@ use cel::context::VariableResolver;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
 use super::EvalError;
-use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
+use crate::quantity::Quantity;
 
 /// The entries of one map, before sorting.
 type Entries = Vec<(String, Box<dyn Val>)>;

@@ -10,8 +10,9 @@
 //! built once per device; [`CompiledSelector::matches`] evaluates one against
 //! the other within a cost budget (see `cost`). [`CelEnvironment`] says
 //! which Kubernetes version and kind of expression (stored or new) to check
-//! against. [`Quantity`] is Kubernetes' `resource.Quantity` as a CEL value,
-//! exact, parsed as the apiserver does.
+//! against. [`quantity::Quantity`] is Kubernetes' `resource.Quantity`,
+//! exact, parsed and printed as the apiserver does; CEL's `quantity()`
+//! values are of this type.
 //!
 //! ```
 //! use dra_cel::{CelDevice, SelectorEnv};
@@ -37,6 +38,7 @@ mod format_lib;
 mod ip_lib;
 mod lists_lib;
 mod ops_lib;
+pub mod quantity;
 mod quantity_lib;
 mod semver_lib;
 mod strings_lib;
@@ -60,7 +62,6 @@ pub use checker::CostEstimate;
 pub use checker::Type as CelType;
 pub use device_value::{AttributeValue, CelDevice};
 pub use environment::{CelEnvironment, ExpressionKind, NEWEST_MINOR, OLDEST_MINOR};
-pub use quantity_lib::Quantity;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
 pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;

@@ -14,8 +14,8 @@ use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env};
 
 use super::cost::{BUDGET, bytes_units, charge};
-use super::quantity_lib::Quantity;
 use super::semver_lib::Semver;
+use crate::quantity::Quantity;
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;

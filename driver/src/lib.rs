@@ -19,7 +19,6 @@ pub mod k8s_format;
 pub mod names;
 pub mod nesting;
 pub mod opaque_config;
-pub mod quantity;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod slices;

@@ -26,7 +26,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use dra_cel::Quantity;
+use dra_cel::quantity::Quantity;
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClaim, DeviceClass, DeviceRequest, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,

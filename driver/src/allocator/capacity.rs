@@ -17,14 +17,15 @@
 
 use std::collections::BTreeMap;
 
+use dra_cel::quantity::Quantity;
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
-use super::amount::Amount;
 use super::compact::{CapacityEntry, DeviceRecord};
+use super::error::decode_quantity;
 
 /// Per-capacity amounts already taken on a device.
-pub(crate) type Consumed = BTreeMap<String, Amount>;
+pub(crate) type Consumed = BTreeMap<String, Quantity>;
 
 /// Why a device cannot take a request's capacity.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,11 +33,11 @@ pub(crate) enum Misfit {
     /// The request names a capacity the device does not have.
     Missing(String),
     /// The (rounded) amount is not allowed by the capacity's request policy.
-    Policy { name: String, wanted: Amount },
+    Policy { name: String, wanted: Quantity },
     /// Not enough left: `wanted` (rounded up by the policy) is more than
     /// what `used` leaves of `value`. `defaulted`: the request named no
     /// amount, so the policy's default (or the whole value) was wanted.
-    Exhausted { name: String, wanted: Amount, used: Amount, value: Amount, defaulted: bool },
+    Exhausted { name: String, wanted: Quantity, used: Quantity, value: Quantity, defaulted: bool },
     /// A quantity that does not parse.
     Invalid(String),
 }
@@ -76,7 +77,7 @@ impl Misfit {
 
 /// What one allocation takes from each capacity: exact amount and the
 /// quantity as it goes into `consumedCapacity`.
-pub(crate) type Take = BTreeMap<String, (Amount, Quantity)>;
+pub(crate) type Take = BTreeMap<String, (Quantity, ApiQuantity)>;
 
 /// What `requests` takes from `device` given what is `used` already, or
 /// why it does not fit. Never inlined: it runs only for shareable devices
@@ -85,7 +86,7 @@ pub(crate) type Take = BTreeMap<String, (Amount, Quantity)>;
 /// (which has neither) read 3-10% fewer claims/s in interleaved runs.
 #[inline(never)]
 pub(crate) fn take(
-    requests: Option<&BTreeMap<String, Quantity>>,
+    requests: Option<&BTreeMap<String, ApiQuantity>>,
     device: &DeviceRecord,
     used: Option<&Consumed>,
 ) -> Result<Take, Misfit> {
@@ -104,7 +105,7 @@ pub(crate) fn take(
         if violates(amount, cap.request_policy.as_ref()).map_err(Misfit::Invalid)? {
             return Err(Misfit::Policy { name: name.to_string(), wanted: amount });
         }
-        let value = Amount::parse_str(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
+        let value = decode_quantity(&cap.value).map_err(|e| Misfit::Invalid(e.to_string()))?;
         let already = used.and_then(|u| u.get(name)).copied().unwrap_or_default();
         if already.saturating_add(amount) > value {
             let defaulted = requested.is_none();
@@ -115,25 +116,25 @@ pub(crate) fn take(
     Ok(out)
 }
 
-fn parse(q: &Quantity) -> Result<Amount, String> {
-    Amount::parse(q).map_err(|e| e.to_string())
+fn decode(q: &ApiQuantity) -> Result<Quantity, String> {
+    decode_quantity(&q.0).map_err(|e| e.to_string())
 }
 
 /// `calculateConsumedCapacity`.
-fn consumed(requested: Option<&Quantity>, cap: &CapacityEntry) -> Result<(Amount, Quantity), String> {
+fn consumed(requested: Option<&ApiQuantity>, cap: &CapacityEntry) -> Result<(Quantity, ApiQuantity), String> {
     let policy = cap.request_policy.as_ref();
     let Some(requested) = requested else {
-        let q = policy.and_then(|p| p.default.clone()).unwrap_or_else(|| Quantity(cap.value.to_string()));
-        return Ok((parse(&q)?, q));
+        let q = policy.and_then(|p| p.default.clone()).unwrap_or_else(|| ApiQuantity(cap.value.to_string()));
+        return Ok((decode(&q)?, q));
     };
-    let req = parse(requested)?;
+    let req = decode(requested)?;
     let Some(policy) = policy else { return Ok((req, requested.clone())) };
     if let Some(range) = &policy.valid_range {
         return round_up_range(req, requested, range);
     }
     if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
         for v in values {
-            let a = parse(v)?;
+            let a = decode(v)?;
             if req <= a {
                 return Ok((a, v.clone()));
             }
@@ -144,43 +145,43 @@ fn consumed(requested: Option<&Quantity>, cap: &CapacityEntry) -> Result<(Amount
 
 /// `roundUpRange`: whole units, as upstream's `Value()` arithmetic.
 fn round_up_range(
-    req: Amount,
-    requested: &Quantity,
+    req: Quantity,
+    requested: &ApiQuantity,
     range: &CapacityRequestPolicyRange,
-) -> Result<(Amount, Quantity), String> {
-    let min = parse(&range.min)?;
+) -> Result<(Quantity, ApiQuantity), String> {
+    let min = decode(&range.min)?;
     if req < min {
         return Ok((min, range.min.clone()));
     }
     let Some(step_q) = &range.step else { return Ok((req, requested.clone())) };
-    let step = parse(step_q)?.whole_units();
+    let step = decode(step_q)?.whole_units();
     if step <= 0 {
         return Err(format!("validRange.step {} is not positive", step_q.0));
     }
     let (r, m) = (req.whole_units(), min.whole_units());
     let added = r - m;
     let n = added / step + i128::from(added % step != 0);
-    let val = Amount::from_units(m + step * n).ok_or_else(|| "capacity overflow".to_string())?;
+    let val = Quantity::checked_from_units(m + step * n).ok_or_else(|| "capacity overflow".to_string())?;
     Ok((val, val.to_binary_si()))
 }
 
 /// `violatesPolicy`.
-fn violates(amount: Amount, policy: Option<&CapacityRequestPolicy>) -> Result<bool, String> {
+fn violates(amount: Quantity, policy: Option<&CapacityRequestPolicy>) -> Result<bool, String> {
     let Some(policy) = policy else { return Ok(false) };
     if let Some(d) = &policy.default
-        && parse(d)? == amount
+        && decode(d)? == amount
     {
         return Ok(false);
     }
     if let Some(range) = &policy.valid_range {
         if let Some(max) = &range.max
-            && amount > parse(max)?
+            && amount > decode(max)?
         {
             return Ok(true);
         }
         if let Some(step) = &range.step {
-            let step = parse(step)?.whole_units();
-            if step > 0 && (amount.whole_units() - parse(&range.min)?.whole_units()) % step != 0 {
+            let step = decode(step)?.whole_units();
+            if step > 0 && (amount.whole_units() - decode(&range.min)?.whole_units()) % step != 0 {
                 return Ok(true);
             }
         }
@@ -188,7 +189,7 @@ fn violates(amount: Amount, policy: Option<&CapacityRequestPolicy>) -> Result<bo
     }
     if let Some(values) = policy.valid_values.as_ref().filter(|v| !v.is_empty()) {
         for v in values {
-            if parse(v)? == amount {
+            if decode(v)? == amount {
                 return Ok(false);
             }
         }
@@ -229,7 +230,7 @@ mod tests {
         d
     }
 
-    fn reqs(v: &str) -> BTreeMap<String, Quantity> {
+    fn reqs(v: &str) -> BTreeMap<String, ApiQuantity> {
         BTreeMap::from([("memory".to_string(), q(v))])
     }
 
@@ -242,7 +243,7 @@ mod tests {
         let d = device("d").shareable().cap("memory", "40Gi");
         assert_eq!(taken(&take(Some(&reqs("10Gi")), &rec(d.clone()), None).unwrap()), "10Gi");
         assert_eq!(taken(&take(None, &rec(d.clone()), None).unwrap()), "40Gi");
-        let used = Consumed::from([("memory".to_string(), Amount::parse(&q("35Gi")).unwrap())]);
+        let used = Consumed::from([("memory".to_string(), Quantity::parse("35Gi").unwrap())]);
         let exhausted = take(Some(&reqs("10Gi")), &rec(d.clone()), Some(&used)).unwrap_err();
         assert_eq!(exhausted.describe(), "memory: 10Gi requested, 5Gi of 40Gi left");
         let defaulted = take(None, &rec(d.clone()), Some(&used)).unwrap_err();

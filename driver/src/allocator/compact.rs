@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use std::hash::{BuildHasher, Hash, Hasher};
 use std::sync::Arc;
 
+use dra_cel::quantity::Quantity;
 use hashbrown::HashTable;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{
@@ -19,7 +20,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceSlice,
 };
 
-use super::amount::Amount;
+use super::error::decode_quantity;
 
 /// A typed attribute value. Versions keep their text: constraints compare
 /// them as strings and CEL parses them when it builds the device value.
@@ -172,7 +173,7 @@ pub(crate) struct CounterDraw {
 }
 
 /// One counter of a draw: name, quantity as published, amount if it parses.
-pub(crate) type CounterAmount = (Arc<str>, Arc<str>, Option<Amount>);
+pub(crate) type CounterAmount = (Arc<str>, Arc<str>, Option<Quantity>);
 
 /// Devices converted before that a new one is likely to resemble.
 #[derive(Debug, Clone, Copy, Default)]
@@ -530,7 +531,7 @@ impl Compactor {
                 counters: c
                     .counters
                     .iter()
-                    .map(|(k, v)| (self.str(k), self.str(&v.value.0), Amount::parse_str(&v.value.0).ok()))
+                    .map(|(k, v)| (self.str(k), self.str(&v.value.0), Quantity::try_from(&v.value).ok()))
                     .collect(),
             })
             .collect();
@@ -638,7 +639,7 @@ impl<'a, C> SortedWalk<'a, C> {
 
 /// A counter slice's sets, parsed once when the slice is converted: (set
 /// name, its counters or why one of them does not parse), in slice order.
-pub(crate) type SliceCounterSets = Arc<[(String, Result<BTreeMap<String, Amount>, String>)]>;
+pub(crate) type SliceCounterSets = Arc<[(String, Result<BTreeMap<String, Quantity>, String>)]>;
 
 fn parse_counter_sets(sets: &[CounterSet]) -> SliceCounterSets {
     sets.iter()
@@ -647,7 +648,7 @@ fn parse_counter_sets(sets: &[CounterSet]) -> SliceCounterSets {
                 .counters
                 .iter()
                 .map(|(name, c)| {
-                    Amount::parse(&c.value)
+                    decode_quantity(&c.value.0)
                         .map(|a| (name.clone(), a))
                         .map_err(|e| format!("counter set {}: counter {name}: {e}", set.name))
                 })
@@ -863,6 +864,6 @@ mod reuse_tests {
         let other = c.device(&device("c").consumes("gpu-0", &[("memory", "20Gi")]), Like::default());
         assert!(Arc::ptr_eq(&a.consumes, &b.consumes));
         assert!(!Arc::ptr_eq(&a.consumes, &other.consumes));
-        assert_eq!(other.consumes[0].counters[0].2, Amount::parse_str("20Gi").ok());
+        assert_eq!(other.consumes[0].counters[0].2, Quantity::parse("20Gi").ok());
     }
 }

@@ -13,20 +13,21 @@
 
 use std::collections::HashMap;
 
-use super::amount::Amount;
+use dra_cel::quantity::Quantity;
+
 use super::compact::CounterDraw;
 use super::pools::CounterSets;
 
 /// A device's consumption: (counter number in its pool, amount). Shared by
 /// the devices that consume the same (most of a fleet's GPUs look alike).
-pub(crate) type Consumption = std::sync::Arc<[(u32, Amount)]>;
+pub(crate) type Consumption = std::sync::Arc<[(u32, Quantity)]>;
 
 /// A pool's counters, numbered.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct PoolCounters {
     /// (set, counter) by number.
     pub(crate) names: Vec<(String, String)>,
-    pub(crate) totals: Vec<Amount>,
+    pub(crate) totals: Vec<Quantity>,
     /// set → counter → number.
     index: HashMap<String, HashMap<String, u32>>,
 }
@@ -46,8 +47,8 @@ impl PoolCounters {
 
     /// The consumption of `device`; unknown counters and unparsable amounts
     /// are left out (pools with those are invalid and never allocated from).
-    pub(crate) fn consumption(&self, draws: &[CounterDraw]) -> Vec<(u32, Amount)> {
-        let mut out: Vec<(u32, Amount)> = Vec::new();
+    pub(crate) fn consumption(&self, draws: &[CounterDraw]) -> Vec<(u32, Quantity)> {
+        let mut out: Vec<(u32, Quantity)> = Vec::new();
         for c in draws {
             for (name, _, amount) in c.counters.iter() {
                 let (Some(&i), Some(a)) = (self.index.get(&*c.set).and_then(|s| s.get(&**name)), *amount) else {
@@ -66,16 +67,16 @@ impl PoolCounters {
 /// Counters consumed, per pool.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct CounterUse {
-    pools: HashMap<u32, Vec<Amount>>,
+    pools: HashMap<u32, Vec<Quantity>>,
 }
 
 impl CounterUse {
-    pub(crate) fn add(&mut self, pool: u32, consumption: &[(u32, Amount)]) {
+    pub(crate) fn add(&mut self, pool: u32, consumption: &[(u32, Quantity)]) {
         let used = self.pools.entry(pool).or_default();
         for &(i, a) in consumption {
             let i = i as usize;
             if used.len() <= i {
-                used.resize(i + 1, Amount::ZERO);
+                used.resize(i + 1, Quantity::ZERO);
             }
             if let Some(u) = used.get_mut(i) {
                 *u = u.saturating_add(a);
@@ -83,7 +84,7 @@ impl CounterUse {
         }
     }
 
-    pub(crate) fn sub(&mut self, pool: u32, consumption: &[(u32, Amount)]) {
+    pub(crate) fn sub(&mut self, pool: u32, consumption: &[(u32, Quantity)]) {
         let Some(used) = self.pools.get_mut(&pool) else { return };
         for &(i, a) in consumption {
             if let Some(u) = used.get_mut(i as usize) {
@@ -97,7 +98,7 @@ impl CounterUse {
         self.pools.remove(&pool);
     }
 
-    fn get(&self, pool: u32, i: u32) -> Amount {
+    fn get(&self, pool: u32, i: u32) -> Quantity {
         self.pools.get(&pool).and_then(|u| u.get(i as usize)).copied().unwrap_or_default()
     }
 }
@@ -108,7 +109,7 @@ impl CounterUse {
 pub(crate) fn fits<'p>(
     counters: &'p PoolCounters,
     pool: u32,
-    consumption: &[(u32, Amount)],
+    consumption: &[(u32, Quantity)],
     allocated: &CounterUse,
     allocating: &CounterUse,
 ) -> Result<(), &'p (String, String)> {
@@ -135,7 +136,7 @@ mod tests {
     fn partitions_share_a_gpu_budget() {
         let sets = CounterSets::from([(
             "gpu-0".to_string(),
-            BTreeMap::from([("memory".to_string(), Amount::parse(&q("80Gi")).unwrap())]),
+            BTreeMap::from([("memory".to_string(), Quantity::parse("80Gi").unwrap())]),
         )]);
         let pc = PoolCounters::new(&sets);
         let mut c = super::super::compact::Compactor::default();

@@ -805,7 +805,7 @@ impl Fleet {
     }
 
     /// A device's counter consumption (empty when it consumes none).
-    pub(crate) fn consumption(&self, d: u32) -> &[(u32, super::amount::Amount)] {
+    pub(crate) fn consumption(&self, d: u32) -> &[(u32, dra_cel::quantity::Quantity)] {
         self.consumption.get(d as usize).map(|c| &c[..]).unwrap_or_default()
     }
 

@@ -47,7 +47,6 @@
 //! be bounded as a whole ([`SearchBudget`]): past it the answer is
 //! [`AllocateError::Undecided`], neither yes nor no.
 
-pub(crate) mod amount;
 mod budget;
 mod capacity;
 mod compact;

@@ -21,12 +21,13 @@
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
-use super::amount::Amount;
+use dra_cel::quantity::Quantity;
+
 use super::compact::{CompactSlice, CounterDraw, SliceCounterSets};
 use super::explain::PoolProblem;
 
 /// Counter sets of a pool: set name → counter name → amount.
-pub(crate) type CounterSets = BTreeMap<String, BTreeMap<String, Amount>>;
+pub(crate) type CounterSets = BTreeMap<String, BTreeMap<String, Quantity>>;
 
 #[derive(Debug, Clone)]
 pub(crate) struct Pool {

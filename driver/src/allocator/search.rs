@@ -479,7 +479,7 @@ impl Search<'_, '_> {
             Some(t) => {
                 if let Some(total) = self.capacity.get_mut(&pick.device) {
                     capacity::sub(total, t);
-                    if total.values().all(|v| *v == super::amount::Amount::ZERO) {
+                    if total.values().all(|v| *v == dra_cel::quantity::Quantity::ZERO) {
                         self.capacity.remove(&pick.device);
                     }
                 }

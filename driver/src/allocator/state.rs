@@ -19,10 +19,9 @@ use std::sync::Arc;
 
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceRequestAllocationResult, ResourceClaim};
 
-use super::amount::Amount;
 use super::capacity::Consumed;
 use super::counters::CounterUse;
-use super::error::InputError;
+use super::error::{InputError, decode_quantity};
 use super::index::{Fleet, PoolChange};
 
 /// A device ID: driver, pool, device name.
@@ -232,7 +231,7 @@ fn consumed_of(
 ) -> Result<Consumed, InputError> {
     let mut consumed = Consumed::new();
     for (name, q) in capacity.into_iter().flatten() {
-        let amount = Amount::parse(q).map_err(|e| InputError::BadResult {
+        let amount = decode_quantity(&q.0).map_err(|e| InputError::BadResult {
             claim: owner.to_string(),
             index,
             field: "consumedCapacity",

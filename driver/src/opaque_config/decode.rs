@@ -7,7 +7,7 @@ use serde_json::Value;
 
 use super::{ConfigError, DeviceKind};
 use crate::feature_gates::{FeatureGates, Gate};
-use dra_cel::Quantity;
+use dra_cel::quantity::Quantity;
 
 /// The API group/version of NVIDIA's opaque device configuration.
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";

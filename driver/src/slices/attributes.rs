@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, De
 
 use crate::inventory::{Fault, Gpu, Inventory, MigDevice, MigProfile, PublishedDevice};
 use crate::names::{DriverName, InvalidName};
-use crate::quantity;
+use dra_cel::quantity;
 
 /// Attribute and capacity names. Bare names live in the driver's domain
 /// (`device.attributes['gpu.nvidia.com'].productName` in CEL).

@@ -23,7 +23,7 @@ use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolic
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::attributes::name;
-use crate::quantity;
+use dra_cel::quantity;
 
 /// The `shares` capacity's name (NVIDIA's).
 pub const SHARES: &str = "shares";

@@ -36,7 +36,7 @@ use super::validation::{
 };
 use crate::inventory::dynamic_mig::{CounterName, MigCapabilities, counter_set_name};
 use crate::inventory::{Gpu, PublishedDevice};
-use crate::quantity;
+use dra_cel::quantity;
 
 /// Most counter sets in one slice (1.35+).
 const MAX_COUNTER_SETS: usize = 8;

@@ -9,10 +9,10 @@
 //! publishes nothing at all for the node, not just this device.
 
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange};
-use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use super::validation::FieldError;
-use crate::allocator::amount::Amount;
+use dra_cel::quantity::Quantity;
 
 /// Most `validValues` (`CapacityRequestPolicyDiscreteMaxOptions`).
 const MAX_VALID_VALUES: usize = 10;
@@ -30,8 +30,8 @@ impl Found<'_> {
     }
 
     /// `q` as an amount, or an error at `child`.
-    fn amount(&mut self, q: &Quantity, child: &str) -> Option<Amount> {
-        let amount = Amount::parse(q).ok();
+    fn amount(&mut self, q: &ApiQuantity, child: &str) -> Option<Quantity> {
+        let amount = Quantity::try_from(q).ok();
         if amount.is_none() {
             self.add(child, format!("Invalid value: {:?}: not a quantity", q.0));
         }
@@ -41,7 +41,7 @@ impl Found<'_> {
 
 /// All rules `policy` breaks for a capacity of `value`; `at` is the
 /// policy's field path.
-pub(super) fn validate(value: &Quantity, policy: &CapacityRequestPolicy, at: &str) -> Vec<FieldError> {
+pub(super) fn validate(value: &ApiQuantity, policy: &CapacityRequestPolicy, at: &str) -> Vec<FieldError> {
     let mut found = Found { at, errors: Vec::new() };
     let values = policy.valid_values.as_deref().unwrap_or_default();
     if !values.is_empty() && policy.valid_range.is_some() {
@@ -60,7 +60,7 @@ pub(super) fn validate(value: &Quantity, policy: &CapacityRequestPolicy, at: &st
         found.add("default", format!("Required value: required when {which} is defined"));
         return found.errors;
     };
-    let (Some(capacity), Some(default)) = (Amount::parse(value).ok(), found.amount(default, "default")) else {
+    let (Some(capacity), Some(default)) = (Quantity::try_from(value).ok(), found.amount(default, "default")) else {
         return found.errors;
     };
     match &policy.valid_range {
@@ -70,12 +70,12 @@ pub(super) fn validate(value: &Quantity, policy: &CapacityRequestPolicy, at: &st
     found.errors
 }
 
-fn check_values(found: &mut Found<'_>, capacity: Amount, default: Amount, values: &[Quantity], shown: &str) {
+fn check_values(found: &mut Found<'_>, capacity: Quantity, default: Quantity, values: &[ApiQuantity], shown: &str) {
     if values.len() > MAX_VALID_VALUES {
         found.add("validValues", format!("Too many: {}: must have at most {MAX_VALID_VALUES} items", values.len()));
         return;
     }
-    let amounts: Vec<Option<Amount>> =
+    let amounts: Vec<Option<Quantity>> =
         values.iter().enumerate().map(|(i, q)| found.amount(q, &format!("validValues[{i}]"))).collect();
     for (i, pair) in amounts.windows(2).enumerate() {
         if let [Some(a), Some(b)] = pair
@@ -107,8 +107,8 @@ fn check_values(found: &mut Found<'_>, capacity: Amount, default: Amount, values
 
 fn check_range(
     found: &mut Found<'_>,
-    capacity: Amount,
-    default: Amount,
+    capacity: Quantity,
+    default: Quantity,
     range: &CapacityRequestPolicyRange,
     shown: &str,
 ) {
@@ -164,8 +164,8 @@ fn check_range(
 mod tests {
     use super::*;
 
-    fn q(s: &str) -> Quantity {
-        Quantity(s.into())
+    fn q(s: &str) -> ApiQuantity {
+        ApiQuantity(s.into())
     }
 
     fn range(default: &str, min: &str, max: Option<&str>, step: Option<&str>) -> CapacityRequestPolicy {

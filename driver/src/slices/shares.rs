@@ -39,7 +39,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use super::attributes::name;
 use crate::inventory::Gpu;
-use crate::quantity;
+use dra_cel::quantity;
 
 /// The memory step: requests round up to whole GiB, fine enough for model
 /// sizes and coarse enough that a GPU holds at most ~100 shares.

@@ -21,7 +21,7 @@ pub mod supervisor;
 
 use std::path::Path;
 
-use dra_cel::Quantity;
+use dra_cel::quantity::Quantity;
 use gpu_dra_driver::cdi::spec::{ContainerEdits, Mount};
 use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
