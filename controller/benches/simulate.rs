@@ -33,13 +33,13 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
+use dra_allocator::{Allocator, SequentialShareIds};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 
 #[allow(dead_code)]
-#[path = "../../driver/benches/common/fleets.rs"]
+#[path = "../../allocator/benches/common/fleets.rs"]
 mod fleets;
 
 type Result<T> = std::result::Result<T, Box<dyn Error>>;

@@ -145,7 +145,7 @@ fn init_logging(format: service::args::LogFormat) {
 }
 
 /// jemalloc: the allocator's fleet model churns small allocations, where
-/// glibc malloc costs it 40% of its speed (`cargo bench -p gpu-dra-driver`).
+/// glibc malloc costs it 40% of its speed (`cargo bench -p dra-allocator`).
 #[global_allocator]
 static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 

@@ -5,7 +5,6 @@
 //! both binaries' services share (the Kubernetes client, the health and
 //! metrics port), so that it is written once.
 
-pub mod allocator;
 pub mod bounded_file;
 pub mod cdi;
 pub mod claim_status;

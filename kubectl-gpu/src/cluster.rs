@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use gpu_dra_driver::allocator::TaintRule;
+use dra_allocator::TaintRule;
 use gpu_dra_driver::service::kube_client::{self, ApiTimeouts};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{

@@ -88,7 +88,7 @@ impl ClusterInput {
     }
 
     /// Feeds a DeviceTaintRule: its taint is on the devices it names.
-    pub fn add_taint_rule(&mut self, rule: gpu_dra_driver::allocator::TaintRule) {
+    pub fn add_taint_rule(&mut self, rule: dra_allocator::TaintRule) {
         self.feed.add_taint_rule(rule);
     }
 

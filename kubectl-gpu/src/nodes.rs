@@ -4,7 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use gpu_dra_driver::allocator::{TaintRule, describe_taint as describe};
+use dra_allocator::{TaintRule, describe_taint as describe};
 use gpu_dra_driver::slices::attributes::name;
 use k8s_openapi::api::resource::v1::{Device, ResourceClaim, ResourceSlice};
 use serde::Serialize;

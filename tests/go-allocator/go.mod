@@ -1,6 +1,6 @@
 // The Go allocator the kube-scheduler runs, side by side with ours
 // (`cargo bench -p integration-tests --bench go_allocator`). Pinned to the
-// release our allocator follows (Kubernetes 1.36, see driver/src/allocator);
+// release our allocator follows (Kubernetes 1.36, see allocator/src);
 // built by ./build.sh into a cache outside the clone.
 module gpu-dra-driver/tests/go-allocator
 

@@ -6,7 +6,7 @@
 //! whose constraint matches over it (`matchAttribute`: the lists share an
 //! element) get the devices Kubernetes' semantics give. (Our allocator's
 //! answers to the same cases are checked offline against Kubernetes' own
-//! allocator cases: `cargo test -p gpu-dra-driver`, `simulate_list_attributes`.)
+//! allocator cases: `cargo test -p dra-allocator`, `simulate_list_attributes`.)
 
 use std::path::Path;
 

@@ -9,8 +9,8 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
+use dra_allocator::{AllocateError, Allocator, FatalError, SearchBudget, TaintRule, TaintRuleError};
 use dra_cel::CelEnvironment;
-use gpu_dra_driver::allocator::{AllocateError, Allocator, FatalError, SearchBudget, TaintRule, TaintRuleError};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 

@@ -3,7 +3,7 @@
 //! answers into per-claim outcomes.
 
 use anyhow::{Result, anyhow};
-use gpu_dra_driver::allocator::{AllocateError, Allocator, AllocatorBuilder, SequentialShareIds};
+use dra_allocator::{AllocateError, Allocator, AllocatorBuilder, SequentialShareIds};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 

@@ -10,8 +10,8 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use anyhow::{Result, bail};
-use gpu_dra_driver::allocator::AllocatorBuilder;
-use gpu_dra_driver::allocator::TaintRule;
+use dra_allocator::AllocatorBuilder;
+use dra_allocator::TaintRule;
 use gpu_dra_driver::slices::served::NotServed;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{

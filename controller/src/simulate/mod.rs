@@ -194,7 +194,7 @@ impl Feed {
     }
 
     /// Takes a DeviceTaintRule already read (a live cluster's).
-    pub fn add_taint_rule(&mut self, rule: gpu_dra_driver::allocator::TaintRule) {
+    pub fn add_taint_rule(&mut self, rule: dra_allocator::TaintRule) {
         self.sorter.add_taint_rule(rule);
     }
 

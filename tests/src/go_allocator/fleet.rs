@@ -2,7 +2,7 @@
 //! JSON (`kubectl get ... -o json`), the slices one at a time.
 //!
 //! The H100 fleets are the allocation benchmark's
-//! (`driver/benches/common/fleets.rs`: whole GPUs, or every GPU published as
+//! (`allocator/benches/common/fleets.rs`: whole GPUs, or every GPU published as
 //! a partitionable device with all its MIG placements drawing on shared
 //! counters) and so are its claims: whole H100s with a 3-clause selector
 //! and, on the partitionable fleet, 3 in 10 MIG 1g.10gb slices. The A100

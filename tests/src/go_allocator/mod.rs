@@ -17,7 +17,7 @@ mod go_build;
 mod measure;
 
 #[allow(dead_code)]
-#[path = "../../../driver/benches/common/fleets.rs"]
+#[path = "../../../allocator/benches/common/fleets.rs"]
 mod bench_fleets;
 
 pub use compare::{Choice, Comparison, Mismatch, compare};

@@ -3,8 +3,8 @@
 //! fit and caching.
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequirements, DeviceClaimConfiguration, DeviceClassConfiguration, DeviceToleration,
-    OpaqueDeviceConfiguration, ResourceClaimStatus,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, CapacityRequirements, DeviceClaimConfiguration,
+    DeviceClassConfiguration, DeviceToleration, OpaqueDeviceConfiguration, ResourceClaimStatus,
 };
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
@@ -392,16 +392,39 @@ fn the_claim_that_breaks_a_pod_is_named() {
     assert!(e.to_string().contains("fits on its own, but not on the same node together with default/c0"), "{e}");
 }
 
+/// A device of the H100 at `minor` with the attributes NVIDIA's GPU driver
+/// publishes for every device of it (as its slice builder writes them for
+/// a fake H100).
+fn h100_device(name: &str, minor: u32) -> k8s_openapi::api::resource::v1::Device {
+    device(name)
+        .string("architecture", "Hopper")
+        .string("brand", "Nvidia")
+        .version("cudaComputeCapability", "9.0.0")
+        .version("cudaDriverVersion", "13.0.0")
+        .version("driverVersion", "580.82.7")
+        .string("productName", "NVIDIA H100 80GB HBM3")
+        .int("resource.kubernetes.io/numaNode", 0)
+        .string("resource.kubernetes.io/pciBusID", &format!("0000:{:02x}:00.0", 0x18 + minor))
+        .string("resource.kubernetes.io/pcieRoot", "pci0000:17")
+}
+
+/// The whole H100 at `minor`, as published.
+fn published_h100(minor: u32) -> k8s_openapi::api::resource::v1::Device {
+    h100_device(&format!("gpu-{minor}"), minor)
+        .string("type", "gpu")
+        .string("uuid", &format!("GPU-00000000-0000-0000-0000-{minor:012}"))
+        .cap("memory", "80Gi")
+}
+
+/// A node's one slice, named and pooled as the GPU driver names it.
+fn published_slice(node: &str, devices: Vec<k8s_openapi::api::resource::v1::Device>) -> ResourceSlice {
+    slice(&format!("{node}-{DRIVER}-0"), node, node, 1, 1, devices)
+}
+
 #[test]
-fn fleet_from_the_slice_builder() {
-    use crate::inventory::test_support::{gpu as inv_gpu, inventory};
-    use crate::names::{DriverName, NodeName};
-    use crate::slices::SliceBuilder;
-    let mut slices = Vec::new();
-    for n in ["node-a", "node-b"] {
-        let b = SliceBuilder::new(DriverName::nvidia_default(), NodeName::new(n).unwrap());
-        slices.extend(b.build(&inventory((0..8).map(inv_gpu).collect()), 1).unwrap());
-    }
+fn fleet_of_published_h100s() {
+    let slices: Vec<_> =
+        ["node-a", "node-b"].iter().map(|n| published_slice(n, (0..8).map(published_h100).collect())).collect();
     let mut a = allocator(&slices, &[gpu_class()]);
     let train = claim("train-0", vec![with_selectors(request("r", "gpu", 8), &[GPU])]);
     assert_eq!(a.place(&[&train]).unwrap().node, "node-a");
@@ -416,19 +439,45 @@ fn fleet_from_the_slice_builder() {
     );
 }
 
+/// A capacity request policy: `default`, then from `min` in `step`s.
+fn stepped(default: &str, min: &str, step: &str) -> CapacityRequestPolicy {
+    CapacityRequestPolicy {
+        default: Some(q(default)),
+        valid_range: Some(CapacityRequestPolicyRange { min: q(min), max: None, step: Some(q(step)) }),
+        valid_values: None,
+    }
+}
+
 /// The slices a node with one H100 and one MIG-partitioned H100 publishes
-/// with `ConsumableCapacity` on.
+/// with `ConsumableCapacity` and `MpsSupport` on: the whole H100 shareable
+/// by memory (whole GiB) and compute (smPercent, none unless asked), and
+/// the other's 3g.40gb MIG device, dedicated.
 fn fractional_node() -> Vec<ResourceSlice> {
-    use crate::feature_gates::{FeatureGates, Gate};
-    use crate::inventory::MigMode;
-    use crate::inventory::test_support::{gpu as inv_gpu, inventory, mig};
-    use crate::names::{DriverName, NodeName};
-    use crate::slices::SliceBuilder;
-    let mut partitioned = inv_gpu(1);
-    partitioned.mig = MigMode::Enabled(vec![mig("3g.40gb", 9, 0, 4)]);
-    let gates = FeatureGates::default().with(Gate::ConsumableCapacity, true).with(Gate::MpsSupport, true);
-    let b = SliceBuilder::new(DriverName::nvidia_default(), NodeName::new("n1").unwrap()).with_gates(gates);
-    b.build(&inventory(vec![inv_gpu(0), partitioned]), 1).unwrap()
+    let mut whole = published_h100(0).shareable().cap("smPercent", "100");
+    let caps = whole.capacity.as_mut().unwrap();
+    caps.get_mut("memory").unwrap().request_policy = Some(stepped("80Gi", "1Gi", "1Gi"));
+    caps.get_mut("smPercent").unwrap().request_policy = Some(stepped("0", "0", "1"));
+    let mut mig = h100_device("gpu-1-mig-3g40gb-9-0", 1)
+        .string("parentUUID", "GPU-00000000-0000-0000-0000-000000000001")
+        .string("profile", "3g.40gb")
+        .string("type", "mig")
+        .string("uuid", "MIG-00000000-0000-0000-0000-000000000000");
+    for (name, value) in [
+        ("copyEngines", "1"),
+        ("decoders", "1"),
+        ("encoders", "0"),
+        ("jpegEngines", "0"),
+        ("memory", "9984Mi"),
+        ("memorySlice0", "1"),
+        ("memorySlice1", "1"),
+        ("memorySlice2", "1"),
+        ("memorySlice3", "1"),
+        ("multiprocessors", "16"),
+        ("ofaEngines", "0"),
+    ] {
+        mig = mig.cap(name, value);
+    }
+    vec![published_slice("n1", vec![whole, mig])]
 }
 
 fn share_claim(name: &str, requests: &[(&str, &str)]) -> ResourceClaim {

@@ -9,6 +9,11 @@
 //! (`constraints`: lists match by a common element, are distinct when
 //! disjoint).
 //!
+//! Plain Kubernetes objects in and out (k8s-openapi's ResourceSlices,
+//! DeviceClasses, ResourceClaims, Nodes, DeviceTaintRules), selectors
+//! through [`dra_cel`]: nothing here knows GPUs, so any DRA driver's slices
+//! can be allocated.
+//!
 //! Pure: no I/O, and no clock unless a [`SearchBudget`] gives a time. One [`Allocator`] holds the fleet (pools,
 //! device index, compiled selectors and their cached results) and the
 //! allocated state; [`Allocator::allocate`] searches one node without

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use gpu_dra_driver::allocator::{AllocateError, Allocator, Explanation};
+use dra_allocator::{AllocateError, Allocator, Explanation};
 use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus, MigCapabilities, MigCapableProfile};
 use gpu_dra_driver::inventory::{Inventory, Placement, fake};

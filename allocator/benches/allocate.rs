@@ -1,6 +1,6 @@
 //! Allocation benchmark. Not a test: it prints figures against targets.
 //!
-//! Run: `cargo bench -p gpu-dra-driver --bench allocate` (release profile).
+//! Run: `cargo bench -p dra-allocator --bench allocate` (release profile).
 //! Each fleet runs in its own process (the binary runs itself with `--case
 //! NAME`), so each peak RSS is that fleet's alone.
 //!
@@ -36,12 +36,12 @@ use std::time::{Duration, Instant};
 #[path = "common/fleets.rs"]
 mod fleets;
 
+use dra_allocator::{Allocator, SequentialShareIds};
 use dra_cel::{CelDevice, SelectorEnv};
 use fleets::{
     DRIVER, DRIVER_VERSION, GPU_CLASS, GPUS_PER_NODE, MIG_CLASS, NODES, claim, class, gpu_devices, node_name,
     node_slices,
 };
-use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, Device, DeviceClass, ResourceClaim, ResourceClaimStatus, ResourceSlice,
 };
@@ -340,7 +340,7 @@ fn main() -> Result<()> {
             other => Err(format!("unknown case {other:?}: partitionable or whole").into()),
         };
     }
-    println!("allocate benchmark (cargo bench -p gpu-dra-driver --bench allocate); each fleet in its own process");
+    println!("allocate benchmark (cargo bench -p dra-allocator --bench allocate); each fleet in its own process");
     let exe = std::env::current_exe()?;
     for case in ["partitionable", "whole"] {
         let status = std::process::Command::new(&exe).args(["--case", case]).status()?;

@@ -1,5 +1,5 @@
 //! The benchmark fleets, shared by the allocation benchmark
-//! (`driver/benches/allocate.rs`) and the `simulate` benchmark
+//! (`allocator/benches/allocate.rs`) and the `simulate` benchmark
 //! (`controller/benches/simulate.rs`, which writes them to files as
 //! `kubectl get resourceslices -o json` would).
 //!

@@ -1,12 +1,12 @@
 //! Rough allocator throughput on a generated fleet: N nodes × 8 GPUs, each
 //! GPU published whole plus 12 MIG placements sharing its counters
 //! (partitionable devices), single-GPU claims placed first-fit.
-//! `cargo run --release -p gpu-dra-driver --example allocator_speed [nodes] [claims]`
+//! `cargo run --release -p dra-allocator --example allocator_speed [nodes] [claims]`
 
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use gpu_dra_driver::allocator::{Allocator, SequentialShareIds};
+use dra_allocator::{Allocator, SequentialShareIds};
 use k8s_openapi::api::resource::v1::{
     CELDeviceSelector, Counter, CounterSet, Device, DeviceAttribute, DeviceClaim, DeviceClass, DeviceClassSpec,
     DeviceCounterConsumption, DeviceRequest, DeviceSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec,
