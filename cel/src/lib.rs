@@ -97,7 +97,7 @@ pub enum CompileError {
     #[error("type error: {}", .0.join("; "))]
     Type(Vec<String>),
     #[error(
-        "`{0}` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
+        "`{0}` is not supported by this driver's CEL (Kubernetes has it); see docs/claims.md, \"CEL selectors: what is supported\""
     )]
     Unsupported(String),
     /// The apiserver's words for a selector whose estimated worst case

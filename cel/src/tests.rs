@@ -367,11 +367,11 @@ fn quadratic_scans_of_computed_lists_exceed_the_budget() {
 #[test]
 fn unsupported_features_are_named_as_such() {
     let env = SelectorEnv::new();
-    // The strings extension's `format`, deliberately left out (README).
+    // The strings extension's `format`, deliberately left out (docs/claims.md).
     let err = env.compile(r#""%s".format(["x"]) == "x""#).unwrap_err().to_string();
     assert_eq!(
         err,
-        "`format` is not supported by this driver's CEL (Kubernetes has it); see the README's \"CEL selectors: what is supported\""
+        "`format` is not supported by this driver's CEL (Kubernetes has it); see docs/claims.md, \"CEL selectors: what is supported\""
     );
     // What Kubernetes lacks too is undeclared, as there.
     for (expression, name) in [(r#"lists.other(3).size() == 3"#, "lists"), (r#"math.greatest(1, 2) == 2"#, "math")] {
@@ -706,8 +706,8 @@ fn format_library() {
     }
 }
 
-/// The standard library's time functions and optional syntax, which the
-/// README lists as supported.
+/// The standard library's time functions and optional syntax, which
+/// docs/claims.md lists as supported.
 #[test]
 fn timestamps_durations_and_optional_syntax() {
     for expression in [

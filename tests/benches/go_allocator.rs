@@ -126,7 +126,7 @@ fn report(fleet: &Fleet, note: &str, run: &SideBySide) {
     }
 }
 
-/// The summary as a Markdown table (the README quotes it).
+/// The summary as a Markdown table (docs/benchmarks.md quotes it).
 fn table(rows: &[(Fleet, SideBySide)]) {
     println!(
         "| fleet | claims | claims/s end to end: ours / Go (×) | claims/s allocating: ours / Go (×) | start-up s: ours / Go (×) | peak RSS MiB: ours / Go (×) | same choices |"

@@ -25,7 +25,7 @@
 //! claim, created at once, timed until the last is bound: time per pod is
 //! that time over the pods, and the scheduler's CPU time during the batch
 //! (`/proc/<pid>/stat`) over the pods: on a busy machine the CPU time moves
-//! much less than the wall time. Claims alternate the README's `1g.10gb` by
+//! much less than the wall time. Claims alternate docs/mig.md's `1g.10gb` by
 //! profile and "16 GiB or more" by memory; every fourth is the 4g + 2g + 1g
 //! on one GPU. The scheduler runs Filter (our allocator's Go counterpart,
 //! `Allocate` on one node) until it found `percentageOfNodesToScore`'s share

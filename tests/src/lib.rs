@@ -6,6 +6,7 @@ pub mod build;
 pub mod claim_fixtures;
 pub mod compute_domain_cluster;
 pub mod controller_process;
+pub mod docs;
 pub mod fake_mps;
 pub mod fault_proxy;
 pub mod first_use;

@@ -4,8 +4,9 @@
 //! (`tests/real_chart_lifecycle.rs`): the image `image/build.sh` writes,
 //! imported into each node's containerd with `ctr -n k8s.io images
 //! import`; the real `helm` with the README's "Try it on kind" command and
-//! the values a test node needs (see [`ChartCluster::install`]); the
-//! README's first claim as a pod whose container prints what CDI gave it.
+//! the values a test node needs (see [`ChartCluster::install`]); the first
+//! claim of the guide's "Writing claims" (`docs/claims.md`) as a pod whose
+//! container prints what CDI gave it.
 //!
 //! Each node's kubelet and containerd run in a mount namespace of their
 //! own where `/var/lib/kubelet` and `/var/run/cdi` are that node's (the
@@ -25,7 +26,7 @@ use crate::image::{BuiltImage, build_image};
 use crate::real_cluster::host_address::HostAddress;
 use crate::real_cluster::node::{RealNode, TEST_IMAGE};
 use crate::real_cluster::{Cluster, Release};
-use crate::{helm_cli, workspace_root};
+use crate::{docs, helm_cli, workspace_root};
 
 /// The Lease the controller's replicas elect their leader on.
 pub const CONTROLLER_LEASE: &str = "gpu-dra-controller";
@@ -37,10 +38,11 @@ pub fn image(dir: &Path) -> &'static BuiltImage {
     IMAGE.get_or_init(|| build_image(dir))
 }
 
-/// The README's "Try it on kind" install command, as words.
-pub fn readme_install_command() -> Vec<String> {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("the README");
-    let kind = readme.split("**Try it on kind**").nth(1).expect("the README's kind section");
+/// The "Try it on kind" install command (the README's "Install on a
+/// cluster"), as words.
+pub fn kind_install_command() -> Vec<String> {
+    let docs = docs::docs_text();
+    let kind = docs.split("**Try it on kind**").nth(1).expect("the docs' kind section");
     let block = kind.split("```sh").nth(1).and_then(|b| b.split("```").next()).expect("its commands");
     let joined = block.replace("\\\n", " ");
     let line = joined.lines().find(|l| l.trim_start().starts_with("helm install")).expect("its helm install");
@@ -108,7 +110,7 @@ impl ChartCluster {
     /// (NOTES.txt). `image_name` is `<repository>:<tag>`, as
     /// `image/build.sh` names it.
     pub fn install(&self, image_name: &str, extra: &Value) -> String {
-        let command = readme_install_command();
+        let command = kind_install_command();
         assert_eq!(&command[..4], ["helm", "install", RELEASE, "charts/gpu-dra-driver"], "{command:?}");
         let chart = workspace_root().join("charts/gpu-dra-driver").display().to_string();
         let mut args: Vec<String> = command[1..].to_vec();
@@ -231,15 +233,14 @@ pub fn node_name(pod: &Pod) -> String {
     pod.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap_or_default()
 }
 
-/// The README's first claim ("Writing claims"): its template as written,
-/// its pod with a container that prints its environment (the README's
-/// image has no shell) on the host's network, then waits for `finish` in
-/// `signal` (mounted at `/signal`).
-pub fn readme_first_claim(signal: &Path) -> (Value, Value) {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).expect("the README");
-    let section = readme.split("## Writing claims").nth(1).expect("the README's Writing claims");
+/// The first claim of "Writing claims" (`docs/claims.md`): its template
+/// as written, its pod with a container that prints its environment (the
+/// page's image has no shell) on the host's network, then waits for
+/// `finish` in `signal` (mounted at `/signal`).
+pub fn first_claim(signal: &Path) -> (Value, Value) {
+    let section = docs::section("Writing claims");
     let block = section.split("```yaml").nth(1).and_then(|b| b.split("```").next()).expect("its first claim");
-    let documents = helm::documents("README", block);
+    let documents = helm::documents("Writing claims", block);
     let find = |kind: &str| documents.iter().find(|d| d["kind"] == kind).cloned().expect("the claim's documents");
     let (mut template, mut pod) = (find("ResourceClaimTemplate"), find("Pod"));
     template["metadata"]["namespace"] = json!("default");

@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::OnceLock;
 
+use integration_tests::docs::{docs_text, section};
 use integration_tests::helm::{Outcome, args, check_types, container, kinds, mount, one, render_all, rendered, volume};
 use integration_tests::workspace_root;
 use k8s_openapi::api::resource::v1::DeviceClass;
@@ -308,7 +309,7 @@ fn each_option_changes_what_it_says() {
     assert_eq!(crd["spec"]["group"], "resource.nvidia.com");
     assert_eq!(crd["spec"]["versions"][0]["name"], "v1beta1");
     assert_eq!(crd["spec"]["versions"][0]["subresources"], json!({"status": {}}));
-    // helm uninstall keeps it, and with it the ComputeDomains (README,
+    // helm uninstall keeps it, and with it the ComputeDomains (docs/install.md,
     // "Upgrade, roll back, uninstall"; real_chart_lifecycle).
     assert_eq!(crd["metadata"]["annotations"]["helm.sh/resource-policy"], "keep");
     for class in ["compute-domain-daemon.nvidia.com", "compute-domain-default-channel.nvidia.com"] {
@@ -536,19 +537,24 @@ fn tmp_dir() -> &'static std::path::Path {
     std::path::Path::new(env!("CARGO_TARGET_TMPDIR"))
 }
 
-/// The README's `helm install` commands, as written: each renders with its
-/// `--set` values (the schema refuses a misspelt one).
+/// The `helm install` commands of the README's "Install on a cluster" and
+/// of the guide (`docs/install.md`: NVIDIA's install lines), as written:
+/// each renders with its `--set` values (the schema refuses a misspelt
+/// one).
 #[test]
-fn the_readmes_install_commands_render() {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme.split("## Install on a cluster").nth(1).unwrap().split("\n## ").next().unwrap();
+fn the_docs_install_commands_render() {
     // One command per `helm install` of this chart, continued lines joined.
-    let joined = section.replace("\\\n", " ");
+    let joined = docs_text().replace("\\\n", " ");
     let commands: Vec<&str> = joined
         .lines()
         .filter(|l| l.trim_start().starts_with("helm install") && l.contains("charts/gpu-dra-driver"))
         .collect();
-    assert!(commands.len() >= 3, "{commands:?}");
+    // The README's host and GPU Operator installs and kind's, NVIDIA's
+    // quickstart.
+    assert!(commands.len() >= 4, "{commands:?}");
+    let install = section("Install on a cluster").replace("\\\n", " ");
+    let in_readme = install.lines().filter(|l| l.trim_start().starts_with("helm install")).count();
+    assert!(in_readme >= 3, "the README's install commands: {install}");
     let cases: Vec<(String, serde_json::Value)> = commands
         .iter()
         .enumerate()

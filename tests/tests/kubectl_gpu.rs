@@ -376,7 +376,7 @@ fn claims_shows_utilization_from_the_node_agents_metrics_or_why_not() {
         assert!(Instant::now() < deadline, "no utilization for notebook-gpu:\n{text}\n{}", node.process.log());
         std::thread::sleep(Duration::from_millis(200));
     };
-    // As the README's Operating section shows it.
+    // As docs/operating.md shows it.
     let expected = "\
 NAMESPACE   NAME           STATE       PODS           NODE     DEVICES     UTILIZATION
 default     batch          allocated   pod/batch-0    node-c   gpu=gpu-0   -
@@ -385,7 +385,7 @@ default     notebook-gpu   allocated   pod/notebook   node-a   gpu=gpu-0   37%
 default     render         allocated   pod/render-0   node-d   gpu=gpu-0   -
 ";
     assert_eq!(text, expected);
-    // As the README's Operating section shows them.
+    // As docs/operating.md shows them.
     assert_eq!(
         stderr,
         "Warning: utilization on node node-b unknown: no node agent pod \

@@ -7,7 +7,7 @@
 //! plugin as the DaemonSet's pods and the controller as the Deployment's
 //! two replicas (one leads; the other takes over when it goes);
 //! the plugin registers from inside its container through the chart's
-//! host mounts and publishes its slices; the README's first claim runs in
+//! host mounts and publishes its slices; docs/claims.md's first claim runs in
 //! a real container with what our CDI spec gives it; an impossible claim
 //! gets the controller's explanation; the real API server calls the
 //! controller's webhook through the chart's Service.
@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 
 use integration_tests::helm::{self, NAMESPACE};
 use integration_tests::real_chart::{
-    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, image, is_ready, name, node_name, readme_first_claim,
+    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, first_claim, image, is_ready, name, node_name,
 };
 use integration_tests::real_cluster::driver::{event_about, eventually, yaml_documents};
 use integration_tests::real_cluster::node::TEST_IMAGE;
@@ -160,10 +160,10 @@ async fn the_chart_installed_by_helm_runs_its_pods_on_two_real_nodes(release: Re
     .await;
     assert!(denial.contains(r#"admission webhook "resourceclaims.gpu.nvidia.com" denied the request"#), "{denial}");
 
-    // The README's first claim in a real container: what CDI gave it.
+    // docs/claims.md's first claim in a real container: what CDI gave it.
     let signal = cluster.dir().join("signal");
     std::fs::create_dir_all(&signal).unwrap();
-    let (template, pod) = readme_first_claim(&signal);
+    let (template, pod) = first_claim(&signal);
     create_all(&cluster.admin(), &[template, pod.clone()]).await.unwrap_or_else(|e| panic!("{e}"));
     let pods: Api<Pod> = Api::namespaced(cluster.admin(), "default");
     let pod_name = pod["metadata"]["name"].as_str().unwrap();

@@ -15,7 +15,7 @@
 //!    restarted and the pod's processes killed: the kubelet's prepare of
 //!    the new sandbox, answered by the plugin still running, writes it
 //!    again;
-//! 3. `helm uninstall`, as the README's "Upgrade, roll back, uninstall"
+//! 3. `helm uninstall`, as docs/install.md's "Upgrade, roll back, uninstall"
 //!    says: the slices go, the sockets go, a running pod keeps its spec and
 //!    record, the ComputeDomain CRD stays; the pod deleted meanwhile waits
 //!    for the driver to unprepare it, which the next install does; a second
@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use integration_tests::helm::{NAMESPACE, RELEASE};
 use integration_tests::real_chart::{
-    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, image, is_ready, name, node_name, readme_first_claim,
+    CONTROLLER_LEASE, ChartCluster, env_edits, env_section, first_claim, image, is_ready, name, node_name,
 };
 use integration_tests::real_cluster::V1_37;
 use integration_tests::real_cluster::driver::{eventually, eventually_within};
@@ -55,7 +55,7 @@ fn tmp_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("real-chart-lifecycle")
 }
 
-/// A pod of the README's first claim, its container running, its claim
+/// A pod of docs/claims.md's first claim, its container running, its claim
 /// prepared on `node`.
 struct ClaimPod {
     pod: String,
@@ -86,7 +86,7 @@ fn running_container(pod: &Pod) -> Option<&ContainerStatus> {
     container(pod).filter(|c| c.state.as_ref().is_some_and(|s| s.running.is_some()))
 }
 
-/// The container of the README's first claim's pod.
+/// The container of docs/claims.md's first claim's pod.
 const CONTAINER: &str = "jupyter";
 
 /// Creates `pod` as `name` and waits until its container runs and has
@@ -278,7 +278,7 @@ fn leftovers(chart: &ChartCluster, node: &str) -> BTreeSet<String> {
     found
 }
 
-/// What `helm uninstall` leaves on a node, as the README says: the lock
+/// What `helm uninstall` leaves on a node, as docs/install.md says: the lock
 /// file of the plugin's state directory, and the spec and record of each
 /// claim whose pod still runs there (and directories with no file).
 fn kept_after_uninstall(prepared: &[&str]) -> BTreeSet<String> {
@@ -333,9 +333,9 @@ async fn upgrade_rollback_reboot_and_uninstall_keep_a_prepared_claim_and_leave_n
     )
     .await;
 
-    // The README's first claim, its pod running on and on (the signal
+    // docs/claims.md's first claim, its pod running on and on (the signal
     // never comes; `Always`: a reboot starts it again).
-    let (template, mut pod) = readme_first_claim(&chart.cluster.dir().join("signal"));
+    let (template, mut pod) = first_claim(&chart.cluster.dir().join("signal"));
     pod["spec"]["restartPolicy"] = json!("Always");
     pod["spec"]["terminationGracePeriodSeconds"] = json!(1);
     create_all(&chart.cluster.admin(), &[template]).await.unwrap_or_else(|e| panic!("{e}"));

@@ -1,4 +1,4 @@
-//! The README's claims under the real kube-scheduler, on the oldest and the
+//! The docs' claims under the real kube-scheduler, on the oldest and the
 //! newest supported release: the seeds' claims (`examples/claims/`: an H100
 //! with more than 40 GiB, prefer an H100 but accept an A100, a MIG 1g slice
 //! through a template, one claim shared by two pods) and both sharing
@@ -7,7 +7,7 @@
 //! ConsumableShares), applied as they are, with pods that use them. The
 //! real kube-controller-manager makes the templates' claims, the real
 //! scheduler allocates them from the slices our plugins publish (on their
-//! own tokens), and the devices it chose are the ones the README says.
+//! own tokens), and the devices it chose are the ones the docs say.
 //!
 //! One cluster per release serves the three phases; each phase's nodes are
 //! tainted before the next starts, so that the next phase's pods can only
@@ -49,7 +49,7 @@ fn example(path: &str) -> Vec<Value> {
     yaml_documents(&workspace_root().join("examples").join(path))
 }
 
-/// A pod that uses the existing claim `claim` (as the README's pods do).
+/// A pod that uses the existing claim `claim` (as the docs' pods do).
 fn pod_using(namespace: &str, claim: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": format!("uses-{claim}"), "namespace": namespace},
@@ -112,7 +112,7 @@ impl Phase<'_> {
     }
 }
 
-/// The seeds' claims: where the README says each goes.
+/// The seeds' claims: where the docs say each goes.
 async fn seeds(cluster: &Cluster) {
     let inventories = workspace_root().join("examples/inventories");
     let plugins = vec![

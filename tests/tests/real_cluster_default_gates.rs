@@ -162,7 +162,7 @@ async fn k8s_1_37_defaults_a_faulty_gpu_is_never_allocated() {
 }
 
 /// 1.35 and 1.36 are not in CI's matrix: each adds its own Kubernetes
-/// build (see the README's real-cluster matrix for the minutes) to a cold
+/// build (see docs/compatibility.md's real-cluster matrix for the minutes) to a cold
 /// run. `cargo test -p integration-tests --test real_cluster_default_gates
 /// -- --ignored` runs them (building their binaries on first use).
 #[tokio::test(flavor = "multi_thread")]

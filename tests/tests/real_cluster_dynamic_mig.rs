@@ -4,7 +4,7 @@
 //! instances, publishes every MIG profile at every placement with shared
 //! counters (on 1.34 sets and devices together, from 1.35 in slices of their
 //! own); the real scheduler allocates the claims of `examples/dynamic-mig/`
-//! and the README's 1g template (`examples/claims/04-mig-1g.yaml`), as they
+//! and the docs' 1g template (`examples/claims/04-mig-1g.yaml`), as they
 //! are written, one pod after the other:
 //!
 //! 1. `a100-7g` takes the A100 whole; `a100-1g-after-7g` then stays
@@ -279,7 +279,7 @@ async fn dynamic_mig_claims_are_scheduled_at_placements_that_fit(release: Releas
     pool.assert_fit_together(&second);
     chosen.extend(second);
 
-    // 4. The README's 1g template: no room left anywhere.
+    // 4. The docs' 1g template: no room left anywhere.
     let mut template = vec![json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "inference"}})];
     template.extend(example("claims/04-mig-1g.yaml"));
     scene.create(&template).await;

@@ -352,7 +352,7 @@ async fn service_account_token(cluster: &Cluster, namespace: &str, name: &str) -
 
 /// Binds the chart's `kind` (ClusterRole or Role) whose name ends in
 /// `suffix` (found among the rendered `objects`) to the ServiceAccount
-/// `default/account`, as an administrator following the README would.
+/// `default/account`, as an administrator following docs/operating.md would.
 async fn bind(cluster: &Cluster, objects: &[Value], kind: &str, suffix: &str, account: &str) {
     let role = objects
         .iter()

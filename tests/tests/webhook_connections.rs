@@ -1,5 +1,5 @@
 //! The webhook's and the metrics ports' connections under hostile clients:
-//! every phase is bounded (the README: a connection that sends nothing is
+//! every phase is bounded (docs/binaries.md: a connection that sends nothing is
 //! closed after 10 s, a request's body and review take at most 5 s), fds
 //! come back, a valid review is answered while 1,000 hostile connections
 //! are open, the accept loop backs off at the fd limit, a bad certificate

@@ -21,7 +21,7 @@
 //! fewest slices are the fastest (the real kube-scheduler agrees: a
 //! counter or device slice per GPU took 25-35 % more of its CPU per pod
 //! on 1.37, 74 % more on 1.34 at 1,000 nodes; `cargo bench -p
-//! integration-tests --bench real_scheduler_mig`, README "Dynamic MIG");
+//! integration-tests --bench real_scheduler_mig`, docs/mig.md "Dynamic MIG");
 //! we keep consumption small as well (7-13
 //! counters per device: its memory slices, compute slices and the engine
 //! kinds it takes, never `multiprocessors` or `memory`, which the slices

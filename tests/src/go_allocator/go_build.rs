@@ -26,7 +26,7 @@ pub fn go_allocator() -> Result<PathBuf> {
     let stdout = String::from_utf8_lossy(&output.stdout);
     if !output.status.success() {
         return Err(Error::Failed(format!(
-            "{} failed ({}): the Go allocator comparison needs Go (>= 1.26) and the Go module proxy; see the README",
+            "{} failed ({}): the Go allocator comparison needs Go (>= 1.26) and the Go module proxy; see docs/contributing.md",
             script.display(),
             output.status
         )));

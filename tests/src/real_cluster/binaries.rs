@@ -82,7 +82,7 @@ pub fn run_script(script: &Path, args: &[&str], banner: &str, need: &str) -> Pri
     let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
     assert!(
         output.status.success(),
-        "{} {} failed ({}): {need}; see the README\n{stdout}",
+        "{} {} failed ({}): {need}; see docs/contributing.md\n{stdout}",
         script.display(),
         args.join(" "),
         output.status
