@@ -36,6 +36,7 @@ mod env;
 mod environment;
 mod format_lib;
 mod ip_lib;
+pub mod kubernetes_version;
 mod lists_lib;
 mod ops_lib;
 pub mod quantity;

@@ -114,17 +114,8 @@ fn not_served(minor: u32, cluster_gates: &str) -> Result<gpu_dra_driver::slices:
 }
 
 /// `1.34` → 34; only the versions the driver models.
-fn parse_minor(text: &str) -> Result<u32, String> {
-    let minor = text
-        .strip_prefix("1.")
-        .and_then(|m| m.parse::<u32>().ok())
-        .ok_or_else(|| format!("{text:?} is not a Kubernetes version such as 1.35"))?;
-    let (oldest, newest) = (dra_cel::OLDEST_MINOR, dra_cel::NEWEST_MINOR);
-    if (oldest..=newest).contains(&minor) {
-        Ok(minor)
-    } else {
-        Err(format!("Kubernetes 1.{minor} is not modelled; use 1.{oldest} to 1.{newest}"))
-    }
+fn parse_minor(text: &str) -> Result<u32, dra_cel::kubernetes_version::VersionError> {
+    dra_cel::kubernetes_version::parse_minor(text)
 }
 
 /// Logs to standard error; `RUST_LOG` filters (default `info`).

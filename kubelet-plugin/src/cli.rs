@@ -345,17 +345,10 @@ pub struct PrintSlicesArgs {
 }
 
 /// `1.34` .. `1.37` (a patch or `v` prefix is accepted) as the server's rules.
-fn parse_kubernetes_version(value: &str) -> Result<gpu_dra_driver::slices::ServerRules, String> {
-    let text = value.trim().trim_start_matches('v');
-    let minor = text
-        .strip_prefix("1.")
-        .and_then(|rest| rest.split('.').next())
-        .and_then(|m| m.parse::<u32>().ok())
-        .ok_or_else(|| format!("{value:?} is not a Kubernetes version; write one such as 1.34 or 1.37"))?;
-    if !(34..=37).contains(&minor) {
-        return Err(format!("Kubernetes 1.{minor} is not supported; the driver supports 1.34 to 1.37"));
-    }
-    Ok(gpu_dra_driver::slices::ServerRules { minor })
+fn parse_kubernetes_version(
+    value: &str,
+) -> Result<gpu_dra_driver::slices::ServerRules, dra_cel::kubernetes_version::VersionError> {
+    dra_cel::kubernetes_version::parse_minor(value).map(|minor| gpu_dra_driver::slices::ServerRules { minor })
 }
 
 #[derive(Debug, Args)]

@@ -103,3 +103,11 @@ pub fn store(server: &ApiServer, claim: &ResourceClaim) -> Result<String, ApiErr
     let stored = server.create_with_status(claim)?;
     Ok(stored.metadata.uid.unwrap_or_default())
 }
+
+/// A DeviceClass as shipped in `deviceclasses/<name>.yaml` (what the chart
+/// installs), so that tests select devices as users' claims do.
+pub fn shipped_device_class(name: &str) -> k8s_openapi::api::resource::v1::DeviceClass {
+    let path = crate::workspace_root().join("deviceclasses").join(format!("{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml_ng::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}

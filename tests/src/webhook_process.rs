@@ -102,11 +102,7 @@ impl WebhookProcess {
         let dir = tempfile::tempdir().expect("a temporary directory");
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).expect("a kubeconfig");
-        let class: DeviceClass = serde_json::from_value(json!({
-            "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
-        }))
-        .expect("a valid class");
+        let class: DeviceClass = crate::claim_fixtures::shipped_device_class("gpu.nvidia.com");
         server.create(&class).expect("class");
         for n in 0..options.nodes {
             let name = format!("node-{n:04}");

@@ -28,17 +28,15 @@ impl Cluster {
         let proxy = FaultProxy::start(server.addr()).await.unwrap();
         let dir = tempfile::tempdir().unwrap();
         proxy.write_kubeconfig(&dir.path().join("kubeconfig")).unwrap();
-        let class: DeviceClass = serde_json::from_value(json!({
-            "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
-        }))
-        .unwrap();
+        let class: DeviceClass = integration_tests::claim_fixtures::shipped_device_class("gpu.nvidia.com");
         server.create(&class).unwrap();
         for n in 0..nodes {
             let name = format!("node-{n:03}");
             let node: Node = serde_json::from_value(json!({"metadata": {"name": name}})).unwrap();
             server.create(&node).unwrap();
-            let devices: Vec<_> = (0..gpus).map(|i| json!({"name": format!("gpu-{i}")})).collect();
+            let devices: Vec<_> = (0..gpus)
+                .map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"type": {"string": "gpu"}}}))
+                .collect();
             let slice: ResourceSlice = serde_json::from_value(json!({
                 "metadata": {"name": format!("{name}-gpu.nvidia.com")},
                 "spec": {"driver": "gpu.nvidia.com", "nodeName": name,

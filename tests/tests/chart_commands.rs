@@ -57,11 +57,8 @@ fn seed(server: &ApiServer) {
     .unwrap();
     server.create(&claim).unwrap();
     // The class the claims name (as the chart installs it).
-    let class: k8s_openapi::api::resource::v1::DeviceClass = serde_json::from_value(json!({
-        "metadata": {"name": "gpu.nvidia.com"},
-        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
-    }))
-    .unwrap();
+    let class: k8s_openapi::api::resource::v1::DeviceClass =
+        integration_tests::claim_fixtures::shipped_device_class("gpu.nvidia.com");
     server.create(&class).unwrap();
     // `kubectl gpu why pod/trainer-0` (docs/operating.md): a pod holding the claim.
     let trainer: Pod = serde_json::from_value(json!({

@@ -13,11 +13,7 @@ use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::json;
 
 fn class() -> DeviceClass {
-    serde_json::from_value(json!({
-        "metadata": {"name": "gpu.nvidia.com"},
-        "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
-    }))
-    .unwrap()
+    integration_tests::claim_fixtures::shipped_device_class("gpu.nvidia.com")
 }
 
 fn node(name: &str) -> Node {
@@ -25,7 +21,8 @@ fn node(name: &str) -> Node {
 }
 
 fn slice(node: &str, gpus: usize) -> ResourceSlice {
-    let devices: Vec<_> = (0..gpus).map(|i| json!({"name": format!("gpu-{i}")})).collect();
+    let devices: Vec<_> =
+        (0..gpus).map(|i| json!({"name": format!("gpu-{i}"), "attributes": {"type": {"string": "gpu"}}})).collect();
     serde_json::from_value(json!({
         "metadata": {"name": format!("{node}-gpu.nvidia.com")},
         "spec": {"driver": "gpu.nvidia.com", "nodeName": node,

@@ -38,17 +38,13 @@ impl Webhook {
         let dir = tempfile::tempdir().unwrap();
         let kubeconfig = dir.path().join("kubeconfig");
         server.write_kubeconfig(&kubeconfig).unwrap();
-        let class: DeviceClass = serde_json::from_value(json!({
-            "metadata": {"name": "gpu.nvidia.com"},
-            "spec": {"selectors": [{"cel": {"expression": "device.driver == 'gpu.nvidia.com'"}}]},
-        }))
-        .unwrap();
+        let class: DeviceClass = integration_tests::claim_fixtures::shipped_device_class("gpu.nvidia.com");
         server.create(&class).unwrap();
         server.create(&serde_json::from_value::<Node>(json!({"metadata": {"name": "n1"}})).unwrap()).unwrap();
         let slice: ResourceSlice = serde_json::from_value(json!({
             "metadata": {"name": "n1-gpu"},
             "spec": {"driver": "gpu.nvidia.com", "nodeName": "n1", "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
-                     "devices": [{"name": "gpu-0", "attributes": {"productName": {"string": "NVIDIA H100 80GB HBM3"}}}]},
+                     "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"}}}]},
         }))
         .unwrap();
         server.create(&slice).unwrap();
