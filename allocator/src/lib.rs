@@ -86,6 +86,7 @@ pub use explain::{
     OtherOwners, OwnerCount, PoolIssue, PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount,
     Wanted,
 };
+pub use node_selection::{BadSelector, NodeInfo, selector_matches};
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 pub use taint_rules::{TaintRule, TaintRuleError};
 pub use taints::describe as describe_taint;

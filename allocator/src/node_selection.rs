@@ -12,15 +12,15 @@ use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSele
 
 /// What the allocator knows about a node: its name and labels.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub(crate) struct NodeInfo {
-    pub(crate) name: String,
-    pub(crate) labels: BTreeMap<String, String>,
+pub struct NodeInfo {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
 }
 
 /// A node selector the allocator cannot evaluate.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("node selector: {0}")]
-pub(crate) struct BadSelector(pub(crate) String);
+pub struct BadSelector(pub String);
 
 /// Where a slice or device may be used, as the API spells it.
 #[derive(Debug, Clone, Copy)]
@@ -56,7 +56,9 @@ impl<'a> Reach<'a> {
     }
 }
 
-pub(crate) fn selector_matches(selector: &NodeSelector, node: &NodeInfo) -> Result<bool, BadSelector> {
+/// Whether `selector` matches `node`; the one node-affinity matcher of the
+/// workspace (`simulate` asks it which nodes an allocation admits).
+pub fn selector_matches(selector: &NodeSelector, node: &NodeInfo) -> Result<bool, BadSelector> {
     let mut any = false;
     for term in &selector.node_selector_terms {
         // Evaluate every term so that a malformed one is reported even when

@@ -7,8 +7,8 @@ use dra_allocator::{AllocateError, Allocator, AllocatorBuilder, SequentialShareI
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 
-use super::node_match::{NodeLabels, admits};
 use super::workload::{Unit, Workload};
+use dra_allocator::{NodeInfo as NodeLabels, selector_matches};
 
 /// What happened to one claim.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -173,4 +173,41 @@ fn allocate_unit(
 
 fn workload_keys<'w>(workload: &'w Workload, unit: &'w Unit) -> impl Iterator<Item = &'w str> {
     unit.claims.iter().filter_map(|&i| workload.claims.get(i)).map(|c| c.key.as_str())
+}
+
+/// Whether `selector` admits `node`; `None` (no selector) admits every
+/// node, a malformed selector none.
+fn admits(selector: Option<&k8s_openapi::api::core::v1::NodeSelector>, node: &NodeLabels) -> bool {
+    selector.is_none_or(|s| selector_matches(s, node).unwrap_or(false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(name: &str, labels: &[(&str, &str)]) -> NodeLabels {
+        NodeLabels { name: name.into(), labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect() }
+    }
+
+    fn selector(yaml: &str) -> k8s_openapi::api::core::v1::NodeSelector {
+        serde_yaml_ng::from_str(yaml).unwrap()
+    }
+
+    #[test]
+    fn name_fields_and_label_expressions() {
+        let by_name = selector("nodeSelectorTerms: [{matchFields: [{key: metadata.name, operator: In, values: [a]}]}]");
+        assert!(admits(Some(&by_name), &node("a", &[])));
+        assert!(!admits(Some(&by_name), &node("b", &[])));
+        let zone = selector(
+            "nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: In, values: [z1]}, {key: gpus, operator: Gt, values: ['4']}]}]",
+        );
+        assert!(admits(Some(&zone), &node("a", &[("zone", "z1"), ("gpus", "8")])));
+        assert!(!admits(Some(&zone), &node("a", &[("zone", "z1"), ("gpus", "2")])));
+        assert!(!admits(Some(&zone), &node("a", &[("gpus", "8")])));
+        assert!(admits(None, &node("x", &[])));
+        assert!(!admits(Some(&selector("nodeSelectorTerms: [{}]")), &node("x", &[])));
+        let malformed =
+            selector("nodeSelectorTerms: [{matchExpressions: [{key: zone, operator: Near, values: [z1]}]}]");
+        assert!(!admits(Some(&malformed), &node("a", &[("zone", "z1")])), "a malformed selector admits nothing");
+    }
 }

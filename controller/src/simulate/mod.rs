@@ -17,7 +17,6 @@ mod engine;
 mod extended;
 mod fleet;
 mod inputs;
-mod node_match;
 mod output;
 mod versions;
 mod workload;
