@@ -166,8 +166,7 @@ pub fn parse_each(origin: &str, text: &str, sink: &mut Sink<'_>) -> Result<()> {
     if text.trim_start().starts_with(['{', '[']) {
         return document::json_stream(origin, text.as_bytes(), sink);
     }
-    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-    let text = gpu_dra_driver::json_escapes::to_yaml(text);
+    let text = gpu_dra_driver::safe_yaml::prepare(text).map_err(|e| anyhow!("{origin}: {e}"))?;
     document::yaml_stream(origin, &text, sink)
 }
 

@@ -21,6 +21,7 @@ pub mod k8s_format;
 pub mod names;
 pub mod nesting;
 pub mod opaque_config;
+pub mod safe_yaml;
 #[cfg(feature = "service")]
 pub mod service;
 pub mod slices;

@@ -147,8 +147,7 @@ pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
 
 /// [`parse`] for an API server that drops `not_served`.
 pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed) -> Result<Fleet> {
-    gpu_dra_driver::nesting::check(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-    let text = gpu_dra_driver::json_escapes::to_yaml(text);
+    let text = gpu_dra_driver::safe_yaml::prepare(text).map_err(|e| anyhow!("{origin}: {e}"))?;
     let file: FleetFile = serde_yaml_ng::from_str(&text).map_err(|e| {
         anyhow!(
             "{origin}: malformed fleet file: {}; fix: write `nodes:` as a list of {{name, labels, inventory}} entries (see examples/fleets/)",

@@ -145,10 +145,10 @@ pub fn parse(text: &str, node: &NodeName) -> Result<Inventory, Located> {
 }
 
 fn parse_file(text: &str) -> Result<FakeInventoryFile, Located> {
-    crate::nesting::check(text).map_err(|e| {
+    let text = crate::safe_yaml::prepare(text).map_err(|e| {
         ("document".to_string(), e.to_string(), "write the inventory as in examples/inventories/".to_string())
     })?;
-    serde_yaml_ng::from_str(&crate::json_escapes::to_yaml(text)).map_err(yaml_error)
+    serde_yaml_ng::from_str(&text).map_err(yaml_error)
 }
 
 fn yaml_error(e: serde_yaml_ng::Error) -> Located {
