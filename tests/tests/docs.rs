@@ -137,3 +137,23 @@ fn anchors_are_githubs() {
     assert_eq!(anchor("Reliability: the node's state files"), "reliability-the-nodes-state-files");
     assert_eq!(anchor("ComputeDomains (multi-node NVLink)"), "computedomains-multi-node-nvlink");
 }
+
+#[test]
+fn every_suite_is_in_the_map_of_features_to_tests() {
+    let map = integration_tests::docs::section("Where each feature is tested");
+    let dir = workspace_root().join("tests/tests");
+    let mut missing = Vec::new();
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        let Some(stem) =
+            path.file_stem().and_then(|s| s.to_str()).filter(|_| path.extension().is_some_and(|e| e == "rs"))
+        else {
+            continue;
+        };
+        if !map.contains(&format!("`{stem}`")) {
+            missing.push(stem.to_owned());
+        }
+    }
+    missing.sort();
+    assert!(missing.is_empty(), "suites not in docs/contributing.md's map: {missing:?}");
+}
