@@ -99,3 +99,19 @@ pub fn anchor(heading: &str) -> String {
         })
         .collect()
 }
+
+/// The lines of `text` outside fenced code blocks (```), where inline
+/// links and code spans stand.
+pub fn prose(text: &str) -> String {
+    let mut prose = String::new();
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced {
+            prose.push_str(line);
+            prose.push('\n');
+        }
+    }
+    prose
+}

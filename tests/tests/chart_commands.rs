@@ -113,17 +113,7 @@ fn commands(text: &str) -> Vec<String> {
         }
     }
     // Inline spans, outside fenced blocks.
-    let mut prose = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-        } else if !fenced {
-            prose.push_str(line);
-            prose.push('\n');
-        }
-    }
-    for (i, span) in prose.split('`').enumerate() {
+    for (i, span) in integration_tests::docs::prose(text).split('`').enumerate() {
         let span = span.split_whitespace().collect::<Vec<_>>().join(" ");
         if i % 2 == 1 && span.starts_with("kubectl ") && span.split(' ').count() >= 3 {
             found.push(span);

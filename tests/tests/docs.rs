@@ -57,17 +57,11 @@ fn every_page_of_the_guide_is_in_its_index() {
 
 /// The inline links of a page outside fenced blocks: `[text](target)`.
 fn links(text: &str) -> Vec<String> {
-    let mut prose = String::new();
-    let mut fenced = false;
-    for line in text.lines() {
-        if line.trim_start().starts_with("```") {
-            fenced = !fenced;
-        } else if !fenced {
-            prose.push_str(line);
-            prose.push('\n');
-        }
-    }
-    prose.split("](").skip(1).map(|rest| rest.split(')').next().unwrap_or_default().to_string()).collect()
+    integration_tests::docs::prose(text)
+        .split("](")
+        .skip(1)
+        .map(|rest| rest.split(')').next().unwrap_or_default().to_string())
+        .collect()
 }
 
 /// `path` relative to the workspace root, `..` resolved.

@@ -14,7 +14,7 @@ use std::time::Duration;
 use gpu_dra_driver::driver_root::fake_tree;
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
 use integration_tests::real_cluster::driver::{eventually_within, install_without_workloads};
-use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
+use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE, require_root};
 use integration_tests::real_cluster::objects::create_all;
 use integration_tests::real_cluster::{Cluster, V1_37};
 use integration_tests::workspace_root;
@@ -79,9 +79,7 @@ fn kernel_tunables() -> Vec<(String, String)> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_with_a_gpu_claim_runs_through_the_real_kubelet_and_containerd() {
-    if !rustix::process::geteuid().is_root() {
-        panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
-    }
+    require_root();
     let cluster = Cluster::start(V1_37).await;
     install_without_workloads(&cluster, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
     let tunables_before = kernel_tunables();

@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use integration_tests::mock_nvml_node::MockNvmlNode;
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
-use integration_tests::real_cluster::driver::{eventually_within, install_without_workloads};
-use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
+use integration_tests::real_cluster::driver::eventually_within;
+use integration_tests::real_cluster::node::{TEST_IMAGE, cluster_with_node};
 use integration_tests::real_cluster::objects::create_all;
-use integration_tests::real_cluster::{Cluster, V1_37};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams};
@@ -63,13 +62,7 @@ fn shown(pod: &Pod) -> Vec<Shown> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_gpu_healthy() {
-    if !rustix::process::geteuid().is_root() {
-        panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
-    }
-    let cluster = Cluster::start(V1_37).await;
-    install_without_workloads(&cluster, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
-    let node = RealNode::start(&cluster, NODE).await;
-    let token = node.plugin_token(&cluster).await;
+    let (cluster, node, token) = cluster_with_node(NODE, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
     let gpus = MockNvmlNode::new(INVENTORY);
     let dirs = node.plugin_dirs(&cluster, INVENTORY, &token);
     let options = PluginOptions {

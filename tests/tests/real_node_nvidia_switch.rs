@@ -20,10 +20,9 @@ use std::time::Duration;
 
 use integration_tests::nvidia_state::{self, NvidiaClaim, NvidiaDevice, NvidiaFormat};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
-use integration_tests::real_cluster::driver::{eventually_within, install_without_workloads};
-use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE};
+use integration_tests::real_cluster::driver::eventually_within;
+use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE, cluster_with_node};
 use integration_tests::real_cluster::objects::create_all;
-use integration_tests::real_cluster::{Cluster, V1_37};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
@@ -85,13 +84,7 @@ fn files(dir: &Path) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_is_unprepared_by_ours() {
-    if !rustix::process::geteuid().is_root() {
-        panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
-    }
-    let cluster = Cluster::start(V1_37).await;
-    install_without_workloads(&cluster, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
-    let mut node = RealNode::start(&cluster, NODE).await;
-    let token = node.plugin_token(&cluster).await;
+    let (cluster, mut node, token) = cluster_with_node(NODE, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
     let dirs = node.plugin_dirs(&cluster, INVENTORY, &token);
     let options = PluginOptions { node: NODE.into(), ..PluginOptions::default() };
     let mut plugin = PluginProcess::spawn(&dirs, &options).unwrap();

@@ -38,7 +38,7 @@ use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
 
 use super::OpenError;
-use crate::state::checkpoint::{Adopted, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState, derived};
+use crate::state::checkpoint::{Adopted, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::nvidia_checkpoint::{self, NvidiaCheckpoint, NvidiaClaim, NvidiaDevice, NvidiaDeviceKind};
 
@@ -218,7 +218,6 @@ pub(super) fn decide(claim: &NvidiaClaim, layout: &str, node: &Node<'_>) -> Resu
             not_served: (!not_served.is_empty()).then(|| not_served.join("; ")),
         }),
     };
-    debug_assert_eq!(derived::spec_file(&record, node.driver, &uid), record.cdi_spec_file.clone().unwrap_or_default());
     Ok((uid, record))
 }
 

@@ -492,3 +492,22 @@ impl Drop for RealNode {
         }
     }
 }
+
+/// Panics unless this process is root: a real node needs it (mounts,
+/// cgroups, device nodes), as a kubelet does.
+pub fn require_root() {
+    if !rustix::process::geteuid().is_root() {
+        panic!("the real node needs root (mounts, cgroups, device nodes), as a kubelet does");
+    }
+}
+
+/// The real 1.37 control plane with the chart's objects but no workloads,
+/// one real node `name`, and the token its plugin (a test process) uses.
+pub async fn cluster_with_node(name: &str, tmp_dir: &Path) -> (Cluster, RealNode, String) {
+    require_root();
+    let cluster = Cluster::start(super::V1_37).await;
+    super::driver::install_without_workloads(&cluster, tmp_dir).await;
+    let node = RealNode::start(&cluster, name).await;
+    let token = node.plugin_token(&cluster).await;
+    (cluster, node, token)
+}
