@@ -149,6 +149,48 @@ fn list(values: Vec<Box<dyn Val>>) -> Box<dyn Val> {
     Box::new(CelList::from(values))
 }
 
+/// The parts of `Val` that are the same for both device maps: a CEL map,
+/// indexed, cloned and downcast as itself.
+macro_rules! map_val_basics {
+    () => {
+        fn get_type(&self) -> &Type {
+            &MAP_TYPE
+        }
+
+        fn cel_type() -> &'static Type {
+            &MAP_TYPE
+        }
+
+        fn as_indexer<'b, 'v>(&'b self) -> Option<&'b (dyn Indexer + 'v)>
+        where
+            Self: 'v,
+        {
+            Some(self)
+        }
+
+        fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
+            Box::new(self.clone())
+        }
+
+        fn as_any(&self) -> Option<&dyn Any> {
+            Some(self)
+        }
+    };
+}
+
+/// `Indexer::steal` for maps whose values are cheap to copy: what `get`
+/// lends, owned.
+macro_rules! steal_by_copy {
+    () => {
+        fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
+        where
+            Self: 'v,
+        {
+            self.get(idx).map(CowVal::into_owned)
+        }
+    };
+}
+
 /// A small string-keyed map: a sorted vector searched by binary search.
 /// Device maps hold a few dozen entries at most, where this beats hashing
 /// (no SipHash of the key on every lookup).
@@ -196,22 +238,9 @@ impl<'b, 'v> cel::common::traits::Iterator<'b, 'v> for KeyIter<'b> {
 }
 
 impl Val for SmallMap {
-    fn get_type(&self) -> &Type {
-        &MAP_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &MAP_TYPE
-    }
+    map_val_basics!();
 
     fn as_container(&self) -> Option<&dyn Container> {
-        Some(self)
-    }
-
-    fn as_indexer<'b, 'v>(&'b self) -> Option<&'b (dyn Indexer + 'v)>
-    where
-        Self: 'v,
-    {
         Some(self)
     }
 
@@ -231,14 +260,6 @@ impl Val for SmallMap {
             o.keys == self.keys && o.values.iter().zip(&self.values).all(|(a, b)| a.equals(b.as_ref()))
         })
     }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
-    }
 }
 
 impl StaticVal for SmallMap {}
@@ -257,12 +278,7 @@ impl Indexer for SmallMap {
         self.lookup(idx)
     }
 
-    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
-    where
-        Self: 'v,
-    {
-        self.get(idx).map(CowVal::into_owned)
-    }
+    steal_by_copy!();
 }
 
 impl Iterable for SmallMap {
@@ -298,23 +314,10 @@ impl DomainMap {
 }
 
 impl Val for DomainMap {
-    fn get_type(&self) -> &Type {
-        &MAP_TYPE
-    }
-
-    fn cel_type() -> &'static Type {
-        &MAP_TYPE
-    }
+    map_val_basics!();
 
     fn as_container(&self) -> Option<&dyn Container> {
         Some(&self.domains)
-    }
-
-    fn as_indexer<'b, 'v>(&'b self) -> Option<&'b (dyn Indexer + 'v)>
-    where
-        Self: 'v,
-    {
-        Some(self)
     }
 
     fn as_iterable<'b, 'v>(&'b self) -> Option<&'b (dyn Iterable + 'v)>
@@ -330,14 +333,6 @@ impl Val for DomainMap {
 
     fn equals(&self, other: &dyn Val) -> bool {
         other.downcast_ref::<DomainMap>().is_some_and(|o| self.domains.equals(&o.domains))
-    }
-
-    fn clone_as_boxed<'v>(&self) -> Box<dyn Val + 'v> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> Option<&dyn Any> {
-        Some(self)
     }
 }
 
@@ -355,10 +350,5 @@ impl Indexer for DomainMap {
         }
     }
 
-    fn steal<'v>(self: Box<Self>, idx: &dyn Val) -> Result<Box<dyn Val + 'v>, ExecutionError>
-    where
-        Self: 'v,
-    {
-        self.get(idx).map(CowVal::into_owned)
-    }
+    steal_by_copy!();
 }

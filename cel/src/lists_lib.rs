@@ -269,30 +269,8 @@ fn cloned<'v>(elements: &[Box<dyn Val + 'v>]) -> Vec<Box<dyn Val + 'v>> {
 /// cel-go lists v3 `sort()`: comparable elements of one type, ascending.
 fn sort<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let list = list_at("sort", &args, 0)?;
-    let n = list.len() as u64;
-    charge(1 + n.saturating_mul(64 - n.leading_zeros() as u64))?;
-    if let Some(first) = list.first() {
-        let ty = first.get_type();
-        if let Some(other) = list.iter().find(|e| e.get_type() != ty) {
-            return Err(error(
-                "sort",
-                format!("list elements must have the same type: {} and {}", ty.name(), other.get_type().name()),
-            ));
-        }
-    }
-    let mut elements = cloned(list);
-    let mut failure = None;
-    elements.sort_by(|a, b| match cmp("sort", a.as_ref(), b.as_ref()) {
-        Ok(o) => o,
-        Err(e) => {
-            failure.get_or_insert(e);
-            Ordering::Equal
-        }
-    });
-    if let Some(e) = failure {
-        return Err(e);
-    }
-    new_list("sort", elements)
+    let order = sorted_order("sort", list)?;
+    new_list("sort", order.into_iter().map(|i| list[i].clone_as_boxed()).collect())
 }
 
 /// `@sortByAssociatedKeys(keys)`, which the `sortBy` macro calls: the list
@@ -303,30 +281,37 @@ fn sort_by_keys<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     if list.len() != keys.len() {
         return Err(error("sortBy", "the key list has a different length"));
     }
-    let n = list.len() as u64;
+    let order = sorted_order("sortBy", keys)?;
+    new_list("sortBy", order.into_iter().map(|i| list[i].clone_as_boxed()).collect())
+}
+
+/// The indices of `keys` in ascending (stable) order, charged as cel-go
+/// charges a sort; `sort` and `sortBy` both refuse keys of mixed types.
+fn sorted_order(function: &str, keys: &[Box<dyn Val + '_>]) -> Result<Vec<usize>, ExecutionError> {
+    let n = keys.len() as u64;
     charge(1 + n.saturating_mul(64 - n.leading_zeros() as u64))?;
     if let Some(first) = keys.first() {
         let ty = first.get_type();
         if let Some(other) = keys.iter().find(|e| e.get_type() != ty) {
             return Err(error(
-                "sortBy",
+                function,
                 format!("list elements must have the same type: {} and {}", ty.name(), other.get_type().name()),
             ));
         }
     }
-    let mut order: Vec<usize> = (0..list.len()).collect();
+    let mut order: Vec<usize> = (0..keys.len()).collect();
     let mut failure = None;
-    order.sort_by(|&a, &b| match cmp("sortBy", keys[a].as_ref(), keys[b].as_ref()) {
+    order.sort_by(|&a, &b| match cmp(function, keys[a].as_ref(), keys[b].as_ref()) {
         Ok(o) => o,
         Err(e) => {
             failure.get_or_insert(e);
             Ordering::Equal
         }
     });
-    if let Some(e) = failure {
-        return Err(e);
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(order),
     }
-    new_list("sortBy", order.into_iter().map(|i| list[i].clone_as_boxed()).collect())
 }
 
 /// `first()` / `last()`: the end element as an optional (cel-go's optional

@@ -784,27 +784,26 @@ fn kubernetes_estimate(
     Some(estimate)
 }
 
+/// One bound of `replace`'s estimate, as (replacements, characters kept):
+/// an empty `old` matches between every character and keeps them all; a
+/// replacement no longer than what it replaces (`shrinks`) keeps the string's
+/// size and adds nothing; otherwise the string holds `size / old` matches.
+fn replace_bound(size: u64, old: u64, shrinks: bool) -> (u64, u64) {
+    if old == 0 {
+        (if size < u64::MAX { size + 1 } else { size }, size)
+    } else if shrinks {
+        (0, size)
+    } else {
+        ((size as f64 / old as f64).ceil() as u64, 0)
+    }
+}
+
 /// Kubernetes' estimate of `s.replace(old, new)`.
 fn replace_estimate(size: Size, old: Size, new: Size) -> CallEstimate {
-    let (mut count, mut retained) = (CostEstimate { min: 0, max: 0 }, CostEstimate { min: 0, max: 0 });
-    if old.min == 0 {
-        count.max = if size.max < u64::MAX { size.max + 1 } else { size.max };
-        retained.max = size.max;
-    } else if new.max <= old.min {
-        count.max = 0;
-        retained.max = size.max;
-    } else {
-        count.max = (size.max as f64 / old.min as f64).ceil() as u64;
-    }
-    if old.max == 0 {
-        count.min = if size.min < u64::MAX { size.min + 1 } else { size.min };
-        retained.min = size.min;
-    } else if old.max <= new.min {
-        count.min = 0;
-        retained.min = size.min;
-    } else {
-        count.min = (size.min as f64 / old.max as f64).ceil() as u64;
-    }
+    let (count_max, retained_max) = replace_bound(size.max, old.min, new.max <= old.min);
+    let (count_min, retained_min) = replace_bound(size.min, old.max, old.max <= new.min);
+    let count = CostEstimate { min: count_min, max: count_max };
+    let retained = CostEstimate { min: retained_min, max: retained_max };
     let result = count.multiply(new).add(retained);
     CallEstimate { cost: size.factor(2.0 * STRING_TRAVERSAL_FACTOR), result: Some(result) }
 }
