@@ -18,7 +18,7 @@ use super::explain::{
 use super::index::Fleet;
 use super::request::{Alternative, ClaimPlan, Mode};
 use super::search::{self, NodeOutcome, STEP_BUDGET};
-use super::selectors::{SelectorCache, Verdict};
+use super::selectors::{SelectorCache, SetId, Verdict};
 use super::state::AllocatedState;
 use super::taints;
 use super::why::{self, SelectorBreakdown};
@@ -214,6 +214,36 @@ impl Nearness {
     }
 }
 
+/// How many of the cumulative selector `sets` device `d` passes, stopping
+/// at the first it fails. `first_time` holds, on the device's first sight
+/// only, the per-set pass counts and the error count to add to, so that a
+/// device seen from several nodes counts once.
+fn passed(
+    selectors: &mut SelectorCache,
+    fleet: &Fleet,
+    sets: &[SetId],
+    d: u32,
+    mut first_time: Option<(&mut [usize], &mut usize)>,
+) -> usize {
+    for (i, &set) in sets.iter().enumerate() {
+        match selectors.verdict(fleet, set, d) {
+            Verdict::Match => {
+                if let Some(n) = first_time.as_mut().and_then(|(counts, _)| counts.get_mut(i)) {
+                    *n += 1;
+                }
+            }
+            Verdict::NoMatch => return i,
+            Verdict::Error { .. } => {
+                if let Some((_, errors)) = first_time {
+                    *errors += 1;
+                }
+                return i;
+            }
+        }
+    }
+    sets.len()
+}
+
 fn count(
     fleet: &Fleet,
     selectors: &mut SelectorCache,
@@ -259,26 +289,8 @@ fn count(
             if first_time {
                 report.visible += 1;
             }
-            let mut matched = true;
-            for (i, &set) in class_sets.iter().enumerate() {
-                match selectors.verdict(fleet, set, d) {
-                    Verdict::Match => {
-                        if first_time && let Some(n) = report.class_selectors.get_mut(i) {
-                            *n += 1;
-                        }
-                    }
-                    Verdict::NoMatch => {
-                        matched = false;
-                        break;
-                    }
-                    Verdict::Error { .. } => {
-                        report.selector_errors += usize::from(first_time);
-                        matched = false;
-                        break;
-                    }
-                }
-            }
-            if !matched {
+            let seen_first = first_time.then_some((&mut report.class_selectors[..], &mut report.selector_errors));
+            if passed(selectors, fleet, &class_sets, d, seen_first) < class_sets.len() {
                 continue;
             }
             if first_time {
@@ -286,26 +298,10 @@ fn count(
                 class_matched.push(d);
             }
             near.class_matches += 1;
-            for (i, &set) in request_sets.iter().enumerate() {
-                match selectors.verdict(fleet, set, d) {
-                    Verdict::Match => {
-                        if first_time && let Some(n) = report.request_selectors.get_mut(i) {
-                            *n += 1;
-                        }
-                        near.selectors_passed = near.selectors_passed.max(i + 1);
-                    }
-                    Verdict::NoMatch => {
-                        matched = false;
-                        break;
-                    }
-                    Verdict::Error { .. } => {
-                        report.selector_errors += usize::from(first_time);
-                        matched = false;
-                        break;
-                    }
-                }
-            }
-            if !matched {
+            let seen_first = first_time.then_some((&mut report.request_selectors[..], &mut report.selector_errors));
+            let request_passed = passed(selectors, fleet, &request_sets, d, seen_first);
+            near.selectors_passed = near.selectors_passed.max(request_passed);
+            if request_passed < request_sets.len() {
                 continue;
             }
             let (Some(dev), Some(dref)) = (fleet.device(d), fleet.device_ref(d)) else {

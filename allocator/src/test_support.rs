@@ -5,10 +5,10 @@ use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Node, NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
-    CELDeviceSelector, Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceClaim, DeviceClass,
-    DeviceClassSpec, DeviceConstraint, DeviceCounterConsumption, DeviceRequest, DeviceSelector, DeviceSubRequest,
-    DeviceTaint, DeviceToleration, ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    AllocationResult, CELDeviceSelector, Counter, CounterSet, Device, DeviceAllocationResult, DeviceAttribute,
+    DeviceCapacity, DeviceClaim, DeviceClass, DeviceClassSpec, DeviceConstraint, DeviceCounterConsumption,
+    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, DeviceSubRequest, DeviceTaint, DeviceToleration,
+    ExactDeviceRequest, ResourceClaim, ResourceClaimSpec, ResourcePool, ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -253,5 +253,25 @@ pub fn claim_with(name: &str, requests: Vec<DeviceRequest>, constraints: Vec<Dev
             }),
         }),
         status: None,
+    }
+}
+
+/// Request `r`'s result on `device` of node `n1`'s pool, as the scheduler
+/// records it; a case adds share id or capacity with `..`.
+pub fn device_result(device: &str) -> DeviceRequestAllocationResult {
+    DeviceRequestAllocationResult {
+        request: "r".into(),
+        driver: DRIVER.into(),
+        pool: "n1".into(),
+        device: device.into(),
+        ..Default::default()
+    }
+}
+
+/// An allocation of `results`, with no config and no node selector.
+pub fn allocation(results: Vec<DeviceRequestAllocationResult>) -> AllocationResult {
+    AllocationResult {
+        devices: Some(DeviceAllocationResult { results: Some(results), config: None }),
+        ..Default::default()
     }
 }

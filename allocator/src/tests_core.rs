@@ -117,14 +117,15 @@ fn not_enough_devices_is_explained_with_counts() {
     assert!(text.contains("class gpu matches 3 devices of 3 visible; selector #0 matches 2"), "{text}");
 }
 
+/// Node `n1` with `gpu-<i>` in NVLink group `groups[i]`, for the constraint tests.
+fn nvlink_node(groups: &[i64]) -> Allocator {
+    let devices = groups.iter().enumerate().map(|(i, &g)| gpu(&format!("gpu-{i}")).int("nvlinkGroup", g)).collect();
+    allocator(&[node_slice("n1", devices)], &[gpu_class()])
+}
+
 #[test]
 fn match_attribute_across_requests_backtracks_to_a_shared_value() {
-    let devices = vec![
-        gpu("gpu-0").int("nvlinkGroup", 0),
-        gpu("gpu-1").int("nvlinkGroup", 1),
-        gpu("gpu-2").int("nvlinkGroup", 1),
-    ];
-    let mut a = allocator(&[node_slice("n1", devices)], &[gpu_class()]);
+    let mut a = nvlink_node(&[0, 1, 1]);
     let c = claim_with(
         "c",
         vec![request("a", "gpu", 1), request("b", "gpu", 1)],
@@ -135,12 +136,7 @@ fn match_attribute_across_requests_backtracks_to_a_shared_value() {
 
 #[test]
 fn match_attribute_scoped_to_listed_requests_only() {
-    let devices = vec![
-        gpu("gpu-0").int("nvlinkGroup", 0),
-        gpu("gpu-1").int("nvlinkGroup", 1),
-        gpu("gpu-2").int("nvlinkGroup", 1),
-    ];
-    let mut a = allocator(&[node_slice("n1", devices)], &[gpu_class()]);
+    let mut a = nvlink_node(&[0, 1, 1]);
     let c = claim_with(
         "c",
         vec![request("free", "gpu", 1), request("pair", "gpu", 2)],
@@ -198,12 +194,7 @@ fn first_available_falls_back_in_order_and_names_the_subrequest() {
 
 #[test]
 fn first_available_with_constraint_on_a_subrequest() {
-    let devices = vec![
-        gpu("gpu-0").int("nvlinkGroup", 0),
-        gpu("gpu-1").int("nvlinkGroup", 1),
-        gpu("gpu-2").int("nvlinkGroup", 2),
-    ];
-    let mut a = allocator(&[node_slice("n1", devices)], &[gpu_class()]);
+    let mut a = nvlink_node(&[0, 1, 2]);
     // "two" cannot be met with one group, so "one" is used; the constraint
     // names only "x/two" and does not apply to "x/one".
     let c = claim_with(
@@ -248,8 +239,7 @@ fn all_mode_with_an_incomplete_pool_is_an_error() {
 
 #[test]
 fn all_mode_with_a_constraint_that_rejects_a_device_is_an_error() {
-    let devices = vec![gpu("gpu-0").int("nvlinkGroup", 0), gpu("gpu-1").int("nvlinkGroup", 1)];
-    let mut a = allocator(&[node_slice("n1", devices)], &[gpu_class()]);
+    let mut a = nvlink_node(&[0, 1]);
     let c = claim_with("c", vec![all_request("all", "gpu")], vec![match_attr("gpu.nvidia.com/nvlinkGroup", &[])]);
     let err = fatal(one(&mut a, "n1", &c));
     assert!(err.to_string().contains("cannot add device gpu.nvidia.com/n1/gpu-1"), "{err}");

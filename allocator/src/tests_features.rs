@@ -288,22 +288,7 @@ fn cel_runtime_errors_name_request_selector_and_device() {
 #[test]
 fn a_busy_device_is_not_evaluated() {
     let mut a = allocator(&[node_slice("n1", vec![gpu("gpu-0"), gpu("gpu-1").int("cores", 8)])], &[gpu_class()]);
-    let held = with_allocation(
-        claim("held", vec![]),
-        AllocationResult {
-            devices: Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
-                results: Some(vec![k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
-                    request: "r".into(),
-                    driver: DRIVER.into(),
-                    pool: "n1".into(),
-                    device: "gpu-0".into(),
-                    ..Default::default()
-                }]),
-                config: None,
-            }),
-            ..Default::default()
-        },
-    );
+    let held = with_allocation(claim("held", vec![]), allocation(vec![device_result("gpu-0")]));
     a.record_allocated(&held).unwrap();
     let c = claim(
         "c",

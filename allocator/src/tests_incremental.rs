@@ -143,17 +143,7 @@ fn an_allocation_survives_an_update_of_its_slice() {
 #[test]
 fn an_allocation_seen_before_its_slice_counts_when_the_slice_arrives() {
     let mut a = allocator(&[], &[gpu_class()]);
-    let devices = Some(k8s_openapi::api::resource::v1::DeviceAllocationResult {
-        results: Some(vec![k8s_openapi::api::resource::v1::DeviceRequestAllocationResult {
-            request: "r".into(),
-            driver: DRIVER.into(),
-            pool: "n1".into(),
-            device: "gpu-0".into(),
-            ..Default::default()
-        }]),
-        config: None,
-    });
-    let result = AllocationResult { devices, ..Default::default() };
+    let result = allocation(vec![device_result("gpu-0")]);
     a.record_allocated(&with_allocation(h100("early"), result)).unwrap();
     a.apply_slice(&node_slice("n1", vec![gpu("gpu-0", "H100")]));
     let e = unsatisfiable(a.allocate_first_fit(None, &[&h100("late")]));

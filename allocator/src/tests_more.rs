@@ -2,9 +2,7 @@
 //! drivers, shareable devices across requests and cycles, binding
 //! conditions, per-device node selection in results.
 
-use k8s_openapi::api::resource::v1::{
-    CapacityRequirements, DeviceAllocationResult, DeviceRequestAllocationResult, ResourceClaimStatus,
-};
+use k8s_openapi::api::resource::v1::{CapacityRequirements, DeviceRequestAllocationResult, ResourceClaimStatus};
 
 use super::test_support::*;
 use super::tests_core::{allocator, fatal, one, pairs, picks, unsatisfiable};
@@ -15,21 +13,11 @@ fn gpu(name: &str) -> k8s_openapi::api::resource::v1::Device {
 }
 
 fn shared_result(device: &str, consumed: &[(&str, &str)]) -> AllocationResult {
-    AllocationResult {
-        devices: Some(DeviceAllocationResult {
-            results: Some(vec![DeviceRequestAllocationResult {
-                request: "r".into(),
-                driver: DRIVER.into(),
-                pool: "n1".into(),
-                device: device.into(),
-                share_id: Some("00000000-0000-4000-8000-0000000000ff".into()),
-                consumed_capacity: Some(consumed.iter().map(|(k, v)| (k.to_string(), q(v))).collect()),
-                ..Default::default()
-            }]),
-            config: None,
-        }),
-        ..Default::default()
-    }
+    allocation(vec![DeviceRequestAllocationResult {
+        share_id: Some("00000000-0000-4000-8000-0000000000ff".into()),
+        consumed_capacity: Some(consumed.iter().map(|(k, v)| (k.to_string(), q(v))).collect()),
+        ..device_result(device)
+    }])
 }
 
 #[test]
