@@ -10,6 +10,8 @@
 
 use std::borrow::Cow;
 
+use crate::nesting::{Place, QuoteScan};
+
 /// `text` with every surrogate-pair escape in double quotes rewritten.
 pub fn to_yaml(text: &str) -> Cow<'_, str> {
     if !text.contains("\\u") && !text.contains("\\U") {
@@ -19,44 +21,20 @@ pub fn to_yaml(text: &str) -> Cow<'_, str> {
     let mut out: Option<String> = None;
     // Bytes of `text` already copied to `out`.
     let mut copied = 0;
-    let (mut double, mut single, mut comment) = (false, false, false);
-    let mut previous = b'\n';
+    let mut scan = QuoteScan::default();
     let mut i = 0;
     while let Some(&b) = bytes.get(i) {
-        if b == b'\n' {
-            comment = false;
+        if scan.step(b) == Place::Escape
+            && let Some(c) = surrogate_pair(bytes.get(i..).unwrap_or_default())
+        {
+            let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
+            out.push_str(text.get(copied..i).unwrap_or_default());
+            out.push_str(&format!("\\U{:08X}", u32::from(c)));
+            i += 12;
+            copied = i;
+            scan.skip_escape();
+            continue;
         }
-        if comment {
-        } else if double {
-            match b {
-                b'\\' => {
-                    if let Some(c) = surrogate_pair(bytes.get(i..).unwrap_or_default()) {
-                        let out = out.get_or_insert_with(|| String::with_capacity(text.len()));
-                        out.push_str(text.get(copied..i).unwrap_or_default());
-                        out.push_str(&format!("\\U{:08X}", u32::from(c)));
-                        i += 12;
-                        copied = i;
-                        previous = b'0';
-                        continue;
-                    }
-                    // Any other escape: its next byte is not a closing quote.
-                    i += 1;
-                }
-                b'"' => double = false,
-                _ => {}
-            }
-        } else if single {
-            // '' inside single quotes is an escaped quote: toggling twice is the same.
-            single = b != b'\'';
-        } else {
-            match b {
-                b'"' => double = true,
-                b'\'' => single = true,
-                b'#' if previous.is_ascii_whitespace() => comment = true,
-                _ => {}
-            }
-        }
-        previous = b;
         i += 1;
     }
     match out {

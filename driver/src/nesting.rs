@@ -25,45 +25,97 @@ pub struct TooDeep {
 /// Fails when `text` nests flow collections deeper than [`MAX_DEPTH`].
 pub fn check(text: &str) -> Result<(), TooDeep> {
     let (mut depth, mut line) = (0usize, 1usize);
-    let (mut single, mut double, mut escaped, mut comment) = (false, false, false, false);
-    let mut previous = b'\n';
+    let mut scan = QuoteScan::default();
     for &b in text.as_bytes() {
         if b == b'\n' {
             line += 1;
-            comment = false;
         }
-        if comment {
-            previous = b;
+        if scan.step(b) != Place::Plain {
             continue;
         }
-        if double {
-            match (escaped, b) {
-                (true, _) => escaped = false,
-                (false, b'\\') => escaped = true,
-                (false, b'"') => double = false,
-                _ => {}
-            }
-        } else if single {
-            // '' inside single quotes is an escaped quote: toggling twice is the same.
-            single = b != b'\'';
-        } else {
-            match b {
-                b'"' => double = true,
-                b'\'' => single = true,
-                b'#' if previous.is_ascii_whitespace() => comment = true,
-                b'[' | b'{' => {
-                    depth += 1;
-                    if depth > MAX_DEPTH {
-                        return Err(TooDeep { line });
-                    }
+        match b {
+            b'[' | b'{' => {
+                depth += 1;
+                if depth > MAX_DEPTH {
+                    return Err(TooDeep { line });
                 }
-                b']' | b'}' => depth = depth.saturating_sub(1),
-                _ => {}
             }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
         }
-        previous = b;
     }
     Ok(())
+}
+
+/// Where a byte of YAML text stands, as [`QuoteScan::step`] reads it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Place {
+    /// Outside quotes and comments.
+    Plain,
+    /// A backslash starting an escape in double quotes.
+    Escape,
+    /// In (or opening or closing) quotes, or in a comment.
+    Quoted,
+}
+
+/// The one reading of YAML quotes and comments that the byte-level
+/// pre-scans share (this module's depth count, `json_escapes`): double
+/// quotes with backslash escapes, single quotes where `''` is a quote, and
+/// `#` after white space starting a comment to the end of the line.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QuoteScan {
+    single: bool,
+    double: bool,
+    escaped: bool,
+    comment: bool,
+    previous: u8,
+}
+
+impl Default for QuoteScan {
+    fn default() -> Self {
+        QuoteScan { single: false, double: false, escaped: false, comment: false, previous: b'\n' }
+    }
+}
+
+impl QuoteScan {
+    /// Reads the next byte `b`: where it stands.
+    pub(crate) fn step(&mut self, b: u8) -> Place {
+        if b == b'\n' {
+            self.comment = false;
+        }
+        let place = if self.comment {
+            Place::Quoted
+        } else if self.double {
+            match (self.escaped, b) {
+                (true, _) => self.escaped = false,
+                (false, b'\\') => self.escaped = true,
+                (false, b'"') => self.double = false,
+                _ => {}
+            }
+            if self.escaped { Place::Escape } else { Place::Quoted }
+        } else if self.single {
+            // '' inside single quotes is an escaped quote: toggling twice is the same.
+            self.single = b != b'\'';
+            Place::Quoted
+        } else {
+            match b {
+                b'"' => self.double = true,
+                b'\'' => self.single = true,
+                b'#' if self.previous.is_ascii_whitespace() => self.comment = true,
+                _ => {}
+            }
+            if self.double || self.single || self.comment { Place::Quoted } else { Place::Plain }
+        };
+        self.previous = b;
+        place
+    }
+
+    /// The escape just read (at [`Place::Escape`]) was consumed whole by
+    /// the caller: the scan goes on after it, still in double quotes.
+    pub(crate) fn skip_escape(&mut self) {
+        self.escaped = false;
+        self.previous = b'0';
+    }
 }
 
 #[cfg(test)]

@@ -509,10 +509,8 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
     let bus = (0x18 + 0x10 * slot) as u8;
     let root_bus = 0x17 + 0x20 * (slot / 2);
     let (cc_major, cc_minor) = model.cuda_compute_capability.split_once('.').unwrap_or(("0", "0"));
+    let uuid = format!("GPU-{}", fake_uuid(node, &format!("gpu/{index}")));
     Gpu {
-        index,
-        minor: index,
-        uuid: format!("GPU-{}", fake_uuid(node, &format!("gpu/{index}"))),
         product_name: model.product_name.clone(),
         brand: "Nvidia".to_string(),
         architecture: model.architecture_name(),
@@ -523,12 +521,7 @@ fn fake_gpu(node: &NodeName, index: u32, total: u32, model: &GpuModel, numa: Opt
         iommu_group: Some(0x20 + index),
         numa_node: Some(numa.unwrap_or(if total >= 2 && index >= total / 2 { 1 } else { 0 })),
         memory_bytes: model.memory_mib << 20,
-        mig: MigMode::Disabled,
-        mig_capabilities: None,
-        nvlink_group: None,
-        clique: None,
-        addressing_mode: None,
-        faults: Vec::new(),
+        ..Gpu::new(index, index, uuid)
     }
 }
 

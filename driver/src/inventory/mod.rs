@@ -233,6 +233,32 @@ pub enum PublishedDevice<'a> {
 }
 
 impl Gpu {
+    /// A GPU known so far by its index, minor and UUID only: nothing about
+    /// it read yet, not partitioned, no topology, no faults. Discovery (NVML
+    /// or a fake inventory) fills in what it knows.
+    pub fn new(index: u32, minor: u32, uuid: String) -> Gpu {
+        Gpu {
+            index,
+            minor,
+            uuid,
+            product_name: String::new(),
+            brand: String::new(),
+            architecture: String::new(),
+            cuda_compute_capability: Semver::from_major_minor(0, 0),
+            pci_bus_id: None,
+            pcie_root: None,
+            iommu_group: None,
+            numa_node: None,
+            memory_bytes: 0,
+            mig: MigMode::Disabled,
+            mig_capabilities: None,
+            nvlink_group: None,
+            clique: None,
+            addressing_mode: None,
+            faults: Vec::new(),
+        }
+    }
+
     /// `gpu-<minor>`, as NVIDIA names it.
     pub fn device_name(&self) -> Result<DeviceName, InvalidName> {
         DeviceName::new(format!("gpu-{}", self.minor))

@@ -90,26 +90,7 @@ fn read_gpu(device: &Device<'_>, index: u32, sys_root: &Path, mig_minors: &MigMi
             return None;
         }
     };
-    let mut gpu = Gpu {
-        index,
-        minor,
-        uuid,
-        product_name: String::new(),
-        brand: String::new(),
-        architecture: String::new(),
-        cuda_compute_capability: Semver::from_major_minor(0, 0),
-        pci_bus_id: None,
-        pcie_root: None,
-        iommu_group: None,
-        numa_node: None,
-        memory_bytes: 0,
-        mig: MigMode::Disabled,
-        mig_capabilities: None,
-        nvlink_group: None,
-        clique: None,
-        addressing_mode: None,
-        faults: Vec::new(),
-    };
+    let mut gpu = Gpu::new(index, minor, uuid);
     match fill_gpu(&mut gpu, device, sys_root, mig_minors) {
         Ok(()) => Some(gpu),
         Err(GpuError::Lost) => {
