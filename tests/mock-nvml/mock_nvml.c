@@ -191,6 +191,24 @@ nvmlReturn_t nvmlDeviceGetGpuInstancePossiblePlacements_v2(nvmlDevice_t d, unsig
 }
 /* ==== end dynmig ==== */
 
+/* Splits a line of one of the mock's files (table, state, telemetry) at
+ * '|' into at most max fields, the newline dropped; returns how many. */
+static int split_fields(char *line, char **fields, int max) {
+    line[strcspn(line, "\n")] = 0;
+    int n = 0;
+    for (char *p = strtok(line, "|"); p && n < max; p = strtok(NULL, "|")) fields[n++] = p;
+    return n;
+}
+
+/* Opens <base><suffix> (a file beside the table or the state file) for
+ * reading; NULL when there is no base or no such file. */
+static FILE *open_beside(const char *base, const char *suffix) {
+    if (!base) return NULL;
+    char path[4200];
+    snprintf(path, sizeof path, "%s%s", base, suffix);
+    return fopen(path, "r");
+}
+
 static int load_table(void) {
     const char *path = getenv("MOCK_NVML_TABLE");
     if (!path) return 0;
@@ -202,10 +220,8 @@ static int load_table(void) {
     mig_device_count = 0;
     char line[1024];
     while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
         char *fields[16];
-        int n = 0;
-        for (char *p = strtok(line, "|"); p && n < 16; p = strtok(NULL, "|")) fields[n++] = p;
+        int n = split_fields(line, fields, 16);
         if (n == 2 && !strcmp(fields[0], "driver")) {
             snprintf(driver_version, sizeof driver_version, "%s", fields[1]);
         } else if (n == 2 && !strcmp(fields[0], "cuda")) {
@@ -558,11 +574,7 @@ nvmlReturn_t nvmlDeviceGetSupportedEventTypes(nvmlDevice_t d, unsigned long long
 
 /* The next unread line of <table>.events, if any. */
 static int next_event(unsigned int *minor, unsigned long long *xid) {
-    const char *table = getenv("MOCK_NVML_TABLE");
-    if (!table) return 0;
-    char path[4096];
-    snprintf(path, sizeof path, "%s.events", table);
-    FILE *f = fopen(path, "r");
+    FILE *f = open_beside(getenv("MOCK_NVML_TABLE"), ".events");
     if (!f) return 0;
     char line[256];
     long index = 0;
@@ -869,10 +881,8 @@ static void lifecycle_restore(void) {
     mig_device_count = 0;
     char line[1024];
     while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
         char *fields[12];
-        int n = 0;
-        for (char *p = strtok(line, "|"); p && n < 12; p = strtok(NULL, "|")) fields[n++] = p;
+        int n = split_fields(line, fields, 12);
         if (n == 2 && !strcmp(fields[0], "generation")) {
             uuid_generation = strtoull(fields[1], NULL, 10);
         } else if (n == 4 && !strcmp(fields[0], "mode")) {
@@ -901,11 +911,7 @@ static void lifecycle_restore(void) {
 /* Whether <MOCK_NVML_STATE>.busy lists processes on GPU `minor` (gi NULL:
  * anywhere on it) or in its GPU instance `*gi`. */
 static int busy(unsigned int minor, const unsigned int *gi) {
-    const char *state = env_path("MOCK_NVML_STATE");
-    if (!state) return 0;
-    char path[4200];
-    snprintf(path, sizeof path, "%s.busy", state);
-    FILE *f = fopen(path, "r");
+    FILE *f = open_beside(env_path("MOCK_NVML_STATE"), ".busy");
     if (!f) return 0;
     char line[256];
     int found = 0;
@@ -1130,10 +1136,8 @@ static void read_loads(void) {
     load_count = 0;
     char line[1024];
     while (fgets(line, sizeof line, f) && load_count < MAX_LOADS) {
-        line[strcspn(line, "\n")] = 0;
         char *fields[2 + TELEMETRY_FIELDS];
-        int n = 0;
-        for (char *p = strtok(line, "|"); p && n < 2 + TELEMETRY_FIELDS; p = strtok(NULL, "|")) fields[n++] = p;
+        int n = split_fields(line, fields, 2 + TELEMETRY_FIELDS);
         if (n != 2 + TELEMETRY_FIELDS || strcmp(fields[0], "load")) continue;
         mock_load *l = &loads[load_count++];
         snprintf(l->uuid, sizeof l->uuid, "%s", fields[1]);

@@ -15,42 +15,7 @@
 # Progress goes to stderr.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-command -v go >/dev/null || {
-	echo "build.sh: the go command is not on PATH; the NVIDIA state generator needs Go (>= 1.26)" >&2
-	exit 1
-}
-# The go line of go.mod decides the toolchain (`auto` fetches a newer one
-# only if it asks for one). A static binary, no C compiler needed.
-export GOTOOLCHAIN=${GOTOOLCHAIN:-auto} CGO_ENABLED=0
-
-key=$( (cd "$here" && cat go.mod go.sum ./*.go && go env GOVERSION) | sha256sum | cut -c1-16)
-cache=${GPU_DRA_KUBE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra-driver}
-final=$cache/nvidia-state/$key
-mkdir -p "$cache/nvidia-state"
-if [[ ! -x $final/nvidia-state ]]; then
-	exec 9>"$final.lock"
-	flock 9
-	if [[ ! -x $final/nvidia-state ]]; then
-		tmp=$(mktemp -d "$final.building.XXXXXX")
-		chmod 755 "$tmp"
-		echo "build.sh: building the NVIDIA state generator ($here) into $final (once per machine and source version; about 80 s of CPU cold)" >&2
-		start=$SECONDS
-		# A line a minute while go builds (silent for minutes on 2 cores).
-		# Without the lock's fd 9: a sleep holding it would keep the other
-		# builders waiting for up to a minute after this one is done.
-		(while sleep 60 </dev/null >/dev/null 2>&1; do echo "build.sh: still building the NVIDIA state generator ($((SECONDS - start)) s so far)" >&2; done) 9>&- &
-		ticker=$!
-		trap 'kill "$ticker" 2>/dev/null' EXIT
-		(cd "$here" && go build -mod=readonly -trimpath -ldflags="-s -w" -o "$tmp/nvidia-state" .) >&2 || {
-			rm -rf "$tmp"
-			echo "build.sh: building the NVIDIA state generator failed" >&2
-			exit 1
-		}
-		rm -rf "$final"
-		mv "$tmp" "$final"
-		echo "build.sh: built the NVIDIA state generator in $((SECONDS - start)) s" >&2
-	fi
-	exec 9>&-
-	rm -f "$final.lock"
-fi
-echo "nvidia-state-bin=$final/nvidia-state"
+# shellcheck source=tests/go-build-lib.sh
+. "$here/../go-build-lib.sh"
+go_build_module "$here" nvidia-state "the NVIDIA state generator" "the NVIDIA state generator" \
+	"once per machine and source version; about 80 s of CPU cold"

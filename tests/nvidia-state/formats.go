@@ -96,9 +96,6 @@ type (
 	devV2512   = preparedGpuMigVfio[migLiveV2512, uuidOnly, deviceK8s134]
 	groupV2512 = deviceGroup[devV2512, configV253]
 	devV04     = preparedGpuMigVfio[migLiveV04, vfioInfoV04, checkpointedDevice]
-	groupV04   = deviceGroup[devV04, configV253]
-	groupV041  = deviceGroup[devV04, configV041]
-	groupMain  = deviceGroup[devV04, configMain]
 )
 
 var formats = []*format{
@@ -136,39 +133,27 @@ var formats = []*format{
 		},
 		verify: verifyV1V2[groupV2512, sectionV2V2512[groupV2512]],
 	},
-	{
-		name:     "v0.4",
+	v04Format("v0.4", "v0.4.0", caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true}, cfgV253),
+	v04Format("v0.4.1", "v0.4.1",
+		caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true, timeSlice: true}, cfgV041),
+	v04Format("main", "main at 95932046 (unreleased)",
+		caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true, timeSlice: true, mpsApplied: true}, cfgMain),
+}
+
+// v04Format is a format of the v0.4 line, which differ only in the group
+// config they write (cfg): concrete MIG and VFIO devices with their
+// checkpointed device, the v0.4 layout, the spec saved by spec.Save.
+func v04Format[C any](name, releases string, c caps, cfg func(*inGroup) C) *format {
+	return &format{
+		name:     name,
 		specSave: true,
-		releases: "v0.4.0",
-		caps:     caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true},
+		releases: releases,
+		caps:     c,
 		marshal: func(in *input, claims []*inClaim) ([]byte, error) {
-			groups := groupsOf(claims, groupConcrete(migV04, vfioV04, checkpointed, cfgV253))
-			return marshalV04(in, claims, groups)
+			return marshalV04(in, claims, groupsOf(claims, groupConcrete(migV04, vfioV04, checkpointed, cfg)))
 		},
-		verify: verifyV1V2[groupV04, sectionV2V04[groupV04]],
-	},
-	{
-		name:     "v0.4.1",
-		specSave: true,
-		releases: "v0.4.1",
-		caps:     caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true, timeSlice: true},
-		marshal: func(in *input, claims []*inClaim) ([]byte, error) {
-			groups := groupsOf(claims, groupConcrete(migV04, vfioV04, checkpointed, cfgV041))
-			return marshalV04(in, claims, groups)
-		},
-		verify: verifyV1V2[groupV041, sectionV2V04[groupV041]],
-	},
-	{
-		name:     "main",
-		specSave: true,
-		releases: "main at 95932046 (unreleased)",
-		caps:     caps{v2: true, claimNames: true, migConcrete: true, vfio: true, v04: true, timeSlice: true, mpsApplied: true},
-		marshal: func(in *input, claims []*inClaim) ([]byte, error) {
-			groups := groupsOf(claims, groupConcrete(migV04, vfioV04, checkpointed, cfgMain))
-			return marshalV04(in, claims, groups)
-		},
-		verify: verifyV1V2[groupMain, sectionV2V04[groupMain]],
-	},
+		verify: verifyV1V2[deviceGroup[devV04, C], sectionV2V04[deviceGroup[devV04, C]]],
+	}
 }
 
 // formatAliases maps release tags to their format.
@@ -290,18 +275,22 @@ func checkDevice(f *format, d *inDevice, p string, notHeld func(path, why string
 			foreign = append(foreign, name)
 		}
 	}
-	switch d.Kind {
-	case "gpu":
-		if d.UUID == "" {
-			return fmt.Errorf("%s.uuid: required for a gpu", p)
-		}
-		set("pciBusID", d.PciBusID != "")
+	// The MIG device's fields, foreign to GPUs and VFIO devices.
+	migFieldsSet := func() {
 		set("migUUID", d.MigUUID != "")
 		set("parentUUID", d.ParentUUID != "")
 		set("parentMinor", d.ParentMinor != nil)
 		set("giId", d.GIID != nil)
 		set("ciId", d.CIID != nil)
 		set("parentPCIBusID", d.ParentPCIBusID != "")
+	}
+	switch d.Kind {
+	case "gpu":
+		if d.UUID == "" {
+			return fmt.Errorf("%s.uuid: required for a gpu", p)
+		}
+		set("pciBusID", d.PciBusID != "")
+		migFieldsSet()
 	case "vfio":
 		if !f.caps.vfio {
 			return notHeld(p+".kind", "vfio devices came with v25.12.0")
@@ -312,12 +301,7 @@ func checkDevice(f *format, d *inDevice, p string, notHeld func(path, why string
 		if d.PciBusID != "" && !f.caps.v04 {
 			return notHeld(p+".pciBusID", "VfioDeviceInfo.pciBusID came with v0.4.0")
 		}
-		set("migUUID", d.MigUUID != "")
-		set("parentUUID", d.ParentUUID != "")
-		set("parentMinor", d.ParentMinor != nil)
-		set("giId", d.GIID != nil)
-		set("ciId", d.CIID != nil)
-		set("parentPCIBusID", d.ParentPCIBusID != "")
+		migFieldsSet()
 	case "mig":
 		if d.MigUUID == "" {
 			return fmt.Errorf("%s.migUUID: required for a mig device", p)
