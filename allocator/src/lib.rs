@@ -76,8 +76,8 @@ mod taint_rules;
 mod taints;
 mod why;
 
-#[cfg(test)]
-mod test_support;
+#[cfg(any(test, feature = "test-support"))]
+pub mod test_support;
 
 pub use budget::SearchBudget;
 pub use error::{AllocateError, FatalError, InputError};

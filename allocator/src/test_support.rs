@@ -20,7 +20,8 @@ pub fn q(s: &str) -> Quantity {
 }
 
 /// The compact form of a test device.
-pub fn rec(d: Device) -> super::compact::DeviceRecord {
+#[cfg(test)]
+pub(crate) fn rec(d: Device) -> super::compact::DeviceRecord {
     super::compact::Compactor::default().device(&d, super::compact::Like::default())
 }
 

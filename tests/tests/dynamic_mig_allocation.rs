@@ -6,6 +6,7 @@
 
 use std::collections::BTreeSet;
 
+use dra_allocator::test_support::claim_with;
 use dra_allocator::{AllocateError, Allocator, Explanation};
 use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus, MigCapabilities, MigCapableProfile};
@@ -13,9 +14,9 @@ use gpu_dra_driver::inventory::{Inventory, Placement, fake};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, validate_slice_for};
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClaim, DeviceClass, DeviceClassSpec,
-    DeviceConstraint, DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimSpec, ResourceClaimStatus, ResourceSlice,
+    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClass, DeviceClassSpec, DeviceConstraint,
+    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest, ResourceClaim,
+    ResourceClaimStatus, ResourceSlice,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
@@ -75,27 +76,13 @@ fn request(name: &str, class: &str, count: i64, cel: Option<&str>) -> DeviceRequ
     }
 }
 
-fn claim(name: &str, requests: Vec<DeviceRequest>, constraints: Vec<DeviceConstraint>) -> ResourceClaim {
-    ResourceClaim {
-        metadata: ObjectMeta { name: Some(name.into()), namespace: Some("default".into()), ..Default::default() },
-        spec: Some(ResourceClaimSpec {
-            devices: Some(DeviceClaim {
-                requests: Some(requests),
-                constraints: (!constraints.is_empty()).then_some(constraints),
-                config: None,
-            }),
-        }),
-        status: None,
-    }
-}
-
 fn profile_is(name: &str) -> String {
     format!("device.attributes['{DRIVER}'].profile == '{name}'")
 }
 
 /// A claim holding `device`, as if the scheduler had allocated it.
 fn holding(device: &str) -> ResourceClaim {
-    let mut c = claim(&format!("holds-{device}"), vec![request("r", "mig.nvidia.com", 1, None)], vec![]);
+    let mut c = claim_with(&format!("holds-{device}"), vec![request("r", "mig.nvidia.com", 1, None)], vec![]);
     c.status = Some(ResourceClaimStatus {
         allocation: Some(AllocationResult {
             devices: Some(DeviceAllocationResult {
@@ -215,7 +202,7 @@ fn counters_let_together_exactly_what_the_gpu_can_hold() {
             for (held, held_mig) in &devices {
                 a.record_allocated(&holding(held)).unwrap();
                 for profile in &caps.profiles {
-                    let asked = claim(
+                    let asked = claim_with(
                         "probe",
                         vec![request("r", "mig.nvidia.com", 8, Some(&profile_is(&profile.profile.name)))],
                         vec![],
@@ -235,7 +222,7 @@ fn counters_let_together_exactly_what_the_gpu_can_hold() {
                     );
                 }
                 if held_mig.is_some() {
-                    let whole = claim("whole", vec![request("g", "gpu.nvidia.com", 1, None)], vec![]);
+                    let whole = claim_with("whole", vec![request("g", "gpu.nvidia.com", 1, None)], vec![]);
                     assert!(a.allocate(NODE, &[&whole]).is_err(), "{model}: {held} held, whole GPU refused");
                 }
                 a.release(&holding(held)).unwrap();
@@ -260,7 +247,7 @@ fn every_profile_fits_its_instance_count() {
             for p in &caps.profiles {
                 let n = p.max_count.min(p.placements.len() as u32);
                 let mut a = Allocator::new(&slices, &classes(), &[]);
-                let c = claim(
+                let c = claim_with(
                     "fill",
                     vec![request("r", "mig.nvidia.com", n.into(), Some(&profile_is(&p.profile.name)))],
                     vec![],
@@ -285,7 +272,7 @@ fn four_two_one_on_one_gpu_at_disjoint_placements() {
             let mut a = Allocator::new(&slices(&inv, rules), &classes(), &[]);
             let same_gpu =
                 DeviceConstraint { match_attribute: Some(format!("{DRIVER}/parentUUID")), ..Default::default() };
-            let c = claim(
+            let c = claim_with(
                 "421",
                 vec![
                     request("four", "mig.nvidia.com", 1, Some(&profile_is(four))),
@@ -314,13 +301,13 @@ fn seven_g_then_one_g_is_refused_naming_the_counter() {
         let inv = dynamic_node(model, 1);
         for rules in RULES {
             let mut a = Allocator::new(&slices(&inv, rules), &classes(), &[]);
-            let big = claim("big", vec![request("r", "mig.nvidia.com", 1, Some(&profile_is(seven)))], vec![]);
+            let big = claim_with("big", vec![request("r", "mig.nvidia.com", 1, Some(&profile_is(seven)))], vec![]);
             let placed = a.place(&[&big]).unwrap_or_else(|e| panic!("{model}: {e}"));
             assert_eq!(
                 picked(&placed.allocations),
                 [("r".to_string(), format!("gpu-0-mig-{}-0-0", seven.replace('.', "")))]
             );
-            let small = claim("small", vec![request("r", "mig.nvidia.com", 1, Some(&profile_is(one)))], vec![]);
+            let small = claim_with("small", vec![request("r", "mig.nvidia.com", 1, Some(&profile_is(one)))], vec![]);
             let e = unsatisfiable(a.allocate(NODE, &[&small]));
             let text = e.to_string();
             assert!(text.contains("blocked by shared counters"), "{text}");
