@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::apiserver::ApiServer;
 use integration_tests::controller_process::ControllerProcess;
+use integration_tests::webhook_process::gpus_slice;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -27,20 +28,8 @@ const CLAIMS: usize = 10_000;
 const MANY_REQUESTS: usize = 1_000;
 
 fn slice(node: &str) -> ResourceSlice {
-    let devices: Vec<_> = (0..GPUS)
-        .map(|i| {
-            json!({"name": format!("gpu-{i}"), "attributes": {
-                "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                "architecture": {"string": "Hopper"}, "uuid": {"string": format!("GPU-{node}-{i}")}},
-                "capacity": {"memory": {"value": "80Gi"}}})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-                 "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices},
-    }))
-    .expect("a valid slice")
+    let attributes = json!({"productName": {"string": "NVIDIA H100 80GB HBM3"}, "architecture": {"string": "Hopper"}});
+    gpus_slice(node, GPUS, attributes)
 }
 
 fn claim(i: usize) -> ResourceClaim {

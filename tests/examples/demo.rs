@@ -288,29 +288,7 @@ fn run(server: &ApiServer, runtime: &tokio::runtime::Runtime, nodes: &mut [DemoN
         }
     }
 
-    println!("\n== each node prepares its claims (as the kubelet does when the pod starts)");
-    for node in nodes.iter() {
-        let Some(plugin) = node.plugin.as_ref() else { continue };
-        let mine = by_node.get(node.name).cloned().unwrap_or_default();
-        if mine.is_empty() {
-            continue;
-        }
-        let refs: Vec<_> = mine.iter().map(|(name, uid)| claim("default", name, uid)).collect();
-        let prepared = runtime.block_on(node.kubelet.prepare(plugin, &refs))?;
-        for (name, uid) in &mine {
-            for device in prepared.get(uid).into_iter().flatten() {
-                println!(
-                    "   {:<13} {name}: {} -> CDI {}",
-                    node.name,
-                    device.device_name,
-                    device.cdi_device_ids.join(", ")
-                );
-            }
-            describe_spec(&node.dirs.cdi.join(format!("k8s.{DRIVER}-claim_{uid}.json")))?;
-        }
-        runtime.block_on(node.kubelet.unprepare(plugin, &refs))?;
-        println!("   {:<13} unprepared {} claim(s); CDI specs removed", node.name, refs.len());
-    }
+    runtime.block_on(prepare_on_each_node(nodes, &by_node))?;
 
     println!("\n== deleting the workload: the controller deallocates its claims");
     for (_, name) in &claims {
@@ -324,6 +302,40 @@ fn run(server: &ApiServer, runtime: &tokio::runtime::Runtime, nodes: &mut [DemoN
 
 /// What a container of the claim gets: device nodes, and mounts from the
 /// driver install.
+/// Each node prepares its claims of `by_node` (name and UID by node) as
+/// the kubelet does when the pod starts, shows the devices and CDI specs
+/// it gets, and unprepares them: the stand-in and the real-cluster demo
+/// end the same way.
+async fn prepare_on_each_node(
+    nodes: &[DemoNode],
+    by_node: &BTreeMap<String, Vec<(String, String)>>,
+) -> anyhow::Result<()> {
+    println!("\n== each node prepares its claims (as the kubelet does when the pod starts)");
+    for node in nodes {
+        let Some(plugin) = node.plugin.as_ref() else { continue };
+        let mine = by_node.get(node.name).cloned().unwrap_or_default();
+        if mine.is_empty() {
+            continue;
+        }
+        let refs: Vec<_> = mine.iter().map(|(name, uid)| claim("default", name, uid)).collect();
+        let prepared = node.kubelet.prepare(plugin, &refs).await?;
+        for (name, uid) in &mine {
+            for device in prepared.get(uid).into_iter().flatten() {
+                println!(
+                    "   {:<13} {name}: {} -> CDI {}",
+                    node.name,
+                    device.device_name,
+                    device.cdi_device_ids.join(", ")
+                );
+            }
+            describe_spec(&node.dirs.cdi.join(format!("k8s.{DRIVER}-claim_{uid}.json")))?;
+        }
+        node.kubelet.unprepare(plugin, &refs).await?;
+        println!("   {:<13} unprepared {} claim(s); CDI specs removed", node.name, refs.len());
+    }
+    Ok(())
+}
+
 fn describe_spec(path: &Path) -> anyhow::Result<()> {
     let spec: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(path)?)?;
     let mut nodes: Vec<String> = Vec::new();

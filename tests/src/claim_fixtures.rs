@@ -1,5 +1,6 @@
-//! Allocated ResourceClaims as the scheduler leaves them, stored in the
-//! API-server stand-in for the plugin to read.
+//! ResourceClaims for the tests: pending ones as a user writes them, and
+//! allocated ones as the scheduler leaves them, stored in the API-server
+//! stand-in for the plugin to read.
 
 use k8s_openapi::api::resource::v1::{
     AllocationResult, DeviceAllocationConfiguration, DeviceAllocationResult, DeviceRequestAllocationResult,
@@ -8,6 +9,20 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
 use crate::apiserver::{ApiError, ApiServer};
+
+/// A pending claim `default/<name>` as a user writes one: one request,
+/// `gpu`, for `count` devices of `class`, with the CEL `selector` if any.
+pub fn pending_claim(name: &str, class: &str, count: u32, selector: Option<&str>) -> ResourceClaim {
+    let mut exactly = serde_json::json!({"deviceClassName": class, "count": count});
+    if let Some(cel) = selector {
+        exactly["selectors"] = serde_json::json!([{"cel": {"expression": cel}}]);
+    }
+    serde_json::from_value(serde_json::json!({
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    }))
+    .expect("a valid claim")
+}
 
 /// One allocation result: `device` of pool `pool` for `request`.
 #[derive(Debug, Clone)]

@@ -230,12 +230,9 @@ pub fn register(rt: &tokio::runtime::Runtime, kubelet: &Kubelet, dirs: &PluginDi
     }
 }
 
-pub fn wait_until(what: &str, mut done: impl FnMut() -> bool, logs: impl Fn() -> String) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", logs());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+/// [`crate::wait::wait_until`] within [`WAIT`].
+pub fn wait_until(what: &str, done: impl FnMut() -> bool, logs: impl Fn() -> String) {
+    crate::wait::wait_until(what, WAIT, done, logs);
 }
 
 pub struct Cluster {

@@ -25,9 +25,11 @@ pub mod nvidia_state;
 pub mod pci_core;
 pub mod plugin_process;
 pub mod ports;
+pub mod publisher;
 pub mod rbac;
 pub mod real_chart;
 pub mod real_cluster;
+pub mod wait;
 pub mod webhook_process;
 
 use std::path::{Path, PathBuf};
@@ -96,6 +98,16 @@ pub fn run(bin: &Path, args: &[&str], stdin: Option<&[u8]>) -> Output {
         pipe.write_all(input).expect("writing stdin");
     }
     child.wait_with_output().expect("waiting for the child")
+}
+
+/// `gpu-dra-controller simulate` of the shipped DeviceClasses and `claims`
+/// on `fleet` (both relative to the workspace root), printed as `format`.
+pub fn simulate_shipped(claims: &str, fleet: &str, format: &str) -> Output {
+    let root = workspace_root();
+    let (classes, claims, fleet) = (root.join("deviceclasses"), root.join(claims), root.join(fleet));
+    let path = |p: &Path| p.to_str().expect("a UTF-8 path").to_owned();
+    let (classes, claims, fleet) = (path(&classes), path(&claims), path(&fleet));
+    run(controller(), &["simulate", "-f", &classes, "-f", &claims, "--fleet", &fleet, "-o", format], None)
 }
 
 /// Standard output as text, asserting success.

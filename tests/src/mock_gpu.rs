@@ -215,3 +215,22 @@ fn mig_minors(inventory: &Inventory) -> String {
     }
     table
 }
+
+/// What the dynamic MIG suites share: the gate, GPU 0's devices they make,
+/// and the plugin started on a mock node (NVML only, no fake inventory).
+pub mod dynamic_mig {
+    use crate::kubelet::KubeletConfig;
+    use crate::node::{DRIVER, RunningNode};
+    use crate::plugin_process::PluginOptions;
+
+    pub const GATES: &str = "DynamicMIG=true";
+    pub const FOUR: &str = "gpu-0-mig-4g40gb-5-0";
+    pub const TWO: &str = "gpu-0-mig-2g20gb-14-4";
+    pub const ONE: &str = "gpu-0-mig-1g10gb-19-6";
+
+    /// The plugin with `options` (a [`super::MockGpuNode`]'s), on an empty
+    /// fake inventory: what it publishes comes from the mock NVML.
+    pub fn start(options: PluginOptions) -> RunningNode {
+        RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options)
+    }
+}

@@ -104,18 +104,10 @@ impl MockNvmlNode {
 
     /// Flags that make the plugin discover through the mock.
     pub fn args(&self) -> Vec<String> {
-        let path = |p: &str| self.dir.path().join(p).display().to_string();
-        vec![
-            "--driver-root".into(),
-            self.root().display().to_string(),
-            "--sys-root".into(),
-            path("sys"),
-            "--proc-root".into(),
-            path("proc"),
-            // Missing device nodes are made here, never in the real /dev.
-            "--dev-root".into(),
-            path("dev"),
-        ]
+        let mut args = discovery_args(self.dir.path());
+        // Missing device nodes are made here, never in the real /dev.
+        args.extend(["--dev-root".into(), self.dir.path().join("dev").display().to_string()]);
+        args
     }
 
     /// The variables the mock reads.
@@ -143,6 +135,13 @@ impl MockNvmlNode {
             }
         }
     }
+}
+
+/// The flags that make discovery (`run` or `print-slices`) go through a
+/// mock laid out under `dir`: driver root `driver`, `sys` and `proc`.
+pub fn discovery_args(dir: &Path) -> Vec<String> {
+    let path = |p: &str| dir.join(p).display().to_string();
+    vec!["--driver-root".into(), path("driver"), "--sys-root".into(), path("sys"), "--proc-root".into(), path("proc")]
 }
 
 /// Writes the mock's load figures file (`MOCK_NVML_TELEMETRY`) at `path`,

@@ -14,14 +14,20 @@ use serde_json::{Value, json};
 use crate::apiserver::ApiServer;
 use crate::https_client;
 
-/// A node's slice of `gpus` whole GPUs.
+/// A node's slice of `gpus` whole H100s.
 pub fn gpu_slice(node: &str, gpus: usize) -> ResourceSlice {
+    gpus_slice(node, gpus, json!({"productName": {"string": "NVIDIA H100 80GB HBM3"}}))
+}
+
+/// A node's slice of `gpus` whole 80 GiB GPUs of type `gpu`, each with its
+/// UUID and the `attributes` given (an object of attribute name to value).
+pub fn gpus_slice(node: &str, gpus: usize, attributes: Value) -> ResourceSlice {
     let devices: Vec<_> = (0..gpus)
         .map(|i| {
-            json!({"name": format!("gpu-{i}"), "attributes": {
-                "type": {"string": "gpu"}, "productName": {"string": "NVIDIA H100 80GB HBM3"},
-                "uuid": {"string": format!("GPU-{node}-{i}")}},
-                "capacity": {"memory": {"value": "80Gi"}}})
+            let mut all = attributes.clone();
+            all["type"] = json!({"string": "gpu"});
+            all["uuid"] = json!({"string": format!("GPU-{node}-{i}")});
+            json!({"name": format!("gpu-{i}"), "attributes": all, "capacity": {"memory": {"value": "80Gi"}}})
         })
         .collect();
     serde_json::from_value(json!({

@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use integration_tests::apiserver::{ApiServer, RequestRecord};
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::fault_proxy::{Fault, FaultProxy, Rule};
+use integration_tests::wait::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -83,14 +84,16 @@ impl Cluster {
     }
 }
 
-async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> bool, log: impl Fn() -> String) {
-    let start = Instant::now();
-    while !check() {
-        if start.elapsed() > timeout {
-            panic!("timed out waiting for {what}; controller log:\n{}", log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+/// Once the faults are cleared, each of the `claims` made so far is
+/// allocated once, and the watches still work: a new claim is allocated too.
+async fn recovers(cluster: &Cluster, controller: &ControllerProcess, claims: usize) {
+    cluster.proxy.clear();
+    let what = format!("all {claims} allocated once");
+    eventually(&what, Duration::from_secs(30), || cluster.allocated_once() == claims, || controller.log()).await;
+    cluster.delegated("after");
+    let log = || controller.log();
+    eventually("the new claim allocated", Duration::from_secs(30), || cluster.allocated_once() == claims + 1, log)
+        .await;
 }
 
 fn is_write(r: &RequestRecord) -> bool {
@@ -117,23 +120,7 @@ async fn cut_short_writes_and_lists_neither_stall_nor_double_and_the_loop_recove
     let during = cluster.allocated_once();
     println!("allocated while every claim write's answer was cut short: {during} of 6");
 
-    cluster.proxy.clear();
-    eventually(
-        "all six allocated once",
-        Duration::from_secs(30),
-        || cluster.allocated_once() == 6,
-        || controller.log(),
-    )
-    .await;
-    // The watches still work: a new claim is allocated too.
-    cluster.delegated("after");
-    eventually(
-        "the new claim allocated",
-        Duration::from_secs(30),
-        || cluster.allocated_once() == 7,
-        || controller.log(),
-    )
-    .await;
+    recovers(&cluster, &controller, 6).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -156,22 +143,7 @@ async fn garbage_in_watches_and_503_pages_are_survived_and_logged_sparingly() {
     assert!(!log.contains("<html>\n") && !log.contains("Failed to parse error data"), "{log}");
     assert!(log.contains("unavailable (HTTP 503"), "{log}");
 
-    cluster.proxy.clear();
-    eventually(
-        "all four allocated once",
-        Duration::from_secs(30),
-        || cluster.allocated_once() == 4,
-        || controller.log(),
-    )
-    .await;
-    cluster.delegated("after");
-    eventually(
-        "the new claim allocated",
-        Duration::from_secs(30),
-        || cluster.allocated_once() == 5,
-        || controller.log(),
-    )
-    .await;
+    recovers(&cluster, &controller, 4).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

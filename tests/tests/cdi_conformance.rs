@@ -169,6 +169,24 @@ fn the_library_rejects_what_it_should() {
     assert!(read_spec(&file, 0).is_err());
 }
 
+/// `print-cdi` of claim `CLAIM_UIDS[1]` on the A100 node whose driver is
+/// at `root`, mounted at `/run/nvidia/driver` on the host, with the hook at
+/// `hook`; `extra` names the devices and the rest.
+fn print_from_driver_root(root: &Path, hook: &str, extra: &[&str]) -> String {
+    let mut flags = vec![
+        "--driver-root",
+        root.to_str().unwrap(),
+        "--host-driver-root",
+        "/run/nvidia/driver",
+        "--nvidia-cdi-hook-path",
+        hook,
+        "--claim-uid",
+        CLAIM_UIDS[1],
+    ];
+    flags.extend(extra);
+    stdout_ok(&print_cdi_a100(&flags))
+}
+
 /// A claim's spec for a node whose driver is installed at a (fake) driver
 /// root: `print-cdi --driver-root` gives it, the CNCF library injects it,
 /// and the container gets exactly the driver's files, read-only, and the
@@ -189,22 +207,7 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
     )
     .unwrap();
     let hook = "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook";
-    let print = |devices: &[&str]| {
-        let mut flags = vec![
-            "--driver-root",
-            root.path().to_str().unwrap(),
-            "--host-driver-root",
-            "/run/nvidia/driver",
-            "--nvidia-cdi-hook-path",
-            hook,
-            "--claim-uid",
-            CLAIM_UIDS[1],
-        ];
-        for d in devices {
-            flags.extend(["--device", d]);
-        }
-        stdout_ok(&print_cdi_a100(&flags))
-    };
+    let print = |device: &str| print_from_driver_root(root.path(), hook, &["--device", device]);
     let files: Vec<String> = [
         format!("/{LIBDIR}/libcuda.so.{version}"),
         format!("/{LIBDIR}/libnvidia-ml.so.{version}"),
@@ -218,7 +221,7 @@ fn driver_root_files_reach_the_container_through_the_cncf_library() {
     .to_vec();
     for device in ["gpu-3", "gpu-0-mig-1g10gb-19-3"] {
         let dir = tempfile::tempdir().unwrap();
-        let json = print(&[device]);
+        let json = print(device);
         let file = dir.path().join(format!("k8s.gpu.nvidia.com-claim_{}.json", CLAIM_UIDS[1]));
         std::fs::write(&file, &json).unwrap();
         let emitted: serde_json::Value = serde_json::from_str(&json).unwrap();
@@ -336,20 +339,7 @@ fn video_graphics_and_cuda_compat_reach_the_container_as_nvidia_gives_them() {
     fake_tree::build_complete(root.path(), version).unwrap();
     let id = format!("k8s.gpu.nvidia.com/claim={}-gpu-3", CLAIM_UIDS[1]);
     let print = |extra: &[&str]| {
-        let mut flags = vec![
-            "--driver-root",
-            root.path().to_str().unwrap(),
-            "--host-driver-root",
-            "/run/nvidia/driver",
-            "--nvidia-cdi-hook-path",
-            "/usr/bin/nvidia-cdi-hook",
-            "--claim-uid",
-            CLAIM_UIDS[1],
-            "--device",
-            "gpu-3",
-        ];
-        flags.extend(extra);
-        stdout_ok(&print_cdi_a100(&flags))
+        print_from_driver_root(root.path(), "/usr/bin/nvidia-cdi-hook", &[&["--device", "gpu-3"], extra].concat())
     };
     let d = format!("/{LIBDIR}");
     let (mounts, hooks) = injected(&print(&[]), &id);

@@ -7,7 +7,7 @@
 //! stand-in does not serve) must get as far as the server's NotFound.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use integration_tests::apiserver::ApiServer;
@@ -155,14 +155,21 @@ fn run_with(kubectl: &Path, kubeconfig: &Path, command: &str, plugin: Option<&Pl
     if out.status.success() || log_not_served { Ok(stdout) } else { Err(format!("{filled}: {stderr}")) }
 }
 
-#[test]
-fn every_kubectl_command_the_chart_and_the_docs_print_runs() {
+/// kubectl, the seeded stand-in and a kubeconfig for it (in the directory
+/// returned, to keep while the test runs).
+fn seeded_server() -> (PathBuf, ApiServer, tempfile::TempDir, PathBuf) {
     let kubectl = kubectl(tmp_dir());
     let server = ApiServer::start_in_thread().unwrap();
     seed(&server);
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).unwrap();
+    (kubectl, server, dir, kubeconfig)
+}
+
+#[test]
+fn every_kubectl_command_the_chart_and_the_docs_print_runs() {
+    let (kubectl, _server, _dir, kubeconfig) = seeded_server();
 
     let outcomes = render_all(
         tmp_dir(),
@@ -203,12 +210,7 @@ fn every_kubectl_command_the_chart_and_the_docs_print_runs() {
 /// commands the issue found broken fail here, in kubectl's words.
 #[test]
 fn commands_kubectl_or_the_server_refuse_fail() {
-    let kubectl = kubectl(tmp_dir());
-    let server = ApiServer::start_in_thread().unwrap();
-    seed(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
+    let (kubectl, _server, _dir, kubeconfig) = seeded_server();
     for (command, why) in [
         (
             "kubectl -n gpu-dra-driver logs -l app.kubernetes.io/component=kubelet-plugin --field-selector spec.nodeName=<node>",

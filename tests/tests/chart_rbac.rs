@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::apiserver::audit::{ApiCall, calls_by};
 use integration_tests::apiserver::{ApiServer, Matcher};
@@ -15,6 +15,7 @@ use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{Outcome, one, render_all, render_chart, rendered};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
 use integration_tests::rbac::{Grant, allows, role_grants};
+use integration_tests::wait;
 use integration_tests::workspace_root;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
@@ -92,12 +93,8 @@ fn demo_calls() -> Vec<(String, ApiCall)> {
         .collect()
 }
 
-fn wait_until(what: &str, log: &dyn Fn() -> String, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}; log:\n{}", log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(what: &str, log: &dyn Fn() -> String, check: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT, check, log);
 }
 
 /// The calls of the paths the demo does not take: a plugin that finds a

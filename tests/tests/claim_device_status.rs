@@ -14,6 +14,7 @@ use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
 use integration_tests::kubelet::{KubeletConfig, claim};
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
 use integration_tests::plugin_process::{PluginOptions, scrape_metrics};
+use integration_tests::wait;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use serde_json::json;
@@ -41,12 +42,8 @@ fn ready(entry: &AllocatedDeviceStatus) -> Option<(String, String, String)> {
     Some((c.status.clone(), c.reason.clone(), c.message.clone()))
 }
 
-fn wait_until(node: &RunningNode, what: &str, mut check: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !check() {
-        assert!(start.elapsed() < WAIT, "timed out waiting for {what}; log:\n{}", node.process.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(node: &RunningNode, what: &str, check: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT, check, || node.process.log());
 }
 
 fn claim_status_errors(node: &mut RunningNode) -> u64 {

@@ -2,10 +2,12 @@
 //! delegated allocation with conflicts, leader election and failover.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use integration_tests::apiserver::{ApiServer, Matcher};
+use integration_tests::claim_fixtures::pending_claim;
 use integration_tests::controller_process::ControllerProcess;
+use integration_tests::wait::eventually;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::events::v1::Event;
@@ -31,13 +33,13 @@ fn slice(node: &str, gpus: usize) -> ResourceSlice {
     .unwrap()
 }
 
+/// A claim of `count` GPUs, whose allocation the controller makes when `delegated`.
 fn claim(name: &str, count: u32, delegated: bool) -> ResourceClaim {
-    let annotations = if delegated { json!({"gpu.nvidia.com/allocate": "true"}) } else { json!({}) };
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default", "annotations": annotations},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": count}}]}},
-    }))
-    .unwrap()
+    let mut claim = pending_claim(name, "gpu.nvidia.com", count, None);
+    if delegated {
+        claim.metadata.annotations = Some([("gpu.nvidia.com/allocate".to_string(), "true".to_string())].into());
+    }
+    claim
 }
 
 struct Cluster {
@@ -76,17 +78,6 @@ impl Cluster {
             .into_iter()
             .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
             .collect()
-    }
-}
-
-/// Polls `check` until it holds or `timeout` passes.
-async fn eventually(what: &str, timeout: Duration, mut check: impl FnMut() -> bool, log: impl Fn() -> String) {
-    let start = Instant::now();
-    while !check() {
-        if start.elapsed() > timeout {
-            panic!("timed out waiting for {what}; controller log:\n{}", log());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

@@ -20,24 +20,16 @@ use gpu_kubelet_plugin::mig::{MadeInstance, MigIntent};
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, MigModeOff, PrepareState,
 };
-use integration_tests::kubelet::{KubeletConfig, claim};
+use integration_tests::kubelet::claim;
+use integration_tests::mock_gpu::dynamic_mig::{FOUR, GATES, ONE, TWO, start};
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};
-use integration_tests::plugin_process::PluginOptions;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 3\n    mig:\n      - gpus: [0]\n        dynamic: true\n      \
                          - gpus: [1]\n        instances: [3g.40gb, 3g.40gb]\n";
-const GATES: &str = "DynamicMIG=true";
-const FOUR: &str = "gpu-0-mig-4g40gb-5-0";
-const TWO: &str = "gpu-0-mig-2g20gb-14-4";
-const ONE: &str = "gpu-0-mig-1g10gb-19-6";
 const FORGED_A: &str = "f1000000-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 const FORGED_B: &str = "f2000000-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 const FORGED_C: &str = "f3000000-9c1d-4a57-8d3c-1f2e3d4c5b6a";
-
-fn start(options: PluginOptions) -> RunningNode {
-    RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options)
-}
 
 fn on(gpu: &MockGpuNode, minor: u32) -> Vec<MockInstance> {
     gpu.instances().remove(&minor).unwrap_or_default()

@@ -10,12 +10,11 @@
 //!   and in unprepare (the prepared claim gets its GPU out of MIG mode
 //!   again): no claim lost, the retry succeeds, the slices say the truth.
 
-use std::time::Duration;
-
 use gpu_kubelet_plugin::state::checkpoint::PrepareState;
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::mock_gpu::MockGpuNode;
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
+use integration_tests::wait;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kubelet_proto::dra_v1::Claim;
 
@@ -53,19 +52,8 @@ fn published(node: &RunningNode) -> Option<Gpu0> {
 
 /// Waits until the slices show `want` (a hang guard, not a timing assertion).
 fn eventually_published(node: &RunningNode, want: Gpu0, step: &str) {
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let now = published(node);
-        if now.as_ref() == Some(&want) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{step}: slices show {now:?}, not {want:?}\n{}",
-            node.process.log()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let shown = || format!("slices showing {:?}, not {want:?}\n{}", published(node), node.process.log());
+    wait::wait_until(&format!("{step}: {want:?}"), WAIT, || published(node).as_ref() == Some(&want), shown);
 }
 
 /// The GPU's mode, the records and the slices agree that the claim holds

@@ -14,23 +14,14 @@ use gpu_kubelet_plugin::mig::{MadeInstance, MigIntent};
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, PrepareState,
 };
-use integration_tests::kubelet::KubeletConfig;
+use integration_tests::mock_gpu::dynamic_mig::{FOUR, GATES, ONE, TWO, start};
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};
-use integration_tests::plugin_process::PluginOptions;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n    mig:\n      - gpus: [0]\n        dynamic: true\n      \
                          - gpus: [1]\n        instances: [3g.40gb, 3g.40gb]\n";
-const GATES: &str = "DynamicMIG=true";
-const FOUR: &str = "gpu-0-mig-4g40gb-5-0";
-const TWO: &str = "gpu-0-mig-2g20gb-14-4";
-const ONE: &str = "gpu-0-mig-1g10gb-19-6";
-
-fn start(options: PluginOptions) -> RunningNode {
-    RunningNode::start("gpus: []\n", KubeletConfig::new("", DRIVER), options)
-}
 
 fn gpu0(gpu: &MockGpuNode) -> Vec<MockInstance> {
     gpu.instances().remove(&0).unwrap_or_default()

@@ -27,6 +27,7 @@ use integration_tests::fake_mps::{self, Cleanup, mps_calls};
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
+use integration_tests::wait;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 4\n";
 const DAMAGED_LINE: &str = "damaged checkpoint record";
@@ -439,11 +440,8 @@ fn the_supervisor_launches_only_for_claims_the_checkpoint_holds_and_follows_no_l
     let outside_before = snapshot(outside.path());
 
     let supervisor = Supervisor::start(state.path(), &driver_root, state.path().join("supervisor.log"));
-    let deadline = Instant::now() + WAIT;
-    while !(good.join("launch.result").exists() && linked_log.join("launch.result").exists()) {
-        assert!(Instant::now() < deadline, "no answer\n{}", supervisor.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let answered = || good.join("launch.result").exists() && linked_log.join("launch.result").exists();
+    wait::wait_until("the supervisor's answers", WAIT, answered, || supervisor.log());
     // Several more rounds of the supervisor's loop.
     std::thread::sleep(Duration::from_millis(1000));
     let good_result = std::fs::read_to_string(good.join("launch.result")).unwrap();

@@ -10,7 +10,7 @@ use gpu_dra_driver::inventory::fake;
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
 use integration_tests::apiserver::ApiServer;
-use integration_tests::claim_fixtures::{self, Allocated, allocated_claim};
+use integration_tests::claim_fixtures::{self, Allocated, allocated_claim, pending_claim};
 use integration_tests::kubelet::{self as kubelet_standin, KubeletConfig};
 use integration_tests::mock_nvml_node::{Load, MockNvmlNode};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
@@ -45,22 +45,9 @@ fn classes() -> Vec<DeviceClass> {
         .collect()
 }
 
-fn claim(name: &str, class: &str, count: u32, selector: Option<&str>) -> ResourceClaim {
-    let mut exactly = json!({"deviceClassName": class, "count": count});
-    if let Some(cel) = selector {
-        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
-    }
-    serde_json::from_value(json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
-    }))
-    .unwrap()
-}
-
 /// A claim holding `devices` of `node`, reserved for pod `pod`.
 fn allocated(name: &str, node: &str, devices: &[&str], pod: &str) -> ResourceClaim {
-    let mut c = claim(name, "gpu.nvidia.com", u32::try_from(devices.len()).unwrap(), None);
+    let mut c = pending_claim(name, "gpu.nvidia.com", u32::try_from(devices.len()).unwrap(), None);
     let results: Vec<Value> = devices
         .iter()
         .map(|d| json!({"request": "gpu", "driver": "gpu.nvidia.com", "pool": node, "device": d}))
@@ -97,7 +84,7 @@ fn cluster() -> ApiServer {
     let held: Vec<&str> = held.iter().map(String::as_str).collect();
     server.create_with_status(&allocated("trainer", H100_NODE, &held, "trainer-0")).unwrap();
     server
-        .create(&claim(
+        .create(&pending_claim(
             "two-h100",
             "gpu.nvidia.com",
             2,
@@ -105,7 +92,7 @@ fn cluster() -> ApiServer {
         ))
         .unwrap();
     server
-        .create(&claim(
+        .create(&pending_claim(
             "typo",
             "gpu.nvidia.com",
             1,
@@ -476,7 +463,7 @@ fn the_charts_viewer_roles_are_exactly_what_it_calls() {
 fn device_taint_rules_are_shown_and_honoured() {
     let server = cluster();
     server
-        .create(&claim(
+        .create(&pending_claim(
             "one-h100",
             "gpu.nvidia.com",
             1,
@@ -515,7 +502,7 @@ fn device_taint_rules_are_shown_and_honoured() {
 #[test]
 fn why_says_the_cluster_lacks_a_class_not_to_pass_a_file() {
     let server = cluster();
-    server.create(&claim("on-tpu", "tpu.example.com", 1, None)).unwrap();
+    server.create(&pending_claim("on-tpu", "tpu.example.com", 1, None)).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let out = kubectl_gpu_in(&server, dir.path(), &["why", "on-tpu"]);
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));

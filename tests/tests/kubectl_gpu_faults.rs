@@ -17,7 +17,9 @@ use std::process::Output;
 use std::time::Duration;
 
 use integration_tests::apiserver::ApiServer;
+use integration_tests::claim_fixtures::pending_claim;
 use integration_tests::fault_proxy::{Fault, FaultProxy, Rule};
+use integration_tests::webhook_process::gpus_slice;
 use integration_tests::{kubectl_gpu, run_or_kill, stdout_ok, workspace_root};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
@@ -39,20 +41,7 @@ fn has_raw_control(text: &str) -> bool {
 }
 
 fn slice(node: &str, product: &str, devices: usize) -> ResourceSlice {
-    let devices: Vec<Value> = (0..devices)
-        .map(|i| {
-            json!({"name": format!("gpu-{i}"), "attributes": {
-                "type": {"string": "gpu"}, "productName": {"string": product},
-                "uuid": {"string": format!("GPU-{node}-{i}")}},
-                "capacity": {"memory": {"value": "80Gi"}}})
-        })
-        .collect();
-    serde_json::from_value(json!({
-        "metadata": {"name": format!("{node}-gpu.nvidia.com")},
-        "spec": {"driver": "gpu.nvidia.com", "nodeName": node,
-            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
-    }))
-    .unwrap()
+    gpus_slice(node, devices, json!({"productName": {"string": product}}))
 }
 
 /// The shipped `gpu.nvidia.com` DeviceClass.
@@ -62,15 +51,7 @@ fn gpu_class() -> DeviceClass {
 }
 
 fn claim(name: &str, selector: Option<&str>) -> ResourceClaim {
-    let mut exactly = json!({"deviceClassName": "gpu.nvidia.com", "count": 1});
-    if let Some(cel) = selector {
-        exactly["selectors"] = json!([{"cel": {"expression": cel}}]);
-    }
-    serde_json::from_value(json!({
-        "metadata": {"name": name, "namespace": "default"},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
-    }))
-    .unwrap()
+    pending_claim(name, "gpu.nvidia.com", 1, selector)
 }
 
 /// A one-node cluster with one pending claim, `c`.

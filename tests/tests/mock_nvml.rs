@@ -12,6 +12,8 @@ use gpu_dra_driver::inventory::catalog::Catalog;
 use gpu_dra_driver::inventory::{Inventory, fake};
 use gpu_dra_driver::names::NodeName;
 use integration_tests::mock_nvml::{build_library, sys_tree, table, write_boot_id};
+use integration_tests::mock_nvml_node::discovery_args;
+use integration_tests::wait;
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
 
 /// A node whose NVML is the mock, from a fake inventory example.
@@ -50,15 +52,7 @@ impl MockNode {
 
     /// Flags that make the plugin discover through the mock.
     fn args(&self) -> Vec<String> {
-        let path = |p: &str| self.dir.path().join(p).display().to_string();
-        vec![
-            "--driver-root".into(),
-            self.root().display().to_string(),
-            "--sys-root".into(),
-            path("sys"),
-            "--proc-root".into(),
-            path("proc"),
-        ]
+        discovery_args(self.dir.path())
     }
 
     /// The mock delivers `xid` on GPU `minor` at its next event wait.
@@ -238,11 +232,7 @@ fn injected_xids_reach_a_running_plugin_through_nvml_events() {
         )
     };
     let wait = |what: &str, done: &dyn Fn() -> bool| {
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-        while !done() {
-            assert!(std::time::Instant::now() < deadline, "{what}\n{}", plugin.log());
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
+        wait::wait_until(what, std::time::Duration::from_secs(60), done, || plugin.log());
     };
     wait("the slices are published", &|| taints("gpu-7").is_some());
     assert_eq!(taints("gpu-2"), Some(vec![]));

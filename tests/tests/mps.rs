@@ -11,7 +11,7 @@
 //! does on a node).
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_kubelet_plugin::state::checkpoint::MpsDaemon;
 use integration_tests::claim_fixtures::{Allocated, opaque_config};
@@ -19,6 +19,7 @@ use integration_tests::fake_mps::{self, Cleanup, mounts_under, mps_calls, runnin
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
+use integration_tests::wait;
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use kubelet_proto::dra_v1::Claim;
 
@@ -72,12 +73,8 @@ fn gpu_uuid(node: &RunningNode, device: &str) -> String {
     record.and_then(|r| r.mps).map(|m| m.visible[0].clone()).expect("a daemon's device")
 }
 
-fn wait_until(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn wait_until(what: &str, timeout: Duration, done: impl FnMut() -> bool) {
+    wait::wait_until(what, timeout, done, String::new);
 }
 
 fn prepare_ok(node: &RunningNode, claim: &Claim) {

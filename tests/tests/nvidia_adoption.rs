@@ -12,6 +12,7 @@ use integration_tests::kubelet::{KubeletConfig, claim};
 use integration_tests::node::{DRIVER, NODE, RunningNode, WAIT};
 use integration_tests::nvidia_state::{self, NvidiaClaim, NvidiaDevice, NvidiaFormat};
 use integration_tests::plugin_process::PluginOptions;
+use integration_tests::wait;
 use serde_json::json;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 4\n";
@@ -41,20 +42,15 @@ fn write_spec(node: &RunningNode, uid: &str, device: &str, minor: u32) {
 
 /// The UUID the fake inventory gives `gpu-<minor>`: read from the slices.
 fn gpu_uuid(node: &RunningNode, device: &str) -> String {
-    let start = std::time::Instant::now();
-    loop {
+    let uuid = || {
         let slices: Vec<k8s_openapi::api::resource::v1::ResourceSlice> = node.server.list(None, "").unwrap_or_default();
-        let found = slices
+        slices
             .iter()
             .flat_map(|s| s.spec.devices.iter().flatten())
             .find(|d| d.name == device)
-            .and_then(|d| d.attributes.as_ref()?.get("uuid")?.string.clone());
-        if let Some(uuid) = found {
-            return uuid;
-        }
-        assert!(start.elapsed() < WAIT, "no slice names {device}:\n{}", node.process.log());
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+            .and_then(|d| d.attributes.as_ref()?.get("uuid")?.string.clone())
+    };
+    wait::until_some(&format!("a slice naming {device}"), WAIT, uuid, || node.process.log())
 }
 
 fn boot_id() -> String {

@@ -9,6 +9,7 @@ use futures::StreamExt;
 use integration_tests::apiserver::ApiServer;
 use integration_tests::kubelet::{DraVersion, Kubelet, KubeletConfig, claim};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess, wait_for_path};
+use integration_tests::wait;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use kubelet_proto::health_v1alpha1::HealthStatus;
 
@@ -176,15 +177,7 @@ fn readyz_turns_ready_after_registration_and_publishing() {
     assert!(body.contains("registered"), "{body}");
 
     rt.block_on(kubelet(&dirs).wait_and_register(WAIT)).unwrap_or_else(|e| panic!("{e}\n{}", plugin.log()));
-    let deadline = std::time::Instant::now() + WAIT;
-    loop {
-        let (status, body) = get("/readyz");
-        if status == 200 {
-            break;
-        }
-        assert!(std::time::Instant::now() < deadline, "never ready: {body}\n{}", plugin.log());
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait::wait_until("/readyz to answer 200", WAIT, || get("/readyz").0 == 200, || plugin.log());
     let slices: Vec<ResourceSlice> = server.list(None, "spec.nodeName=node-a").unwrap();
     assert!(!slices.is_empty());
     let (status, metrics) = get("/metrics");

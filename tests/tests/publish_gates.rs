@@ -11,19 +11,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
-use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::consumable_shares::SharesMode;
 use gpu_dra_driver::slices::served::GatedField;
-use gpu_kubelet_plugin::publish::inventory_watch::watch_fake_file;
 use gpu_kubelet_plugin::publish::publisher::{
-    self, PublishError, PublishObserver, PublishStatus, PublisherConfig, SliceWrite,
+    PublishError, PublishObserver, PublishStatus, PublisherConfig, SliceWrite,
 };
 use integration_tests::apiserver::{ApiServer, gates};
+use integration_tests::publisher::{self, FOUR_GPUS, NODE, SELECTOR};
+use integration_tests::wait;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-const NODE: &str = "node-a";
-const SELECTOR: &str = "spec.nodeName=node-a,spec.driver=gpu.nvidia.com";
-const FOUR_GPUS: &str = "gpus:\n  - model: H100-80GB\n    count: 4\n";
 /// How long an idle publisher is watched for writes it should not make. The
 /// old publisher rewrote ~85 times a second; this is a window to count in,
 /// not a deadline.
@@ -57,18 +54,17 @@ impl Seen {
     }
 }
 
+/// The publisher and the slice writes it was told of.
 struct Running {
-    server: ApiServer,
-    status: Arc<PublishStatus>,
+    run: publisher::Running,
     seen: Arc<Seen>,
-    inventory_file: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-    task: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
+impl std::ops::Deref for Running {
+    type Target = publisher::Running;
+
+    fn deref(&self) -> &publisher::Running {
+        &self.run
     }
 }
 
@@ -77,39 +73,14 @@ impl Drop for Running {
 async fn start(minor: u32, inventory: &str, configure: impl FnOnce(&mut PublisherConfig)) -> Running {
     let server = ApiServer::start().await.unwrap();
     server.use_release_defaults(minor);
-    let dir = tempfile::tempdir().unwrap();
-    let inventory_file = dir.path().join("inventory.yaml");
-    std::fs::write(&inventory_file, inventory).unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let client = gpu_kubelet_plugin::kube_client::client_from_file(&kubeconfig).await.unwrap();
-    let node = NodeName::new(NODE).unwrap();
-    let watch = watch_fake_file(
-        inventory_file.clone(),
-        node.clone(),
-        Duration::from_millis(100),
-        gpu_kubelet_plugin::mig::selection::DynamicMigSelection::disabled(),
-    )
-    .unwrap();
-    let mut config = PublisherConfig::new(node, DriverName::nvidia_default());
-    config.min_backoff = Duration::from_millis(20);
-    config.max_backoff = Duration::from_millis(200);
-    configure(&mut config);
     let seen = Arc::new(Seen::default());
     let status = Arc::new(PublishStatus::with_observer(seen.clone()));
-    let task = tokio::spawn(publisher::run(client, config, watch, status.clone()));
-    Running { server, status, seen, inventory_file, _dir: dir, task }
+    Running { run: publisher::start(server, inventory, configure, status).await, seen }
 }
 
 /// Waits until `condition` holds (a hang guard, not a timing assertion).
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..600 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
+async fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    wait::eventually(what, Duration::from_secs(30), condition, String::new).await;
 }
 
 fn slices(server: &ApiServer) -> Vec<ResourceSlice> {

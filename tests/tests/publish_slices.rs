@@ -4,30 +4,12 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use gpu_dra_driver::names::{DriverName, NodeName};
-use gpu_kubelet_plugin::publish::inventory_watch::watch_fake_file;
-use gpu_kubelet_plugin::publish::publisher::{self, PublishStatus, PublisherConfig};
+use gpu_kubelet_plugin::publish::publisher::PublishStatus;
 use integration_tests::apiserver::{ApiServer, Matcher};
+use integration_tests::publisher::{self, FOUR_GPUS, NODE, Running, SELECTOR};
+use integration_tests::wait;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-
-const NODE: &str = "node-a";
-const SELECTOR: &str = "spec.nodeName=node-a,spec.driver=gpu.nvidia.com";
-const FOUR_GPUS: &str = "gpus:\n  - model: H100-80GB\n    count: 4\n";
-
-struct Running {
-    server: ApiServer,
-    status: Arc<PublishStatus>,
-    inventory_file: std::path::PathBuf,
-    _dir: tempfile::TempDir,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Running {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
 
 /// Starts the stand-in, lets `prepare` inject faults, then starts the publisher.
 async fn start(prepare: impl FnOnce(&ApiServer)) -> Running {
@@ -37,11 +19,7 @@ async fn start(prepare: impl FnOnce(&ApiServer)) -> Running {
 async fn start_with(inventory_text: &str, prepare: impl FnOnce(&ApiServer)) -> Running {
     let server = ApiServer::start().await.unwrap();
     prepare(&server);
-    let dir = tempfile::tempdir().unwrap();
-    let inventory_file = dir.path().join("inventory.yaml");
-    std::fs::write(&inventory_file, inventory_text).unwrap();
-    let (status, task) = spawn_publisher(&server, dir.path(), &inventory_file).await;
-    Running { server, status, inventory_file, _dir: dir, task }
+    publisher::start(server, inventory_text, |_| {}, Arc::new(PublishStatus::new())).await
 }
 
 async fn spawn_publisher(
@@ -49,34 +27,14 @@ async fn spawn_publisher(
     dir: &Path,
     inventory_file: &Path,
 ) -> (Arc<PublishStatus>, tokio::task::JoinHandle<()>) {
-    let kubeconfig = dir.join("kubeconfig");
-    server.write_kubeconfig(&kubeconfig).unwrap();
-    let client = gpu_kubelet_plugin::kube_client::client_from_file(&kubeconfig).await.unwrap();
-    let node = NodeName::new(NODE).unwrap();
-    let inventory = watch_fake_file(
-        inventory_file.to_path_buf(),
-        node.clone(),
-        Duration::from_millis(100),
-        gpu_kubelet_plugin::mig::selection::DynamicMigSelection::disabled(),
-    )
-    .unwrap();
-    let mut config = PublisherConfig::new(node, DriverName::nvidia_default());
-    config.min_backoff = Duration::from_millis(20);
-    config.max_backoff = Duration::from_millis(200);
     let status = Arc::new(PublishStatus::new());
-    let task = tokio::spawn(publisher::run(client, config, inventory, status.clone()));
+    let task = publisher::spawn(server, dir, inventory_file, |_| {}, status.clone()).await;
     (status, task)
 }
 
 /// Waits until `condition` holds (a hang guard, not a timing assertion).
-async fn eventually(what: &str, mut condition: impl FnMut() -> bool) {
-    for _ in 0..600 {
-        if condition() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting until {what}");
+async fn eventually(what: &str, condition: impl FnMut() -> bool) {
+    wait::eventually(what, Duration::from_secs(30), condition, String::new).await;
 }
 
 fn slices(server: &ApiServer) -> Vec<ResourceSlice> {

@@ -16,27 +16,18 @@
 
 use std::io::Write as _;
 use std::path::Path;
-use std::time::Duration;
 
 use integration_tests::mock_nvml_node::MockNvmlNode;
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
 use integration_tests::real_cluster::driver::eventually_within;
-use integration_tests::real_cluster::node::{TEST_IMAGE, cluster_with_node};
+use integration_tests::real_cluster::node::{NODE_WAIT, TEST_IMAGE, TWO_H100, cluster_with_node};
 use integration_tests::real_cluster::objects::create_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::api::{Api, DeleteParams};
 use serde_json::json;
 
-const WAIT: Duration = Duration::from_secs(120);
 const NODE: &str = "health-node";
-const INVENTORY: &str = r#"
-driverVersion: "580.82.07"
-cudaDriverVersion: "13.0"
-gpus:
-  - model: H100-80GB
-    count: 2
-"#;
 
 /// One device's health as the pod shows it: (resource name, device id,
 /// health, message).
@@ -63,8 +54,8 @@ fn shown(pod: &Pod) -> Vec<Shown> {
 #[tokio::test(flavor = "multi_thread")]
 async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_gpu_healthy() {
     let (cluster, node, token) = cluster_with_node(NODE, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
-    let gpus = MockNvmlNode::new(INVENTORY);
-    let dirs = node.plugin_dirs(&cluster, INVENTORY, &token);
+    let gpus = MockNvmlNode::new(TWO_H100);
+    let dirs = node.plugin_dirs(&cluster, TWO_H100, &token);
     let options = PluginOptions {
         node: NODE.into(),
         fake_inventory: false,
@@ -103,7 +94,8 @@ async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_
             }
         }
     };
-    let healthy = eventually_within("the pod to show its GPU Healthy", WAIT, health("Healthy"), || logs(&plugin)).await;
+    let healthy =
+        eventually_within("the pod to show its GPU Healthy", NODE_WAIT, health("Healthy"), || logs(&plugin)).await;
     let claim = claims.get("one-gpu").await.unwrap();
     let uid = claim.metadata.uid.clone().unwrap();
     let result = &claim.status.unwrap().allocation.unwrap().devices.unwrap().results.unwrap()[0];
@@ -121,7 +113,7 @@ async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_
         .unwrap();
     writeln!(events, "{minor}|79").unwrap();
     let unhealthy =
-        eventually_within("the pod to show its GPU Unhealthy", WAIT, health("Unhealthy"), || logs(&plugin)).await;
+        eventually_within("the pod to show its GPU Unhealthy", NODE_WAIT, health("Unhealthy"), || logs(&plugin)).await;
     assert_eq!(
         unhealthy,
         [("claim:gpu/gpu".into(), cdi_id.clone(), "Unhealthy".into(), "critical XID 79".into())],
@@ -139,7 +131,8 @@ async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_
     plugin.kill().unwrap();
     plugin = PluginProcess::spawn(&dirs, &options).unwrap();
     let recovered =
-        eventually_within("the pod to show its GPU Healthy again", WAIT, health("Healthy"), || logs(&plugin)).await;
+        eventually_within("the pod to show its GPU Healthy again", NODE_WAIT, health("Healthy"), || logs(&plugin))
+            .await;
     assert_eq!(recovered, healthy);
     assert!(plugin.log().contains("kubelet opened the device health stream"), "{}", plugin.log());
     assert!(plugin.log().contains(r#"version="v1""#), "the kubelet of 1.37 uses health v1\n{}", plugin.log());
@@ -147,7 +140,7 @@ async fn an_xid_shows_in_the_pods_status_and_a_restarted_plugin_shows_the_reset_
     pods.delete("trainer", &DeleteParams::default()).await.unwrap();
     eventually_within(
         "the pod to be gone",
-        WAIT,
+        NODE_WAIT,
         || async { pods.get_opt("trainer").await.ok()?.is_none().then_some(()) },
         || logs(&plugin),
     )

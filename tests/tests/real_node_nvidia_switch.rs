@@ -16,27 +16,18 @@
 //! A ResourceSlice left by NVIDIA's plugin is there too. Needs root.
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use integration_tests::nvidia_state::{self, NvidiaClaim, NvidiaDevice, NvidiaFormat};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
 use integration_tests::real_cluster::driver::eventually_within;
-use integration_tests::real_cluster::node::{RealNode, TEST_IMAGE, cluster_with_node};
+use integration_tests::real_cluster::node::{NODE_WAIT, RealNode, TEST_IMAGE, TWO_H100, cluster_with_node};
 use integration_tests::real_cluster::objects::create_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use serde_json::{Value, json};
 
-const WAIT: Duration = Duration::from_secs(120);
 const NODE: &str = "switch-node";
-const INVENTORY: &str = r#"
-driverVersion: "580.82.07"
-cudaDriverVersion: "13.0"
-gpus:
-  - model: H100-80GB
-    count: 2
-"#;
 /// What NVIDIA's spec sets beside the devices, to tell it from ours.
 const MARK: &str = "SPEC_WRITTEN_BY=nvidia-dra-driver-gpu";
 
@@ -85,7 +76,7 @@ fn files(dir: &Path) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_is_unprepared_by_ours() {
     let (cluster, mut node, token) = cluster_with_node(NODE, Path::new(env!("CARGO_TARGET_TMPDIR"))).await;
-    let dirs = node.plugin_dirs(&cluster, INVENTORY, &token);
+    let dirs = node.plugin_dirs(&cluster, TWO_H100, &token);
     let options = PluginOptions { node: NODE.into(), ..PluginOptions::default() };
     let mut plugin = PluginProcess::spawn(&dirs, &options).unwrap();
     let state: PathBuf = dirs.plugins.join("gpu.nvidia.com");
@@ -102,7 +93,7 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     let claims: Api<ResourceClaim> = Api::namespaced(cluster.admin(), "default");
     let first = eventually_within(
         "the pod to run",
-        WAIT,
+        NODE_WAIT,
         || async { running(&pods.get("trainer").await.ok()?) },
         || logs(&plugin, &node),
     )
@@ -157,7 +148,7 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     plugin = PluginProcess::spawn(&dirs, &options).unwrap();
     let adopted = eventually_within(
         "the plugin to adopt NVIDIA's checkpoint",
-        WAIT,
+        NODE_WAIT,
         || async {
             let log = plugin.log();
             log.lines().find(|l| l.contains("adopted the claims NVIDIA's DRA plugin prepared")).map(str::to_owned)
@@ -175,7 +166,7 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     assert_eq!(running(&pods.get("trainer").await.unwrap()), Some(first.clone()), "the pod ran on through the switch");
     eventually_within(
         "NVIDIA's slice to be replaced by ours",
-        WAIT,
+        NODE_WAIT,
         || async {
             let names: Vec<String> = slices
                 .list(&ListParams::default())
@@ -198,14 +189,14 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     node.kill_pod(&pod_uid);
     let again = eventually_within(
         "the pod to run again in a new sandbox",
-        WAIT,
+        NODE_WAIT,
         || async { running(&pods.get("trainer").await.ok()?).filter(|(id, _)| *id != first.0) },
         || logs(&plugin, &node),
     )
     .await;
     let log = eventually_within(
         "the restarted container's environment",
-        WAIT,
+        NODE_WAIT,
         || async {
             let log = node.container_log_of_run("default", "trainer", &pod_uid, "main", again.1);
             log.contains("== end").then_some(log)
@@ -220,7 +211,7 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     create_all(&cluster.admin(), &[claim("fresh"), pod("newcomer", "fresh")]).await.unwrap_or_else(|e| panic!("{e}"));
     eventually_within(
         "the new pod to run",
-        WAIT,
+        NODE_WAIT,
         || async { running(&pods.get("newcomer").await.ok()?) },
         || logs(&plugin, &node),
     )
@@ -236,7 +227,7 @@ async fn a_pod_prepared_by_nvidias_driver_keeps_running_through_the_switch_and_i
     pods.delete("trainer", &DeleteParams::default()).await.unwrap();
     eventually_within(
         "the pod to be gone and its claim unprepared",
-        WAIT,
+        NODE_WAIT,
         || async {
             let gone = pods.get_opt("trainer").await.ok()?.is_none();
             (gone && !theirs.exists() && !record.exists()).then_some(())

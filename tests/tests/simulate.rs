@@ -5,7 +5,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use integration_tests::{controller, run, stdout_ok, workspace_root};
+use integration_tests::{controller, run, simulate_shipped, stdout_ok, workspace_root};
 use serde_json::Value;
 
 fn simulate(args: &[&str]) -> Output {
@@ -15,20 +15,7 @@ fn simulate(args: &[&str]) -> Output {
 }
 
 fn examples(format: &str) -> Output {
-    let root = workspace_root();
-    let classes = root.join("deviceclasses");
-    let claims = root.join("examples/claims");
-    let fleet = root.join("examples/fleets/mixed.yaml");
-    simulate(&[
-        "-f",
-        classes.to_str().unwrap(),
-        "-f",
-        claims.to_str().unwrap(),
-        "--fleet",
-        fleet.to_str().unwrap(),
-        "-o",
-        format,
-    ])
+    simulate_shipped("examples/claims", "examples/fleets/mixed.yaml", format)
 }
 
 fn by_name(results: &[Value], name: &str) -> Value {

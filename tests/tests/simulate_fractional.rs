@@ -4,26 +4,11 @@
 //! consumes; the one that would exceed the GPU is refused with a reason
 //! naming the memory it asked for and what is left.
 
-use integration_tests::{controller, run, stdout_ok, workspace_root};
+use integration_tests::{controller, run, simulate_shipped, stdout_ok, workspace_root};
 use serde_json::{Value, json};
 
 fn simulate(format: &str) -> String {
-    let root = workspace_root();
-    let classes = root.join("deviceclasses");
-    let claims = root.join("examples/sharing/memory-shares.yaml");
-    let fleet = root.join("examples/fleets/fractional.yaml");
-    let args = [
-        "simulate",
-        "-f",
-        classes.to_str().unwrap(),
-        "-f",
-        claims.to_str().unwrap(),
-        "--fleet",
-        fleet.to_str().unwrap(),
-        "-o",
-        format,
-    ];
-    stdout_ok(&run(controller(), &args, None))
+    stdout_ok(&simulate_shipped("examples/sharing/memory-shares.yaml", "examples/fleets/fractional.yaml", format))
 }
 
 #[test]

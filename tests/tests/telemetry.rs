@@ -12,6 +12,7 @@ use integration_tests::mock_gpu::MockGpuNode;
 use integration_tests::mock_nvml_node::{Load, MockNvmlNode, write_loads};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess, scrape_metrics};
+use integration_tests::wait;
 use integration_tests::{kubelet_plugin, stdout_ok, workspace_root};
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::resource::v1::ResourceClaimConsumerReference;
@@ -49,12 +50,8 @@ fn lines<'a>(text: &'a str, family: &str) -> Vec<&'a str> {
     text.lines().filter(|l| l.starts_with(&format!("{family}{{")) || l.starts_with(&format!("{family} "))).collect()
 }
 
-fn wait_until(what: &str, log: &dyn Fn() -> String, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}\n{}", log());
-        std::thread::sleep(Duration::from_millis(100));
-    }
+fn wait_until(what: &str, log: &dyn Fn() -> String, done: impl FnMut() -> bool) {
+    wait::wait_until(what, WAIT, done, log);
 }
 
 /// Stores `default/<name>` allocated `devices` of the node, reserved for

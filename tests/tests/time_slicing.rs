@@ -6,13 +6,14 @@
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_dra_driver::driver_root::fake_tree;
 use integration_tests::claim_fixtures::{Allocated, opaque_config};
 use integration_tests::kubelet::KubeletConfig;
 use integration_tests::node::{DRIVER, NODE, RunningNode};
 use integration_tests::plugin_process::{PluginOptions, PluginProcess};
+use integration_tests::wait;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n";
 
@@ -53,7 +54,13 @@ fn smi_calls(root: &Path) -> Vec<String> {
 
 fn node(dir: &Path) -> (RunningNode, PathBuf) {
     let root = driver_root(dir);
-    let options = PluginOptions {
+    (RunningNode::start(INVENTORY, KubeletConfig::new("", DRIVER), options(&root)), root)
+}
+
+/// The plugin on the fake driver root `root` (its nvidia-smi logs calls),
+/// time-slicing allowed.
+fn options(root: &Path) -> PluginOptions {
+    PluginOptions {
         extra_args: vec![
             "--driver-root".into(),
             root.to_string_lossy().into_owned(),
@@ -61,8 +68,7 @@ fn node(dir: &Path) -> (RunningNode, PathBuf) {
             "TimeSlicingSettings=true".into(),
         ],
         ..PluginOptions::default()
-    };
-    (RunningNode::start(INVENTORY, KubeletConfig::new("", DRIVER), options), root)
+    }
 }
 
 fn time_sliced(interval: &str) -> Vec<k8s_openapi::api::resource::v1::DeviceAllocationConfiguration> {
@@ -119,11 +125,8 @@ fn a_plugin_killed_while_setting_the_time_slice_undoes_it_at_start() {
         // The call fails when the plugin dies: that is the point.
         let prepare =
             scope.spawn(|| node.runtime.block_on(node.kubelet.prepare_raw(&node.plugin, std::slice::from_ref(&claim))));
-        let start = Instant::now();
-        while !smi_calls(&root).iter().any(|c| c.starts_with("compute-policy")) {
-            assert!(start.elapsed() < Duration::from_secs(60), "nvidia-smi never ran:\n{}", node.process.log());
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        let ran = || smi_calls(&root).iter().any(|c| c.starts_with("compute-policy"));
+        wait::wait_until("nvidia-smi to run", Duration::from_secs(60), ran, || node.process.log());
         let _ = rustix::process::kill_process(
             rustix::process::Pid::from_raw(pid as i32).unwrap(),
             rustix::process::Signal::KILL,
@@ -135,19 +138,7 @@ fn a_plugin_killed_while_setting_the_time_slice_undoes_it_at_start() {
     assert_eq!(interrupted.len(), 1, "the intent was recorded before nvidia-smi ran");
     let uuid = gpu0_uuid(&node);
     let before = smi_calls(&root).len();
-    node.process = PluginProcess::spawn(
-        &node.dirs,
-        &PluginOptions {
-            extra_args: vec![
-                "--driver-root".into(),
-                root.to_string_lossy().into_owned(),
-                "--feature-gates".into(),
-                "TimeSlicingSettings=true".into(),
-            ],
-            ..PluginOptions::default()
-        },
-    )
-    .unwrap();
+    node.process = PluginProcess::spawn(&node.dirs, &options(&root)).unwrap();
     node.plugin = node
         .runtime
         .block_on(node.kubelet.wait_and_register(Duration::from_secs(60)))

@@ -12,7 +12,7 @@
 //!   gives everything back.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_kubelet_plugin::state::checkpoint::PrepareState;
 use integration_tests::kubelet::KubeletConfig;
@@ -20,6 +20,7 @@ use integration_tests::mock_gpu::MockGpuNode;
 use integration_tests::node::{DRIVER, RunningNode};
 use integration_tests::pci_core::PciCore;
 use integration_tests::plugin_process::PluginOptions;
+use integration_tests::wait;
 use kubelet_proto::dra_v1::Claim;
 
 const INVENTORY: &str = "gpus:\n  - model: H100-80GB\n    count: 2\n";
@@ -59,11 +60,7 @@ fn passed_through(host: &Host) -> bool {
 
 /// Waits (the emulator answers just after each write) until `done`.
 fn settles(what: &str, done: impl Fn() -> bool, log: impl Fn() -> String) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < Duration::from_secs(10), "{what}\n{}", log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait::wait_until(what, Duration::from_secs(10), done, log);
 }
 
 fn ids(node: &RunningNode, claim: &Claim) -> Vec<Vec<String>> {

@@ -15,7 +15,6 @@ use std::time::Instant;
 
 use anyhow::{Context as _, bail};
 use integration_tests::controller_process::ControllerProcess;
-use integration_tests::kubelet::claim;
 use integration_tests::real_cluster::objects::{create, create_all};
 use integration_tests::real_cluster::{Cluster, RELEASES, cached_binaries};
 use integration_tests::workspace_root;
@@ -25,7 +24,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, DeleteParams, ListParams};
 use serde_json::Value;
 
-use super::{DRIVER, DemoNode, NODES, WAIT, describe_spec, shorten, start_node};
+use super::{DemoNode, NODES, WAIT, prepare_on_each_node, shorten, start_node};
 
 const DELEGATION: &str = "gpu.nvidia.com/allocate";
 
@@ -141,29 +140,7 @@ async fn demo(cluster: &Cluster, nodes: &mut [DemoNode]) -> anyhow::Result<()> {
         }
     }
 
-    println!("\n== each node prepares its claims (as the kubelet does when the pod starts)");
-    for node in nodes.iter() {
-        let Some(plugin) = node.plugin.as_ref() else { continue };
-        let mine = by_node.get(node.name).cloned().unwrap_or_default();
-        if mine.is_empty() {
-            continue;
-        }
-        let refs: Vec<_> = mine.iter().map(|(name, uid)| claim("default", name, uid)).collect();
-        let prepared = node.kubelet.prepare(plugin, &refs).await?;
-        for (name, uid) in &mine {
-            for device in prepared.get(uid).into_iter().flatten() {
-                println!(
-                    "   {:<13} {name}: {} -> CDI {}",
-                    node.name,
-                    device.device_name,
-                    device.cdi_device_ids.join(", ")
-                );
-            }
-            describe_spec(&node.dirs.cdi.join(format!("k8s.{DRIVER}-claim_{uid}.json")))?;
-        }
-        node.kubelet.unprepare(plugin, &refs).await?;
-        println!("   {:<13} unprepared {} claim(s); CDI specs removed", node.name, refs.len());
-    }
+    prepare_on_each_node(nodes, &by_node).await?;
 
     println!("\n== deleting the pods: the controller manager deletes their claims");
     for pod in &pods {

@@ -26,6 +26,48 @@ pub struct Kind {
 }
 
 impl Kind {
+    /// A `resource.k8s.io/v1` type as its registry strategy serves it:
+    /// generation bumped by spec changes, no create on update,
+    /// unconditional updates, only object-meta field labels.
+    const fn resource(plural: &'static str, kind: &'static str, namespaced: bool, status_subresource: bool) -> Kind {
+        Kind {
+            group: "resource.k8s.io",
+            version: "v1",
+            plural,
+            kind,
+            namespaced,
+            status_subresource,
+            generation: true,
+            create_on_update: false,
+            unconditional_update: true,
+            fields: &[],
+        }
+    }
+
+    /// A `v1` type of `group` without `metadata.generation` (Node, Pod, the
+    /// two Events), with no create on update and unconditional updates.
+    const fn ungenerated(
+        group: &'static str,
+        plural: &'static str,
+        kind: &'static str,
+        namespaced: bool,
+        status_subresource: bool,
+        fields: &'static [&'static str],
+    ) -> Kind {
+        Kind {
+            group,
+            version: "v1",
+            plural,
+            kind,
+            namespaced,
+            status_subresource,
+            generation: false,
+            create_on_update: false,
+            unconditional_update: true,
+            fields,
+        }
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() { self.version.to_string() } else { format!("{}/{}", self.group, self.version) }
     }
@@ -47,110 +89,32 @@ impl Kind {
 /// PUT without resourceVersion.
 pub static KINDS: &[Kind] = &[
     Kind {
-        group: "resource.k8s.io",
-        version: "v1",
-        plural: "resourceslices",
-        kind: "ResourceSlice",
-        namespaced: false,
-        status_subresource: false,
-        generation: true,
-        create_on_update: false,
-        unconditional_update: true,
         fields: &["spec.nodeName", "spec.driver"],
+        ..Kind::resource("resourceslices", "ResourceSlice", false, false)
     },
-    Kind {
-        group: "resource.k8s.io",
-        version: "v1",
-        plural: "resourceclaims",
-        kind: "ResourceClaim",
-        namespaced: true,
-        status_subresource: true,
-        generation: true,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[],
-    },
+    Kind::resource("resourceclaims", "ResourceClaim", true, true),
     // ResourceClaimTemplates: `pkg/registry/resource/resourceclaimtemplate`
     // (no status; the spec is immutable, ValidateResourceClaimTemplateUpdate).
-    Kind {
-        group: "resource.k8s.io",
-        version: "v1",
-        plural: "resourceclaimtemplates",
-        kind: "ResourceClaimTemplate",
-        namespaced: true,
-        status_subresource: false,
-        generation: true,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[],
-    },
+    Kind::resource("resourceclaimtemplates", "ResourceClaimTemplate", true, false),
     // `pkg/registry/resource/devicetaintrule/strategy.go` (1.37, where
     // v1 serves it): cluster-scoped, a status subresource, generation.
-    Kind {
-        group: "resource.k8s.io",
-        version: "v1",
-        plural: "devicetaintrules",
-        kind: "DeviceTaintRule",
-        namespaced: false,
-        status_subresource: true,
-        generation: true,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[],
-    },
-    Kind {
-        group: "resource.k8s.io",
-        version: "v1",
-        plural: "deviceclasses",
-        kind: "DeviceClass",
-        namespaced: false,
-        status_subresource: false,
-        generation: true,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[],
-    },
-    Kind {
-        group: "",
-        version: "v1",
-        plural: "nodes",
-        kind: "Node",
-        namespaced: false,
-        status_subresource: true,
-        generation: false,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &["spec.unschedulable"],
-    },
+    Kind::resource("devicetaintrules", "DeviceTaintRule", false, true),
+    Kind::resource("deviceclasses", "DeviceClass", false, false),
+    Kind::ungenerated("", "nodes", "Node", false, true, &["spec.unschedulable"]),
     // Pods: `pkg/registry/core/pod/strategy.go` (status subresource, no
     // create on update); field labels from `pkg/apis/core/v1/conversion.go`
     // (`spec.nodeName`, `status.phase` among others).
-    Kind {
-        group: "",
-        version: "v1",
-        plural: "pods",
-        kind: "Pod",
-        namespaced: true,
-        status_subresource: true,
-        generation: false,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &["spec.nodeName", "status.phase", "spec.schedulerName"],
-    },
+    Kind::ungenerated("", "pods", "Pod", true, true, &["spec.nodeName", "status.phase", "spec.schedulerName"]),
     // Events (`events.k8s.io/v1`): `pkg/registry/core/event/strategy.go`
     // (no status, unconditional updates); field labels from
     // `pkg/apis/events/v1/conversion.go` (the `regarding` reference, reason, type).
-    Kind {
-        group: "events.k8s.io",
-        version: "v1",
-        plural: "events",
-        kind: "Event",
-        namespaced: true,
-        status_subresource: false,
-        generation: false,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[
+    Kind::ungenerated(
+        "events.k8s.io",
+        "events",
+        "Event",
+        true,
+        false,
+        &[
             "regarding.kind",
             "regarding.name",
             "regarding.namespace",
@@ -159,7 +123,7 @@ pub static KINDS: &[Kind] = &[
             "type",
             "reportingController",
         ],
-    },
+    ),
     Kind {
         group: "coordination.k8s.io",
         version: "v1",
@@ -198,17 +162,13 @@ pub static KINDS: &[Kind] = &[
     // two shapes (`regarding` / `involvedObject`): the driver writes
     // `events.k8s.io/v1` only, and this kind serves kubectl's reads (its
     // field selectors are checked as the real server checks them).
-    Kind {
-        group: "",
-        version: "v1",
-        plural: "events",
-        kind: "Event",
-        namespaced: true,
-        status_subresource: false,
-        generation: false,
-        create_on_update: false,
-        unconditional_update: true,
-        fields: &[
+    Kind::ungenerated(
+        "",
+        "events",
+        "Event",
+        true,
+        false,
+        &[
             "involvedObject.kind",
             "involvedObject.namespace",
             "involvedObject.name",
@@ -221,7 +181,7 @@ pub static KINDS: &[Kind] = &[
             "source",
             "type",
         ],
-    },
+    ),
 ];
 
 /// The served type of kind `kind` (e.g. `ResourceSlice`).

@@ -20,30 +20,57 @@ pub struct Binaries {
 /// The binaries of Kubernetes `minor` (e.g. "1.37"), building them first if
 /// the cache lacks them. Go is required: without it this fails, loudly.
 pub fn binaries(minor: &str) -> Binaries {
-    static BUILT: OnceLock<Mutex<HashMap<String, Binaries>>> = OnceLock::new();
-    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(found) = built.get(minor) {
-        return found.clone();
+    static BUILT: BuiltOnce<Binaries> = OnceLock::new();
+    let banner =
+        format!("real cluster: {{script}} {minor} (builds the Kubernetes {minor} binaries when the cache lacks them)");
+    let need = "the real-cluster tests need Go and the Go module proxy";
+    built_once(&BUILT, &[minor], &banner, need, |printed| {
+        let (kube, etcd) = (printed.path("kube-bin-dir="), printed.path("etcd-bin-dir="));
+        Binaries {
+            kube_apiserver: kube.join("kube-apiserver"),
+            kube_controller_manager: kube.join("kube-controller-manager"),
+            kube_scheduler: kube.join("kube-scheduler"),
+            etcd: etcd.join("etcd"),
+        }
+    })
+}
+
+impl Built for Binaries {
+    fn files(&self) -> Vec<&Path> {
+        vec![&self.kube_apiserver, &self.kube_controller_manager, &self.kube_scheduler, &self.etcd]
     }
-    let printed = run_build_script(
-        &[minor],
-        &format!("real cluster: {{script}} {minor} (builds the Kubernetes {minor} binaries when the cache lacks them)"),
-        "the real-cluster tests need Go and the Go module proxy",
-    );
-    let dir = |key: &str| printed.path(key);
-    let kube = dir("kube-bin-dir=");
-    let etcd = dir("etcd-bin-dir=");
-    let found = Binaries {
-        kube_apiserver: kube.join("kube-apiserver"),
-        kube_controller_manager: kube.join("kube-controller-manager"),
-        kube_scheduler: kube.join("kube-scheduler"),
-        etcd: etcd.join("etcd"),
-    };
-    for path in [&found.kube_apiserver, &found.kube_controller_manager, &found.kube_scheduler, &found.etcd] {
-        assert!(path.is_file(), "{} is missing after the build", path.display());
-    }
-    built.insert(minor.to_string(), found.clone());
-    found
+}
+
+/// What `tests/kube-bins/build.sh` builds: files it says where it put.
+pub(crate) trait Built: Clone {
+    fn files(&self) -> Vec<&Path>;
+}
+
+/// What builds gave, by the build script's arguments, for the life of the
+/// process.
+pub(crate) type BuiltOnce<T> = OnceLock<Mutex<HashMap<String, T>>>;
+
+/// What `tests/kube-bins/build.sh args` builds, as `read` finds it in what
+/// the script printed, built the first time only: the script takes seconds
+/// even when its cache is full. The lock is held through the build, so that
+/// tests asking at once build once. A file the script named but did not
+/// make is the build's fault: it fails here.
+pub(crate) fn built_once<T: Built>(
+    cache: &BuiltOnce<T>,
+    args: &[&str],
+    banner: &str,
+    need: &str,
+    read: impl FnOnce(&Printed) -> T,
+) -> T {
+    let mut built = cache.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    let found = built.entry(args.join(" ")).or_insert_with(|| {
+        let found = read(&run_build_script(args, banner, need));
+        for path in found.files() {
+            assert!(path.is_file(), "{} is missing after the build", path.display());
+        }
+        found
+    });
+    found.clone()
 }
 
 /// What a build script printed: `key=path` lines.
@@ -63,7 +90,7 @@ impl Printed {
 }
 
 /// Runs `tests/kube-bins/build.sh args` (see [`run_script`]).
-pub(super) fn run_build_script(args: &[&str], banner: &str, need: &str) -> Printed {
+fn run_build_script(args: &[&str], banner: &str, need: &str) -> Printed {
     run_script(&workspace_root().join("tests/kube-bins/build.sh"), args, banner, need)
 }
 

@@ -1,10 +1,10 @@
 //! The node's programs and images, built by `tests/kube-bins/build.sh
 //! <minor> node` into the per-machine cache when it lacks them.
 
-use std::path::PathBuf;
-use std::sync::{Mutex, OnceLock};
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use crate::real_cluster::binaries::run_build_script;
+use crate::real_cluster::binaries::{Built, BuiltOnce, built_once};
 
 /// Where one node's programs and images are.
 #[derive(Debug, Clone)]
@@ -21,32 +21,26 @@ pub struct NodeBinaries {
 /// The node's programs for Kubernetes `minor`, built (and runc installed)
 /// by `build.sh <minor> node` when the cache lacks them.
 pub fn node_binaries(minor: &str) -> NodeBinaries {
-    static BUILT: OnceLock<Mutex<Option<(String, NodeBinaries)>>> = OnceLock::new();
-    let mut built = BUILT.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((built_minor, found)) = built.as_ref()
-        && built_minor == minor
-    {
-        return found.clone();
+    static BUILT: BuiltOnce<NodeBinaries> = OnceLock::new();
+    let banner =
+        format!("real node: {{script}} {minor} node (builds the kubelet and containerd when the cache lacks them)");
+    let need = "the real-node test needs Go, the Go module proxy and Debian's runc";
+    built_once(&BUILT, &[minor, "node"], &banner, need, |printed| {
+        let kubelet_dir = printed.path("kubelet-bin-dir=");
+        let containerd_dir = printed.path("containerd-bin-dir=");
+        NodeBinaries {
+            kubelet: kubelet_dir.join("kubelet"),
+            containerd: containerd_dir.join("containerd"),
+            containerd_shim: containerd_dir.join("containerd-shim-runc-v2"),
+            ctr: containerd_dir.join("ctr"),
+            runc: printed.path("runc="),
+            images: printed.path("node-images="),
+        }
+    })
+}
+
+impl Built for NodeBinaries {
+    fn files(&self) -> Vec<&Path> {
+        vec![&self.kubelet, &self.containerd, &self.containerd_shim, &self.ctr, &self.runc, &self.images]
     }
-    let printed = run_build_script(
-        &[minor, "node"],
-        &format!("real node: {{script}} {minor} node (builds the kubelet and containerd when the cache lacks them)"),
-        "the real-node test needs Go, the Go module proxy and Debian's runc",
-    );
-    let value = |key: &str| printed.path(key);
-    let kubelet_dir = value("kubelet-bin-dir=");
-    let containerd_dir = value("containerd-bin-dir=");
-    let found = NodeBinaries {
-        kubelet: kubelet_dir.join("kubelet"),
-        containerd: containerd_dir.join("containerd"),
-        containerd_shim: containerd_dir.join("containerd-shim-runc-v2"),
-        ctr: containerd_dir.join("ctr"),
-        runc: value("runc="),
-        images: value("node-images="),
-    };
-    for path in [&found.kubelet, &found.containerd, &found.containerd_shim, &found.ctr, &found.runc, &found.images] {
-        assert!(path.is_file(), "{} is missing after the build", path.display());
-    }
-    *built = Some((minor.to_string(), found.clone()));
-    found
 }

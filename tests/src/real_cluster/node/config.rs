@@ -9,6 +9,17 @@ use super::binaries::NodeBinaries;
 /// containerd's limit on its shims' socket directory (`socket_dir`).
 const MAX_SOCKET_DIR_LEN: usize = 42;
 
+/// containerd's `socket_dir` for the shims' sockets, `dir/s`, when that path
+/// is short enough for containerd; else nothing (they go to /run/containerd/s).
+pub(super) fn shim_sockets(dir: &Path) -> String {
+    let sockets = dir.join("s").display().to_string();
+    if sockets.len() <= MAX_SOCKET_DIR_LEN {
+        format!("[plugins.\"io.containerd.shim.v1.manager\"]\n  socket_dir = \"{sockets}\"\n")
+    } else {
+        String::new()
+    }
+}
+
 /// containerd's configuration for a node in `dir`, listening on `socket`:
 /// every path under `dir` (root, state, runc's state, the shims' sockets
 /// when the path is short enough for containerd -- else they go to
@@ -18,11 +29,7 @@ const MAX_SOCKET_DIR_LEN: usize = 42;
 /// pods only); NRI, tracing and the snapshotters the tests do not use off.
 pub fn containerd(dir: &Path, socket: &Path, bins: &NodeBinaries) -> String {
     let d = |sub: &str| dir.join(sub).display().to_string();
-    let shim_sockets = if d("s").len() <= MAX_SOCKET_DIR_LEN {
-        format!("[plugins.\"io.containerd.shim.v1.manager\"]\n  socket_dir = \"{}\"\n", d("s"))
-    } else {
-        String::new()
-    };
+    let shim_sockets = shim_sockets(dir);
     format!(
         r#"version = 3
 root = "{root}"

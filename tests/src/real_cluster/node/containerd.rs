@@ -19,8 +19,6 @@ use crate::real_cluster::process::ControlPlaneProcess;
 const NODE_MINOR: &str = "1.37";
 /// The namespace the CRI, hence the kubelet, reads images from.
 pub const CRI_NAMESPACE: &str = "k8s.io";
-/// containerd's limit on its shims' socket directory (`socket_dir`).
-const MAX_SOCKET_DIR_LEN: usize = 42;
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running containerd. Dropping it takes everything apart.
@@ -99,11 +97,7 @@ impl Drop for Containerd {
 /// the CRI and the snapshotters nobody uses off.
 fn config_text(dir: &Path) -> String {
     let d = |sub: &str| dir.join(sub).display().to_string();
-    let shim_sockets = if d("s").len() <= MAX_SOCKET_DIR_LEN {
-        format!("[plugins.\"io.containerd.shim.v1.manager\"]\n  socket_dir = \"{}\"\n", d("s"))
-    } else {
-        String::new()
-    };
+    let shim_sockets = super::config::shim_sockets(dir);
     format!(
         r#"version = 3
 root = "{root}"

@@ -41,6 +41,17 @@ use super::{Cluster, unique};
 pub const PAUSE_IMAGE: &str = "localhost/gpu-dra-driver/pause:busybox";
 /// The test containers' image: Debian's busybox-static, entrypoint `sh`.
 pub const TEST_IMAGE: &str = "localhost/gpu-dra-driver/busybox:test";
+/// How long a real-node test waits for the kubelet, containerd and the
+/// plugin to act (a pod to start, a health change to reach it).
+pub const NODE_WAIT: Duration = Duration::from_secs(120);
+/// The fake inventory of the single-node tests: two H100s on a current driver.
+pub const TWO_H100: &str = r#"
+driverVersion: "580.82.07"
+cudaDriverVersion: "13.0"
+gpus:
+  - model: H100-80GB
+    count: 2
+"#;
 
 /// Start-up wait for containerd and the kubelet's registration.
 const START_TIMEOUT: Duration = Duration::from_secs(120);
