@@ -8,13 +8,14 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use gpu_kubelet_plugin::observe::metrics::{ApiVersion, ErrorKind, Metrics, Operation, Outcome};
 use gpu_kubelet_plugin::observe::telemetry::{Naming, TelemetryStore};
 use integration_tests::apiserver::ApiServer;
 use integration_tests::controller_process::ControllerProcess;
 use integration_tests::helm::{kinds, one, render_all, rendered};
+use integration_tests::wait;
 use serde_json::{Value, json};
 
 fn tmp_dir() -> &'static std::path::Path {
@@ -46,21 +47,17 @@ fn controller_metrics_text() -> String {
     server.write_kubeconfig(&kubeconfig).expect("kubeconfig");
     let controller =
         ControllerProcess::spawn_serving(&kubeconfig, "dashboards", "127.0.0.1:0", &[]).expect("the controller");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let addr = loop {
+    let serving = || {
         let log = controller.log();
         // Its standard error is a pipe here, as in a pod: no terminal colours.
         assert!(!log.contains('\u{1b}'), "the controller's log to a pipe carries escape sequences:\n{log:?}");
-        if let Some(addr) = log
-            .lines()
+        log.lines()
             .find(|l| l.contains("serving /metrics"))
             .and_then(|l| l.split_whitespace().find_map(|w| w.strip_prefix("addr=")))
-        {
-            break addr.to_string();
-        }
-        assert!(Instant::now() < deadline, "the controller serves no /metrics:\n{log}");
-        std::thread::sleep(Duration::from_millis(100));
+            .map(str::to_string)
     };
+    let addr =
+        wait::until_some("the controller to serve /metrics", Duration::from_secs(60), serving, || controller.log());
     integration_tests::plugin_process::scrape_metrics(&addr)
         .unwrap_or_else(|e| panic!("the controller's /metrics: {e}"))
 }

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::apiserver::ApiServer;
 use integration_tests::controller_process::ControllerProcess;
+use integration_tests::wait;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceSlice};
 use serde_json::{Value, json};
@@ -74,15 +75,8 @@ impl Webhook {
     }
 
     fn wait_until_serving(&self) {
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "the webhook never listened:\n{}",
-                self.controller.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let listening = || std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok();
+        wait::wait_until("the webhook to listen", Duration::from_secs(60), listening, || self.controller.log());
         // The fleet view fills from the watches; give it a moment.
         std::thread::sleep(Duration::from_millis(500));
     }

@@ -17,6 +17,7 @@ use gpu_kubelet_plugin::state::checkpoint::{
 use integration_tests::mock_gpu::dynamic_mig::{FOUR, GATES, ONE, TWO, start};
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};
+use integration_tests::wait;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
 
@@ -63,10 +64,8 @@ fn a_claim_for_4g_2g_1g_is_made_and_unmade_through_nvml() {
     assert_eq!(spec.matches("GPU_DRA_MIG_UUID_").count(), 3);
     // The claim's status.devices names each device's made MIG UUID.
     let made_uuids: std::collections::BTreeSet<String> = made.iter().map(|i| i.uuid.clone()).collect();
-    let started = std::time::Instant::now();
-    loop {
-        let status_uuids: std::collections::BTreeSet<String> = node
-            .server
+    let status_uuids = || -> std::collections::BTreeSet<String> {
+        node.server
             .get::<ResourceClaim>(Some("default"), "mixed")
             .ok()
             .and_then(|c| c.status?.devices)
@@ -74,17 +73,10 @@ fn a_claim_for_4g_2g_1g_is_made_and_unmade_through_nvml() {
             .iter()
             .filter(|d| d.conditions.iter().flatten().any(|c| c.type_ == "Ready" && c.status == "True"))
             .filter_map(|d| d.data.as_ref()?.0["uuid"].as_str().map(str::to_owned))
-            .collect();
-        if status_uuids == made_uuids {
-            break;
-        }
-        assert!(
-            started.elapsed() < WAIT,
-            "status.devices {status_uuids:?}, made {made_uuids:?}\n{}",
-            node.process.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+            .collect()
+    };
+    let shown = || format!("status.devices {:?}, made {made_uuids:?}\n{}", status_uuids(), node.process.log());
+    wait::wait_until("status.devices to name the made MIG devices", WAIT, || status_uuids() == made_uuids, shown);
     // A repeat answers from the record.
     let again = node.prepare(std::slice::from_ref(&claim));
     assert_eq!(again[&claim.uid].as_ref().map(Vec::len), Ok(3));

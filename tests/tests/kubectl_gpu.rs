@@ -16,6 +16,7 @@ use integration_tests::mock_nvml_node::{Load, MockNvmlNode};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
 use integration_tests::plugin_process::PluginOptions;
 use integration_tests::real_cluster::host_address::HostAddress;
+use integration_tests::wait;
 use integration_tests::{controller, kubectl_gpu, run, stdout_ok, workspace_root};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -351,18 +352,16 @@ fn claims_shows_utilization_from_the_node_agents_metrics_or_why_not() {
         all.extend_from_slice(args);
         kubectl_gpu_in(server, dir.path(), &all)
     };
-    let deadline = Instant::now() + WAIT;
-    let (text, stderr, took) = loop {
+    let utilization = || {
         let started = Instant::now();
         let out = claims(&[]);
         let took = started.elapsed();
         let text = stdout_ok(&out);
-        if text.lines().any(|l| l.starts_with("default     notebook-gpu") && l.ends_with("37%")) {
-            break (text, String::from_utf8_lossy(&out.stderr).into_owned(), took);
-        }
-        assert!(Instant::now() < deadline, "no utilization for notebook-gpu:\n{text}\n{}", node.process.log());
-        std::thread::sleep(Duration::from_millis(200));
+        let shown = text.lines().any(|l| l.starts_with("default     notebook-gpu") && l.ends_with("37%"));
+        shown.then(|| (text, String::from_utf8_lossy(&out.stderr).into_owned(), took))
     };
+    let context = || format!("{}\n{}", stdout_ok(&claims(&[])), node.process.log());
+    let (text, stderr, took) = wait::until_some("notebook-gpu's utilization", WAIT, utilization, context);
     // As docs/operating.md shows it.
     let expected = "\
 NAMESPACE   NAME           STATE       PODS           NODE     DEVICES     UTILIZATION

@@ -12,6 +12,7 @@ use integration_tests::claim_fixtures::Allocated;
 use integration_tests::kubelet::{KubeletConfig, claim};
 use integration_tests::node::{DRIVER, NODE, RunningNode};
 use integration_tests::plugin_process::PluginOptions;
+use integration_tests::wait;
 use integration_tests::workspace_root;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::dra_v1::Claim;
@@ -297,20 +298,13 @@ fn specs_follow_a_driver_upgrade() {
     std::fs::remove_dir_all(root.path().join(LIBDIR)).unwrap();
     fake_tree::build(root.path(), "580.95.05", &libs).unwrap();
     std::fs::write(&node.dirs.inventory, inventory.replace("570.172.08", "580.95.05")).unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     let mut round = 0;
-    loop {
+    let upgraded = || {
         round += 1;
         let spec = mounts_libcuda(&format!("after-{round}"));
-        if spec.contains(&format!("/{LIBDIR}/libcuda.so.580.95.05")) {
-            assert!(!spec.contains("570.172.08"), "{spec}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "specs never followed the upgrade: {spec}\n{}",
-            node.process.log()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+        spec.contains(&format!("/{LIBDIR}/libcuda.so.580.95.05")).then_some(spec)
+    };
+    let within = std::time::Duration::from_secs(30);
+    let spec = wait::until_some("the specs to follow the upgrade", within, upgraded, || node.process.log());
+    assert!(!spec.contains("570.172.08"), "{spec}");
 }
