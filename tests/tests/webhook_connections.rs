@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 
 use integration_tests::https_client::{self, TlsStream};
 use integration_tests::plugin_process::{PluginDirs, PluginOptions, PluginProcess};
+use integration_tests::wait;
 use integration_tests::webhook_process::{WebhookOptions, WebhookProcess, one_gpu_requests, replace, review};
 use serde_json::{Value, json};
 
@@ -54,15 +55,8 @@ fn valid_review(webhook: &WebhookProcess, config: &Arc<rustls::ClientConfig>) ->
 /// Waits until the controller's open fds are back to `baseline` (a watch
 /// reconnecting may add one or two).
 fn wait_for_fds(webhook: &WebhookProcess, baseline: usize, within: Duration) {
-    let start = Instant::now();
-    loop {
-        let now = webhook.fds();
-        if now <= baseline + 2 {
-            return;
-        }
-        assert!(start.elapsed() < within, "{now} fds open, {baseline} before, after {within:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    let open = || format!("{} fds open, {baseline} before, after {within:?}", webhook.fds());
+    wait::wait_until("the webhook's fds to close", within, || webhook.fds() <= baseline + 2, open);
 }
 
 /// One hostile behaviour: set-up on a fresh connection, then what it keeps
