@@ -7,8 +7,8 @@ use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
 use std::collections::HashSet;
 
 use anyhow::{Context, Result};
-use gpu_dra_controller::manifests::Manifest;
-use gpu_dra_controller::simulate;
+use gpu_dra_simulate as simulate;
+use gpu_dra_simulate::manifests::Manifest;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;

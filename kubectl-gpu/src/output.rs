@@ -5,7 +5,7 @@ use anyhow::Result;
 use serde::Serialize;
 
 /// Output format (`-o`): the same choices as `simulate`'s.
-pub use gpu_dra_controller::simulate::Format;
+pub use gpu_dra_simulate::Format;
 
 /// ANSI colour, or none.
 #[derive(Debug, Clone, Copy, Default)]

@@ -11,7 +11,7 @@ pub use decode::{
     API_VERSION, DeviceConfig, GpuConfig, INTERVALS, IommuConfig, MigDeviceConfig, VfioDeviceConfig, decode,
 };
 
-use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaimSpec};
 
 use crate::feature_gates::FeatureGates;
 use crate::names::{DeviceName, DriverName};
@@ -135,6 +135,29 @@ pub fn resolve(
             Ok(ResolvedConfig { config: config.clone(), source: *source })
         })
         .collect()
+}
+
+/// Every opaque config entry for `driver` in a claim's spec must decode
+/// strictly: the webhook denies the claim otherwise, and `simulate` refuses
+/// it with the same message (one check, so the two cannot disagree).
+/// `spec_path` roots the error's JSON path (`spec`, or `spec.spec` in a
+/// template).
+pub fn check_spec(
+    spec: &ResourceClaimSpec,
+    spec_path: &str,
+    driver: &str,
+    gates: &FeatureGates,
+) -> Result<(), ConfigError> {
+    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
+    for (i, config) in configs.into_iter().flatten().enumerate() {
+        let Some(opaque) = config.opaque.as_ref() else { continue };
+        if opaque.driver != driver {
+            continue;
+        }
+        let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
+        decode(&opaque.parameters.0, &path, gates)?;
+    }
+    Ok(())
 }
 
 /// An entry without requests applies to every result; one naming `req`

@@ -1,6 +1,6 @@
 use super::*;
+use crate::inputs;
 use crate::manifests::parse_into;
-use crate::simulate::inputs;
 
 const CLASS: &str = "gpu.nvidia.com";
 

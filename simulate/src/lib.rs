@@ -9,6 +9,10 @@
 //! claim rules) → [`engine`] (the driver's allocator, unit by unit) →
 //! [`output`]. `--fleet` adds nodes whose slices come from the
 //! plugin's own slice builder ([`fleet`]).
+//!
+//! The manifest reader ([`manifests`]) is here too: `simulate` is its main
+//! reader, and the controller's `validate-slices` and `kubectl gpu fit`
+//! read files with it.
 
 mod claim_rules;
 mod configs;
@@ -17,6 +21,7 @@ mod engine;
 mod extended;
 mod fleet;
 mod inputs;
+pub mod manifests;
 mod output;
 mod versions;
 mod workload;
@@ -27,8 +32,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, anyhow, bail};
 use clap::ValueEnum;
 use gpu_dra_driver::slices::served::{GatedField, NotServed};
-
-use crate::manifests;
 
 /// Output format of `simulate`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
