@@ -7,7 +7,7 @@
 //! claims instantiated, extended resources turned into the scheduler's
 //! claim by [`extended`], grouped per pod, checked against the apiserver's
 //! claim rules) → [`engine`] (the driver's allocator, unit by unit) →
-//! [`output`]. `--fleet` adds nodes whose slices come from the
+//! [`ClaimOutcome`]s ([`evaluate`]) → [`output`] ([`run`]). `--fleet` adds nodes whose slices come from the
 //! plugin's own slice builder ([`fleet`]).
 //!
 //! The manifest reader ([`manifests`]) is here too: `simulate` is its main
@@ -22,6 +22,7 @@ mod extended;
 mod fleet;
 mod inputs;
 pub mod manifests;
+mod outcome;
 mod output;
 mod versions;
 mod workload;
@@ -32,6 +33,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Result, anyhow, bail};
 use clap::ValueEnum;
 use gpu_dra_driver::slices::served::{GatedField, NotServed};
+
+pub use outcome::ClaimOutcome;
 
 /// Output format of `simulate`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
@@ -91,10 +94,27 @@ impl Source {
     }
 }
 
-/// Runs the simulation. Returns an error (exit 1) for input that cannot be
-/// understood; claims that do not fit are results, not errors.
+/// Runs the simulation and prints its outcomes in `options.format`.
+/// Returns an error (exit 1) for input that cannot be understood; claims
+/// that do not fit are results, not errors.
 pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
     let mut phases = Phases::default();
+    let outcomes = evaluate_files(files, options, &mut phases, note)?;
+    print(outcomes, options, phases, out, note)
+}
+
+/// Runs the simulation: every claim's outcome, in claim order. What the
+/// user should know that is not an outcome is written on `note`.
+pub fn evaluate(files: &[PathBuf], options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+    evaluate_files(files, options, &mut Phases::default(), note)
+}
+
+fn evaluate_files(
+    files: &[PathBuf],
+    options: &Options<'_>,
+    phases: &mut Phases,
+    note: &mut impl Write,
+) -> Result<Vec<ClaimOutcome>> {
     // The fleet file and the manifests are independent: the fleet's slices
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
@@ -127,7 +147,7 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     }
     phases.mark("fleet");
     note_dropped(inputs.dropped, note)?;
-    simulate_inputs(inputs, options, &gates.unwrap_or_default(), phases, out, note)
+    evaluate_inputs(inputs, options, &gates.unwrap_or_default(), phases, note)
 }
 
 /// Says once, for each field the simulated API server dropped from some
@@ -200,15 +220,32 @@ impl Feed {
         self.sorter.add_taint_rule(rule);
     }
 
-    /// Simulates what was fed. `options.fleet` must be `None`.
+    /// Simulates what was fed and prints the outcomes. `options.fleet`
+    /// must be `None`.
     pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+        let mut phases = Phases::default();
+        let outcomes = self.evaluate_with(options, &mut phases, note)?;
+        print(outcomes, options, phases, out, note)
+    }
+
+    /// Simulates what was fed: every claim's outcome, in claim order.
+    /// `options.fleet` must be `None`.
+    pub fn evaluate(self, options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+        self.evaluate_with(options, &mut Phases::default(), note)
+    }
+
+    fn evaluate_with(
+        self,
+        options: &Options<'_>,
+        phases: &mut Phases,
+        note: &mut impl Write,
+    ) -> Result<Vec<ClaimOutcome>> {
         if options.fleet.is_some() {
             bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
         }
-        let mut phases = Phases::default();
         let inputs = self.sorter.finish();
         phases.mark("read");
-        simulate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, out, note)
+        evaluate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, note)
     }
 }
 
@@ -223,15 +260,14 @@ fn cel_environment(
     dra_cel::CelEnvironment { list_type_attributes: cel.list_type_attributes || lists, ..cel }
 }
 
-/// From sorted inputs to printed outcomes: workload, allocation, output.
-fn simulate_inputs(
+/// From sorted inputs to outcomes: workload, allocation.
+fn evaluate_inputs(
     mut inputs: inputs::Inputs,
     options: &Options<'_>,
     gates: &gpu_dra_driver::feature_gates::FeatureGates,
-    mut phases: Phases,
-    out: &mut impl Write,
+    phases: &mut Phases,
     note: &mut impl Write,
-) -> Result<()> {
+) -> Result<Vec<ClaimOutcome>> {
     configs::check(&inputs, gates)?;
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let extended = workload::ExtendedResources {
@@ -256,16 +292,30 @@ fn simulate_inputs(
     let fleet = std::mem::take(&mut inputs.slices);
     let outcomes = engine::allocate(&workload, fleet, &classes, &nodes, cel_environment(options.cel, gates))?;
     phases.mark("allocate");
+    let outcomes = workload.claims.iter().zip(outcomes).map(|(c, o)| ClaimOutcome::new(c, o)).collect();
+    drop_in_background((inputs, workload, classes, nodes));
+    Ok(outcomes)
+}
+
+/// Prints `outcomes` in `options.format`, then (with `options.timings`) how
+/// long each phase took, on `note`.
+fn print(
+    outcomes: Vec<ClaimOutcome>,
+    options: &Options<'_>,
+    mut phases: Phases,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
     match options.format {
-        Format::Table => output::table(out, &workload.claims, &outcomes),
-        Format::Json => output::json(out, &workload.claims, &outcomes),
-        Format::Yaml => output::yaml(out, &workload.claims, &outcomes),
+        Format::Table => output::table(out, &outcomes),
+        Format::Json => output::json(out, &outcomes),
+        Format::Yaml => output::yaml(out, &outcomes),
     }?;
     phases.mark("output");
     if options.timings {
-        writeln!(note, "timings: {} ({} claims)", phases, workload.claims.len())?;
+        writeln!(note, "timings: {} ({} claims)", phases, outcomes.len())?;
     }
-    drop_in_background((inputs, workload, outcomes, classes, nodes));
+    drop_in_background(outcomes);
     Ok(())
 }
 
