@@ -10,7 +10,8 @@ use gpu_dra_driver::names::DriverName;
 use gpu_dra_driver::opaque_config;
 use k8s_openapi::api::resource::v1::DeviceClass;
 
-use super::inputs::{Inputs, key};
+use super::inputs::Inputs;
+use super::keys::key;
 
 /// Checks every claim's, template's and class's opaque configs for our
 /// driver with `gates` (the webhook's `--feature-gates`).
@@ -72,7 +73,7 @@ mod tests {
             {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": "v0", "kind": "GpuConfig"}}}]}}))
         .unwrap();
         let mut inputs = Inputs::default();
-        inputs.classes.push(super::super::inputs::Located { origin: "k.yaml".into(), object: class });
+        inputs.classes.push(crate::inputs::Located { origin: "k.yaml".into(), object: class });
         let err = check(&inputs, &FeatureGates::default()).unwrap_err().to_string();
         assert!(
             err.starts_with(

@@ -36,7 +36,7 @@ fn build_docs(docs: &[String]) -> Result<Workload> {
         &inputs,
         &|c| (c != CLASS).then(|| format!("DeviceClass {c:?} is missing")),
         &ExtendedResources::default(),
-        super::super::Source::Files,
+        crate::options::Source::Files,
     )
 }
 
