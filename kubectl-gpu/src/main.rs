@@ -24,7 +24,8 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
-use output::{Format, Paint};
+use gpu_dra_simulate::Format;
+use output::Paint;
 
 /// GPUs of the cluster as the GPU DRA driver publishes them.
 #[derive(Debug, Parser)]
