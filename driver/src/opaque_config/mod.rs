@@ -252,4 +252,21 @@ mod tests {
         let err = resolve(&DriverName::nvidia_default(), &[odd], &result, &FeatureGates::default()).unwrap_err();
         assert_eq!(err.field, "status.allocation.devices.config[0].source");
     }
+
+    /// A claim spec's configs for this driver are decoded with their path
+    /// under `spec_path`; other drivers' are not ours to judge.
+    #[test]
+    fn a_specs_configs_are_checked_with_their_path() {
+        let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"config": [
+            {"opaque": {"driver": "other.example.com", "parameters": {"anything": true}}},
+            {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": API_VERSION, "kind": "GpuConfig"}}},
+            {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": "v0", "kind": "GpuConfig"}}}]}}))
+        .unwrap();
+        let gates = FeatureGates::default();
+        let error = check_spec(&spec, "spec.spec", "gpu.nvidia.com", &gates).unwrap_err();
+        assert_eq!(error.field, "spec.spec.devices.config[2].opaque.parameters.apiVersion");
+        let mut valid = spec.clone();
+        valid.devices.as_mut().and_then(|d| d.config.as_mut()).unwrap().truncate(2);
+        assert_eq!(check_spec(&valid, "spec", "gpu.nvidia.com", &gates), Ok(()));
+    }
 }
