@@ -1,10 +1,8 @@
 //! The controller as a library: the binary is argument parsing and
-//! wiring, and other tools of the driver reuse the same code (`kubectl gpu`
-//! runs `simulate` on objects read from a live cluster, so its explanations
-//! are simulate's, word for word).
+//! wiring, and the services are tested without a process. `simulate` and
+//! the manifest reader are a crate of their own (`gpu-dra-simulate`), which
+//! `kubectl gpu` uses too.
 
 pub mod compute_domain;
-pub mod manifests;
 pub mod service;
-pub mod simulate;
 pub mod validate;

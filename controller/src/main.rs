@@ -2,7 +2,7 @@
 //! Argument parsing and wiring only; the logic lives in this crate's
 //! library and in `gpu-dra-driver`.
 
-use gpu_dra_controller::{service, simulate, validate};
+use gpu_dra_controller::{service, validate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,8 +49,8 @@ enum Command {
         #[arg(short = 'f', long = "filename", value_name = "PATH", required = true)]
         files: Vec<PathBuf>,
         /// Output format.
-        #[arg(short = 'o', long = "output", value_enum, default_value_t = simulate::Format::Table)]
-        output: simulate::Format,
+        #[arg(short = 'o', long = "output", value_enum, default_value_t = gpu_dra_simulate::Format::Table)]
+        output: gpu_dra_simulate::Format,
         /// Nodes with labels and fake inventories whose slices are published
         /// with the plugin's slice builder and, per fleet or node, its
         /// `featureGates` (e.g. ConsumableCapacity=true for GPUs shared by
@@ -169,7 +169,7 @@ fn main() -> ExitCode {
                 SelectorsAs::Stored => dra_cel::CelEnvironment::stored_expressions(*kubernetes_version),
                 SelectorsAs::New => dra_cel::CelEnvironment::new_expressions(*kubernetes_version),
             };
-            let options = simulate::Options {
+            let options = gpu_dra_simulate::Options {
                 fleet: fleet.as_deref(),
                 format: *output,
                 timings: *timings,
@@ -177,7 +177,7 @@ fn main() -> ExitCode {
                 // DRAExtendedResource: alpha (off) in 1.34 and 1.35, on from 1.36.
                 extended_resources: *kubernetes_version >= 36,
                 gates: *feature_gates,
-                source: simulate::Source::Files,
+                source: gpu_dra_simulate::Source::Files,
                 not_served: match not_served(*kubernetes_version, cluster_feature_gates) {
                     Ok(not_served) => not_served,
                     Err(error) => {
@@ -186,7 +186,7 @@ fn main() -> ExitCode {
                     }
                 },
             };
-            simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
+            gpu_dra_simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
                 // Nothing on stdout unless the whole run succeeded.
                 std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;
                 Ok(true)

@@ -11,7 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use gpu_dra_driver::slices::{ServerRules, validate_slice_for};
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use crate::manifests;
+use gpu_dra_simulate::manifests;
 
 /// A pool at one generation: the counters its slices define, and the
 /// counters its devices consume (where, which set, which counter).

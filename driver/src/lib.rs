@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod claim_status;
 pub mod compute_domain;
 pub mod driver_root;
+pub mod duration;
 pub mod echo;
 pub mod feature_gates;
 pub mod inventory;

@@ -63,13 +63,12 @@ pub fn summarize(claims: &[ResourceClaim]) -> Vec<ClaimSummary> {
             let status = c.status.as_ref();
             let allocation = status.and_then(|s| s.allocation.as_ref());
             let node = node_of(c);
-            let allocation_json = allocation.and_then(|a| serde_json::to_value(a).ok());
             ClaimSummary {
                 namespace: c.metadata.namespace.clone().unwrap_or_default(),
                 name: c.metadata.name.clone().unwrap_or_default(),
                 state: if allocation.is_some() { "allocated" } else { "pending" }.to_string(),
                 pods: status.and_then(|s| s.reserved_for.as_deref()).map(consumers).unwrap_or_default(),
-                devices: explain::devices(allocation_json.as_ref(), node.as_deref()),
+                devices: explain::devices(allocation, node.as_deref()),
                 node,
                 utilization: None,
                 uid: c.metadata.uid.clone().unwrap_or_default(),

@@ -20,7 +20,7 @@ pub fn parse(text: &str) -> Result<RequestTimeout, String> {
     } else {
         text.to_string()
     };
-    let duration = gpu_dra_controller::service::duration::parse(&with_unit).map_err(|e| {
+    let duration = gpu_dra_driver::duration::parse(&with_unit).map_err(|e| {
         format!("{e}; a timeout is a whole number of seconds or a duration with units (e.g. 1s, 2m, 3h), 0 for none")
     })?;
     Ok(RequestTimeout((!duration.is_zero()).then_some(duration)))
@@ -30,7 +30,7 @@ impl std::fmt::Display for RequestTimeout {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.0 {
             None => f.write_str("0"),
-            Some(d) => f.write_str(&gpu_dra_controller::service::duration::format(d)),
+            Some(d) => f.write_str(&gpu_dra_driver::duration::format(d)),
         }
     }
 }

@@ -1,29 +1,44 @@
-//! Running `gpu-dra-controller simulate`'s engine on a cluster's objects:
+//! Running `simulate`'s engine (`gpu-dra-simulate`) on a cluster's objects:
 //! the live slices, classes and nodes, the claims already allocated (they
-//! hold their devices), and the claims in question. The reasons are
-//! simulate's own text.
+//! hold their devices), and the claims in question. The outcomes are
+//! simulate's own, typed; the reasons its text.
 
 use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
 use std::collections::HashSet;
 
 use anyhow::{Context, Result};
-use gpu_dra_controller::manifests::Manifest;
-use gpu_dra_controller::simulate;
+use gpu_dra_simulate::manifests::Manifest;
+use gpu_dra_simulate::{ClaimOutcome, Feed, Format, Options, Source};
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-/// One claim's outcome, as simulate prints it with `-o json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One claim's outcome as `kubectl gpu` prints it: simulate's, without the
+/// pod and workload it names (`why` and `fit` say those themselves).
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Outcome {
     pub namespace: Option<String>,
     pub name: Option<String>,
     pub allocated: bool,
     pub node: Option<String>,
-    pub allocation: Option<serde_json::Value>,
+    pub allocation: Option<AllocationResult>,
     pub error: bool,
     pub reason: Option<String>,
+}
+
+impl From<ClaimOutcome> for Outcome {
+    fn from(o: ClaimOutcome) -> Self {
+        Outcome {
+            namespace: o.namespace,
+            name: o.name,
+            allocated: o.allocated,
+            node: o.node,
+            allocation: o.allocation,
+            error: o.error,
+            reason: o.reason,
+        }
+    }
 }
 
 impl Outcome {
@@ -31,11 +46,6 @@ impl Outcome {
     pub fn key(&self) -> String {
         format!("{}/{}", self.namespace.as_deref().unwrap_or_default(), self.name.as_deref().unwrap_or_default())
     }
-}
-
-#[derive(Deserialize)]
-struct Results {
-    results: Vec<Outcome>,
 }
 
 /// `namespace/name` of a claim.
@@ -61,7 +71,7 @@ fn manifest<T: serde::Serialize>(kind: &str, name: &str, object: &T) -> Result<M
 /// compact fleet, nodes are kept as their name and labels (all that node
 /// selectors read), claims only when allocated (they hold devices).
 pub struct ClusterInput {
-    feed: simulate::Feed,
+    feed: Feed,
     /// Claims whose keys the caller excepted, kept whole for it.
     except: HashSet<String>,
     kept: Vec<ResourceClaim>,
@@ -73,7 +83,7 @@ impl ClusterInput {
     /// An empty input; the claims whose keys are in `except` are not fed
     /// but kept ([`ClusterInput::kept`]): the ones in question.
     pub fn new(except: HashSet<String>) -> Self {
-        ClusterInput { feed: simulate::Feed::default(), except, kept: Vec::new(), allocated: HashSet::new() }
+        ClusterInput { feed: Feed::default(), except, kept: Vec::new(), allocated: HashSet::new() }
     }
 
     /// Feeds one object.
@@ -144,17 +154,16 @@ impl ClusterInput {
 
     /// Runs simulate on what was fed; every claim's outcome, in its order.
     pub fn simulate(self) -> Result<Vec<Outcome>> {
-        let mut out = Vec::new();
-        self.feed.run(&options(), &mut out, &mut std::io::sink())?;
-        let results: Results = serde_json::from_slice(&out).context("reading simulate's results")?;
-        Ok(results.results)
+        let outcomes = self.feed.evaluate(&options(), &mut std::io::sink())?;
+        Ok(outcomes.into_iter().map(Outcome::from).collect())
     }
 }
 
-fn options() -> simulate::Options<'static> {
-    simulate::Options {
+fn options() -> Options<'static> {
+    Options {
         fleet: None,
-        format: simulate::Format::Json,
+        // Not printed: `evaluate` hands the outcomes back.
+        format: Format::default(),
         timings: false,
         cel: dra_cel::CelEnvironment::stored_expressions(dra_cel::NEWEST_MINOR),
         // The newest release serves extended resources through classes.
@@ -165,28 +174,52 @@ fn options() -> simulate::Options<'static> {
         gates: Some(Gate::ALL.into_iter().fold(FeatureGates::default(), |gates, gate| gates.with(gate, true))),
         // Slices read from the cluster are as its API server stored them.
         not_served: Default::default(),
-        source: simulate::Source::Cluster,
+        source: Source::Cluster,
     }
 }
 
 /// `request=device,device ...` of an allocation (the pool shown when it is
 /// not the node's).
-pub fn devices(allocation: Option<&serde_json::Value>, node: Option<&str>) -> String {
-    let Some(results) = allocation.and_then(|a| a.pointer("/devices/results")).and_then(|r| r.as_array()) else {
+pub fn devices(allocation: Option<&AllocationResult>, node: Option<&str>) -> String {
+    let Some(results) = allocation.and_then(|a| a.devices.as_ref()).and_then(|d| d.results.as_deref()) else {
         return "-".to_string();
     };
-    let mut groups: Vec<(String, Vec<String>)> = Vec::new();
+    let mut groups: Vec<(&str, Vec<String>)> = Vec::new();
     for r in results {
-        let field = |f: &str| r.get(f).and_then(|v| v.as_str()).unwrap_or_default().to_string();
-        let (request, pool, device) = (field("request"), field("pool"), field("device"));
-        let shown = if Some(pool.as_str()) == node { device } else { format!("{pool}/{device}") };
+        let shown = if Some(r.pool.as_str()) == node { r.device.clone() } else { format!("{}/{}", r.pool, r.device) };
         match groups.last_mut() {
-            Some((last, list)) if *last == request => list.push(shown),
-            _ => groups.push((request, vec![shown])),
+            Some((last, list)) if *last == r.request => list.push(shown),
+            _ => groups.push((r.request.as_str(), vec![shown])),
         }
     }
     if groups.is_empty() {
         return "(none)".to_string();
     }
     groups.iter().map(|(r, l)| format!("{r}={}", l.join(","))).collect::<Vec<_>>().join(" ")
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn outcomes_are_printed_without_the_pod_and_workload() {
+        let outcome = ClaimOutcome {
+            namespace: Some("ns".into()),
+            name: Some("c".into()),
+            pod: Some("ns/p".into()),
+            workload: Some("Deployment ns/d".into()),
+            reason: Some("no GPU left".into()),
+            key: "ns/c".into(),
+            ..ClaimOutcome::default()
+        };
+        let printed = serde_json::to_value(Outcome::from(outcome)).unwrap();
+        assert_eq!(
+            printed,
+            json!({"namespace": "ns", "name": "c", "allocated": false, "node": null, "allocation": null,
+                   "error": false, "reason": "no GPU left"})
+        );
+    }
 }

@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use std::path::PathBuf;
 
 use anyhow::Result;
-use gpu_dra_controller::manifests::{self, Manifest};
+use gpu_dra_simulate::manifests::{self, Manifest};
 
 use crate::explain::{self, ClusterInput, Outcome};
 use crate::output::Cell;

@@ -24,7 +24,8 @@ use std::time::Duration;
 use anyhow::{Result, anyhow, bail};
 use clap::{Parser, Subcommand};
 
-use output::{Format, Paint};
+use gpu_dra_simulate::Format;
+use output::Paint;
 
 /// GPUs of the cluster as the GPU DRA driver publishes them.
 #[derive(Debug, Parser)]
@@ -47,7 +48,7 @@ struct Cli {
     output: Format,
     /// How long `claims` waits for the node agents' metrics (e.g. 5s,
     /// 500ms; 0s skips them).
-    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = gpu_dra_controller::service::duration::parse)]
+    #[arg(long, global = true, value_name = "DURATION", default_value = "5s", value_parser = gpu_dra_driver::duration::parse)]
     metrics_timeout: Duration,
     /// How long the whole command may wait for the API server, as
     /// kubectl's: a duration (10s, 1m) or whole seconds; 0 for no limit

@@ -2,10 +2,8 @@
 //! JSON and YAML for programs.
 
 use anyhow::Result;
+use gpu_dra_simulate::Format;
 use serde::Serialize;
-
-/// Output format (`-o`): the same choices as `simulate`'s.
-pub use gpu_dra_controller::simulate::Format;
 
 /// ANSI colour, or none.
 #[derive(Debug, Clone, Copy, Default)]

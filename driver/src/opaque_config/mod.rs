@@ -11,7 +11,7 @@ pub use decode::{
     API_VERSION, DeviceConfig, GpuConfig, INTERVALS, IommuConfig, MigDeviceConfig, VfioDeviceConfig, decode,
 };
 
-use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
+use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaimSpec};
 
 use crate::feature_gates::FeatureGates;
 use crate::names::{DeviceName, DriverName};
@@ -137,6 +137,29 @@ pub fn resolve(
         .collect()
 }
 
+/// Every opaque config entry for `driver` in a claim's spec must decode
+/// strictly: the webhook denies the claim otherwise, and `simulate` refuses
+/// it with the same message (one check, so the two cannot disagree).
+/// `spec_path` roots the error's JSON path (`spec`, or `spec.spec` in a
+/// template).
+pub fn check_spec(
+    spec: &ResourceClaimSpec,
+    spec_path: &str,
+    driver: &str,
+    gates: &FeatureGates,
+) -> Result<(), ConfigError> {
+    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
+    for (i, config) in configs.into_iter().flatten().enumerate() {
+        let Some(opaque) = config.opaque.as_ref() else { continue };
+        if opaque.driver != driver {
+            continue;
+        }
+        let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
+        decode(&opaque.parameters.0, &path, gates)?;
+    }
+    Ok(())
+}
+
 /// An entry without requests applies to every result; one naming `req`
 /// applies to `req` and its subrequests `req/sub`.
 fn applies(requests: &[String], result_request: &str) -> bool {
@@ -228,5 +251,22 @@ mod tests {
         odd.source = "FromNowhere".into();
         let err = resolve(&DriverName::nvidia_default(), &[odd], &result, &FeatureGates::default()).unwrap_err();
         assert_eq!(err.field, "status.allocation.devices.config[0].source");
+    }
+
+    /// A claim spec's configs for this driver are decoded with their path
+    /// under `spec_path`; other drivers' are not ours to judge.
+    #[test]
+    fn a_specs_configs_are_checked_with_their_path() {
+        let spec: ResourceClaimSpec = serde_json::from_value(json!({"devices": {"config": [
+            {"opaque": {"driver": "other.example.com", "parameters": {"anything": true}}},
+            {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": API_VERSION, "kind": "GpuConfig"}}},
+            {"opaque": {"driver": "gpu.nvidia.com", "parameters": {"apiVersion": "v0", "kind": "GpuConfig"}}}]}}))
+        .unwrap();
+        let gates = FeatureGates::default();
+        let error = check_spec(&spec, "spec.spec", "gpu.nvidia.com", &gates).unwrap_err();
+        assert_eq!(error.field, "spec.spec.devices.config[2].opaque.parameters.apiVersion");
+        let mut valid = spec.clone();
+        valid.devices.as_mut().and_then(|d| d.config.as_mut()).unwrap().truncate(2);
+        assert_eq!(check_spec(&valid, "spec", "gpu.nvidia.com", &gates), Ok(()));
     }
 }

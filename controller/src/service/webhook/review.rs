@@ -65,7 +65,7 @@ pub fn review(body: &[u8], driver: &str, gates: &FeatureGates, cel: &SelectorEnv
         Ok(spec) => spec.unwrap_or_default(),
         Err(error) => return (denied(&uid, 400, &format!("{spec_path}: {error}")), false),
     };
-    if let Err(error) = check_configs(&spec, spec_path, driver, gates) {
+    if let Err(error) = opaque_config::check_spec(&spec, spec_path, driver, gates) {
         return (denied(&uid, 422, &error.to_string()), false);
     }
     let mut warnings = selector_warnings(&spec, spec_path, cel);
@@ -79,26 +79,6 @@ pub fn review(body: &[u8], driver: &str, gates: &FeatureGates, cel: &SelectorEnv
     }
     let warnings = warnings.into_iter().map(|w| truncate(&w)).collect();
     (allowed(&uid, warnings), true)
-}
-
-/// Every opaque config entry for our driver must decode strictly (also
-/// `simulate`'s check, so both refuse with the same message).
-pub(crate) fn check_configs(
-    spec: &ResourceClaimSpec,
-    spec_path: &str,
-    driver: &str,
-    gates: &FeatureGates,
-) -> Result<(), opaque_config::ConfigError> {
-    let configs = spec.devices.as_ref().and_then(|d| d.config.as_ref());
-    for (i, config) in configs.into_iter().flatten().enumerate() {
-        let Some(opaque) = config.opaque.as_ref() else { continue };
-        if opaque.driver != driver {
-            continue;
-        }
-        let path = format!("{spec_path}.devices.config[{i}].opaque.parameters");
-        opaque_config::decode(&opaque.parameters.0, &path, gates)?;
-    }
-    Ok(())
 }
 
 /// CEL problems, as the apiserver checks a new claim's selectors.
@@ -315,5 +295,64 @@ mod tests {
             &NoFleet(vec![]),
         );
         assert!(!ok, "serde_json's recursion limit bounds the depth");
+    }
+
+    fn mps_claim(percentage: i64) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "mps", "namespace": "ml"}, "spec": {"devices": {
+            "requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}],
+            "config": [{"opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": percentage}}}}}]}}})
+    }
+
+    /// What the webhook answers for `object`: its denial message, if any.
+    fn webhook_denial(object: &Value, gates: &FeatureGates) -> Option<String> {
+        let body = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "u", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                        "operation": "CREATE", "object": object}});
+        let (response, allowed) = review(
+            body.to_string().as_bytes(),
+            "gpu.nvidia.com",
+            gates,
+            &selector_env(37, gates),
+            &NoFleet(Vec::new()),
+        );
+        (!allowed).then(|| response["response"]["status"]["message"].as_str().unwrap_or_default().to_string())
+    }
+
+    /// `simulate` on `object` (read from `c.yaml`) and the shipped classes.
+    fn simulate_check(object: &Value, gates: &FeatureGates) -> anyhow::Result<()> {
+        let classes = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deviceclasses"));
+        let mut manifests = Vec::new();
+        gpu_dra_simulate::manifests::read_each(&[classes], &mut |m| {
+            manifests.push(m);
+            Ok(())
+        })
+        .unwrap();
+        manifests.push(gpu_dra_simulate::manifests::Manifest::tree("c.yaml".into(), object.clone()));
+        let options = gpu_dra_simulate::Options { gates: Some(*gates), ..Default::default() };
+        gpu_dra_simulate::run_manifests(manifests, &options, &mut std::io::sink(), &mut std::io::sink())
+    }
+
+    #[test]
+    fn simulate_refuses_claims_exactly_when_and_as_the_webhook_denies_them() {
+        for gates in ["", "MPSSupport=true"] {
+            let gates: FeatureGates = gates.parse().unwrap();
+            for percentage in [50, 150] {
+                let object = mps_claim(percentage);
+                let denial = webhook_denial(&object, &gates);
+                match (simulate_check(&object, &gates), denial) {
+                    (Ok(()), None) => {}
+                    (Err(e), Some(message)) => assert_eq!(
+                        e.to_string(),
+                        format!("c.yaml: ResourceClaim ml/mps: the webhook denies it: {message}")
+                    ),
+                    (ours, theirs) => panic!("{gates:?} {percentage}: simulate {ours:?}, webhook {theirs:?}"),
+                }
+            }
+        }
+        let on: FeatureGates = "MPSSupport=true".parse().unwrap();
+        assert!(webhook_denial(&mps_claim(150), &on).unwrap().ends_with("between 0 and 100, not 150"));
     }
 }

@@ -21,11 +21,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 
 use super::controllers::{self, Workload};
+use super::keys::{DEFAULT_NAMESPACE, key};
 use super::versions;
 use crate::manifests::Manifest;
-
-/// Namespace of namespaced objects that do not name one, as `kubectl apply`.
-pub const DEFAULT_NAMESPACE: &str = "default";
 
 /// An object and where it came from (`file` or `file#doc`).
 #[derive(Debug, Clone)]
@@ -81,11 +79,6 @@ impl Inputs {
         let stored = ResourceSlice { metadata: slice.metadata.clone(), spec: not_served.strip(&slice.spec) };
         self.slices.add_slice(&stored);
     }
-}
-
-/// `namespace/name` of a namespaced object (namespace defaulted).
-pub fn key(namespace: Option<&str>, name: &str) -> String {
-    format!("{}/{name}", namespace.unwrap_or(DEFAULT_NAMESPACE))
 }
 
 fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {

@@ -89,6 +89,28 @@ fn output_entries_have_the_documented_shape() {
     assert_eq!(from_yaml, doc);
 }
 
+/// `run` prints what `evaluate` returns: `-o json` is `{"results": outcomes}`.
+#[test]
+fn run_prints_the_outcomes_evaluate_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("in.yaml");
+    std::fs::write(&input, format!("{CLASS}---\n{}---\n{}", claim("one", 1), claim("two", 9))).unwrap();
+    let fleet_file = dir.path().join("fleet.yaml");
+    std::fs::write(&fleet_file, fleet(1)).unwrap();
+    let files = vec![input];
+    let options = Options { fleet: Some(&fleet_file), format: Format::Json, ..Options::default() };
+    let outcomes = evaluate(&files, &options, &mut std::io::sink()).unwrap();
+    assert_eq!(
+        outcomes.iter().map(|o| (o.key.as_str(), o.allocated)).collect::<Vec<_>>(),
+        [("default/one", true), ("default/two", false)]
+    );
+    assert!(outcomes[1].reason.is_some());
+    let mut printed = Vec::new();
+    run(&files, &options, &mut printed, &mut std::io::sink()).unwrap();
+    let printed: serde_json::Value = serde_json::from_slice(&printed).unwrap();
+    assert_eq!(printed, serde_json::json!({ "results": outcomes }));
+}
+
 #[test]
 fn a_pods_claims_land_on_one_node() {
     let tpl = "apiVersion: resource.k8s.io/v1\nkind: ResourceClaimTemplate\nmetadata: {name: one-gpu}\n\

@@ -107,7 +107,7 @@ impl Workload {
         format!(
             "{} {}",
             self.kind(),
-            super::inputs::key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
+            super::keys::key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
         )
     }
 

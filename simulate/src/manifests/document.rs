@@ -13,8 +13,8 @@ use anyhow::{Result, anyhow, bail};
 use serde::de::{self, DeserializeSeed, IntoDeserializer, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Value};
 
+use super::manifest::{Manifest, Sink};
 use super::split::{Piece, Splitter};
-use super::{Manifest, Sink};
 
 /// The sink's error, kept aside while serde unwinds with a placeholder.
 struct Reader<'s, 'a> {

@@ -7,8 +7,13 @@
 //! claims instantiated, extended resources turned into the scheduler's
 //! claim by [`extended`], grouped per pod, checked against the apiserver's
 //! claim rules) → [`engine`] (the driver's allocator, unit by unit) →
-//! [`output`]. `--fleet` adds nodes whose slices come from the
-//! plugin's own slice builder ([`fleet`]).
+//! [`ClaimOutcome`]s, what [`evaluate`] returns → [`output`], what [`run`]
+//! prints. `--fleet` adds nodes whose slices come from the plugin's own
+//! slice builder ([`fleet`]). How a run is set up is [`options`]'s.
+//!
+//! The manifest reader ([`manifests`]) is here too: `simulate` is its main
+//! reader, and the controller's `validate-slices` and `kubectl gpu fit`
+//! read files with it.
 
 mod claim_rules;
 mod configs;
@@ -17,81 +22,44 @@ mod engine;
 mod extended;
 mod fleet;
 mod inputs;
+mod keys;
+pub mod manifests;
+mod options;
+mod outcome;
 mod output;
 mod versions;
 mod workload;
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Result, anyhow, bail};
-use clap::ValueEnum;
 use gpu_dra_driver::slices::served::{GatedField, NotServed};
 
-use crate::manifests;
+pub use options::{Format, Options, Source};
+pub use outcome::ClaimOutcome;
 
-/// Output format of `simulate`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum Format {
-    #[default]
-    Table,
-    Json,
-    Yaml,
-}
-
-/// How to run a simulation.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Options<'a> {
-    /// Nodes with fake inventories whose slices join the input.
-    pub fleet: Option<&'a Path>,
-    pub format: Format,
-    /// Print each phase's duration on `note`.
-    pub timings: bool,
-    /// Which Kubernetes' CEL environment selectors are checked in.
-    pub cel: dra_cel::CelEnvironment,
-    /// The scheduler serves extended resources through DeviceClasses
-    /// (`DRAExtendedResource`, on by default from 1.36).
-    pub extended_resources: bool,
-    /// The webhook's feature gates, for opaque configs; `None`: the fleet
-    /// file's `featureGates` (the node agents'), or none.
-    pub gates: Option<gpu_dra_driver::feature_gates::FeatureGates>,
-    /// The slice fields the simulated release's API server drops (its
-    /// gates off): left out of every slice, as that server stores them.
-    pub not_served: NotServed,
-    /// Where the objects came from, for the fix an error names.
-    pub source: Source,
-}
-
-/// Where simulate's objects came from: files the user names with `-f`, or
-/// a live cluster (`kubectl gpu`), where a missing object is fixed in the
-/// cluster, not on a command line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Source {
-    #[default]
-    Files,
-    Cluster,
-}
-
-impl Source {
-    /// `kind` `name` (a namespace/name key, or a class name) is missing: what
-    /// to say, and the fix (`field` is the reference to correct).
-    pub fn missing(self, kind: &str, name: &str, field: &str) -> String {
-        match self {
-            Source::Files => {
-                let example = if kind == "DeviceClass" { " (e.g. -f deviceclasses/)" } else { "" };
-                format!("{kind} {name} is not among the inputs; fix: pass it with -f{example} or correct {field}")
-            }
-            Source::Cluster => {
-                format!("the cluster has no {kind} {name}; fix: correct {field}, or create the {kind} in the cluster")
-            }
-        }
-    }
-}
-
-/// Runs the simulation. Returns an error (exit 1) for input that cannot be
-/// understood; claims that do not fit are results, not errors.
+/// Runs the simulation and prints its outcomes in `options.format`.
+/// Returns an error (exit 1) for input that cannot be understood; claims
+/// that do not fit are results, not errors.
 pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
     let mut phases = Phases::default();
+    let outcomes = evaluate_files(files, options, &mut phases, note)?;
+    print(outcomes, options, phases, out, note)
+}
+
+/// Runs the simulation: every claim's outcome, in claim order. What the
+/// user should know that is not an outcome is written on `note`.
+pub fn evaluate(files: &[PathBuf], options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+    evaluate_files(files, options, &mut Phases::default(), note)
+}
+
+fn evaluate_files(
+    files: &[PathBuf],
+    options: &Options<'_>,
+    phases: &mut Phases,
+    note: &mut impl Write,
+) -> Result<Vec<ClaimOutcome>> {
     // The fleet file and the manifests are independent: the fleet's slices
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
@@ -124,7 +92,7 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
     }
     phases.mark("fleet");
     note_dropped(inputs.dropped, note)?;
-    simulate_inputs(inputs, options, &gates.unwrap_or_default(), phases, out, note)
+    evaluate_inputs(inputs, options, &gates.unwrap_or_default(), phases, note)
 }
 
 /// Says once, for each field the simulated API server dropped from some
@@ -197,15 +165,32 @@ impl Feed {
         self.sorter.add_taint_rule(rule);
     }
 
-    /// Simulates what was fed. `options.fleet` must be `None`.
+    /// Simulates what was fed and prints the outcomes. `options.fleet`
+    /// must be `None`.
     pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+        let mut phases = Phases::default();
+        let outcomes = self.evaluate_with(options, &mut phases, note)?;
+        print(outcomes, options, phases, out, note)
+    }
+
+    /// Simulates what was fed: every claim's outcome, in claim order.
+    /// `options.fleet` must be `None`.
+    pub fn evaluate(self, options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+        self.evaluate_with(options, &mut Phases::default(), note)
+    }
+
+    fn evaluate_with(
+        self,
+        options: &Options<'_>,
+        phases: &mut Phases,
+        note: &mut impl Write,
+    ) -> Result<Vec<ClaimOutcome>> {
         if options.fleet.is_some() {
             bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
         }
-        let mut phases = Phases::default();
         let inputs = self.sorter.finish();
         phases.mark("read");
-        simulate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, out, note)
+        evaluate_inputs(inputs, options, &options.gates.unwrap_or_default(), phases, note)
     }
 }
 
@@ -220,15 +205,14 @@ fn cel_environment(
     dra_cel::CelEnvironment { list_type_attributes: cel.list_type_attributes || lists, ..cel }
 }
 
-/// From sorted inputs to printed outcomes: workload, allocation, output.
-fn simulate_inputs(
+/// From sorted inputs to outcomes: workload, allocation.
+fn evaluate_inputs(
     mut inputs: inputs::Inputs,
     options: &Options<'_>,
     gates: &gpu_dra_driver::feature_gates::FeatureGates,
-    mut phases: Phases,
-    out: &mut impl Write,
+    phases: &mut Phases,
     note: &mut impl Write,
-) -> Result<()> {
+) -> Result<Vec<ClaimOutcome>> {
     configs::check(&inputs, gates)?;
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let extended = workload::ExtendedResources {
@@ -253,16 +237,30 @@ fn simulate_inputs(
     let fleet = std::mem::take(&mut inputs.slices);
     let outcomes = engine::allocate(&workload, fleet, &classes, &nodes, cel_environment(options.cel, gates))?;
     phases.mark("allocate");
+    let outcomes = workload.claims.iter().zip(outcomes).map(|(c, o)| ClaimOutcome::new(c, o)).collect();
+    drop_in_background((inputs, workload, classes, nodes));
+    Ok(outcomes)
+}
+
+/// Prints `outcomes` in `options.format`, then (with `options.timings`) how
+/// long each phase took, on `note`.
+fn print(
+    outcomes: Vec<ClaimOutcome>,
+    options: &Options<'_>,
+    mut phases: Phases,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<()> {
     match options.format {
-        Format::Table => output::table(out, &workload.claims, &outcomes),
-        Format::Json => output::json(out, &workload.claims, &outcomes),
-        Format::Yaml => output::yaml(out, &workload.claims, &outcomes),
+        Format::Table => output::table(out, &outcomes),
+        Format::Json => output::json(out, &outcomes),
+        Format::Yaml => output::yaml(out, &outcomes),
     }?;
     phases.mark("output");
     if options.timings {
-        writeln!(note, "timings: {} ({} claims)", phases, workload.claims.len())?;
+        writeln!(note, "timings: {} ({} claims)", phases, outcomes.len())?;
     }
-    drop_in_background((inputs, workload, outcomes, classes, nodes));
+    drop_in_background(outcomes);
     Ok(())
 }
 

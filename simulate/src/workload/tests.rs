@@ -1,6 +1,6 @@
 use super::*;
+use crate::inputs;
 use crate::manifests::parse_into;
-use crate::simulate::inputs;
 
 const CLASS: &str = "gpu.nvidia.com";
 
@@ -36,7 +36,7 @@ fn build_docs(docs: &[String]) -> Result<Workload> {
         &inputs,
         &|c| (c != CLASS).then(|| format!("DeviceClass {c:?} is missing")),
         &ExtendedResources::default(),
-        super::super::Source::Files,
+        crate::options::Source::Files,
     )
 }
 

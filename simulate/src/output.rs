@@ -4,67 +4,29 @@
 use std::io::Write;
 
 use anyhow::Result;
-use k8s_openapi::api::resource::v1::AllocationResult;
 use serde::Serialize;
 
-use super::engine::Outcome;
-use super::workload::SimClaim;
-
-/// One result, fields in the documented order.
-#[derive(Debug, Serialize)]
-struct Entry<'a> {
-    namespace: Option<&'a str>,
-    name: Option<&'a str>,
-    /// `namespace/name` of the pod the claim was made for or first used by.
-    pod: Option<&'a str>,
-    /// The workload that made the pod (`Deployment namespace/name`).
-    workload: Option<&'a str>,
-    allocated: bool,
-    node: Option<&'a str>,
-    /// As it would be written to `status.allocation`.
-    allocation: Option<&'a AllocationResult>,
-    error: bool,
-    reason: Option<&'a str>,
-}
+use super::outcome::ClaimOutcome;
 
 #[derive(Debug, Serialize)]
 struct Document<'a> {
-    results: Vec<Entry<'a>>,
+    results: &'a [ClaimOutcome],
 }
 
-fn document<'a>(claims: &'a [SimClaim], outcomes: &'a [Outcome]) -> Document<'a> {
-    let results = claims
-        .iter()
-        .zip(outcomes)
-        .map(|(c, o)| Entry {
-            namespace: c.claim.metadata.namespace.as_deref(),
-            name: c.claim.metadata.name.as_deref(),
-            pod: c.pod.as_deref(),
-            workload: c.workload.as_deref(),
-            allocated: o.allocated(),
-            node: o.node.as_deref(),
-            allocation: o.allocation.as_ref(),
-            error: o.error,
-            reason: o.reason.as_deref(),
-        })
-        .collect();
-    Document { results }
-}
-
-pub fn json(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
-    serde_json::to_writer_pretty(&mut *out, &document(claims, outcomes))?;
+pub fn json(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
+    serde_json::to_writer_pretty(&mut *out, &Document { results: outcomes })?;
     writeln!(out)?;
     Ok(())
 }
 
-pub fn yaml(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
-    out.write_all(serde_yaml_ng::to_string(&document(claims, outcomes))?.as_bytes())?;
+pub fn yaml(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
+    out.write_all(serde_yaml_ng::to_string(&Document { results: outcomes })?.as_bytes())?;
     Ok(())
 }
 
 /// `request=dev,dev request2=dev`: results grouped by request, the pool
 /// shown when it is not the node's own.
-fn devices(o: &Outcome) -> String {
+fn devices(o: &ClaimOutcome) -> String {
     let Some(a) = &o.allocation else { return "-".to_string() };
     let results = a.devices.as_ref().and_then(|d| d.results.as_deref()).unwrap_or_default();
     if results.is_empty() {
@@ -108,7 +70,7 @@ fn spaces(out: &mut impl Write, mut n: usize) -> std::io::Result<()> {
 }
 
 /// The POD cell: the pod's name, and the kind and name of its workload.
-fn pod_cell(c: &SimClaim) -> String {
+fn pod_cell(c: &ClaimOutcome) -> String {
     let name = |key: &str| key.split_once('/').map_or(key, |(_, n)| n).to_string();
     match (c.pod.as_deref(), c.workload.as_deref()) {
         (None, _) => "-".to_string(),
@@ -121,15 +83,15 @@ fn pod_cell(c: &SimClaim) -> String {
 }
 
 /// Aligned columns NAMESPACE/NAME, POD, NODE, DEVICES, REASON, then a summary.
-pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) -> Result<()> {
+pub fn table(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
     let mut rows = vec![["NAMESPACE/NAME".to_string(), "POD".into(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
-    for (c, o) in claims.iter().zip(outcomes) {
+    for o in outcomes {
         let reason = match (&o.reason, o.error) {
             (None, _) => "-".to_string(),
             (Some(r), true) => format!("error: {r}"),
             (Some(r), false) => r.clone(),
         };
-        rows.push([c.key.clone(), pod_cell(c), o.node.clone().unwrap_or_else(|| "-".into()), devices(o), reason]);
+        rows.push([o.key.clone(), pod_cell(o), o.node.clone().unwrap_or_else(|| "-".into()), devices(o), reason]);
     }
     let width = |col: usize| rows.iter().map(|r| r.get(col).map_or(0, |s| s.chars().count())).max().unwrap_or(0);
     let widths = [width(0), width(1), width(2), width(3)];
@@ -142,7 +104,7 @@ pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) ->
         }
         writeln!(out, "{reason}")?;
     }
-    let allocated = outcomes.iter().filter(|o| o.allocated()).count();
+    let allocated = outcomes.iter().filter(|o| o.allocated).count();
     let errors = outcomes.iter().filter(|o| o.error).count();
     write!(out, "\n{allocated} of {} claims allocated", outcomes.len())?;
     if errors > 0 {
@@ -156,25 +118,14 @@ pub fn table(out: &mut impl Write, claims: &[SimClaim], outcomes: &[Outcome]) ->
 mod tests {
     use super::*;
 
-    fn claim(key: &str) -> SimClaim {
-        SimClaim {
-            claim: Default::default(),
-            key: key.to_string(),
-            preallocated: false,
-            origin: "in.yaml".to_string(),
-            pod: None,
-            workload: None,
-        }
-    }
-
     #[test]
     fn cells_wider_than_u16_print_aligned() {
         let long = "n".repeat(70_000);
-        let claims = [claim(&long), claim("ns/short")];
-        let refused = Outcome { reason: Some("r".repeat(66_000)), ..Default::default() };
-        let outcomes = [refused.clone(), refused];
+        let refused =
+            |key: &str| ClaimOutcome { key: key.to_string(), reason: Some("r".repeat(66_000)), ..Default::default() };
+        let outcomes = [refused(&long), refused("ns/short")];
         let mut out = Vec::new();
-        table(&mut out, &claims, &outcomes).unwrap();
+        table(&mut out, &outcomes).unwrap();
         let text = String::from_utf8(out).unwrap();
         let lines: Vec<&str> = text.lines().collect();
         let node = lines[0].find("NODE").unwrap();

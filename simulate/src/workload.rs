@@ -26,7 +26,9 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference}
 
 use super::claim_rules;
 use super::extended;
-use super::inputs::{Inputs, Item, PodInput, key};
+use super::inputs::{Inputs, Item, PodInput};
+use super::keys::key;
+use super::options::Source;
 
 /// Annotation the resourceclaim controller puts on generated claims.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
@@ -95,7 +97,7 @@ pub fn build(
     inputs: &Inputs,
     class_missing: &dyn Fn(&str) -> Option<String>,
     extended: &ExtendedResources,
-    source: super::Source,
+    source: Source,
 ) -> Result<Workload> {
     for c in &inputs.claims {
         claim_rules::check(c.object.spec.as_ref(), "spec", class_missing)
@@ -159,7 +161,7 @@ struct Builder<'e> {
     w: Workload,
     /// Claim key -> index in `w.claims`, to refuse name clashes and share claims.
     emitted: HashMap<String, usize>,
-    source: super::Source,
+    source: Source,
 }
 
 impl Builder<'_> {
