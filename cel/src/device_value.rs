@@ -19,8 +19,8 @@ use cel::common::value::{CowVal, StaticVal, Val};
 use cel::context::VariableResolver;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
-use super::EvalError;
 use super::semver_lib::Semver;
+use crate::error::EvalError;
 use crate::quantity::Quantity;
 
 /// The entries of one map, before sorting.

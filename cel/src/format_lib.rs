@@ -11,8 +11,8 @@ use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 use regex::Regex;
 
-use super::cost::{bytes_units, charge};
 use super::url_lib::Url;
+use crate::meter::{bytes_units, charge};
 
 pub static FORMAT_TYPE: Type = Type::new_unspecified_type("kubernetes.NamedFormat");
 

@@ -10,7 +10,7 @@ use cel::common::types::{CelBool, CelInt, CelString, STRING_TYPE, Type};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::cost::{bytes_units, charge};
+use crate::meter::{bytes_units, charge};
 
 pub static IP_TYPE: Type = Type::new_unspecified_type("net.IP");
 pub static CIDR_TYPE: Type = Type::new_unspecified_type("net.CIDR");

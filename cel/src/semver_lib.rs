@@ -126,7 +126,7 @@ fn parse_args(function: &str, args: &[CowVal<'_, '_>]) -> Result<Result<Semver, 
         .and_then(|v| v.downcast_ref::<CelString>())
         .map(|s| s.inner())
         .ok_or_else(|| error(function, "expects a string"))?;
-    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
+    crate::meter::charge(crate::meter::bytes_units(text.len()))?;
     let normalize = args.get(1).and_then(|v| v.downcast_ref::<CelBool>()).is_some_and(|b| *b.inner());
     Ok(Semver::parse(text, normalize))
 }
@@ -137,7 +137,7 @@ fn semver_fn<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execut
 }
 
 fn is_semver<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(parse_args("isSemver", &args)?.is_ok()))
+    Ok(crate::meter::boolean(parse_args("isSemver", &args)?.is_ok()))
 }
 
 fn component(
@@ -171,11 +171,11 @@ fn compare_to<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
 }
 
 fn is_greater_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
+    Ok(crate::meter::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
 }
 
 fn is_less_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isLessThan", &args)? == Ordering::Less))
+    Ok(crate::meter::boolean(compare("isLessThan", &args)? == Ordering::Less))
 }
 
 /// Registers the semver library on `env`.

@@ -17,7 +17,7 @@ use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 use regex::Regex;
 
-use super::cost::{bytes_units, charge, check_list_len, check_string_len};
+use crate::meter::{bytes_units, charge, check_list_len, check_string_len};
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
@@ -51,7 +51,7 @@ fn int<'b, 'v>(n: usize) -> Out<'b, 'v> {
 }
 
 fn boolean<'b, 'v>(b: bool) -> Out<'b, 'v> {
-    Ok(super::cost::boolean(b))
+    Ok(crate::meter::boolean(b))
 }
 
 /// A code-point index into `s`, checked against `0..=len`.

@@ -17,7 +17,7 @@ use cel::common::types::{CelBool, CelList, CelMap, CelMapKey, CelString, STRING_
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::cost::{bytes_units, charge};
+use crate::meter::{bytes_units, charge};
 
 /// The CEL type of URLs.
 pub static URL_TYPE: Type = Type::new_unspecified_type("kubernetes.URL");
