@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceSlice,
 };
 
-use super::error::decode_quantity;
+use super::decode::decode_quantity;
 
 /// A typed attribute value. Versions keep their text: constraints compare
 /// them as strings and CEL parses them when it builds the device value.
