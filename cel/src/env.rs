@@ -81,7 +81,8 @@ pub fn check_literals(env: &Arc<Env>, expr: &IdedExpr) -> Result<(), CompileErro
                 if let Some(Expr::Literal(LiteralValue::String(text))) = call.args.last().map(|a| &a.expr) {
                     match call.func_name.as_str() {
                         "matches" => {
-                            strings_lib::compile_regex(text.inner()).map_err(CompileError::InvalidRegex)?;
+                            strings_lib::compile_regex(text.inner())
+                                .map_err(|e| CompileError::InvalidRegex(e.to_string()))?;
                         }
                         "duration" | "timestamp" if call.target.is_none() && call.args.len() == 1 => {
                             check_time_literal(env, &call.func_name, text.inner())?;

@@ -250,11 +250,19 @@ thread_local! {
 /// Compiles a CEL (RE2) pattern; the size limit keeps a pathological pattern
 /// from taking long or much memory to compile. Matching is linear in Rust's
 /// `regex`, so no pattern can backtrack catastrophically.
-pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
+pub fn compile_regex(pattern: &str) -> Result<Regex, RegexError> {
     regex::RegexBuilder::new(pattern)
         .size_limit(1 << 20)
         .build()
-        .map_err(|e| format!("invalid regular expression {pattern:?}: {e}"))
+        .map_err(|reason| RegexError { pattern: pattern.to_owned(), reason })
+}
+
+/// A pattern that does not compile (bad syntax, or over the size limit).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid regular expression {pattern:?}: {reason}")]
+pub struct RegexError {
+    pattern: String,
+    reason: regex::Error,
 }
 
 pub fn cached_regex(pattern: &str) -> Result<Arc<Regex>, ExecutionError> {
