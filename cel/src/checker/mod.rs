@@ -13,7 +13,7 @@ use std::collections::HashMap;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, SourceInfo};
 
-pub use checked::{Checked, ResolvedCall};
+use checked::{Checked, ResolvedCall};
 pub use cost::{CostEstimate, estimate};
 pub use decls::{Declarations, Overload};
 use types::Mapping;
