@@ -22,7 +22,7 @@ use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolic
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
 use super::compact::{CapacityEntry, DeviceRecord};
-use super::error::decode_quantity;
+use super::decode::decode_quantity;
 
 /// Per-capacity amounts already taken on a device.
 pub(crate) type Consumed = BTreeMap<String, Quantity>;

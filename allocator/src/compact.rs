@@ -20,7 +20,7 @@ use k8s_openapi::api::resource::v1::{
     ResourceSlice,
 };
 
-use super::error::decode_quantity;
+use super::decode::{BadQuantity, decode_quantity};
 
 /// A typed attribute value. Versions keep their text: constraints compare
 /// them as strings and CEL parses them when it builds the device value.
@@ -639,7 +639,16 @@ impl<'a, C> SortedWalk<'a, C> {
 
 /// A counter slice's sets, parsed once when the slice is converted: (set
 /// name, its counters or why one of them does not parse), in slice order.
-pub(crate) type SliceCounterSets = Arc<[(String, Result<BTreeMap<String, Quantity>, String>)]>;
+pub(crate) type SliceCounterSets = Arc<[(String, Result<BTreeMap<String, Quantity>, BadCounter>)]>;
+
+/// A counter whose value does not parse; the pool that has it is invalid.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("counter set {set}: counter {counter}: {reason}")]
+pub(crate) struct BadCounter {
+    set: String,
+    counter: String,
+    reason: BadQuantity,
+}
 
 fn parse_counter_sets(sets: &[CounterSet]) -> SliceCounterSets {
     sets.iter()
@@ -648,9 +657,11 @@ fn parse_counter_sets(sets: &[CounterSet]) -> SliceCounterSets {
                 .counters
                 .iter()
                 .map(|(name, c)| {
-                    decode_quantity(&c.value.0)
-                        .map(|a| (name.clone(), a))
-                        .map_err(|e| format!("counter set {}: counter {name}: {e}", set.name))
+                    decode_quantity(&c.value.0).map(|a| (name.clone(), a)).map_err(|reason| BadCounter {
+                        set: set.name.clone(),
+                        counter: name.clone(),
+                        reason,
+                    })
                 })
                 .collect();
             (set.name.clone(), counters)

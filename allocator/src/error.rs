@@ -6,8 +6,6 @@
 //! "does not fit on this node" versus an error that aborts the pod's
 //! scheduling attempt.
 
-use dra_cel::quantity::Quantity;
-
 use super::explain::Explanation;
 
 /// The outcome of a failed allocation.
@@ -88,15 +86,4 @@ pub enum InputError {
     ResultCount { claims: usize, results: usize },
     #[error("claim {claim}: status.allocation.devices.results[{index}].{field}: {reason}")]
     BadResult { claim: String, index: usize, field: &'static str, reason: String },
-}
-
-/// A quantity of a slice or claim that does not parse. The apiserver
-/// refuses such objects; only input that did not pass it has one.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("invalid quantity {0:?}")]
-pub(crate) struct BadQuantity(String);
-
-/// `text`, a quantity field of a slice or claim, as the apiserver decodes it.
-pub(crate) fn decode_quantity(text: &str) -> Result<Quantity, BadQuantity> {
-    Quantity::decode(text).map_err(|_| BadQuantity(text.to_owned()))
 }

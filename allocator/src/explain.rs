@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-pub use super::why::{ClauseCount, SelectorBreakdown};
+use super::why::SelectorBreakdown;
 
 /// How many devices a request wants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

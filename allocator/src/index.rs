@@ -272,7 +272,7 @@ pub(crate) struct Fleet {
     /// A name appeared in or left `known_nodes` or `mentioned`.
     names_dirty: bool,
     /// The DeviceTaintRules, whose taints are on the devices they name.
-    taint_rules: Vec<super::TaintRule>,
+    taint_rules: Vec<super::taint_rules::TaintRule>,
 }
 
 /// A fleet built from slices handed over one at a time: each is compacted
@@ -282,7 +282,7 @@ pub(crate) struct Fleet {
 pub(crate) struct FleetBuilder {
     fleet: Fleet,
     grouped: BTreeMap<(Arc<str>, Arc<str>), Vec<CompactSlice>>,
-    taint_rules: Vec<super::TaintRule>,
+    taint_rules: Vec<super::taint_rules::TaintRule>,
 }
 
 impl FleetBuilder {
@@ -298,7 +298,7 @@ impl FleetBuilder {
         self.grouped.entry((Arc::clone(&c.driver), Arc::clone(&c.pool))).or_default().push(c);
     }
 
-    pub(crate) fn add_taint_rule(&mut self, rule: super::TaintRule) {
+    pub(crate) fn add_taint_rule(&mut self, rule: super::taint_rules::TaintRule) {
         for slice in self.grouped.values_mut().flatten() {
             taint(slice, &rule);
         }
@@ -325,7 +325,7 @@ impl FleetBuilder {
 }
 
 /// Adds `rule`'s taint to the devices of `slice` it names.
-fn taint(slice: &mut CompactSlice, rule: &super::TaintRule) {
+fn taint(slice: &mut CompactSlice, rule: &super::taint_rules::TaintRule) {
     for d in &mut slice.devices {
         if rule.matches(&slice.driver, &slice.pool, &d.name) {
             d.extra.get_or_insert_with(Default::default).taints.push(rule.taint.clone());
@@ -406,7 +406,7 @@ impl Fleet {
 
     /// Replaces the DeviceTaintRules: each pool with a device that the old
     /// or the new rules name is derived again with the new rules' taints.
-    pub(crate) fn set_taint_rules(&mut self, rules: Vec<super::TaintRule>) -> Vec<PoolChange> {
+    pub(crate) fn set_taint_rules(&mut self, rules: Vec<super::taint_rules::TaintRule>) -> Vec<PoolChange> {
         let old = std::mem::replace(&mut self.taint_rules, rules);
         let mut changes = Vec::new();
         for (p, slot) in (0u32..).zip(0..self.slots.len()) {

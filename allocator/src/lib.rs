@@ -58,6 +58,7 @@ mod compact;
 mod constraints;
 mod counters;
 mod counting;
+mod decode;
 mod diagnose;
 mod error;
 mod explain;
@@ -82,14 +83,15 @@ pub mod test_support;
 pub use budget::SearchBudget;
 pub use error::{AllocateError, FatalError, InputError};
 pub use explain::{
-    CapacityShortfall, ClauseCount, ConstraintKind, ConstraintReport, CounterShortfall, Explanation, MAX_OWNERS,
-    OtherOwners, OwnerCount, PoolIssue, PoolProblem, RequestReport, SelectorBreakdown, TaintedDevice, ValueCount,
-    Wanted,
+    CapacityShortfall, ConstraintKind, ConstraintReport, CounterShortfall, Explanation, MAX_OWNERS, OtherOwners,
+    OwnerCount, PoolIssue, PoolProblem, RequestReport, TaintedDevice, ValueCount, Wanted,
 };
 pub use node_selection::{BadSelector, NodeInfo, selector_matches};
+pub use placement::Placement;
 pub use share_id::{RandomShareIds, SequentialShareIds, ShareIdSource};
 pub use taint_rules::{TaintRule, TaintRuleError};
 pub use taints::describe as describe_taint;
+pub use why::{ClauseCount, SelectorBreakdown};
 
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
@@ -100,13 +102,6 @@ pub struct FleetStats {
     pub nodes: usize,
     pub slices: usize,
     pub devices: usize,
-}
-
-/// Where a pod's claims fit: the node and one result per claim, in claim order.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Placement {
-    pub node: String,
-    pub allocations: Vec<AllocationResult>,
 }
 
 /// The fleet as the allocator sees it, plus what is already allocated.

@@ -10,7 +10,6 @@ use std::collections::HashMap;
 
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 
-use super::Placement;
 use super::budget::{Meter, SearchBudget};
 use super::diagnose;
 use super::error::{AllocateError, FatalError};
@@ -22,6 +21,13 @@ use super::search::{self, NodeOutcome};
 use super::selectors::SelectorCache;
 use super::share_id::ShareIdSource;
 use super::state::AllocatedState;
+
+/// Where a pod's claims fit: the node and one result per claim, in claim order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub node: String,
+    pub allocations: Vec<AllocationResult>,
+}
 
 #[derive(Debug, Default)]
 struct ShapeMemo {

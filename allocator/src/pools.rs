@@ -167,7 +167,7 @@ fn counter_sets(slices: &[CompactSlice], checked: &CheckedDraws) -> Result<Arc<C
             if sets.contains_key(name) {
                 return Err(format!("duplicate counter set name {name}"));
             }
-            sets.insert(name.clone(), counters.clone()?);
+            sets.insert(name.clone(), counters.clone().map_err(|e| e.to_string())?);
         }
     }
     Ok(Arc::new(sets))

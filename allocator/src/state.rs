@@ -21,7 +21,8 @@ use k8s_openapi::api::resource::v1::{AllocationResult, DeviceRequestAllocationRe
 
 use super::capacity::Consumed;
 use super::counters::CounterUse;
-use super::error::{InputError, decode_quantity};
+use super::decode::decode_quantity;
+use super::error::InputError;
 use super::index::{Fleet, PoolChange};
 
 /// A device ID: driver, pool, device name.

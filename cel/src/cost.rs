@@ -15,13 +15,14 @@
 //!   functions are our own and meter themselves. (Two rewrites are for speed
 //!   only: `device.a.b` becomes `device["a"]["b"]`, and constant
 //!   `quantity("..")` / `semver("..")` calls are evaluated once.)
-//! * **At run time** a thread-local [`Meter`] counts units. `@range` charges
+//! * **At run time** a thread-local meter (`meter`) counts units. `@range` charges
 //!   `len(range) × weight` *before* the loop runs (a conservative upper bound:
 //!   `all`/`exists` may stop early), so a comprehension that would exceed the
 //!   budget never starts; it also pays for copying each element into the loop
 //!   variable. Functions that build or scan strings and lists charge
-//!   one unit per [`BYTES_PER_UNIT`] bytes or per element, before doing the
-//!   work, and refuse results above [`MAX_STRING_BYTES`] / [`MAX_LIST_LEN`].
+//!   one unit per [`crate::meter::BYTES_PER_UNIT`] bytes or per element, before doing the
+//!   work, and refuse results above [`crate::meter::MAX_STRING_BYTES`] /
+//!   [`crate::meter::MAX_LIST_LEN`].
 //!
 //! Every evaluated node is either outside all loops (at most the AST size,
 //! itself bounded by the 10 Ki expression limit) or inside a loop whose
@@ -40,104 +41,20 @@
 //! (855,551 cel-go units) pass the budget of 1,000,000, Kubernetes'
 //! `CELSelectorExpressionMaxCost`, and seven (85,555,551) fail, as there.
 
-use std::cell::Cell;
-
 use cel::ExecutionError;
 use cel::common::ast::{CallExpr, EntryExpr, Expr, IdedExpr, ListExpr, LiteralValue, operators};
-use cel::common::types::{CelBool, CelBytes, CelList, CelString, Kind};
+use cel::common::types::{CelBytes, CelList, CelString, Kind};
 use cel::common::value::{CowVal, Val};
 
-use super::ops_lib::{METERED_OPERATORS, deep_units};
-use super::semver_lib::Semver;
+use crate::meter::{BUDGET, bytes_units, charge, check_list_len, check_string_len};
+use crate::ops_lib::{METERED_OPERATORS, deep_units};
 use crate::quantity::Quantity;
+use crate::semver_lib::Semver;
 
-/// Units one evaluation may spend, unless its estimate is within the limit.
-pub const BUDGET: u64 = super::MAX_COST;
-/// The budget of an expression estimated within the limit, in multiples of
-/// it: more than the ratio of our units to cel-go's for any operation.
-pub const BOUNDED_FACTOR: u64 = 16;
-/// Bytes of string scanned or built per unit.
-pub const BYTES_PER_UNIT: u64 = 16;
-/// The longest string a function or `+` may build.
-pub const MAX_STRING_BYTES: usize = 64 * 1024;
-/// The longest list a function or `+` may build.
-pub const MAX_LIST_LEN: usize = 16 * 1024;
 /// The deepest AST accepted; the parser's own recursion limit catches most
 /// nesting, this catches long left-deep operator chains (`1+1+1+...`) that
 /// would make evaluation recurse as deep.
 pub const MAX_AST_DEPTH: usize = 100;
-
-/// The message of the error raised when the budget is exceeded.
-pub const BUDGET_MESSAGE: &str = "cost budget exceeded";
-
-#[derive(Clone, Copy)]
-struct Meter {
-    used: u64,
-    limit: u64,
-    exceeded: bool,
-}
-
-thread_local! {
-    static METER: Cell<Meter> = const { Cell::new(Meter { used: 0, limit: BUDGET, exceeded: false }) };
-}
-
-/// Starts metering one evaluation on this thread.
-pub fn start(limit: u64) {
-    METER.with(|m| m.set(Meter { used: 0, limit, exceeded: false }));
-}
-
-/// Whether the evaluation that ran on this thread since [`start`] overran.
-pub fn exceeded() -> bool {
-    METER.with(|m| m.get().exceeded)
-}
-
-/// Units spent since [`start`].
-#[cfg(test)]
-pub fn used() -> u64 {
-    METER.with(|m| m.get().used)
-}
-
-/// Spends `units`; fails once the budget is exceeded, and from then on.
-pub fn charge(units: u64) -> Result<(), ExecutionError> {
-    METER.with(|m| {
-        let mut meter = m.get();
-        meter.used = meter.used.saturating_add(units);
-        if meter.used > meter.limit {
-            meter.exceeded = true;
-        }
-        m.set(meter);
-        if meter.exceeded { Err(ExecutionError::function_error("cost", BUDGET_MESSAGE)) } else { Ok(()) }
-    })
-}
-
-/// Units for scanning or building `bytes` bytes of string, beyond the call
-/// itself (which the loop weight or the expression size pays for): cel-go
-/// also charges a call one unit plus a tenth of a unit per byte.
-pub fn bytes_units(bytes: usize) -> u64 {
-    bytes as u64 / BYTES_PER_UNIT
-}
-
-/// Refuses a string longer than [`MAX_STRING_BYTES`].
-pub fn check_string_len(function: &str, len: usize) -> Result<(), ExecutionError> {
-    if len > MAX_STRING_BYTES {
-        return Err(ExecutionError::function_error(
-            function,
-            format!("result of {len} bytes exceeds the limit of {MAX_STRING_BYTES}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses a list longer than [`MAX_LIST_LEN`].
-pub fn check_list_len(function: &str, len: usize) -> Result<(), ExecutionError> {
-    if len > MAX_LIST_LEN {
-        return Err(ExecutionError::function_error(
-            function,
-            format!("result of {len} elements exceeds the limit of {MAX_LIST_LEN}"),
-        ));
-    }
-    Ok(())
-}
 
 /// `@range(range, weight)`: charges for every iteration of a comprehension up
 /// front and hands the range back untouched.
@@ -337,7 +254,7 @@ fn rewrite_at(expr: &mut IdedExpr, depth: usize, accu: Option<&str>, rw: &mut Re
             }
         }
         Expr::Comprehension(c) => {
-            super::two_var::lower(c, depth, &mut rw.next_id);
+            crate::two_var::lower(c, depth, &mut rw.next_id);
             rewrite_at(&mut c.iter_range, depth + 1, accu, rw)?;
             rewrite_at(&mut c.accu_init, depth + 1, accu, rw)?;
             charge_copy(&mut c.accu_init);
@@ -510,13 +427,6 @@ fn rooted_at_device(expr: &IdedExpr) -> bool {
             _ => return false,
         }
     }
-}
-
-/// A bool result without allocating.
-pub fn boolean<'b, 'v>(b: bool) -> CowVal<'b, 'v> {
-    static TRUE: CelBool = CelBool::TRUE;
-    static FALSE: CelBool = CelBool::FALSE;
-    CowVal::Borrowed(if b { &TRUE } else { &FALSE })
 }
 
 /// Units of one evaluation of `expr` outside nested loops, for the weight

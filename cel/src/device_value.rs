@@ -19,8 +19,8 @@ use cel::common::value::{CowVal, StaticVal, Val};
 use cel::context::VariableResolver;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 
-use super::EvalError;
 use super::semver_lib::Semver;
+use crate::error::EvalError;
 use crate::quantity::Quantity;
 
 /// The entries of one map, before sorting.
@@ -128,16 +128,16 @@ fn attribute_value(attribute: AttributeValue<'_>) -> Result<Box<dyn Val>, String
         AttributeValue::Int(i) => Box::new(CelInt::from(i)),
         AttributeValue::Bool(b) => Box::new(CelBool::from(b)),
         AttributeValue::Str(s) => Box::new(CelString::from(s.to_owned())),
-        AttributeValue::Version(v) => Box::new(Semver::parse(v, false)?),
+        AttributeValue::Version(v) => Box::new(Semver::parse(v, false).map_err(|e| e.to_string())?),
         AttributeValue::Ints(ints) => list(ints.iter().map(|i| Box::new(CelInt::from(*i)) as Box<dyn Val>).collect()),
         AttributeValue::Bools(b) => list(b.iter().map(|b| Box::new(CelBool::from(*b)) as Box<dyn Val>).collect()),
         AttributeValue::Strings(s) => {
             list(s.iter().map(|s| Box::new(CelString::from(s.clone())) as Box<dyn Val>).collect())
         }
         AttributeValue::Versions(versions) => {
-            let values: Result<Vec<Box<dyn Val>>, String> =
+            let values: Result<Vec<Box<dyn Val>>, _> =
                 versions.iter().map(|v| Semver::parse(v, false).map(|s| Box::new(s) as Box<dyn Val>)).collect();
-            list(values?)
+            list(values.map_err(|e| e.to_string())?)
         }
         AttributeValue::Empty => {
             return Err("unsupported attribute value: none of int, bool, string, version is set".to_owned());

@@ -10,18 +10,17 @@ use cel::common::types::{DYN_TYPE, INT_TYPE};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{Context, DeclarationError, Env, ParseError, Value};
 
-use super::{
-    CompileError, cost, format_lib, ip_lib, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib, two_var, url_lib,
-};
+use crate::error::CompileError;
+use crate::{cost, format_lib, ip_lib, lists_lib, ops_lib, quantity_lib, semver_lib, strings_lib, two_var, url_lib};
 
 /// Builds the selector environment (the default one's runtime).
 #[cfg(test)]
 pub fn build() -> Result<Env, DeclarationError> {
-    build_for(&super::CelEnvironment::default())
+    build_for(&crate::environment::CelEnvironment::default())
 }
 
 /// Builds the runtime of the selector environment `environment`.
-pub fn build_for(environment: &super::CelEnvironment) -> Result<Env, DeclarationError> {
+pub fn build_for(environment: &crate::environment::CelEnvironment) -> Result<Env, DeclarationError> {
     let mut env = Env::stdlib();
     env.add_macro(Macro::receiver("bind", 3, expand_bind))?;
     quantity_lib::register(&mut env)?;
@@ -82,7 +81,8 @@ pub fn check_literals(env: &Arc<Env>, expr: &IdedExpr) -> Result<(), CompileErro
                 if let Some(Expr::Literal(LiteralValue::String(text))) = call.args.last().map(|a| &a.expr) {
                     match call.func_name.as_str() {
                         "matches" => {
-                            strings_lib::compile_regex(text.inner()).map_err(CompileError::InvalidRegex)?;
+                            strings_lib::compile_regex(text.inner())
+                                .map_err(|e| CompileError::InvalidRegex(e.to_string()))?;
                         }
                         "duration" | "timestamp" if call.target.is_none() && call.args.len() == 1 => {
                             check_time_literal(env, &call.func_name, text.inner())?;

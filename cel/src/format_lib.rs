@@ -11,8 +11,8 @@ use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 use regex::Regex;
 
-use super::cost::{bytes_units, charge};
 use super::url_lib::Url;
+use crate::meter::{bytes_units, charge};
 
 pub static FORMAT_TYPE: Type = Type::new_unspecified_type("kubernetes.NamedFormat");
 
@@ -237,7 +237,7 @@ impl NamedFormat {
             "dns1123SubdomainPrefix" => is_dns1123_subdomain(&mask_trailing_dash(value), "characters"),
             "dns1035LabelPrefix" => is_dns1035_label(&mask_trailing_dash(value)),
             "labelValue" => is_label_value(value),
-            "uri" => Url::parse_request_uri(value).err().into_iter().collect(),
+            "uri" => Url::parse_request_uri(value).err().map(|e| e.to_string()).into_iter().collect(),
             "uuid" if !UUID_RE.is_match(value) => vec!["does not match the UUID format".to_owned()],
             "byte" if !BASE64_RE.is_match(value) => vec!["invalid base64".to_owned()],
             "date" if !is_date(value) => vec!["invalid date".to_owned()],

@@ -10,10 +10,29 @@ use cel::common::types::{CelBool, CelInt, CelString, STRING_TYPE, Type};
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::cost::{bytes_units, charge};
+use crate::meter::{bytes_units, charge};
 
 pub static IP_TYPE: Type = Type::new_unspecified_type("net.IP");
 pub static CIDR_TYPE: Type = Type::new_unspecified_type("net.CIDR");
+
+/// Why a text is not an address or prefix the libraries accept, in the
+/// apiserver's words, which CEL's `ip()` and `cidr()` errors carry.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum IpError {
+    /// `netip.ParseAddr` refused the address; `reason` is its message.
+    #[error("IP Address {text:?} parse error during conversion from string: {reason}")]
+    Address { text: String, reason: String },
+    #[error("IP address {text:?} with zone value is not allowed")]
+    Zone { text: String },
+    #[error("IPv4-mapped IPv6 address {text:?} is not allowed")]
+    Ipv4Mapped { text: String },
+    /// `netip.ParsePrefix` refused the prefix; Kubernetes wraps its message
+    /// in the same words twice.
+    #[error(
+        "network address parse error during conversion from string: network address parse error during conversion from string: netip.ParsePrefix({text:?}): {reason}"
+    )]
+    Prefix { text: String, reason: String },
+}
 
 /// An IP address as the library accepts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,16 +202,15 @@ fn parse_ipv6(input: &str) -> Result<(IpAddr, bool), ParseFailure<'_>> {
 
 impl Ip {
     /// `parseIPAddr`.
-    pub fn parse(raw: &str) -> Result<Ip, String> {
-        let (addr, zone) = parse_addr(raw)
-            .map_err(|e| format!("IP Address {raw:?} parse error during conversion from string: {e}"))?;
+    pub fn parse(raw: &str) -> Result<Ip, IpError> {
+        let (addr, zone) = parse_addr(raw).map_err(|reason| IpError::Address { text: raw.to_owned(), reason })?;
         if zone {
-            return Err(format!("IP address {raw:?} with zone value is not allowed"));
+            return Err(IpError::Zone { text: raw.to_owned() });
         }
         if let IpAddr::V6(v6) = addr
             && v6.to_ipv4_mapped().is_some()
         {
-            return Err(format!("IPv4-mapped IPv6 address {raw:?} is not allowed"));
+            return Err(IpError::Ipv4Mapped { text: raw.to_owned() });
         }
         Ok(Ip(addr))
     }
@@ -226,13 +244,8 @@ impl Ip {
 
 impl Cidr {
     /// `parseCIDR`: Go's `netip.ParsePrefix`, IPv4-mapped refused.
-    pub fn parse(raw: &str) -> Result<Cidr, String> {
-        // Kubernetes wraps the message in the same words twice.
-        let fail = |why: &str| {
-            format!(
-                "network address parse error during conversion from string: network address parse error during conversion from string: netip.ParsePrefix({raw:?}): {why}"
-            )
-        };
+    pub fn parse(raw: &str) -> Result<Cidr, IpError> {
+        let fail = |why: &str| IpError::Prefix { text: raw.to_owned(), reason: why.to_owned() };
         let (addr, bits) = raw.rsplit_once('/').ok_or_else(|| fail("no '/'"))?;
         let (addr, zone) = parse_addr(addr).map_err(|e| fail(&e))?;
         if zone {
@@ -251,7 +264,7 @@ impl Cidr {
         if let IpAddr::V6(v6) = addr
             && v6.to_ipv4_mapped().is_some()
         {
-            return Err(format!("IPv4-mapped IPv6 address {raw:?} is not allowed"));
+            return Err(IpError::Ipv4Mapped { text: raw.to_owned() });
         }
         Ok(Cidr { addr, bits })
     }

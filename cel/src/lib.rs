@@ -34,10 +34,12 @@ mod cost;
 mod device_value;
 mod env;
 mod environment;
+mod error;
 mod format_lib;
 mod ip_lib;
 pub mod kubernetes_version;
 mod lists_lib;
+mod meter;
 mod ops_lib;
 pub mod quantity;
 mod quantity_lib;
@@ -63,66 +65,15 @@ pub use checker::CostEstimate;
 pub use checker::Type as CelType;
 pub use device_value::{AttributeValue, CelDevice};
 pub use environment::{CelEnvironment, ExpressionKind, NEWEST_MINOR, OLDEST_MINOR};
+pub use error::{CompileError, EvalError};
+pub use meter::MAX_COST;
 
 /// `CELSelectorExpressionMaxLength`: the API server rejects longer expressions.
 pub const MAX_EXPRESSION_BYTES: usize = 10 * 1024;
 
-/// `CELSelectorExpressionMaxCost`: the apiserver refuses a new selector
-/// whose estimated cost exceeds it, and the scheduler stops an evaluation
-/// that spends more.
-pub const MAX_COST: u64 = 1_000_000;
-
 /// Most compiled expressions kept; the cache starts over beyond that, so a
 /// stream of distinct expressions cannot grow memory without bound.
 const CACHE_CAPACITY: usize = 4096;
-
-/// Why an expression does not compile. The message names the problem only;
-/// the caller adds which claim, class and selector it was.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum CompileError {
-    #[error("expression is {len} bytes long, more than the limit of {limit} bytes")]
-    TooLong { len: usize, limit: usize },
-    #[error("syntax error: {0}")]
-    Syntax(String),
-    #[error("expression nests deeper than the limit of {limit} levels")]
-    TooDeep { limit: usize },
-    #[error("{0}")]
-    InvalidRegex(String),
-    #[error("{0}")]
-    InvalidLiteral(String),
-    /// Kubernetes' words: an attribute's value has the unknown type, which
-    /// may turn out to be a bool.
-    #[error("must evaluate to bool or the unknown type, not {0}")]
-    NotBool(String),
-    /// Type errors, each `line:column: message` in cel-go's words.
-    #[error("type error: {}", .0.join("; "))]
-    Type(Vec<String>),
-    #[error(
-        "`{0}` is not supported by this driver's CEL (Kubernetes has it); see docs/claims.md, \"CEL selectors: what is supported\""
-    )]
-    Unsupported(String),
-    /// The apiserver's words for a selector whose estimated worst case
-    /// exceeds [`MAX_COST`]; only new expressions are refused so.
-    #[error(
-        "too complex, exceeds cost limit: the worst case is estimated at {estimated} cost units, more than the limit of {limit}; bound the loops (fewer or shorter lists) or drop nested ones"
-    )]
-    TooComplex { estimated: u64, limit: u64 },
-    #[error("cannot build the CEL environment: {0}")]
-    Environment(String),
-}
-
-/// Why evaluating a selector on a device failed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum EvalError {
-    #[error("{0}")]
-    Runtime(String),
-    #[error("expression must evaluate to bool, got {0}")]
-    NotBool(String),
-    #[error("evaluation exceeded the cost budget of {limit} units; simplify the expression")]
-    CostExceeded { limit: u64 },
-    #[error("{0}")]
-    Device(String),
-}
 
 /// Stack of the thread that parses: measured to hold a 10 Ki left-deep chain
 /// in a debug build with room to spare (it is virtual memory until touched).
@@ -262,12 +213,12 @@ pub struct CompiledSelector {
 /// (the estimate bounds the actual cost), so it must not here either: our
 /// units exceed cel-go's by at most a small factor (a list element compared
 /// costs one of ours, a tenth of cel-go's), and such an expression gets
-/// [`cost::BOUNDED_FACTOR`] times the limit, which keeps the work bounded
+/// [`meter::BOUNDED_FACTOR`] times the limit, which keeps the work bounded
 /// without ever stopping it. Above the estimate, which only a stored
 /// expression can be (the apiserver refuses new ones), the meter applies
 /// the limit itself, approximating cel-go's count from above.
 fn meter_budget(estimated: CostEstimate) -> u64 {
-    if estimated.max <= MAX_COST { MAX_COST.saturating_mul(cost::BOUNDED_FACTOR) } else { MAX_COST }
+    if estimated.max <= MAX_COST { MAX_COST.saturating_mul(meter::BOUNDED_FACTOR) } else { MAX_COST }
 }
 
 /// The variables of one evaluation: `device`, and the selector's constants.
@@ -320,12 +271,12 @@ impl CompiledSelector {
     }
 
     fn evaluate(&self, device: &CelDevice) -> Result<bool, EvalError> {
-        cost::start(self.budget);
+        meter::start(self.budget);
         let variables = Variables { device, constants: &self.constants };
         let mut context = Context::with_env(Arc::clone(&self.env));
         context.set_variable_resolver(&variables);
         let result = Value::resolve_val(&self.ast, &context);
-        if cost::exceeded() {
+        if meter::exceeded() {
             return Err(EvalError::CostExceeded { limit: MAX_COST });
         }
         let value = result.map_err(|e| EvalError::Runtime(env::runtime_message(&e.to_string())))?;

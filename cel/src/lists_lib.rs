@@ -17,8 +17,8 @@ use cel::common::value::{CowVal, Val};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::cost::{bytes_units, charge, check_list_len};
 use super::ops_lib::deep_units;
+use crate::meter::{bytes_units, charge, check_list_len};
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
@@ -38,7 +38,7 @@ pub enum IncludesLimit {
 }
 
 impl IncludesLimit {
-    pub fn for_environment(environment: &super::CelEnvironment) -> Self {
+    pub fn for_environment(environment: &crate::environment::CelEnvironment) -> Self {
         if environment.minor >= 37 { IncludesLimit::Unlimited } else { IncludesLimit::StopsAt48 }
     }
 }
@@ -83,14 +83,14 @@ fn includes<'b, 'v>(args: Args<'b, 'v>, limit: IncludesLimit) -> Out<'b, 'v> {
             }
             charge(1)?;
             if element.equals(value.as_ref()) {
-                return Ok(super::cost::boolean(true));
+                return Ok(crate::meter::boolean(true));
             }
         }
         charge(1)?;
-        return Ok(super::cost::boolean(false));
+        return Ok(crate::meter::boolean(false));
     }
     charge(1)?;
-    Ok(super::cost::boolean(target.equals(value.as_ref())))
+    Ok(crate::meter::boolean(target.equals(value.as_ref())))
 }
 
 fn includes_stopping_at_48<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -108,10 +108,10 @@ fn is_sorted<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
         if let [a, b] = pair
             && cmp("isSorted", a.as_ref(), b.as_ref())? == Ordering::Greater
         {
-            return Ok(super::cost::boolean(false));
+            return Ok(crate::meter::boolean(false));
         }
     }
-    Ok(super::cost::boolean(true))
+    Ok(crate::meter::boolean(true))
 }
 
 fn sum<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
@@ -202,19 +202,19 @@ fn pairs<'a, 'v>(
 
 fn sets_contains<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.contains", &args)?;
-    Ok(super::cost::boolean(b.iter().all(|x| a.iter().any(|y| y.equals(x.as_ref())))))
+    Ok(crate::meter::boolean(b.iter().all(|x| a.iter().any(|y| y.equals(x.as_ref())))))
 }
 
 fn sets_equivalent<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.equivalent", &args)?;
     let within =
         |x: &[Box<dyn Val + 'v>], y: &[Box<dyn Val + 'v>]| x.iter().all(|e| y.iter().any(|f| f.equals(e.as_ref())));
-    Ok(super::cost::boolean(within(a, b) && within(b, a)))
+    Ok(crate::meter::boolean(within(a, b) && within(b, a)))
 }
 
 fn sets_intersects<'b, 'v>(args: Args<'b, 'v>) -> Out<'b, 'v> {
     let (a, b) = pairs("sets.intersects", &args)?;
-    Ok(super::cost::boolean(a.iter().any(|x| b.iter().any(|y| y.equals(x.as_ref())))))
+    Ok(crate::meter::boolean(a.iter().any(|x| b.iter().any(|y| y.equals(x.as_ref())))))
 }
 
 fn regex_args<'a>(function: &str, args: &'a [CowVal<'_, '_>]) -> Result<(&'a str, &'a str), ExecutionError> {

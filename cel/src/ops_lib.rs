@@ -13,8 +13,8 @@ use cel::common::types::{CelBytes, CelList, CelMap, CelOptional, CelString, DYN_
 use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env};
 
-use super::cost::{BUDGET, bytes_units, charge};
 use super::semver_lib::Semver;
+use crate::meter::{BUDGET, bytes_units, charge};
 use crate::quantity::Quantity;
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
@@ -75,7 +75,7 @@ fn two<'b, 'v>(op: &str, args: Args<'b, 'v>) -> Result<(CowVal<'b, 'v>, CowVal<'
 }
 
 fn bool_out<'b, 'v>(b: bool) -> Out<'b, 'v> {
-    Ok(super::cost::boolean(b))
+    Ok(crate::meter::boolean(b))
 }
 
 /// Charges the cheaper of the two operands: equality and ordering stop at

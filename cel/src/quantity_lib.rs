@@ -92,14 +92,14 @@ fn owned<'b, 'v, T: Val + 'v>(value: T) -> Result<CowVal<'b, 'v>, ExecutionError
 
 fn quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let text = string_arg("quantity", args.first())?;
-    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
+    crate::meter::charge(crate::meter::bytes_units(text.len()))?;
     owned(Quantity::parse(text).map_err(|e| error("quantity", e))?)
 }
 
 fn is_quantity<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
     let text = string_arg("isQuantity", args.first())?;
-    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
-    Ok(super::cost::boolean(Quantity::parse(text).is_ok()))
+    crate::meter::charge(crate::meter::bytes_units(text.len()))?;
+    Ok(crate::meter::boolean(Quantity::parse(text).is_ok()))
 }
 
 fn sign<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
@@ -107,7 +107,7 @@ fn sign<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionEr
 }
 
 fn is_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(quantity_arg("isInteger", args.first())?.as_i64().is_some()))
+    Ok(crate::meter::boolean(quantity_arg("isInteger", args.first())?.as_i64().is_some()))
 }
 
 fn as_integer<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
@@ -145,11 +145,11 @@ fn compare_to<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
 }
 
 fn is_greater_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
+    Ok(crate::meter::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
 }
 
 fn is_less_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isLessThan", &args)? == Ordering::Less))
+    Ok(crate::meter::boolean(compare("isLessThan", &args)? == Ordering::Less))
 }
 
 /// Registers the quantity library on `env`.

@@ -23,9 +23,21 @@ pub static SEMVER_TYPE: Type = Type::new_unspecified_type("kubernetes.Semver");
 #[derive(Clone, Debug)]
 pub struct Semver(semver::Version);
 
+/// Why a text is not a semantic version; the text is the apiserver's, which
+/// CEL's `semver()` error carries.
+#[derive(Debug, thiserror::Error)]
+pub enum SemverError {
+    /// Not SemVer 2.0.0 (after normalizing, when asked to).
+    #[error("{text:?} is not a valid semantic version: {reason}")]
+    Invalid { text: String, reason: semver::Error },
+    /// With `normalize`, `1.2-rc.1`: a short version takes no suffix.
+    #[error("short version cannot contain PreRelease/Build meta data")]
+    ShortWithSuffix,
+}
+
 impl Semver {
     /// Parses a strict SemVer 2.0.0 version, or, with `normalize`, a loose one.
-    pub fn parse(text: &str, normalize: bool) -> Result<Self, String> {
+    pub fn parse(text: &str, normalize: bool) -> Result<Self, SemverError> {
         let normalized;
         let text = if normalize {
             normalized = normalize_version(text)?;
@@ -33,7 +45,9 @@ impl Semver {
         } else {
             text
         };
-        semver::Version::parse(text).map(Semver).map_err(|e| format!("{text:?} is not a valid semantic version: {e}"))
+        semver::Version::parse(text)
+            .map(Semver)
+            .map_err(|reason| SemverError::Invalid { text: text.to_owned(), reason })
     }
 
     fn precedence(&self, other: &Semver) -> Ordering {
@@ -45,7 +59,7 @@ impl Semver {
 /// `v`, split into at most three dot-separated parts, strip leading zeros of
 /// each, and fill a short version with `.0` parts (a short version with a
 /// pre-release or build suffix is an error).
-fn normalize_version(text: &str) -> Result<String, String> {
+fn normalize_version(text: &str) -> Result<String, SemverError> {
     let text = text.strip_prefix('v').unwrap_or(text);
     let mut parts: Vec<String> = text
         .splitn(3, '.')
@@ -63,7 +77,7 @@ fn normalize_version(text: &str) -> Result<String, String> {
         .collect();
     if parts.len() < 3 {
         if parts.last().is_some_and(|p| p.contains(['+', '-'])) {
-            return Err("short version cannot contain PreRelease/Build meta data".to_owned());
+            return Err(SemverError::ShortWithSuffix);
         }
         parts.resize(3, "0".to_owned());
     }
@@ -120,13 +134,13 @@ fn version_arg<'a>(function: &str, value: Option<&'a CowVal<'_, '_>>) -> Result<
 }
 
 /// The string and the optional `normalize` flag of `semver`/`isSemver`.
-fn parse_args(function: &str, args: &[CowVal<'_, '_>]) -> Result<Result<Semver, String>, ExecutionError> {
+fn parse_args(function: &str, args: &[CowVal<'_, '_>]) -> Result<Result<Semver, SemverError>, ExecutionError> {
     let text = args
         .first()
         .and_then(|v| v.downcast_ref::<CelString>())
         .map(|s| s.inner())
         .ok_or_else(|| error(function, "expects a string"))?;
-    crate::cost::charge(crate::cost::bytes_units(text.len()))?;
+    crate::meter::charge(crate::meter::bytes_units(text.len()))?;
     let normalize = args.get(1).and_then(|v| v.downcast_ref::<CelBool>()).is_some_and(|b| *b.inner());
     Ok(Semver::parse(text, normalize))
 }
@@ -137,7 +151,7 @@ fn semver_fn<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execut
 }
 
 fn is_semver<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(parse_args("isSemver", &args)?.is_ok()))
+    Ok(crate::meter::boolean(parse_args("isSemver", &args)?.is_ok()))
 }
 
 fn component(
@@ -171,11 +185,11 @@ fn compare_to<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, Execu
 }
 
 fn is_greater_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
+    Ok(crate::meter::boolean(compare("isGreaterThan", &args)? == Ordering::Greater))
 }
 
 fn is_less_than<'b, 'v>(args: Vec<CowVal<'b, 'v>>) -> Result<CowVal<'b, 'v>, ExecutionError> {
-    Ok(super::cost::boolean(compare("isLessThan", &args)? == Ordering::Less))
+    Ok(crate::meter::boolean(compare("isLessThan", &args)? == Ordering::Less))
 }
 
 /// Registers the semver library on `env`.
@@ -209,6 +223,14 @@ mod tests {
         assert_eq!(Semver::parse("v01.2", true).unwrap().0.to_string(), "1.2.0");
         assert_eq!(Semver::parse("1.02.003-rc.1", true).unwrap().0.to_string(), "1.2.3-rc.1");
         assert!(Semver::parse("1.2-rc.1", true).is_err(), "short versions take no suffix");
+    }
+
+    #[test]
+    fn errors_read_as_the_apiservers() {
+        let short = Semver::parse("1.2-rc", true).unwrap_err();
+        assert_eq!(short.to_string(), "short version cannot contain PreRelease/Build meta data");
+        let invalid = Semver::parse("1.2", false).unwrap_err().to_string();
+        assert!(invalid.starts_with(r#""1.2" is not a valid semantic version: "#), "{invalid}");
     }
 
     #[test]

@@ -17,7 +17,7 @@ use cel::common::value::{CowVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 use regex::Regex;
 
-use super::cost::{bytes_units, charge, check_list_len, check_string_len};
+use crate::meter::{bytes_units, charge, check_list_len, check_string_len};
 
 type Args<'b, 'v> = Vec<CowVal<'b, 'v>>;
 type Out<'b, 'v> = Result<CowVal<'b, 'v>, ExecutionError>;
@@ -51,7 +51,7 @@ fn int<'b, 'v>(n: usize) -> Out<'b, 'v> {
 }
 
 fn boolean<'b, 'v>(b: bool) -> Out<'b, 'v> {
-    Ok(super::cost::boolean(b))
+    Ok(crate::meter::boolean(b))
 }
 
 /// A code-point index into `s`, checked against `0..=len`.
@@ -250,11 +250,19 @@ thread_local! {
 /// Compiles a CEL (RE2) pattern; the size limit keeps a pathological pattern
 /// from taking long or much memory to compile. Matching is linear in Rust's
 /// `regex`, so no pattern can backtrack catastrophically.
-pub fn compile_regex(pattern: &str) -> Result<Regex, String> {
+pub fn compile_regex(pattern: &str) -> Result<Regex, RegexError> {
     regex::RegexBuilder::new(pattern)
         .size_limit(1 << 20)
         .build()
-        .map_err(|e| format!("invalid regular expression {pattern:?}: {e}"))
+        .map_err(|reason| RegexError { pattern: pattern.to_owned(), reason })
+}
+
+/// A pattern that does not compile (bad syntax, or over the size limit).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid regular expression {pattern:?}: {reason}")]
+pub struct RegexError {
+    pattern: String,
+    reason: regex::Error,
 }
 
 pub fn cached_regex(pattern: &str) -> Result<Arc<Regex>, ExecutionError> {

@@ -323,7 +323,7 @@ fn ordinary_selectors_cost_little() {
     let device = CelDevice::new(DRIVER, &h100()).unwrap();
     let compiled = env.compile(r#"device.attributes["gpu.nvidia.com"].all(id, id.size() < 64)"#).unwrap();
     assert_eq!(compiled.matches(&device), Ok(true));
-    assert!(cost::used() < 100, "spent {}", cost::used());
+    assert!(meter::used() < 100, "spent {}", meter::used());
 }
 
 #[test]
@@ -734,5 +734,5 @@ fn selectors_estimated_within_the_limit_are_never_stopped() {
     assert!(compiled.estimated_cost().max <= MAX_COST, "{:?}", compiled.estimated_cost());
     let device = CelDevice::new(DRIVER, &h100()).unwrap();
     assert_eq!(compiled.matches(&device), Ok(true));
-    assert!(super::cost::used() > MAX_COST, "the meter counted {} units", super::cost::used());
+    assert!(crate::meter::used() > MAX_COST, "the meter counted {} units", crate::meter::used());
 }

@@ -18,7 +18,7 @@ use cel::common::value::{CowVal, Val};
 use cel::parser::{Macro, MacroExprHelper};
 use cel::{DeclarationError, Env, ExecutionError, ParseError};
 
-use super::cost::{charge, check_list_len};
+use crate::meter::{charge, check_list_len};
 
 /// The accumulator cel-go's macros use, which no user can name.
 const ACCUMULATOR: &str = "@result";

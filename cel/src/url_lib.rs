@@ -17,10 +17,46 @@ use cel::common::types::{CelBool, CelList, CelMap, CelMapKey, CelString, STRING_
 use cel::common::value::{CowVal, StaticVal, Val};
 use cel::{DeclarationError, Env, ExecutionError};
 
-use super::cost::{bytes_units, charge};
+use crate::meter::{bytes_units, charge};
 
 /// The CEL type of URLs.
 pub static URL_TYPE: Type = Type::new_unspecified_type("kubernetes.URL");
+
+/// A text Go's `url.ParseRequestURI` or `url.Parse` refuses, in Go's words
+/// (`parse "<text>": <reason>`), which CEL's `url()` error carries.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("parse {text:?}: {reason}")]
+pub struct UrlError {
+    text: String,
+    reason: UrlReason,
+}
+
+/// What is wrong with a URL, as Go's `net/url` says it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UrlReason {
+    #[error("net/url: invalid control character in URL")]
+    ControlCharacter,
+    #[error("empty url")]
+    Empty,
+    #[error("invalid URI for request")]
+    NotForRequest,
+    #[error("first path segment in URL cannot contain colon")]
+    ColonInFirstSegment,
+    #[error("net/url: invalid userinfo")]
+    Userinfo,
+    #[error("missing protocol scheme")]
+    MissingScheme,
+    #[error("missing ']' in host")]
+    MissingBracket,
+    #[error("invalid port {0:?} after host")]
+    Port(String),
+    #[error("invalid URL escape {0:?}")]
+    Escape(String),
+    #[error("invalid character {0:?} in host name")]
+    HostCharacter(char),
+    #[error("invalid UTF-8 after unescaping")]
+    Utf8,
+}
 
 /// A URL, split as Go's `url.Parse` splits it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -41,22 +77,23 @@ pub struct Url {
 impl Url {
     /// `url.ParseRequestURI(s)` must accept `text`; the parts are then
     /// `url.Parse(s)`'s.
-    pub fn parse(text: &str) -> Result<Url, String> {
-        parse(text, true).map_err(|e| format!("parse {text:?}: {e}"))?;
+    pub fn parse(text: &str) -> Result<Url, UrlError> {
+        let fail = |reason| UrlError { text: text.to_owned(), reason };
+        parse(text, true).map_err(fail)?;
         let (before, fragment) = match text.split_once('#') {
             Some((u, f)) => (u, Some(f)),
             None => (text, None),
         };
-        let mut url = parse(before, false).map_err(|e| format!("parse {text:?}: {e}"))?;
+        let mut url = parse(before, false).map_err(fail)?;
         if let Some(fragment) = fragment {
-            url.fragment = Some(unescape(fragment, Mode::Fragment).map_err(|e| format!("parse {text:?}: {e}"))?);
+            url.fragment = Some(unescape(fragment, Mode::Fragment).map_err(fail)?);
         }
         Ok(url)
     }
 
     /// Whether Go's `url.ParseRequestURI` accepts `text`, with its error.
-    pub fn parse_request_uri(text: &str) -> Result<(), String> {
-        parse(text, true).map(|_| ()).map_err(|e| format!("parse {text:?}: {e}"))
+    pub fn parse_request_uri(text: &str) -> Result<(), UrlError> {
+        parse(text, true).map(|_| ()).map_err(|reason| UrlError { text: text.to_owned(), reason })
     }
 
     /// `URL.Hostname()`: the host without port or IPv6 brackets.
@@ -111,12 +148,12 @@ enum Mode {
 }
 
 /// Go's `parse(rawURL, viaRequest)`.
-fn parse(raw: &str, via_request: bool) -> Result<Url, String> {
+fn parse(raw: &str, via_request: bool) -> Result<Url, UrlReason> {
     if raw.bytes().any(|b| b < 0x20 || b == 0x7f) {
-        return Err("net/url: invalid control character in URL".to_owned());
+        return Err(UrlReason::ControlCharacter);
     }
     if raw.is_empty() && via_request {
-        return Err("empty url".to_owned());
+        return Err(UrlReason::Empty);
     }
     let mut url = Url {
         scheme: String::new(),
@@ -148,10 +185,10 @@ fn parse(raw: &str, via_request: bool) -> Result<Url, String> {
             return Ok(url);
         }
         if via_request {
-            return Err("invalid URI for request".to_owned());
+            return Err(UrlReason::NotForRequest);
         }
         if rest.split('/').next().is_some_and(|segment| segment.contains(':')) {
-            return Err("first path segment in URL cannot contain colon".to_owned());
+            return Err(UrlReason::ColonInFirstSegment);
         }
     }
     if (!url.scheme.is_empty() || !via_request && !rest.starts_with("///")) && rest.starts_with("//") {
@@ -166,7 +203,7 @@ fn parse(raw: &str, via_request: bool) -> Result<Url, String> {
         };
         if let Some(userinfo) = userinfo {
             if !userinfo.bytes().all(valid_userinfo_byte) {
-                return Err("net/url: invalid userinfo".to_owned());
+                return Err(UrlReason::Userinfo);
             }
             url.userinfo = Some(userinfo.to_owned());
         }
@@ -181,13 +218,13 @@ fn parse(raw: &str, via_request: bool) -> Result<Url, String> {
 }
 
 /// Go's `getScheme`.
-fn scheme(raw: &str) -> Result<(&str, &str), String> {
+fn scheme(raw: &str) -> Result<(&str, &str), UrlReason> {
     for (i, c) in raw.bytes().enumerate() {
         match c {
             b'a'..=b'z' | b'A'..=b'Z' => {}
             b'0'..=b'9' | b'+' | b'-' | b'.' if i > 0 => {}
             b'0'..=b'9' | b'+' | b'-' | b'.' => return Ok(("", raw)),
-            b':' if i == 0 => return Err("missing protocol scheme".to_owned()),
+            b':' if i == 0 => return Err(UrlReason::MissingScheme),
             b':' => return Ok((&raw[..i], &raw[i + 1..])),
             _ => return Ok(("", raw)),
         }
@@ -196,17 +233,17 @@ fn scheme(raw: &str) -> Result<(&str, &str), String> {
 }
 
 /// Go's `parseHost`.
-fn parse_host(host: &str) -> Result<String, String> {
+fn parse_host(host: &str) -> Result<String, UrlReason> {
     if host.starts_with('[') {
-        let Some(close) = host.rfind(']') else { return Err("missing ']' in host".to_owned()) };
+        let Some(close) = host.rfind(']') else { return Err(UrlReason::MissingBracket) };
         let port = &host[close + 1..];
         if !valid_optional_port(port) {
-            return Err(format!("invalid port {port:?} after host"));
+            return Err(UrlReason::Port(port.to_owned()));
         }
     } else if let Some(colon) = host.rfind(':') {
         let port = &host[colon..];
         if !valid_optional_port(port) {
-            return Err(format!("invalid port {port:?} after host"));
+            return Err(UrlReason::Port(port.to_owned()));
         }
     }
     unescape(host, Mode::Host)
@@ -264,7 +301,7 @@ fn escape(s: &str) -> String {
 
 /// Go's `unescape`: `%XX` decoded; a bad escape is an error; in a host,
 /// only `%25` may encode an ASCII byte, and unsafe ASCII is refused.
-fn unescape(s: &str, mode: Mode) -> Result<String, String> {
+fn unescape(s: &str, mode: Mode) -> Result<String, UrlReason> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -274,10 +311,10 @@ fn unescape(s: &str, mode: Mode) -> Result<String, String> {
                 let hex = bytes.get(i + 1..i + 3).and_then(|h| std::str::from_utf8(h).ok());
                 let Some(value) = hex.and_then(|h| u8::from_str_radix(h, 16).ok()) else {
                     let end = (i + 3).min(s.len());
-                    return Err(format!("invalid URL escape {:?}", s.get(i..end).unwrap_or("%")));
+                    return Err(UrlReason::Escape(s.get(i..end).unwrap_or("%").to_owned()));
                 };
                 if mode == Mode::Host && value < 0x80 && &s[i..i + 3] != "%25" {
-                    return Err(format!("invalid URL escape {:?}", &s[i..i + 3]));
+                    return Err(UrlReason::Escape(s[i..i + 3].to_owned()));
                 }
                 out.push(value);
                 i += 3;
@@ -287,7 +324,7 @@ fn unescape(s: &str, mode: Mode) -> Result<String, String> {
                 i += 1;
             }
             b if mode == Mode::Host && b < 0x80 && !valid_host_byte(b) => {
-                return Err(format!("invalid character {:?} in host name", b as char));
+                return Err(UrlReason::HostCharacter(b as char));
             }
             b => {
                 out.push(b);
@@ -295,14 +332,14 @@ fn unescape(s: &str, mode: Mode) -> Result<String, String> {
             }
         }
     }
-    String::from_utf8(out).map_err(|_| "invalid UTF-8 after unescaping".to_owned())
+    String::from_utf8(out).map_err(|_| UrlReason::Utf8)
 }
 
 fn valid_host_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:[]<>\"".contains(&b)
 }
 
-fn query_unescape(s: &str) -> Result<String, String> {
+fn query_unescape(s: &str) -> Result<String, UrlReason> {
     unescape(s, Mode::Query)
 }
 
@@ -435,5 +472,18 @@ mod tests {
             assert!(Url::parse(bad).is_err(), "{bad:?}");
         }
         assert_eq!(Url::parse("https://x/a b").unwrap().escaped_path(), "/a%20b");
+    }
+
+    #[test]
+    fn errors_read_as_gos() {
+        let cases = [
+            ("", r#"parse "": empty url"#),
+            ("relative/path", r#"parse "relative/path": invalid URI for request"#),
+            ("http://host:port/", r#"parse "http://host:port/": invalid port ":port" after host"#),
+            ("https://x/%zz", r#"parse "https://x/%zz": invalid URL escape "%zz""#),
+        ];
+        for (text, message) in cases {
+            assert_eq!(Url::parse(text).unwrap_err().to_string(), message, "{text:?}");
+        }
     }
 }

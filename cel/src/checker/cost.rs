@@ -14,8 +14,9 @@ use std::collections::HashMap;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue};
 
+use super::checked::Checked;
+use super::decls::Overload;
 use super::types::{ObjectType, Type};
-use super::{Checked, Overload};
 
 const STRING_TRAVERSAL_FACTOR: f64 = 0.1;
 const REGEX_LENGTH_FACTOR: f64 = 0.25;

@@ -4,6 +4,7 @@
 //! types involved. It runs once per expression, on the parsed AST, before
 //! the rewrite for metering.
 
+mod checked;
 mod cost;
 mod decls;
 mod types;
@@ -12,6 +13,7 @@ use std::collections::HashMap;
 
 use cel::common::ast::{EntryExpr, Expr, IdedExpr, LiteralValue, SourceInfo};
 
+use checked::{Checked, ResolvedCall};
 pub use cost::{CostEstimate, estimate};
 pub use decls::{Declarations, Overload};
 use types::Mapping;
@@ -33,27 +35,6 @@ pub enum CheckFailure {
     Unsupported(String),
     /// The result can be neither a bool nor unknown.
     NotBool(Type),
-}
-
-/// The types of a checked expression.
-#[derive(Debug, Clone)]
-pub struct Checked {
-    /// The type of the whole expression.
-    pub result: Type,
-    /// The type of every node, by id, with unbound variables as `dyn`.
-    pub types: HashMap<u64, Type>,
-    /// Every call, by id: the function (namespaced functions by their full
-    /// name) and the overloads that accept its arguments.
-    pub calls: HashMap<u64, ResolvedCall>,
-    /// The environment it was checked in (some estimates differ by version).
-    pub environment: CelEnvironment,
-}
-
-/// The overloads a call may take at run time, as the checker resolved them.
-#[derive(Debug, Clone)]
-pub struct ResolvedCall {
-    pub function: String,
-    pub overloads: Vec<Overload>,
 }
 
 /// Checks `expr` against `decls` in `env`.
