@@ -89,7 +89,7 @@ pub(super) fn reconcile(
     let mut valid = Vec::new();
     for record in loaded.records {
         let checked = derived::check(&record, &config.driver, &config.mps_dir)
-            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid))
+            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid).map_err(|e| e.to_string()))
             .and_then(|uid| super::passthrough::check(config, inventory, &record).map(|()| uid));
         match checked {
             Ok(uid) => valid.push((uid, record)),
@@ -116,9 +116,10 @@ pub(super) fn reconcile(
             // Instances and bindings first: the record must outlive them. A
             // reboot gave every GPU back to its driver already.
             let same_boot = record.boot_id == config.boot_id;
-            let undone = super::reconcile_mig::roll_back(config, inventory, &record).and_then(|()| {
-                if same_boot { super::passthrough::give_back(config.vfio.as_ref(), &record) } else { Ok(()) }
-            });
+            let undone =
+                super::reconcile_mig::roll_back(config, inventory, &record).map_err(|e| e.to_string()).and_then(|()| {
+                    if same_boot { super::passthrough::give_back(config.vfio.as_ref(), &record) } else { Ok(()) }
+                });
             if let Err(error) = undone {
                 tracing::error!(claim_uid = %record.uid, %error, "undoing an interrupted prepare (its MIG devices, its GPUs on vfio-pci) failed; kept for the next attempt");
                 if record.boot_id == config.boot_id {

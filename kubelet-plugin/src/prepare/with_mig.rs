@@ -183,7 +183,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (unmade, took) =
             blocking(move || timed(|| super::reconcile_mig::release(&host, &inventory, &uid, &boot))).await?;
         self.nvml_took(Operation::Unprepare, took);
-        unmade
+        unmade.map_err(|e| e.to_string())
     }
 
     /// `gpu:<uuid>` lock keys of the GPUs the claim's ledger names.
@@ -204,7 +204,7 @@ impl<S: ClaimSource> Preparer<S> {
             return Ok(());
         }
         let owned_uid = uid.to_owned();
-        blocking(move || super::reconcile_mig::forget(&host, &owned_uid)).await??;
+        blocking(move || super::reconcile_mig::forget(&host, &owned_uid)).await?.map_err(|e| e.to_string())?;
         self.tell_selection();
         Ok(())
     }
@@ -305,7 +305,8 @@ impl MakeTask {
         let nvml = Some(took);
         let made = match made {
             Ok(made) => made,
-            Err(message) => {
+            Err(error) => {
+                let message = error.to_string();
                 return Done { reached: Reached::Failed(Failure { kind: ErrorKind::Prepare, message }), nvml };
             }
         };
