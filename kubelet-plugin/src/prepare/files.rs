@@ -7,7 +7,7 @@ use gpu_dra_driver::names::ClaimUid;
 
 use super::CDI_FILE_MODE;
 use crate::observe::metrics::ErrorKind;
-use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use crate::state::checkpoint::{CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::state::durable;
 
 /// The checkpoint and the CDI directory.
@@ -62,10 +62,10 @@ impl Files {
 
     /// Records `PrepareStarted`, before a prepare changes anything outside
     /// its files (a GPU's time-slice): start-up then knows to undo it.
-    pub fn record_started(&self, uid: &ClaimUid, record: &ClaimRecord) -> Result<(), String> {
+    pub fn record_started(&self, uid: &ClaimUid, record: &ClaimRecord) -> Result<(), CheckpointError> {
         let mut record = record.clone();
         record.state = PrepareState::PrepareStarted;
-        self.checkpoint.write(uid, &record).map_err(|e| e.to_string())
+        self.checkpoint.write(uid, &record)
     }
 
     /// Writes the spec, then records `PrepareCompleted`. On failure the

@@ -634,7 +634,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (owned_uid, started) = (claim.uid.clone(), record.clone());
         blocking(move || files.record_started(&owned_uid, &started))
             .await
-            .and_then(|r| r)
+            .and_then(|r| r.map_err(|e| e.to_string()))
             .map_err(kind(ErrorKind::Checkpoint))?;
         self.records().insert(claim.uid.to_string(), record.clone());
         Ok(())
@@ -831,7 +831,9 @@ impl<S: ClaimSource> Preparer<S> {
         if !reset.is_empty()
             && let Some(control) = self.config.gpu_control.clone()
         {
-            blocking(move || reset.iter().try_for_each(|gpu| control.reset_time_slice(gpu))).await??;
+            blocking(move || reset.iter().try_for_each(|gpu| control.reset_time_slice(gpu)))
+                .await?
+                .map_err(|e| e.to_string())?;
         }
         if let Some(daemon) = record.mps.clone() {
             let host = self.config.mps_host.clone().ok_or_else(|| {
@@ -846,7 +848,10 @@ impl<S: ClaimSource> Preparer<S> {
             blocking(move || -> Result<(), String> {
                 mps::lifecycle::tear_down(&*host, &daemon, timeouts).map_err(|e| format!("MPS: {e}"))?;
                 let Some(control) = control else { return Ok(()) };
-                to_default.iter().try_for_each(|gpu| control.set_compute_mode(gpu, sharing::ComputeMode::Default))
+                to_default
+                    .iter()
+                    .try_for_each(|gpu| control.set_compute_mode(gpu, sharing::ComputeMode::Default))
+                    .map_err(|e| e.to_string())
             })
             .await??;
         }

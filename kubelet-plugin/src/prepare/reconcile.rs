@@ -218,7 +218,7 @@ fn settle_mps(
         let mut progress = record.clone();
         let mut save = |d: &crate::state::checkpoint::MpsDaemon| {
             progress.mps = Some(d.clone());
-            checkpoint.write(&uid, &progress).map_err(|e| e.to_string())
+            checkpoint.write(&uid, &progress)
         };
         let restarted = lifecycle::tear_down(host, &daemon, config.mps_timeouts)
             .and_then(|()| lifecycle::bring_up(host, control, &mut daemon, config.mps_timeouts, &mut save));

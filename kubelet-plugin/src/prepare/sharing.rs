@@ -20,13 +20,23 @@ use crate::state::checkpoint::{ClaimRecord, TimeSlice};
 /// What changes a GPU's scheduling: `nvidia-smi` on a node, a recorder in
 /// tests.
 pub trait GpuControl: Send + Sync + fmt::Debug {
-    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String>;
-    fn reset_time_slice(&self, gpu_uuid: &str) -> Result<(), String> {
+    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError>;
+    fn reset_time_slice(&self, gpu_uuid: &str) -> Result<(), GpuControlError> {
         self.set_time_slice(gpu_uuid, 0)
     }
     /// `nvidia-smi -i <uuid> -c <mode>`: `EXCLUSIVE_PROCESS` for an MPS
     /// daemon (only it talks to the GPU), `DEFAULT` again afterwards.
-    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String>;
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError>;
+}
+
+/// Why `nvidia-smi` did not change a GPU's setting.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuControlError {
+    #[error("running {}: {source}", program.display())]
+    Run { program: PathBuf, source: std::io::Error },
+    /// `command` is the whole command line; `said` its output.
+    #[error("{command} failed ({status}): {said}")]
+    Failed { command: String, status: std::process::ExitStatus, said: String },
 }
 
 /// The compute modes the plugin sets.
@@ -60,34 +70,35 @@ impl NvidiaSmi {
         NvidiaSmi { path, library_dir }
     }
 
-    fn run(&self, args: &[&str]) -> Result<(), String> {
+    fn run(&self, args: &[&str]) -> Result<(), GpuControlError> {
         let mut command = Command::new(&self.path);
         if let Some(dir) = &self.library_dir {
             command.env("LD_LIBRARY_PATH", dir);
         }
-        let output = command.args(args).output().map_err(|e| format!("running {}: {e}", self.path.display()))?;
+        let output = command
+            .args(args)
+            .output()
+            .map_err(|source| GpuControlError::Run { program: self.path.clone(), source })?;
         if output.status.success() {
             return Ok(());
         }
         let said = String::from_utf8_lossy(&output.stdout);
         let complained = String::from_utf8_lossy(&output.stderr);
-        Err(format!(
-            "{} {} failed ({}): {}",
-            self.path.display(),
-            args.join(" "),
-            output.status,
-            format!("{said} {complained}").trim()
-        ))
+        Err(GpuControlError::Failed {
+            command: format!("{} {}", self.path.display(), args.join(" ")),
+            status: output.status,
+            said: format!("{said} {complained}").trim().to_owned(),
+        })
     }
 }
 
 impl GpuControl for NvidiaSmi {
-    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
+    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError> {
         self.run(&["-i", gpu_uuid, "-c", "DEFAULT"])?;
         self.run(&["compute-policy", "-i", gpu_uuid, "--set-timeslice", &interval.to_string()])
     }
 
-    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError> {
         self.run(&["-i", gpu_uuid, "-c", mode.as_str()])
     }
 }
@@ -171,7 +182,7 @@ pub fn to_reset<'a>(record: &ClaimRecord, others: impl Iterator<Item = &'a Claim
 pub(crate) mod test_support {
     use std::sync::Mutex;
 
-    use super::{ComputeMode, GpuControl};
+    use super::{ComputeMode, GpuControl, GpuControlError};
 
     /// Records every call, as `set <uuid> <interval>` or `mode <uuid>
     /// <MODE>`.
@@ -181,12 +192,12 @@ pub(crate) mod test_support {
     }
 
     impl GpuControl for Recorder {
-        fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
+        fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError> {
             self.calls.lock().unwrap().push(format!("set {gpu_uuid} {interval}"));
             Ok(())
         }
 
-        fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+        fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError> {
             self.calls.lock().unwrap().push(format!("mode {gpu_uuid} {}", mode.as_str()));
             Ok(())
         }

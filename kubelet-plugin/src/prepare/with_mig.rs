@@ -288,8 +288,8 @@ enum Reached {
 impl MakeTask {
     fn run(self) -> Done {
         let uid = self.uid;
-        if let Err(message) = self.files.record_started(&uid, &self.started) {
-            return Done { reached: Reached::NotRecorded(message), nvml: None };
+        if let Err(error) = self.files.record_started(&uid, &self.started) {
+            return Done { reached: Reached::NotRecorded(error.to_string()), nvml: None };
         }
         kill_point::reached(Step::AfterRecord);
         let mut own = self.host.ledger.claim(uid.as_str(), &self.started.boot_id);
