@@ -21,6 +21,7 @@ use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, CHANNEL_DIR};
 use rustix::fs::FileType;
 
+use super::Error;
 use crate::state::checkpoint::derived::quoted;
 use crate::state::durable;
 
@@ -89,16 +90,17 @@ pub fn write(state_dir: &Path, channels: &BTreeSet<u32>) -> io::Result<()> {
 /// Removes channel `id`'s node under `dev_root` if it is the agent's kind
 /// (a character device, major `major` when known, minor `id`); whether it
 /// did. Anything else there is left, with one log line.
-pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool, String> {
+pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool, Error> {
     let path = dev_root.join(CHANNEL_DIR.trim_start_matches('/'));
     let opened = Dir::open(dev_root).and_then(|d| d.subdir("dev")).and_then(|d| d.subdir("nvidia-caps-imex-channels"));
     let dir = match opened {
         Ok(dir) => dir,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(format!("{} cannot be opened without following a link: {e}", path.display())),
+        Err(source) => return Err(Error::ChannelDirLinked { path, source }),
     };
     let name = format!("channel{id}");
-    let Some(stat) = dir.entry_stat(&name).map_err(|e| format!("{}: {e}", path.join(&name).display()))? else {
+    let Some(stat) = dir.entry_stat(&name).map_err(|source| Error::InspectNode { path: path.join(&name), source })?
+    else {
         return Ok(false);
     };
     let kind = FileType::from_raw_mode(stat.st_mode);
@@ -111,7 +113,7 @@ pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool,
         );
         return Ok(false);
     }
-    dir.remove_file(&name).map_err(|e| format!("removing {}: {e}", path.join(&name).display()))
+    dir.remove_file(&name).map_err(|source| Error::Remove { path: path.join(&name), source })
 }
 
 #[cfg(test)]

@@ -19,7 +19,7 @@ use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::DomainUid;
 
 use super::ready_condition::ChannelClaim;
-use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
+use super::{ConditionWriter, DomainLookup, DomainPreparer, Error, Server};
 use crate::prepare::types::ClaimSource;
 
 pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
@@ -72,7 +72,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
             Ok(server) => preparer.query(&uid, &server).await,
             Err(error) => {
                 tracing::warn!(domain = %uid, %error, "cannot keep the IMEX daemon running");
-                DaemonState::NotReady(error)
+                DaemonState::NotReady(error.to_string())
             }
         };
         let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), state.clone());
@@ -104,7 +104,7 @@ fn keep_serving<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     namespace: &str,
     uid: &DomainUid,
-) -> Result<Server, String> {
+) -> Result<Server, Error> {
     match preparer.peers_of(namespace, uid) {
         Some(peers) => {
             let server = preparer.server(uid, &peers, &format!("{namespace}/{uid}"))?;

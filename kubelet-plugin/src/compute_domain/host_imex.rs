@@ -100,24 +100,24 @@ impl HostDaemon {
 
     /// Refuses a domain the daemon cannot serve: its peer list lacks
     /// some of the domain's nodes, or cannot be read.
-    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), String> {
-        let config = std::fs::read_to_string(self.readable(&self.config)).map_err(|e| {
-            format!("{}: cannot read its configuration {}: {e}", self.describe(node), self.config.display())
+    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), super::Error> {
+        let config = std::fs::read_to_string(self.readable(&self.config)).map_err(|source| {
+            super::Error::HostConfigUnreadable { describe: self.describe(node), path: self.config.clone(), source }
         })?;
         let nodes_file = nodes_file_of(&config);
-        let nodes = std::fs::read_to_string(self.readable(&nodes_file))
-            .map_err(|e| format!("{}: cannot read its node list {}: {e}", self.describe(node), nodes_file.display()))?;
+        let nodes = std::fs::read_to_string(self.readable(&nodes_file)).map_err(|source| {
+            super::Error::HostNodesUnreadable { describe: self.describe(node), path: nodes_file.clone(), source }
+        })?;
         let missing = missing_peers(&nodes, peers);
         if missing.is_empty() {
             return Ok(());
         }
-        let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
-        Err(format!(
-            "{}, and its node list {} lacks {} of ComputeDomain {domain}: the driver does not start a second IMEX daemon beside it. Either add the domain's nodes to that file and restart the host's daemon, or stop and disable it (systemctl disable --now nvidia-imex) so the driver runs the domain's own daemon",
-            self.describe(node),
-            nodes_file.display(),
-            missing.join(", ")
-        ))
+        Err(super::Error::HostLacksPeers {
+            describe: self.describe(node),
+            nodes_file,
+            missing: missing.iter().map(ToString::to_string).collect(),
+            domain: domain.to_owned(),
+        })
     }
 
     fn describe(&self, node: &str) -> String {
