@@ -857,7 +857,7 @@ impl<S: ClaimSource> Preparer<S> {
         }
         let host = self.config.vfio.clone();
         let passed = record.clone();
-        blocking(move || passthrough::give_back(host.as_ref(), &passed)).await??;
+        blocking(move || passthrough::give_back(host.as_ref(), &passed)).await?.map_err(|e| e.to_string())?;
         self.unmake_dynamic(uid.as_str()).await?;
         // Derived, never taken from the record (see `checkpoint::derived`).
         let name = derived::spec_file(&record, &self.config.driver, uid);

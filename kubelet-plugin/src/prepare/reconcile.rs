@@ -90,7 +90,9 @@ pub(super) fn reconcile(
     for record in loaded.records {
         let checked = derived::check(&record, &config.driver, &config.mps_dir)
             .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid).map_err(|e| e.to_string()))
-            .and_then(|uid| super::passthrough::check(config, inventory, &record).map(|()| uid));
+            .and_then(|uid| {
+                super::passthrough::check(config, inventory, &record).map(|()| uid).map_err(|e| e.to_string())
+            });
         match checked {
             Ok(uid) => valid.push((uid, record)),
             Err(reason) => damaged.push(DamagedRecord {
@@ -118,7 +120,11 @@ pub(super) fn reconcile(
             let same_boot = record.boot_id == config.boot_id;
             let undone =
                 super::reconcile_mig::roll_back(config, inventory, &record).map_err(|e| e.to_string()).and_then(|()| {
-                    if same_boot { super::passthrough::give_back(config.vfio.as_ref(), &record) } else { Ok(()) }
+                    if same_boot {
+                        super::passthrough::give_back(config.vfio.as_ref(), &record).map_err(|e| e.to_string())
+                    } else {
+                        Ok(())
+                    }
                 });
             if let Err(error) = undone {
                 tracing::error!(claim_uid = %record.uid, %error, "undoing an interrupted prepare (its MIG devices, its GPUs on vfio-pci) failed; kept for the next attempt");

@@ -73,16 +73,44 @@ pub struct VfioMember {
 
 impl VfioSwitch {
     /// The members' addresses, each validated (a record is data, not trust).
-    pub fn member_ids(&self) -> Result<Vec<PciBusId>, String> {
+    pub fn member_ids(&self) -> Result<Vec<PciBusId>, RecordError> {
         self.members
             .iter()
             .map(|m| {
-                let id = PciBusId::parse(&m.pci_bus_id).map_err(|e| format!("checkpoint: {e}"))?;
+                let id = PciBusId::parse(&m.pci_bus_id).map_err(RecordError::BadAddress)?;
                 if id.to_string() != m.pci_bus_id {
-                    return Err(format!("checkpoint: {:?} is not a canonical PCI address", m.pci_bus_id));
+                    return Err(RecordError::NotCanonical(m.pci_bus_id.clone()));
                 }
                 Ok(id)
             })
             .collect()
     }
+}
+
+/// Why a recorded switch is not one the plugin could have made on this
+/// node: forged or damaged, so nothing it names is written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error("checkpoint: {0}")]
+    BadAddress(#[source] gpu_dra_driver::inventory::pci::InvalidPciBusId),
+    #[error("checkpoint: {0:?} is not a canonical PCI address")]
+    NotCanonical(String),
+    #[error("field `vfio.pciBusId` {0:?} is no GPU of this node")]
+    NoSuchGpu(String),
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error("device {device:?} is not the passthrough device of GPU {gpu}")]
+    NotPassthroughDevice { device: String, gpu: String },
+    #[error("field `vfio.iommuGroup` is {recorded}, but GPU {gpu} is in IOMMU group {actual:?}")]
+    OtherGroup { recorded: u32, gpu: String, actual: Option<u32> },
+    #[error("GPU {0} has no PCI address")]
+    NoAddress(String),
+    #[error(transparent)]
+    Sysfs(#[from] sysfs::SysfsError),
+    #[error("field `vfio.members` names {stranger}, which is not in IOMMU group {group} of GPU {gpu}")]
+    Stranger { stranger: PciBusId, group: u32, gpu: String },
+    #[error("field `vfio.members` does not name GPU {0} itself")]
+    GpuNotMember(String),
+    #[error("field `vfio.members` names driver {0:?}, which is no plain driver name")]
+    NotPlainDriver(String),
 }
