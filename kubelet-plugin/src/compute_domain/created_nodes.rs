@@ -37,36 +37,42 @@ struct List {
 
 /// The channels the file lists (none when it is missing); why it is
 /// damaged otherwise.
-pub fn read(state_dir: &Path, dev_root: Option<&Path>) -> Result<BTreeSet<u32>, String> {
+pub fn read(state_dir: &Path, dev_root: Option<&Path>) -> Result<BTreeSet<u32>, Damage> {
     match bounded_file::read(&state_dir.join(FILE), FILE_MAX, Links::Refuse) {
         Ok(bytes) => parse(&bytes, dev_root),
         Err(e) if e.is_not_found() => Ok(BTreeSet::new()),
-        Err(e) => Err(e.problem.to_string()),
+        Err(e) => Err(Damage::Unreadable(e.problem)),
     }
 }
 
+/// Why the list of created nodes cannot be trusted: nothing it lists is
+/// removed.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    #[error(transparent)]
+    Unreadable(bounded_file::ReadProblem),
+    #[error("not a list of channel numbers ({{\"channels\": [0, 1]}}): {0}")]
+    NotAList(#[source] serde_json::Error),
+    #[error("names {}, which is not a channel device node under <dev-root>{CHANNEL_DIR}", quoted(.0))]
+    NotAChannelNode(String),
+    #[error("field `channels` holds {channel}; the driver's channels are 0 to {}", CHANNEL_COUNT - 1)]
+    OutOfRange { channel: u32 },
+}
+
 /// The channels of a file's content (see the module's rules).
-pub fn parse(bytes: &[u8], dev_root: Option<&Path>) -> Result<BTreeSet<u32>, String> {
+pub fn parse(bytes: &[u8], dev_root: Option<&Path>) -> Result<BTreeSet<u32>, Damage> {
     let channels = match serde_json::from_slice::<List>(bytes) {
         Ok(list) => list.channels,
         Err(error) => {
-            let paths: Vec<String> = serde_json::from_slice(bytes)
-                .map_err(|_| format!("not a list of channel numbers ({{\"channels\": [0, 1]}}): {error}"))?;
+            let paths: Vec<String> = serde_json::from_slice(bytes).map_err(|_| Damage::NotAList(error))?;
             paths
                 .iter()
-                .map(|path| {
-                    legacy_channel(path, dev_root).ok_or_else(|| {
-                        format!(
-                            "names {}, which is not a channel device node under <dev-root>{CHANNEL_DIR}",
-                            quoted(path)
-                        )
-                    })
-                })
+                .map(|path| legacy_channel(path, dev_root).ok_or_else(|| Damage::NotAChannelNode(path.clone())))
                 .collect::<Result<_, _>>()?
         }
     };
     match channels.iter().find(|c| **c >= CHANNEL_COUNT) {
-        Some(c) => Err(format!("field `channels` holds {c}; the driver's channels are 0 to {}", CHANNEL_COUNT - 1)),
+        Some(c) => Err(Damage::OutOfRange { channel: *c }),
         None => Ok(channels),
     }
 }
@@ -133,12 +139,12 @@ mod tests {
             r#"["/host/dev/nvidia-caps-imex-channels/channel01"]"#,
             r#"["/other/dev/nvidia-caps-imex-channels/channel0"]"#,
         ] {
-            let error = parse(bad.as_bytes(), Some(root)).unwrap_err();
+            let error = parse(bad.as_bytes(), Some(root)).unwrap_err().to_string();
             assert!(error.contains("which is not a channel device node"), "{bad}: {error}");
         }
         assert!(parse(br#"["/host/dev/nvidia-caps-imex-channels/channel0"]"#, None).is_err(), "no dev root: no path");
-        assert!(parse(br#"{"channels":[2048]}"#, Some(root)).unwrap_err().contains("0 to 2047"));
+        assert!(parse(br#"{"channels":[2048]}"#, Some(root)).unwrap_err().to_string().contains("0 to 2047"));
         assert!(parse(br#"{"channels":[0],"paths":["/x"]}"#, Some(root)).is_err());
-        assert!(parse(b"{", Some(root)).unwrap_err().starts_with("not a list of channel numbers"));
+        assert!(parse(b"{", Some(root)).unwrap_err().to_string().starts_with("not a list of channel numbers"));
     }
 }

@@ -269,7 +269,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             match records::check(&record, &self.config.driver) {
                 Ok(uid) => valid.push((uid, record)),
                 Err(reason) => {
-                    self.set_aside(&self.checkpoint.record_path(&record.uid), &reason, KEPT);
+                    self.set_aside(&self.checkpoint.record_path(&record.uid), &reason.to_string(), KEPT);
                     owners.insert(record.uid);
                 }
             }
@@ -288,13 +288,13 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 Ok(_) => Ok(Some(record)),
                 Err(reason) => {
                     let kept = "the claim's CDI spec is kept until the kubelet unprepares it";
-                    self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, kept);
+                    self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason.to_string(), kept);
                     Ok(None)
                 }
             },
             Ok(None) => Ok(None),
-            Err(reason) => {
-                self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, "");
+            Err(damaged) => {
+                self.set_aside(&self.checkpoint.record_path(uid.as_str()), &damaged.reason, "");
                 Ok(None)
             }
         }
@@ -377,7 +377,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             Err(reason) => {
                 let kept = "the channel device nodes it listed are left in place; remove a stale \
                     /dev/nvidia-caps-imex-channels/channel<N> by hand once no workload on the node uses it";
-                self.set_aside(&self.config.state_dir.join(created_nodes::FILE), &reason, kept);
+                self.set_aside(&self.config.state_dir.join(created_nodes::FILE), &reason.to_string(), kept);
                 None
             }
         }

@@ -89,6 +89,7 @@ pub(super) fn reconcile(
     let mut valid = Vec::new();
     for record in loaded.records {
         let checked = derived::check(&record, &config.driver, &config.mps_dir)
+            .map_err(|e| e.to_string())
             .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid).map_err(|e| e.to_string()))
             .and_then(|uid| {
                 super::passthrough::check(config, inventory, &record).map(|()| uid).map_err(|e| e.to_string())

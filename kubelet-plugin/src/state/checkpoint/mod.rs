@@ -368,11 +368,11 @@ impl CheckpointDir {
     }
 
     /// The record of `uid`, if there is a usable one.
-    pub fn read_one(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, String> {
+    pub fn read_one(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, Damaged> {
         match read_record(&self.record_path(uid.as_str()), uid.as_str()) {
             Ok(record) => Ok(Some(record)),
             Err(RecordProblem::Missing) => Ok(None),
-            Err(RecordProblem::Damaged { reason, .. }) => Err(reason),
+            Err(RecordProblem::Damaged { reason, .. }) => Err(Damaged { reason }),
         }
     }
 
@@ -452,6 +452,14 @@ pub fn set_aside_file(dir: &Path, path: &Path) -> Result<PathBuf, CheckpointErro
         .and_then(|()| durable::sync_dir(dir))
         .map_err(|error| CheckpointError::Write { path: target.clone(), error })?;
     Ok(target)
+}
+
+/// A record file that cannot be used, and why (the reason names the
+/// field or the check it failed, as the set-aside log line shows it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Damaged {
+    pub reason: String,
 }
 
 /// Why a record file was not used.
