@@ -72,7 +72,7 @@ use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainNode};
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 
-use crate::claim_status::refusal::{Explanation, WriteFailures};
+use crate::claim_status::refusal::{EventError, Explanation, WriteFailures};
 use crate::claim_status::write::ConditionError;
 use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
 use crate::observe::metrics::{ErrorKind, Metrics};
@@ -140,7 +140,7 @@ pub trait ConditionWriter: Send + Sync + 'static {
         state: &DaemonState,
     ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
 
-    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), String>> + Send;
+    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), EventError>> + Send;
 
     /// Sets the binding failure condition of this node's channel with
     /// `reason`: the scheduler gives the allocation up ([`binding`]).

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use super::{ConditionWriter, DomainLookup};
-use crate::claim_status::refusal::{Explanation, post_event};
+use crate::claim_status::refusal::{EventError, Explanation, post_event};
 use crate::claim_status::write::{ConditionError, edit_status};
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
 
@@ -143,7 +143,7 @@ impl ConditionWriter for KubeConditions {
         edit_status(&self.client, namespace, name, |claim| with_condition(claim, &self.node, device, state)).await
     }
 
-    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+    async fn explain(&self, explanation: &Explanation) -> Result<(), EventError> {
         post_event(&self.client, &self.node, explanation).await
     }
 }

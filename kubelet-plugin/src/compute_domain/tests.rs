@@ -99,7 +99,7 @@ impl ConditionWriter for Conditions {
         Ok(())
     }
 
-    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+    async fn explain(&self, explanation: &Explanation) -> Result<(), crate::claim_status::refusal::EventError> {
         self.explained.lock().unwrap().push(explanation.clone());
         Ok(())
     }

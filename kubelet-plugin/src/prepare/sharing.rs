@@ -39,6 +39,21 @@ pub enum GpuControlError {
     Failed { command: String, status: std::process::ExitStatus, said: String },
 }
 
+/// Why a claim's time-slicing cannot be applied as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum TimeSliceError {
+    #[error("device {0} is not on this node")]
+    NotOnNode(String),
+    /// Another prepared claim time-slices the GPU at another interval.
+    #[error(
+        "GPU {gpu} is time-sliced {} for ResourceClaim {their_claim} and {} for ResourceClaim {our_claim}: a GPU has \
+         one time-slice; give both claims the same interval",
+        interval_name(*theirs),
+        interval_name(*ours)
+    )]
+    OtherInterval { gpu: String, theirs: u8, their_claim: String, ours: u8, our_claim: String },
+}
+
 /// The compute modes the plugin sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ComputeMode {
@@ -109,7 +124,7 @@ pub fn time_slices(
     planned: &[PlannedDevice],
     resolved: &[ResolvedConfig],
     inventory: &Inventory,
-) -> Result<Vec<Option<TimeSlice>>, String> {
+) -> Result<Vec<Option<TimeSlice>>, TimeSliceError> {
     planned
         .iter()
         .zip(resolved)
@@ -123,7 +138,7 @@ pub fn time_slices(
             let gpu_uuid = inventory
                 .find_device(&device.device)
                 .map(|d| d.gpu().uuid.clone())
-                .ok_or_else(|| format!("device {} is not on this node", device.device))?;
+                .ok_or_else(|| TimeSliceError::NotOnNode(device.device.to_string()))?;
             Ok(Some(TimeSlice { gpu_uuid, interval }))
         })
         .collect()
@@ -141,21 +156,19 @@ pub fn check_agreement<'a>(
     name: &str,
     slices: &[Option<TimeSlice>],
     others: impl Iterator<Item = &'a ClaimRecord>,
-) -> Result<(), String> {
+) -> Result<(), TimeSliceError> {
     for other in others.filter(|r| r.uid != uid) {
         for theirs in other.devices.iter().filter_map(|d| d.time_slice.as_ref()) {
             if let Some(ours) =
                 slices.iter().flatten().find(|s| s.gpu_uuid == theirs.gpu_uuid && s.interval != theirs.interval)
             {
-                return Err(format!(
-                    "GPU {} is time-sliced {} for ResourceClaim {}/{} and {} for ResourceClaim {namespace}/{name}: \
-                     a GPU has one time-slice; give both claims the same interval",
-                    theirs.gpu_uuid,
-                    interval_name(theirs.interval),
-                    other.namespace,
-                    other.name,
-                    interval_name(ours.interval)
-                ));
+                return Err(TimeSliceError::OtherInterval {
+                    gpu: theirs.gpu_uuid.clone(),
+                    theirs: theirs.interval,
+                    their_claim: format!("{}/{}", other.namespace, other.name),
+                    ours: ours.interval,
+                    our_claim: format!("{namespace}/{name}"),
+                });
             }
         }
     }
@@ -221,7 +234,7 @@ mod tests {
         let same = [Some(TimeSlice { gpu_uuid: "GPU-0".into(), interval: 3 })];
         assert!(check_agreement("b", "ns", "b", &same, [&theirs].into_iter()).is_ok());
         let other = [Some(TimeSlice { gpu_uuid: "GPU-0".into(), interval: 1 })];
-        let err = check_agreement("b", "ns", "b", &other, [&theirs].into_iter()).unwrap_err();
+        let err = check_agreement("b", "ns", "b", &other, [&theirs].into_iter()).unwrap_err().to_string();
         assert!(err.contains("Long for ResourceClaim default/claim and Short for ResourceClaim ns/b"), "{err}");
     }
 
