@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use gpu_dra_driver::names::ClaimUid;
 
-use super::CDI_FILE_MODE;
+use super::{CDI_FILE_MODE, UndoError};
 use crate::observe::metrics::ErrorKind;
 use crate::state::checkpoint::{CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::state::durable;
@@ -88,9 +88,10 @@ impl Files {
 
     /// Removes the claim's spec, then its record. If the spec cannot be
     /// removed the record stays, so the next attempt or start-up retries.
-    pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), String> {
-        durable::remove(&self.cdi_dir, spec_file).map_err(|e| format!("removing CDI spec {spec_file}: {e}"))?;
+    pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), UndoError> {
+        durable::remove(&self.cdi_dir, spec_file)
+            .map_err(|source| UndoError::RemoveSpec { file: spec_file.to_owned(), source })?;
         crate::state::kill_point::reached(crate::state::kill_point::Step::AfterSpecRemoved);
-        self.checkpoint.remove(uid).map_err(|e| e.to_string())
+        Ok(self.checkpoint.remove(uid)?)
     }
 }

@@ -34,7 +34,7 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
-use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
+use super::{CDI_FILE_MODE, OpenError, PreparerConfig, UndoError};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::state::durable;
 
@@ -120,9 +120,9 @@ pub(super) fn reconcile(
             // reboot gave every GPU back to its driver already.
             let same_boot = record.boot_id == config.boot_id;
             let undone =
-                super::reconcile_mig::roll_back(config, inventory, &record).map_err(|e| e.to_string()).and_then(|()| {
+                super::reconcile_mig::roll_back(config, inventory, &record).map_err(UndoError::from).and_then(|()| {
                     if same_boot {
-                        super::passthrough::give_back(config.vfio.as_ref(), &record).map_err(|e| e.to_string())
+                        super::passthrough::give_back(config.vfio.as_ref(), &record).map_err(UndoError::from)
                     } else {
                         Ok(())
                     }

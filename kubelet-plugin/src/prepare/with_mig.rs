@@ -30,7 +30,7 @@ use super::dynamic_mig::{self, DynamicPlan};
 use super::files::Files;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
-use super::{Failure, Preparer, blocking, kind, mps};
+use super::{Failure, Preparer, UndoError, blocking, kind, mps};
 use crate::mig::kill_point::{self, Step};
 use crate::mig::lifecycle::MigHost;
 use crate::mig::{MigIntent, lifecycle};
@@ -88,10 +88,10 @@ impl<S: ClaimSource> Preparer<S> {
         };
         let done = match blocking(move || task.run()).await {
             Ok(done) => done,
-            Err(message) => {
+            Err(error) => {
                 // The task died (a panic): its record may be on disk.
                 self.records().insert(uid.clone(), record);
-                return Err(self.undo(claim, Failure { kind: ErrorKind::Prepare, message }).await);
+                return Err(self.undo(claim, kind(ErrorKind::Prepare)(error)).await);
             }
         };
         if let Some(took) = done.nvml {
@@ -173,7 +173,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// any: a damaged one was set aside) names. Only on GPUs managed
     /// dynamically now for instances: a record never makes the plugin touch
     /// the instances of a GPU an administrator partitioned.
-    pub(super) async fn unmake_dynamic(&self, uid: &str) -> Result<(), String> {
+    pub(super) async fn unmake_dynamic(&self, uid: &str) -> Result<(), UndoError> {
         let Some(host) = self.config.mig.clone() else { return Ok(()) };
         if host.ledger.get(uid).is_none() {
             return Ok(());
@@ -183,7 +183,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (unmade, took) =
             blocking(move || timed(|| super::reconcile_mig::release(&host, &inventory, &uid, &boot))).await?;
         self.nvml_took(Operation::Unprepare, took);
-        unmade.map_err(|e| e.to_string())
+        Ok(unmade?)
     }
 
     /// `gpu:<uuid>` lock keys of the GPUs the claim's ledger names.
@@ -198,13 +198,13 @@ impl<S: ClaimSource> Preparer<S> {
 
     /// Once the claim's record is gone: forgets its ledger (see
     /// [`super::reconcile_mig::forget`]) and tells the selection.
-    pub(super) async fn forget_dynamic(&self, uid: &str) -> Result<(), String> {
+    pub(super) async fn forget_dynamic(&self, uid: &str) -> Result<(), UndoError> {
         let Some(host) = self.config.mig.clone() else { return Ok(()) };
         if host.ledger.get(uid).is_none() {
             return Ok(());
         }
         let owned_uid = uid.to_owned();
-        blocking(move || super::reconcile_mig::forget(&host, &owned_uid)).await?.map_err(|e| e.to_string())?;
+        blocking(move || super::reconcile_mig::forget(&host, &owned_uid)).await??;
         self.tell_selection();
         Ok(())
     }
