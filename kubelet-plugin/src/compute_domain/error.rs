@@ -55,12 +55,11 @@ pub enum Error {
     Replaced { claim: ValidClaim, uid: Option<String> },
     #[error(transparent)]
     Plan(#[from] super::claim_plan::PlanError),
-    /// `reason` is the domain lookup's account of the failed read.
     #[error(
         "ComputeDomain {domain_uid} is not in the node agent's watch yet and the API server could not be read for it \
          ({reason}); the kubelet retries the prepare"
     )]
-    DomainUnreadable { domain_uid: DomainUid, reason: String },
+    DomainUnreadable { domain_uid: DomainUid, reason: LookupError },
     #[error(
         "no ComputeDomain with UID {domain_uid} in namespace {namespace}: it was deleted, or the claim's config names \
          another namespace's domain"
@@ -142,4 +141,16 @@ pub enum Error {
     WriteDaemonRecord(#[source] std::io::Error),
     #[error("signalling nvidia-imex (pid {pid}): {source}")]
     Signal { pid: i32, source: rustix::io::Errno },
+}
+
+/// The API server could not be read for a domain or its claims. Its
+/// answer is kept as text, control characters escaped: it is shown, and
+/// compared to log a repeated failure once.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LookupError {
+    /// `what` names the list, e.g. `ComputeDomains in <namespace>`.
+    #[error("listing {what}: {reason}")]
+    ListFailed { what: String, reason: String },
+    #[error("ComputeDomain {uid} in {namespace} cannot be read: {reason}")]
+    Undecodable { uid: String, namespace: String, reason: String },
 }

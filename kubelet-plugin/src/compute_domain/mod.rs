@@ -81,7 +81,7 @@ use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointD
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
-pub use error::Error;
+pub use error::{Error, LookupError};
 use ready_condition::ChannelClaim;
 pub(crate) use serving::Server;
 
@@ -110,7 +110,7 @@ pub trait DomainLookup: Send + Sync + 'static {
         &self,
         namespace: &str,
         uid: &str,
-    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, String>> + Send {
+    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, LookupError>> + Send {
         std::future::ready(Ok(self.find(namespace, uid)))
     }
 
@@ -126,7 +126,7 @@ pub trait DomainLookup: Send + Sync + 'static {
         &self,
         namespace: &str,
         uid: &str,
-    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, String>> + Send;
+    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, LookupError>> + Send;
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim, and
@@ -501,7 +501,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         namespace: &str,
         uid: &str,
         until: tokio::time::Instant,
-    ) -> Result<Option<ComputeDomain>, String> {
+    ) -> Result<Option<ComputeDomain>, LookupError> {
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         loop {
             let domain = self.domains.find(namespace, uid);
