@@ -432,7 +432,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             .claims
             .get(&valid.namespace, &valid.name, until)
             .await
-            .map_err(Error::ClaimLookup)?
+            .map_err(|e| Error::ClaimLookup(e.to_string()))?
             .ok_or_else(|| Error::NoClaim(valid.clone()))?;
         if object.metadata.uid.as_deref() != Some(valid.uid.as_str()) {
             self.claims.forget(&valid.namespace, &valid.name);

@@ -69,27 +69,31 @@ pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 /// Where the preparer reads ResourceClaims: the API server in production
 /// ([`crate::prepare::claims::KubeClaimSource`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
+    /// Why a claim could not be read; its text is shown to the kubelet as is.
+    type Error: std::fmt::Display + Send + 'static;
+
     /// The claim, `None` when it does not exist; gives up at `deadline`.
-    /// The error text is shown to the kubelet as is.
     fn get(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
-    ) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, Self::Error>> + Send;
 
     /// Drops any cached copy (called when the cached copy's UID is stale).
     fn forget(&self, namespace: &str, name: &str);
 }
 
 impl ClaimSource for crate::prepare::claims::KubeClaimSource {
+    type Error = crate::prepare::claims::ClaimLookupError;
+
     async fn get(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
-    ) -> Result<Option<ResourceClaim>, String> {
-        crate::prepare::claims::KubeClaimSource::get(self, namespace, name, deadline).await.map_err(|e| e.to_string())
+    ) -> Result<Option<ResourceClaim>, Self::Error> {
+        crate::prepare::claims::KubeClaimSource::get(self, namespace, name, deadline).await
     }
 
     fn forget(&self, namespace: &str, name: &str) {
