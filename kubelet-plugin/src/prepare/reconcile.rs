@@ -307,30 +307,39 @@ pub(super) fn restore_missing_spec(
     inventory: &Inventory,
     uid: &ClaimUid,
     record: &ClaimRecord,
-) -> Result<bool, String> {
+) -> Result<bool, RestoreError> {
     // An adopted claim's spec is written again under NVIDIA's name: JSON
     // is YAML, and the record keeps naming one file.
     let spec_file = derived::spec_file(record, &config.driver, uid);
     if config.cdi_dir.join(&spec_file).exists() || !super::adopt::spec_restorable(record, &config.driver, uid) {
         return Ok(false);
     }
-    let names: Vec<DeviceName> = record
-        .devices
-        .iter()
-        .map(|d| DeviceName::new(d.device_name.as_str()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+    let names: Vec<DeviceName> =
+        record.devices.iter().map(|d| DeviceName::new(d.device_name.as_str())).collect::<Result<_, _>>()?;
     let view = super::dynamic_mig::overlay_record(inventory, record);
-    let mut spec =
-        cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names).map_err(|e| e.to_string())?;
+    let mut spec = cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names)?;
     if let Some(daemon) = &record.mps {
         super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
     }
     super::dynamic_mig::add_uuid_env(&mut spec.spec, uid.as_str(), record);
-    let bytes = spec.to_json().map_err(|e| e.to_string())?;
+    let bytes = spec.to_json()?;
     durable::write(&config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
-        .map_err(|e| format!("writing CDI spec {}: {e}", config.cdi_dir.join(&spec_file).display()))?;
+        .map_err(|source| RestoreError::Write { path: config.cdi_dir.join(&spec_file), source })?;
     Ok(true)
+}
+
+/// Why a completed claim's missing spec could not be written again.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// A recorded device name breaks the naming rules.
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error(transparent)]
+    Spec(#[from] cdi::CdiError),
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    #[error("writing CDI spec {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// Deletes our spec files that no record owns and our temporary files;
