@@ -423,7 +423,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let valid = claim.validate()?;
         if let Some(record) = self.record_of(&valid.uid)? {
             if record.state == PrepareState::PrepareCompleted {
-                return Ok(record.prepared_devices());
+                return Ok(PreparedDevice::of_record(&record));
             }
             self.remove_claim(&valid.uid)?;
         }

@@ -522,7 +522,7 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(kind(ErrorKind::Checkpoint))?;
         match written {
             Ok(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = names.len(), "prepared");
                 Ok(devices)
@@ -665,7 +665,7 @@ impl<S: ClaimSource> Preparer<S> {
         };
         match completed {
             Ok(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = devices.len(), "{done}");
                 Ok(devices)
@@ -766,7 +766,7 @@ impl<S: ClaimSource> Preparer<S> {
     fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
         let records = self.records();
         let record = records.get(uid).filter(|r| r.state == PrepareState::PrepareCompleted)?;
-        Some(record.prepared_devices())
+        Some(PreparedDevice::of_record(record))
     }
 
     /// Refuses a device another claim holds, unless both share it (a

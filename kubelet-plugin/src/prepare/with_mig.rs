@@ -104,7 +104,7 @@ impl<S: ClaimSource> Preparer<S> {
                 Err(self.undo(claim, failure).await)
             }
             Reached::Completed(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 self.tell_selection();
                 tracing::info!(claim = %claim, devices = devices.len(), "prepared (dynamic MIG)");

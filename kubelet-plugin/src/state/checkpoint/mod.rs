@@ -19,7 +19,6 @@ use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
 use crate::mig::{MadeInstance, MigIntent};
-use crate::prepare::types::PreparedDevice;
 use crate::state::durable;
 use crate::vfio::VfioSwitch;
 
@@ -157,16 +156,6 @@ impl CheckpointDevice {
     pub fn is_exclusive(&self) -> bool {
         !self.admin_access && self.share_id.is_none()
     }
-
-    pub fn prepared(&self) -> PreparedDevice {
-        PreparedDevice {
-            request_names: self.request_names.clone(),
-            pool_name: self.pool_name.clone(),
-            device_name: self.device_name.clone(),
-            cdi_device_ids: self.cdi_device_ids.clone(),
-            share_id: self.share_id.clone(),
-        }
-    }
 }
 
 /// What the checkpoint knows about one claim.
@@ -251,10 +240,6 @@ impl ClaimRecord {
     /// function so the intent is visible at the call site.
     fn deserialize_lenient(value: &serde_json::Value) -> Result<Self, String> {
         Self::deserialize(value).map_err(|e| e.to_string())
-    }
-
-    pub fn prepared_devices(&self) -> Vec<PreparedDevice> {
-        self.devices.iter().map(CheckpointDevice::prepared).collect()
     }
 }
 
