@@ -36,7 +36,7 @@ use gpu_dra_driver::names::DomainUid;
 
 use super::Error;
 use super::host_imex::{self, HostDaemon};
-use super::process::{self, Process, Program};
+use crate::process::{self, Process, Program};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 

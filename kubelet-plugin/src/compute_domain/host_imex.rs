@@ -9,7 +9,7 @@
 //!
 //! Found in the host's process table (`--proc-root`) by what the kernel
 //! says, not by a name any process may take: a process running the driver
-//! root's very `nvidia-imex` file (see [`super::process`]), root-owned, as
+//! root's very `nvidia-imex` file (see [`crate::process`]), root-owned, as
 //! root (uid 0), whose `-c` is not a configuration this driver writes
 //! (`…/domains/<domainUID>/imexd.cfg`, under this agent's state directory
 //! or another instance's). An unprivileged process, or one running any
@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
-use super::process::{self, Process, Program};
+use crate::process::{self, Process, Program};
 
 /// Where the daemon reads its configuration without `-c` (NVIDIA's package).
 pub const DEFAULT_CONFIG: &str = "/etc/nvidia-imex/config.cfg";

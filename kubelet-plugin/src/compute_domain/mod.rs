@@ -53,7 +53,6 @@ pub mod daemons;
 mod error;
 pub mod health;
 pub mod host_imex;
-pub mod process;
 pub mod ready_condition;
 pub mod records;
 pub mod serve;

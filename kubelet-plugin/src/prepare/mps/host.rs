@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 use gpu_dra_driver::bounded_file::{self, Links};
 
 use super::Error;
+use crate::process::read_stat;
 use crate::state::checkpoint::{DaemonProcess, MpsDaemon};
 
 /// The pid file `nvidia-cuda-mps-control -d` writes in its pipe directory.
@@ -336,28 +337,6 @@ fn last_lines(text: &str) -> String {
     lines[lines.len().saturating_sub(5)..].join(" / ")
 }
 
-/// The fields of `/proc/<pid>/stat` that identify a process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    pub state: char,
-    pub start_time: u64,
-}
-
-fn read_stat(pid: i32) -> Option<ProcStat> {
-    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// Parses `pid (comm) state ... starttime ...`; `comm` may hold spaces and
-/// parentheses, so fields are counted from the last `)`.
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After comm: state is field 3, starttime field 22 (1-based).
-    let state = fields.first()?.chars().next()?;
-    let start_time = fields.get(22 - 3)?.parse().ok()?;
-    Some(ProcStat { state, start_time })
-}
-
 /// Whether `path` is a mount point in this mount namespace.
 pub fn is_mounted(path: &Path) -> Result<bool, Error> {
     let target = match fs::canonicalize(path) {
@@ -396,13 +375,6 @@ fn unescape(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_command_name() {
-        let text = "4242 (nvidia (mps) ctl) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
-        assert_eq!(parse_stat(text), Some(ProcStat { state: 'S', start_time: 987654 }));
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn mount_points_are_unescaped() {
