@@ -52,7 +52,7 @@ use crate::state::checkpoint::{ClaimRecord, PrepareState};
 #[derive(Debug, Default)]
 pub struct BindingState {
     first_seen: HashMap<String, Instant>,
-    last_error: Option<super::LookupError>,
+    last_error: Option<super::error::LookupError>,
 }
 
 /// What one waiting claim came to in a pass.

@@ -21,7 +21,7 @@ use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, CHANNEL_DIR};
 use rustix::fs::FileType;
 
-use super::Error;
+use super::error::Error;
 use crate::state::checkpoint::derived::quoted;
 use crate::state::durable;
 

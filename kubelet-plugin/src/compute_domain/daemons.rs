@@ -34,7 +34,7 @@ use gpu_dra_driver::bounded_file::Dir;
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::names::DomainUid;
 
-use super::Error;
+use super::error::Error;
 use super::host_imex::{self, HostDaemon};
 use crate::process::{self, Process, Program};
 use crate::state::durable;

@@ -100,19 +100,23 @@ impl HostDaemon {
 
     /// Refuses a domain the daemon cannot serve: its peer list lacks
     /// some of the domain's nodes, or cannot be read.
-    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), super::Error> {
+    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), super::error::Error> {
         let config = std::fs::read_to_string(self.readable(&self.config)).map_err(|source| {
-            super::Error::HostConfigUnreadable { describe: self.describe(node), path: self.config.clone(), source }
+            super::error::Error::HostConfigUnreadable {
+                describe: self.describe(node),
+                path: self.config.clone(),
+                source,
+            }
         })?;
         let nodes_file = nodes_file_of(&config);
         let nodes = std::fs::read_to_string(self.readable(&nodes_file)).map_err(|source| {
-            super::Error::HostNodesUnreadable { describe: self.describe(node), path: nodes_file.clone(), source }
+            super::error::Error::HostNodesUnreadable { describe: self.describe(node), path: nodes_file.clone(), source }
         })?;
         let missing = missing_peers(&nodes, peers);
         if missing.is_empty() {
             return Ok(());
         }
-        Err(super::Error::HostLacksPeers {
+        Err(super::error::Error::HostLacksPeers {
             describe: self.describe(node),
             nodes_file,
             missing: missing.iter().map(ToString::to_string).collect(),

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use gpu_dra_driver::bounded_file::ReadError;
 use gpu_dra_driver::names::{ClaimUid, InvalidName};
 
-use super::{MigControlError, MigIntent};
+use super::control::MigControlError;
 
 /// An error of dynamic MIG: NVML's, the ledger's, or the caps files'.
 #[derive(Debug, thiserror::Error)]
@@ -32,15 +32,16 @@ pub enum Error {
         table.display()
     )]
     Caps { gpu_minor: u32, gi: u32, ci: u32, cause: CapFileError, table: PathBuf },
-    /// A step of making one device failed (the device is named).
-    #[error("making {}: {source}", device_text(device))]
-    Making { device: Box<MigIntent>, source: Box<Error> },
+    /// A step of making one device failed; `device` names it (profile,
+    /// memory slices, GPU).
+    #[error("making {device}: {source}")]
+    Making { device: String, source: Box<Error> },
     /// The ledger could not record the claim's devices before any was made.
     #[error("recording the MIG devices to make: {0}")]
     RecordingIntents(#[source] Box<Error>),
-    /// A step of removing one device failed (the device is named).
-    #[error("removing {}: {source}", device_text(device))]
-    Removing { device: Box<MigIntent>, source: Box<Error> },
+    /// A step of removing one device failed; `device` names it.
+    #[error("removing {device}: {source}")]
+    Removing { device: String, source: Box<Error> },
     /// The driver holds the MIG mode change until the GPU is reset.
     #[error(
         "GPU {gpu} needs a reset to turn MIG mode {} (the change is pending): reset it with nvidia-smi -r -i {gpu} when \
@@ -50,16 +51,6 @@ pub enum Error {
     NeedsReset { gpu: String, on: bool },
 }
 
-impl Error {
-    pub(super) fn making(intent: &MigIntent, source: impl Into<Error>) -> Self {
-        Self::Making { device: Box::new(intent.clone()), source: Box::new(source.into()) }
-    }
-
-    pub(super) fn removing(intent: &MigIntent, source: impl Into<Error>) -> Self {
-        Self::Removing { device: Box::new(intent.clone()), source: Box::new(source.into()) }
-    }
-}
-
 /// Why one `/proc` capability file gave no minor.
 #[derive(Debug, thiserror::Error)]
 pub enum CapFileError {
@@ -67,16 +58,4 @@ pub enum CapFileError {
     Read(#[from] ReadError),
     #[error("{}: no DeviceFileMinor line", .0.display())]
     NoMinor(PathBuf),
-}
-
-/// How messages name a device: profile, memory slices and GPU.
-pub(super) fn device_text(intent: &MigIntent) -> String {
-    format!(
-        "MIG device {} at memory slices {}..{} of GPU {} ({})",
-        intent.profile,
-        intent.placement_start,
-        intent.placement_start + intent.placement_size,
-        intent.gpu_minor,
-        intent.gpu_uuid
-    )
 }

@@ -11,12 +11,12 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::control::{MigControl, MigControlError, MigModeState};
-use super::error::device_text;
+use super::error::Error;
 use super::kill_point::{self, Step};
 use super::ledger::{ClaimOwnership, Ledger};
 use super::order;
 use super::ownership::{self, Proof};
-use super::{Error, MadeInstance, MigIntent, ObservedInstance, caps};
+use super::{MadeInstance, MigIntent, ObservedInstance, caps};
 
 /// What dynamic MIG works with on a node: NVML, the `/proc` that shows
 /// new instances' capabilities, and who must hear of a MIG mode switch.
@@ -37,6 +37,28 @@ pub trait MigModeObserver: Send + Sync {
     fn mig_mode_switched(&self, gpu_uuid: &str);
 }
 
+/// How messages name a device: profile, memory slices and GPU.
+fn device_text(intent: &MigIntent) -> String {
+    format!(
+        "MIG device {} at memory slices {}..{} of GPU {} ({})",
+        intent.profile,
+        intent.placement_start,
+        intent.placement_start + intent.placement_size,
+        intent.gpu_minor,
+        intent.gpu_uuid
+    )
+}
+
+/// `intent`'s step of making failed with `source`.
+fn making(intent: &MigIntent, source: impl Into<Error>) -> Error {
+    Error::Making { device: device_text(intent), source: Box::new(source.into()) }
+}
+
+/// `intent`'s step of removing failed with `source`.
+fn removing(intent: &MigIntent, source: impl Into<Error>) -> Error {
+    Error::Removing { device: device_text(intent), source: Box::new(source.into()) }
+}
+
 impl std::fmt::Debug for MigHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MigHost").field("proc_root", &self.proc_root).finish_non_exhaustive()
@@ -52,7 +74,7 @@ impl std::fmt::Debug for MigHost {
 /// roll-back retries, through the ledger).
 pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<MadeInstance, Error> {
     let control = &*host.control;
-    own.creating(intent).map_err(|e| Error::making(intent, e))?;
+    own.creating(intent).map_err(|e| making(intent, e))?;
     let gi = match control.create_gpu_instance(&intent.gpu_uuid, intent.profile_id, intent.placement()) {
         Ok(gi) => gi,
         Err(error) => {
@@ -60,7 +82,7 @@ pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) ->
             if let Err(undo) = own.destroyed(intent) {
                 tracing::warn!(%undo, "recording a MIG device that was not made failed");
             }
-            return Err(Error::making(intent, error));
+            return Err(making(intent, error));
         }
     };
     let finish = |own: &mut ClaimOwnership<'_>| -> Result<MadeInstance, Error> {
@@ -84,7 +106,7 @@ pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) ->
             Ok(()) => {}
             Err(undo) => tracing::warn!(%undo, "removing a half-made MIG device failed; the roll-back retries"),
         }
-        Error::making(intent, error)
+        making(intent, error)
     })
 }
 
@@ -130,10 +152,10 @@ pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) 
         Ok(observed) => observed,
         // The GPU is gone from the node: nothing of it to destroy.
         Err(MigControlError::NoGpu { .. }) => return Ok(()),
-        Err(error) => return Err(Error::removing(intent, error)),
+        Err(error) => return Err(removing(intent, error)),
     };
     let Some(found) = observed.iter().find(|o| intent.is(o)) else {
-        return own.destroyed(intent).map_err(|e| Error::removing(intent, e));
+        return own.destroyed(intent).map_err(|e| removing(intent, e));
     };
     let uuid_of = |gi: u32, ci: u32| control.mig_uuid(&intent.gpu_uuid, gi, ci).ok();
     let proof = own.entry().instance(intent).map(|entry| ownership::judge(entry, found, &uuid_of));
@@ -153,7 +175,7 @@ pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) 
     destroy_observed(control, &intent.gpu_uuid, found)
         .map_err(Error::from)
         .and_then(|()| own.destroyed(intent))
-        .map_err(|e| Error::removing(intent, e))
+        .map_err(|e| removing(intent, e))
 }
 
 /// Destroys `intents` in destruction order (the reverse of creation);

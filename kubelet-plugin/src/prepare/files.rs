@@ -5,7 +5,8 @@ use std::path::PathBuf;
 
 use gpu_dra_driver::names::ClaimUid;
 
-use super::{CDI_FILE_MODE, UndoError};
+use super::CDI_FILE_MODE;
+use super::error::UndoError;
 use crate::observe::metrics::ErrorKind;
 use crate::state::checkpoint::{CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::state::durable;

@@ -34,7 +34,8 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
-use super::{CDI_FILE_MODE, OpenError, PreparerConfig, UndoError};
+use super::error::UndoError;
+use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::state::durable;
 

@@ -27,10 +27,11 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
+use super::error::UndoError;
 use super::files::Files;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
-use super::{Failure, Preparer, UndoError, blocking, kind, mps};
+use super::{Failure, Preparer, blocking, kind, mps};
 use crate::mig::kill_point::{self, Step};
 use crate::mig::lifecycle::MigHost;
 use crate::mig::{MigIntent, lifecycle};

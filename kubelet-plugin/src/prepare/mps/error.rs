@@ -124,7 +124,10 @@ pub enum PlanError {
     Quantity { field: String, source: dra_cel::quantity::QuantityError },
     #[error("{field}: {text} is less than 1Mi")]
     BelowOneMi { field: String, text: String },
-    #[error("{what}: {} {text} is not a whole percentage from 1 to 100", super::SM_PERCENT)]
+    #[error(
+        "{what}: {} {text} is not a whole percentage from 1 to 100",
+        gpu_dra_driver::slices::attributes::name::SM_PERCENT
+    )]
     NotWholePercent { what: String, text: String },
     /// Another prepared claim shares the GPU the other way.
     #[error(

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_driver::bounded_file::{self, Links};
 
-use super::Error;
+use super::error::Error;
 use crate::process::read_stat;
 use crate::state::checkpoint::{DaemonProcess, MpsDaemon};
 

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::Error;
+use super::error::Error;
 use super::host::MpsHost;
 use crate::prepare::sharing::{ComputeMode, GpuControl};
 use crate::state::checkpoint::{CheckpointError, MpsDaemon};

@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::names::ClaimUid;
 
-use super::Error;
+use super::error::Error;
 use super::host::{LocalMps, MpsHost};
 use crate::state::checkpoint::{CheckpointDir, MpsDaemon};
 use crate::state::durable;
