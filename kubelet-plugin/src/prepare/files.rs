@@ -5,11 +5,14 @@ use std::path::PathBuf;
 
 use gpu_dra_driver::names::ClaimUid;
 
-use super::CDI_FILE_MODE;
 use super::error::UndoError;
 use crate::observe::metrics::ErrorKind;
 use crate::state::checkpoint::{CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::state::durable;
+
+/// CDI spec files are read by the container runtime (root); others may
+/// read them too, as with NVIDIA's toolkit.
+pub(super) const CDI_FILE_MODE: u32 = 0o644;
 
 /// The checkpoint and the CDI directory.
 #[derive(Debug, Clone)]

@@ -62,10 +62,6 @@ use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
 use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
 
-/// CDI spec files are read by the container runtime (root); others may
-/// read them too, as with NVIDIA's toolkit.
-const CDI_FILE_MODE: u32 = 0o644;
-
 /// Claims of one batch worked on at once: a batch of 10,000 claims holds
 /// this many claim futures, not 10,000 (the API lookups have their own,
 /// smaller bound: `ClaimSourceConfig::max_in_flight`).

@@ -10,7 +10,8 @@ use gpu_dra_driver::inventory::{Inventory, PciBusId, PublishedDevice};
 use super::PreparerConfig;
 use super::plan::PlannedDevice;
 use crate::state::checkpoint::ClaimRecord;
-use crate::vfio::{RecordError, VfioHost, switch};
+use crate::vfio::VfioHost;
+use crate::vfio::switch::{self, RecordError};
 
 /// Why a claim's passthrough devices cannot be prepared, or its GPUs not
 /// given back: each names the device, claim or GPU.

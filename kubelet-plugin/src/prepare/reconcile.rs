@@ -35,7 +35,8 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
 use super::error::UndoError;
-use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
+use super::files::CDI_FILE_MODE;
+use super::{OpenError, PreparerConfig};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::state::durable;
 

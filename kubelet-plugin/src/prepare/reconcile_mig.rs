@@ -33,8 +33,9 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::ClaimUid;
 
+use super::PreparerConfig;
 use super::dynamic_mig::{is_dynamic, overlay_record};
-use super::{CDI_FILE_MODE, PreparerConfig};
+use super::files::CDI_FILE_MODE;
 use crate::mig::ledger::{ClaimLedger, Made};
 use crate::mig::lifecycle::{self, MigHost};
 use crate::mig::ownership::{self, Proof};

@@ -6,7 +6,8 @@
 //! 0. wait, bounded, until no process holds the GPU open ([`holders`]), as
 //!    NVIDIA's driver waits for `fuser`; else fail, having changed nothing;
 //! 1. the `PrepareStarted` record names the GPU, its group and each
-//!    member's driver before anything is written ([`VfioSwitch`]);
+//!    member's driver before anything is written
+//!    ([`crate::state::checkpoint::VfioSwitch`]);
 //! 2. per member: `driver_override` ← `vfio-pci`, unbind from its driver,
 //!    `drivers_probe` (a kill point after each write);
 //! 3. wait, bounded, until every member is bound to `vfio-pci` and
@@ -30,8 +31,6 @@ pub mod sysfs;
 
 use std::sync::Arc;
 
-use gpu_dra_driver::inventory::PciBusId;
-
 /// What the preparer switches drivers with: the node's sysfs (an emulator
 /// in tests) and how long a switch may take.
 #[derive(Clone)]
@@ -46,71 +45,4 @@ impl std::fmt::Debug for VfioHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VfioHost").field("timing", &self.timing).finish_non_exhaustive()
     }
-}
-
-/// What a claim's record says of a GPU it passes through: written before
-/// the first sysfs write, so that start-up can give everything back.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VfioSwitch {
-    /// The GPU's PCI address (the inventory's; checked against it again
-    /// before any write).
-    pub pci_bus_id: String,
-    pub iommu_group: u32,
-    /// Every device of the group and the driver it had before.
-    pub members: Vec<VfioMember>,
-}
-
-/// One device of the group.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VfioMember {
-    pub pci_bus_id: String,
-    /// `None`: no driver was bound.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_driver: Option<String>,
-}
-
-impl VfioSwitch {
-    /// The members' addresses, each validated (a record is data, not trust).
-    pub fn member_ids(&self) -> Result<Vec<PciBusId>, RecordError> {
-        self.members
-            .iter()
-            .map(|m| {
-                let id = PciBusId::parse(&m.pci_bus_id).map_err(RecordError::BadAddress)?;
-                if id.to_string() != m.pci_bus_id {
-                    return Err(RecordError::NotCanonical(m.pci_bus_id.clone()));
-                }
-                Ok(id)
-            })
-            .collect()
-    }
-}
-
-/// Why a recorded switch is not one the plugin could have made on this
-/// node: forged or damaged, so nothing it names is written.
-#[derive(Debug, thiserror::Error)]
-pub enum RecordError {
-    #[error("checkpoint: {0}")]
-    BadAddress(#[source] gpu_dra_driver::inventory::pci::InvalidPciBusId),
-    #[error("checkpoint: {0:?} is not a canonical PCI address")]
-    NotCanonical(String),
-    #[error("field `vfio.pciBusId` {0:?} is no GPU of this node")]
-    NoSuchGpu(String),
-    #[error(transparent)]
-    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
-    #[error("device {device:?} is not the passthrough device of GPU {gpu}")]
-    NotPassthroughDevice { device: String, gpu: String },
-    #[error("field `vfio.iommuGroup` is {recorded}, but GPU {gpu} is in IOMMU group {actual:?}")]
-    OtherGroup { recorded: u32, gpu: String, actual: Option<u32> },
-    #[error("GPU {0} has no PCI address")]
-    NoAddress(String),
-    #[error(transparent)]
-    Sysfs(#[from] sysfs::SysfsError),
-    #[error("field `vfio.members` names {stranger}, which is not in IOMMU group {group} of GPU {gpu}")]
-    Stranger { stranger: PciBusId, group: u32, gpu: String },
-    #[error("field `vfio.members` does not name GPU {0} itself")]
-    GpuNotMember(String),
-    #[error("field `vfio.members` names driver {0:?}, which is no plain driver name")]
-    NotPlainDriver(String),
 }

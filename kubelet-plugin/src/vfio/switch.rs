@@ -8,7 +8,7 @@ use gpu_dra_driver::bounded_file::is_plain_name;
 use gpu_dra_driver::inventory::{Inventory, PciBusId};
 
 use super::sysfs::{PciBinding, SysfsError, VFIO_PCI};
-use super::{RecordError, VfioMember, VfioSwitch};
+use crate::state::checkpoint::{MemberError, VfioMember, VfioSwitch};
 use crate::state::kill_point::Step;
 
 /// The driver a GPU must be bound to before it is passed through.
@@ -41,6 +41,32 @@ pub enum SwitchError {
     /// A test's stand-in for SIGKILL at a kill point: nothing after it ran.
     #[error("killed at {}", .0.name())]
     Killed(Step),
+}
+
+/// Why a recorded switch is not one the plugin could have made on this
+/// node: forged or damaged, so nothing it names is written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Member(#[from] MemberError),
+    #[error("field `vfio.pciBusId` {0:?} is no GPU of this node")]
+    NoSuchGpu(String),
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error("device {device:?} is not the passthrough device of GPU {gpu}")]
+    NotPassthroughDevice { device: String, gpu: String },
+    #[error("field `vfio.iommuGroup` is {recorded}, but GPU {gpu} is in IOMMU group {actual:?}")]
+    OtherGroup { recorded: u32, gpu: String, actual: Option<u32> },
+    #[error("GPU {0} has no PCI address")]
+    NoAddress(String),
+    #[error(transparent)]
+    Sysfs(#[from] SysfsError),
+    #[error("field `vfio.members` names {stranger}, which is not in IOMMU group {group} of GPU {gpu}")]
+    Stranger { stranger: PciBusId, group: u32, gpu: String },
+    #[error("field `vfio.members` does not name GPU {0} itself")]
+    GpuNotMember(String),
+    #[error("field `vfio.members` names driver {0:?}, which is no plain driver name")]
+    NotPlainDriver(String),
 }
 
 /// Called at each kill point; the plugin's kills the process when a crash

@@ -16,11 +16,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_dra_driver::bounded_file::{self, Links};
+use gpu_dra_driver::inventory::PciBusId;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
 use crate::mig::{MadeInstance, MigIntent};
 use crate::state::durable;
-use crate::vfio::VfioSwitch;
 
 /// Where a claim is in its prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -117,6 +117,54 @@ pub struct MpsDaemon {
     /// finds it through the pid file in the pipe directory).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub process: Option<DaemonProcess>,
+}
+
+/// What a claim's record says of a GPU it passes through: written before
+/// the first sysfs write, so that start-up can give everything back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioSwitch {
+    /// The GPU's PCI address (the inventory's; checked against it again
+    /// before any write).
+    pub pci_bus_id: String,
+    pub iommu_group: u32,
+    /// Every device of the group and the driver it had before.
+    pub members: Vec<VfioMember>,
+}
+
+/// One device of the group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioMember {
+    pub pci_bus_id: String,
+    /// `None`: no driver was bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_driver: Option<String>,
+}
+
+impl VfioSwitch {
+    /// The members' addresses, each validated (a record is data, not trust).
+    pub fn member_ids(&self) -> Result<Vec<PciBusId>, MemberError> {
+        self.members
+            .iter()
+            .map(|m| {
+                let id = PciBusId::parse(&m.pci_bus_id).map_err(MemberError::BadAddress)?;
+                if id.to_string() != m.pci_bus_id {
+                    return Err(MemberError::NotCanonical(m.pci_bus_id.clone()));
+                }
+                Ok(id)
+            })
+            .collect()
+    }
+}
+
+/// A recorded group member whose address is not a canonical PCI address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("checkpoint: {0}")]
+    BadAddress(#[source] gpu_dra_driver::inventory::pci::InvalidPciBusId),
+    #[error("checkpoint: {0:?} is not a canonical PCI address")]
+    NotCanonical(String),
 }
 
 /// A pinned device memory limit for one device of an MPS daemon.
