@@ -108,19 +108,35 @@ impl NodeArgs {
     /// `--consumable-shares` and the ConsumableShares gate go together:
     /// either without the other is refused, where NVIDIA's plugin ignores
     /// the mode without the gate and publishes nothing shared.
-    pub fn check_consumable_shares(&self, gates: gpu_dra_driver::feature_gates::FeatureGates) -> Result<(), String> {
+    pub fn check_consumable_shares(&self, gates: gpu_dra_driver::feature_gates::FeatureGates) -> Result<(), ArgsError> {
         use gpu_dra_driver::feature_gates::Gate;
         use gpu_dra_driver::slices::consumable_shares::SharesMode;
         match (gates.enabled(Gate::ConsumableShares), self.consumable_shares) {
-            (true, SharesMode::Disabled) => Err("the ConsumableShares feature gate is on but --consumable-shares is \
-                 disabled: set --consumable-shares to memory, unlimited or a number of shares per device"
-                .into()),
-            (false, mode) if mode != SharesMode::Disabled => Err(format!(
-                "--consumable-shares {mode} needs --feature-gates ConsumableShares=true (NVIDIA's gate for it)"
-            )),
+            (true, SharesMode::Disabled) => Err(ArgsError::SharesDisabled),
+            (false, mode) if mode != SharesMode::Disabled => Err(ArgsError::SharesWithoutGate(mode)),
             _ => Ok(()),
         }
     }
+}
+
+/// Flags that parse one by one but do not go together, or a path that
+/// must be absolute; each message says the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ArgsError {
+    #[error(
+        "the ConsumableShares feature gate is on but --consumable-shares is disabled: set --consumable-shares to \
+         memory, unlimited or a number of shares per device"
+    )]
+    SharesDisabled,
+    #[error("--consumable-shares {0} needs --feature-gates ConsumableShares=true (NVIDIA's gate for it)")]
+    SharesWithoutGate(gpu_dra_driver::slices::consumable_shares::SharesMode),
+    #[error(
+        "--gpus=false without --compute-domains serves no driver; fix: drop --gpus=false, or add --compute-domains to \
+         serve ComputeDomains only"
+    )]
+    NoDriver,
+    #[error("{flag} {} is not an absolute path; fix: pass an absolute path", dir.display())]
+    RelativePath { flag: &'static str, dir: PathBuf },
 }
 
 /// Where the NVIDIA driver is installed, for what containers get from it.
@@ -271,18 +287,16 @@ impl RunArgs {
     }
 
     /// At least one driver is served.
-    pub fn check_drivers(&self) -> Result<(), String> {
+    pub fn check_drivers(&self) -> Result<(), ArgsError> {
         match (self.gpus, self.compute_domains) {
-            (false, false) => Err("--gpus=false without --compute-domains serves no driver; fix: drop --gpus=false, \
-                                   or add --compute-domains to serve ComputeDomains only"
-                .to_string()),
+            (false, false) => Err(ArgsError::NoDriver),
             _ => Ok(()),
         }
     }
 
     /// Directories must be absolute: the kubelet dials the advertised
     /// socket path as given, and relative paths would depend on the cwd.
-    pub fn check_paths(&self) -> Result<(), String> {
+    pub fn check_paths(&self) -> Result<(), ArgsError> {
         let state_dir = self.state_dir();
         let dirs: [(&str, &Path); 4] = [
             ("--plugins-dir", &self.plugins_dir),
@@ -292,7 +306,7 @@ impl RunArgs {
         ];
         for (flag, dir) in dirs {
             if !dir.is_absolute() {
-                return Err(format!("{flag} {} is not an absolute path; fix: pass an absolute path", dir.display()));
+                return Err(ArgsError::RelativePath { flag, dir: dir.to_path_buf() });
             }
         }
         Ok(())
@@ -502,7 +516,7 @@ mod tests {
         let alone = run(&["--gpus=false", "--compute-domains"]);
         assert!(!alone.gpus && alone.compute_domains);
         assert!(alone.check_drivers().is_ok());
-        let err = run(&["--gpus=false"]).check_drivers().unwrap_err();
+        let err = run(&["--gpus=false"]).check_drivers().unwrap_err().to_string();
         assert!(err.contains("--gpus=false without --compute-domains serves no driver"), "{err}");
         assert!(run(&["--gpus", "true", "--compute-domains"]).check_drivers().is_ok());
         let err = Cli::try_parse_from(["gpu-kubelet-plugin", "run", "--node-name", "n", "--gpus=no"]).unwrap_err();
@@ -563,7 +577,7 @@ mod tests {
         let err = parse(&["--metrics-addr", "localhost"]).unwrap_err();
         assert!(err.to_string().contains("expected HOST:PORT"), "{err}");
         let Command::Run(args) = parse(&["--plugins-dir", "rel"]).unwrap().command else { panic!("not run") };
-        let err = args.check_paths().unwrap_err();
+        let err = args.check_paths().unwrap_err().to_string();
         assert!(err.contains("--plugins-dir rel is not an absolute path"), "{err}");
     }
 }

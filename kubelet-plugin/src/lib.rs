@@ -5,8 +5,9 @@
 //! cluster is told (`publish`), what a claim does to the node (`prepare`),
 //! what survives a crash (`state`), the node's driver installation
 //! (`host`), what an operator reads (`observe`), dynamic MIG (`mig`),
-//! ComputeDomains (`compute_domain`), VFIO passthrough (`vfio`) and the
-//! process's own heap (`heap`).
+//! ComputeDomains (`compute_domain`), VFIO passthrough (`vfio`), which
+//! program a process runs (`process`, for the daemons the agent starts)
+//! and the process's own heap (`heap`).
 
 pub mod claim_status;
 pub mod cli;
@@ -19,6 +20,7 @@ pub mod kubelet_api;
 pub mod mig;
 pub mod observe;
 pub mod prepare;
+pub mod process;
 pub mod publish;
 pub mod run;
 pub mod state;

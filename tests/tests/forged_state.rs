@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-use gpu_kubelet_plugin::prepare::mps::host::parse_stat;
+use gpu_kubelet_plugin::process::parse_stat;
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDir, ClaimRecord, DaemonProcess, MAX_RECORD_BYTES, MpsDaemon, PrepareState, boot_id,
 };

@@ -122,7 +122,7 @@ impl WriteFailures {
 /// Writes `explanation` as an `events.k8s.io/v1` Warning from the agent
 /// on `node`, named after what it is about and the time (an Event's note
 /// cannot change, so each explanation is new).
-pub async fn post_event(client: &kube::Client, node: &str, explanation: &Explanation) -> Result<(), String> {
+pub async fn post_event(client: &kube::Client, node: &str, explanation: &Explanation) -> Result<(), EventError> {
     let stamp = k8s_openapi::jiff::Timestamp::now();
     let about = explanation.regarding.name.as_deref().unwrap_or("claim");
     let name = format!("{about}.{:x}", stamp.as_nanosecond());
@@ -144,10 +144,17 @@ pub async fn post_event(client: &kube::Client, node: &str, explanation: &Explana
         ..Event::default()
     };
     let api: Api<Event> = Api::namespaced(client.clone(), &explanation.namespace);
-    api.create(&PostParams::default(), &event)
-        .await
-        .map_err(|e| super::bounded_message(&format!("creating Event {name}: {e}")))?;
+    api.create(&PostParams::default(), &event).await.map_err(|source| EventError { name, source })?;
     Ok(())
+}
+
+/// The API server did not take an explaining Event; the message is cut to
+/// what a log line and a condition hold.
+#[derive(Debug, thiserror::Error)]
+#[error("{}", super::bounded_message(&format!("creating Event {name}: {source}")))]
+pub struct EventError {
+    pub name: String,
+    pub source: kube::Error,
 }
 
 #[cfg(test)]

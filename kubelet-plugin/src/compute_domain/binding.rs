@@ -52,7 +52,7 @@ use crate::state::checkpoint::{ClaimRecord, PrepareState};
 #[derive(Debug, Default)]
 pub struct BindingState {
     first_seen: HashMap<String, Instant>,
-    last_error: Option<String>,
+    last_error: Option<super::error::LookupError>,
 }
 
 /// What one waiting claim came to in a pass.
@@ -108,7 +108,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         };
         let plan = match claim_plan::plan(claim, self.config.driver.as_str(), node) {
             Ok(plan) => plan,
-            Err(error) => return Outcome::Failed(error),
+            Err(error) => return Outcome::Failed(error.to_string()),
         };
         let domain_name = format!(
             "{}/{}",
@@ -141,18 +141,18 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                     return Outcome::Failed(format!("recording the claim: {error}"));
                 }
             }
-            Err(error) => return Outcome::Failed(error),
+            Err(error) => return Outcome::Failed(error.to_string()),
         }
         let domain_uid = &plan.domain.domain_uid;
         let Some(peers) = self.peers(domain) else { return Outcome::Waiting };
         let server = match self.server(domain_uid, &peers, &domain_name) {
             Ok(server) => server,
-            Err(error) => return self.give_up(&uid, error),
+            Err(error) => return self.give_up(&uid, error.to_string()),
         };
         if let Server::Own = server
             && let Err(error) = self.daemons.ensure(domain_uid, &peers)
         {
-            return self.give_up(&uid, error);
+            return self.give_up(&uid, error.to_string());
         }
         let answer = self.query(domain_uid, &server).await;
         self.states.lock().unwrap_or_else(|p| p.into_inner()).insert(domain_uid.to_string(), answer.clone());

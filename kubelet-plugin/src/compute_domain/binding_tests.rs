@@ -100,7 +100,10 @@ async fn a_failing_api_server_readies_nothing_until_it_answers() {
     let node = Node::new(&[NODE]);
     let p = node.open();
     node.waiting_channel_claim("pod-a-channel", UID_A, DOMAIN);
-    node.set_api_error(Some("listing ResourceClaims in team: HTTP 500"));
+    node.set_api_error(Some(crate::compute_domain::LookupError::ListFailed {
+        what: "ResourceClaims in team".into(),
+        reason: "HTTP 500".into(),
+    }));
     let mut state = BindingState::default();
     p.binding_pass(&mut state).await;
     p.binding_pass(&mut state).await;

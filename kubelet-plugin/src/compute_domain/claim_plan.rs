@@ -4,14 +4,55 @@
 
 use gpu_dra_driver::cdi::spec::{ContainerEdits, Device, DeviceNode, Spec, minimum_version};
 use gpu_dra_driver::cdi::{CLAIM_CLASS, vendor};
-use gpu_dra_driver::compute_domain::api::{AllocationMode, DomainConfig, decode_config};
+use gpu_dra_driver::compute_domain::api::{AllocationMode, ConfigError, DomainConfig, decode_config};
 use gpu_dra_driver::compute_domain::devices::{CHANNEL_DEVICE, DAEMON_DEVICE};
 use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, channel_path};
-use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName};
+use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, InvalidName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
 use crate::kubelet_api::grpc::PreparedDevice;
 use crate::state::checkpoint::{DomainClaim, DomainClaimKind};
+
+/// Why a claim cannot be prepared as it is: the field and what is allowed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error("the claim is not allocated (status.allocation is empty)")]
+    NotAllocated,
+    #[error("status.allocation has no {driver} device of node {node}")]
+    NoDeviceHere { driver: String, node: String },
+    #[error(
+        "status.allocation.devices.results: {devices:?} on node {node}; a claim holds one {CHANNEL_DEVICE} or one \
+         {DAEMON_DEVICE}"
+    )]
+    NotOneDevice { devices: Vec<String>, node: String },
+    #[error(
+        "no opaque config for driver {driver} applies to request {request}: a {} claim needs a {} naming its \
+         ComputeDomain (the domain's ResourceClaimTemplate has one)",
+        kind.as_str(),
+        config_kind(*kind)
+    )]
+    NoConfig { driver: String, request: String, kind: DomainClaimKind },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "{path}: a {config} config for a {} device: channels take ComputeDomainChannelConfig, daemons \
+         ComputeDomainDaemonConfig",
+        kind.as_str()
+    )]
+    ConfigKind { path: &'static str, config: &'static str, kind: DomainClaimKind },
+    #[error("{path}.domainID: {source}")]
+    DomainId { path: &'static str, source: InvalidName },
+    #[error(
+        "/proc/devices has no nvidia-caps-imex-channels entry: the NVIDIA driver on this node offers no IMEX channels \
+         (driver 550 or newer, loaded with NVreg_CreateImexChannel0=1 or channels created by nvidia-modprobe)"
+    )]
+    NoChannelMajor,
+}
+
+/// The config a claim of `kind` needs.
+fn config_kind(kind: DomainClaimKind) -> &'static str {
+    if kind == DomainClaimKind::Channel { "ComputeDomainChannelConfig" } else { "ComputeDomainDaemonConfig" }
+}
 
 /// A claim's devices on this node and what they are for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,12 +64,8 @@ pub struct ClaimPlan {
 
 /// Reads the claim's allocation on `node` and its config; the error names
 /// the field and what is allowed.
-pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan, String> {
-    let allocation = claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .ok_or("the claim is not allocated (status.allocation is empty)")?;
+pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan, PlanError> {
+    let allocation = claim.status.as_ref().and_then(|s| s.allocation.as_ref()).ok_or(PlanError::NotAllocated)?;
     let devices: Vec<(String, String)> = allocation
         .devices
         .iter()
@@ -37,15 +74,16 @@ pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan
         .map(|r| (r.request.clone(), r.device.clone()))
         .collect();
     if devices.is_empty() {
-        return Err(format!("status.allocation has no {driver} device of node {node}"));
+        return Err(PlanError::NoDeviceHere { driver: driver.to_owned(), node: node.to_owned() });
     }
     let kind = match devices.iter().map(|(_, d)| d.as_str()).collect::<Vec<_>>().as_slice() {
         [CHANNEL_DEVICE] => DomainClaimKind::Channel,
         [DAEMON_DEVICE] => DomainClaimKind::Daemon,
         other => {
-            return Err(format!(
-                "status.allocation.devices.results: {other:?} on node {node}; a claim holds one {CHANNEL_DEVICE} or one {DAEMON_DEVICE}"
-            ));
+            return Err(PlanError::NotOneDevice {
+                devices: other.iter().map(|d| (*d).to_owned()).collect(),
+                node: node.to_owned(),
+            });
         }
     };
     // The config the scheduler copied into the allocation (the claim's own
@@ -63,14 +101,12 @@ pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan
     let mut configs = allocated.chain(spec).filter(|(_, requests, _)| {
         requests.as_ref().is_none_or(|r| r.is_empty() || r.iter().any(|name| name == request))
     });
-    let (path, _, parameters) = configs.next().ok_or_else(|| {
-        format!(
-            "no opaque config for driver {driver} applies to request {request}: a {} claim needs a {} naming its ComputeDomain (the domain's ResourceClaimTemplate has one)",
-            kind.as_str(),
-            if kind == DomainClaimKind::Channel { "ComputeDomainChannelConfig" } else { "ComputeDomainDaemonConfig" }
-        )
+    let (path, _, parameters) = configs.next().ok_or_else(|| PlanError::NoConfig {
+        driver: driver.to_owned(),
+        request: request.clone(),
+        kind,
     })?;
-    let config = decode_config(path, &parameters).map_err(|e| e.to_string())?;
+    let config = decode_config(path, &parameters)?;
     let (domain_uid, channels) = match (&config, kind) {
         (DomainConfig::Channel(c), DomainClaimKind::Channel) => {
             let all = c.allocation_mode == Some(AllocationMode::All);
@@ -78,19 +114,19 @@ pub fn plan(claim: &ResourceClaim, driver: &str, node: &str) -> Result<ClaimPlan
         }
         (DomainConfig::Daemon(d), DomainClaimKind::Daemon) => (d.domain_id.clone(), Vec::new()),
         _ => {
-            return Err(format!(
-                "{path}: a {} config for a {} device: channels take ComputeDomainChannelConfig, daemons ComputeDomainDaemonConfig",
-                match config {
+            return Err(PlanError::ConfigKind {
+                path,
+                config: match config {
                     DomainConfig::Channel(_) => "ComputeDomainChannelConfig",
                     DomainConfig::Daemon(_) => "ComputeDomainDaemonConfig",
                 },
-                kind.as_str()
-            ));
+                kind,
+            });
         }
     };
     // The UID names the domain's daemon directory: checked here, where it
     // enters, so no path ever reaches the state directory.
-    let domain_uid = DomainUid::new(domain_uid).map_err(|e| format!("{path}.domainID: {e}"))?;
+    let domain_uid = DomainUid::new(domain_uid).map_err(|source| PlanError::DomainId { path, source })?;
     Ok(ClaimPlan {
         domain: DomainClaim {
             domain_uid,
@@ -110,13 +146,11 @@ pub fn cdi_spec(
     plan: &ClaimPlan,
     channel_major: Option<u32>,
     domain_name: &str,
-) -> Result<(Spec, Vec<PreparedDevice>), String> {
+) -> Result<(Spec, Vec<PreparedDevice>), PlanError> {
     let device_nodes = if plan.domain.channels.is_empty() {
         Vec::new()
     } else {
-        let major = channel_major.ok_or(
-            "/proc/devices has no nvidia-caps-imex-channels entry: the NVIDIA driver on this node offers no IMEX channels (driver 550 or newer, loaded with NVreg_CreateImexChannel0=1 or channels created by nvidia-modprobe)",
-        )?;
+        let major = channel_major.ok_or(PlanError::NoChannelMajor)?;
         plan.domain.channels.iter().map(|id| DeviceNode::char(channel_path(*id), major, *id)).collect()
     };
     let kind = format!("{}/{CLAIM_CLASS}", vendor(driver));
@@ -192,21 +226,23 @@ mod tests {
             json!([{"path": "/dev/nvidia-caps-imex-channels/channel0", "type": "c", "major": 236, "minor": 0}])
         );
         assert_eq!(prepared[0].cdi_device_ids, [format!("k8s.compute-domain.nvidia.com/claim={uid}-channel-0")]);
-        let error = cdi_spec(&driver, &uid, &p, None, "job").unwrap_err();
+        let error = cdi_spec(&driver, &uid, &p, None, "job").unwrap_err().to_string();
         assert!(error.starts_with("/proc/devices has no nvidia-caps-imex-channels entry"), "{error}");
     }
 
     #[test]
     fn mismatches_are_named() {
         let error = plan(&claim("daemon-0", "ComputeDomainChannelConfig", None), "compute-domain.nvidia.com", "n1")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("a ComputeDomainChannelConfig config for a daemon device"), "{error}");
         let error = plan(&claim("channel-0", "ComputeDomainChannelConfig", None), "compute-domain.nvidia.com", "n2")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(error.contains("no compute-domain.nvidia.com device of node n2"), "{error}");
         let mut unconfigured = claim("channel-0", "ComputeDomainChannelConfig", None);
         unconfigured.spec.as_mut().unwrap().devices.as_mut().unwrap().config = None;
-        let error = plan(&unconfigured, "compute-domain.nvidia.com", "n1").unwrap_err();
+        let error = plan(&unconfigured, "compute-domain.nvidia.com", "n1").unwrap_err().to_string();
         assert!(error.contains("needs a ComputeDomainChannelConfig"), "{error}");
     }
 
@@ -218,7 +254,7 @@ mod tests {
             let mut forged = claim("channel-0", "ComputeDomainChannelConfig", None);
             let devices = forged.spec.as_mut().unwrap().devices.as_mut().unwrap();
             devices.config.as_mut().unwrap()[0].opaque.as_mut().unwrap().parameters.0["domainID"] = json!(bad);
-            let error = plan(&forged, "compute-domain.nvidia.com", "n1").unwrap_err();
+            let error = plan(&forged, "compute-domain.nvidia.com", "n1").unwrap_err().to_string();
             assert!(error.starts_with("spec.devices.config.domainID: ") && error.contains("UID"), "{bad}: {error}");
         }
     }

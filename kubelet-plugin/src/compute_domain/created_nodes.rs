@@ -21,6 +21,7 @@ use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, CHANNEL_DIR};
 use rustix::fs::FileType;
 
+use super::error::Error;
 use crate::state::checkpoint::derived::quoted;
 use crate::state::durable;
 
@@ -36,36 +37,42 @@ struct List {
 
 /// The channels the file lists (none when it is missing); why it is
 /// damaged otherwise.
-pub fn read(state_dir: &Path, dev_root: Option<&Path>) -> Result<BTreeSet<u32>, String> {
+pub fn read(state_dir: &Path, dev_root: Option<&Path>) -> Result<BTreeSet<u32>, Damage> {
     match bounded_file::read(&state_dir.join(FILE), FILE_MAX, Links::Refuse) {
         Ok(bytes) => parse(&bytes, dev_root),
         Err(e) if e.is_not_found() => Ok(BTreeSet::new()),
-        Err(e) => Err(e.problem.to_string()),
+        Err(e) => Err(Damage::Unreadable(e.problem)),
     }
 }
 
+/// Why the list of created nodes cannot be trusted: nothing it lists is
+/// removed.
+#[derive(Debug, thiserror::Error)]
+pub enum Damage {
+    #[error(transparent)]
+    Unreadable(bounded_file::ReadProblem),
+    #[error("not a list of channel numbers ({{\"channels\": [0, 1]}}): {0}")]
+    NotAList(#[source] serde_json::Error),
+    #[error("names {}, which is not a channel device node under <dev-root>{CHANNEL_DIR}", quoted(.0))]
+    NotAChannelNode(String),
+    #[error("field `channels` holds {channel}; the driver's channels are 0 to {}", CHANNEL_COUNT - 1)]
+    OutOfRange { channel: u32 },
+}
+
 /// The channels of a file's content (see the module's rules).
-pub fn parse(bytes: &[u8], dev_root: Option<&Path>) -> Result<BTreeSet<u32>, String> {
+pub fn parse(bytes: &[u8], dev_root: Option<&Path>) -> Result<BTreeSet<u32>, Damage> {
     let channels = match serde_json::from_slice::<List>(bytes) {
         Ok(list) => list.channels,
         Err(error) => {
-            let paths: Vec<String> = serde_json::from_slice(bytes)
-                .map_err(|_| format!("not a list of channel numbers ({{\"channels\": [0, 1]}}): {error}"))?;
+            let paths: Vec<String> = serde_json::from_slice(bytes).map_err(|_| Damage::NotAList(error))?;
             paths
                 .iter()
-                .map(|path| {
-                    legacy_channel(path, dev_root).ok_or_else(|| {
-                        format!(
-                            "names {}, which is not a channel device node under <dev-root>{CHANNEL_DIR}",
-                            quoted(path)
-                        )
-                    })
-                })
+                .map(|path| legacy_channel(path, dev_root).ok_or_else(|| Damage::NotAChannelNode(path.clone())))
                 .collect::<Result<_, _>>()?
         }
     };
     match channels.iter().find(|c| **c >= CHANNEL_COUNT) {
-        Some(c) => Err(format!("field `channels` holds {c}; the driver's channels are 0 to {}", CHANNEL_COUNT - 1)),
+        Some(c) => Err(Damage::OutOfRange { channel: *c }),
         None => Ok(channels),
     }
 }
@@ -89,16 +96,17 @@ pub fn write(state_dir: &Path, channels: &BTreeSet<u32>) -> io::Result<()> {
 /// Removes channel `id`'s node under `dev_root` if it is the agent's kind
 /// (a character device, major `major` when known, minor `id`); whether it
 /// did. Anything else there is left, with one log line.
-pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool, String> {
+pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool, Error> {
     let path = dev_root.join(CHANNEL_DIR.trim_start_matches('/'));
     let opened = Dir::open(dev_root).and_then(|d| d.subdir("dev")).and_then(|d| d.subdir("nvidia-caps-imex-channels"));
     let dir = match opened {
         Ok(dir) => dir,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(format!("{} cannot be opened without following a link: {e}", path.display())),
+        Err(source) => return Err(Error::ChannelDirLinked { path, source }),
     };
     let name = format!("channel{id}");
-    let Some(stat) = dir.entry_stat(&name).map_err(|e| format!("{}: {e}", path.join(&name).display()))? else {
+    let Some(stat) = dir.entry_stat(&name).map_err(|source| Error::InspectNode { path: path.join(&name), source })?
+    else {
         return Ok(false);
     };
     let kind = FileType::from_raw_mode(stat.st_mode);
@@ -111,7 +119,7 @@ pub fn remove_node(dev_root: &Path, id: u32, major: Option<u32>) -> Result<bool,
         );
         return Ok(false);
     }
-    dir.remove_file(&name).map_err(|e| format!("removing {}: {e}", path.join(&name).display()))
+    dir.remove_file(&name).map_err(|source| Error::Remove { path: path.join(&name), source })
 }
 
 #[cfg(test)]
@@ -131,12 +139,12 @@ mod tests {
             r#"["/host/dev/nvidia-caps-imex-channels/channel01"]"#,
             r#"["/other/dev/nvidia-caps-imex-channels/channel0"]"#,
         ] {
-            let error = parse(bad.as_bytes(), Some(root)).unwrap_err();
+            let error = parse(bad.as_bytes(), Some(root)).unwrap_err().to_string();
             assert!(error.contains("which is not a channel device node"), "{bad}: {error}");
         }
         assert!(parse(br#"["/host/dev/nvidia-caps-imex-channels/channel0"]"#, None).is_err(), "no dev root: no path");
-        assert!(parse(br#"{"channels":[2048]}"#, Some(root)).unwrap_err().contains("0 to 2047"));
+        assert!(parse(br#"{"channels":[2048]}"#, Some(root)).unwrap_err().to_string().contains("0 to 2047"));
         assert!(parse(br#"{"channels":[0],"paths":["/x"]}"#, Some(root)).is_err());
-        assert!(parse(b"{", Some(root)).unwrap_err().starts_with("not a list of channel numbers"));
+        assert!(parse(b"{", Some(root)).unwrap_err().to_string().starts_with("not a list of channel numbers"));
     }
 }

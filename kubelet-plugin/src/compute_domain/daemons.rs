@@ -34,8 +34,9 @@ use gpu_dra_driver::bounded_file::Dir;
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::names::DomainUid;
 
+use super::error::Error;
 use super::host_imex::{self, HostDaemon};
-use super::process::{self, Process, Program};
+use crate::process::{self, Process, Program};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 
@@ -148,34 +149,30 @@ impl Daemons {
         self.root.join(domain.as_str())
     }
 
-    fn programs(&self) -> Result<&ImexPrograms, String> {
-        self.programs.as_ref().ok_or_else(|| {
-            "nvidia-imex and nvidia-imex-ctl are not in the driver root (usr/bin or bin): install NVIDIA's nvidia-imex package matching the driver".to_owned()
-        })
+    fn programs(&self) -> Result<&ImexPrograms, Error> {
+        self.programs.as_ref().ok_or(Error::NoImexPrograms)
     }
 
     /// The domain's directory, opened without following a symlink (created
     /// first when `create`); `None` when missing and not created.
-    fn open_dir(&self, domain: &DomainUid, create: bool) -> Result<Option<Dir>, String> {
+    fn open_dir(&self, domain: &DomainUid, create: bool) -> Result<Option<Dir>, Error> {
         let path = self.dir(domain);
         if create {
-            durable::create_dir(&self.root, 0o700).map_err(|e| format!("creating {}: {e}", self.root.display()))?;
+            durable::create_dir(&self.root, 0o700)
+                .map_err(|source| Error::CreateDir { path: self.root.clone(), source })?;
             if std::fs::symlink_metadata(&path).is_err() {
-                durable::create_dir(&path, 0o700).map_err(|e| format!("creating {}: {e}", path.display()))?;
+                durable::create_dir(&path, 0o700).map_err(|source| Error::CreateDir { path: path.clone(), source })?;
             }
         }
         let root = match Dir::open(&self.root) {
             Ok(root) => root,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => return Ok(None),
-            Err(e) => return Err(format!("opening {}: {e}", self.root.display())),
+            Err(source) => return Err(Error::OpenDir { path: self.root.clone(), source }),
         };
         match root.subdir(domain.as_str()) {
             Ok(dir) => Ok(Some(dir)),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !create => Ok(None),
-            Err(e) => Err(format!(
-                "{} is not a directory the agent made ({e}): a symbolic link or another file there is not followed; remove it",
-                path.display()
-            )),
+            Err(source) => Err(Error::NotOurDir { path, source }),
         }
     }
 
@@ -218,18 +215,20 @@ impl Daemons {
     /// Writes the configuration and peer list, and starts the daemon unless
     /// it runs (then a changed peer list is reloaded with SIGUSR1, as
     /// NVIDIA's daemon wrapper does).
-    pub fn ensure(&self, domain: &DomainUid, peers: &[IpAddr]) -> Result<Ensured, String> {
+    pub fn ensure(&self, domain: &DomainUid, peers: &[IpAddr]) -> Result<Ensured, Error> {
         let programs = self.programs()?;
         let path = self.dir(domain);
-        let dir = self.open_dir(domain, true)?.ok_or_else(|| format!("{} is missing", path.display()))?;
+        let dir = self.open_dir(domain, true)?.ok_or_else(|| Error::DirMissing(path.clone()))?;
         let config = imex::daemon_config(&path.join(NODES), &path.join(LOG));
         if dir.read(CONFIG, FILE_MAX).ok().as_deref() != Some(config.as_bytes()) {
-            durable::write(&path, CONFIG, config.as_bytes(), 0o644).map_err(|e| format!("writing {CONFIG}: {e}"))?;
+            durable::write(&path, CONFIG, config.as_bytes(), 0o644)
+                .map_err(|source| Error::WriteDaemonFile { name: CONFIG, source })?;
         }
         let nodes = imex::nodes_config(peers);
         let changed = self.peers(domain).as_deref() != Some(nodes.as_str());
         if changed {
-            durable::write(&path, NODES, nodes.as_bytes(), 0o644).map_err(|e| format!("writing {NODES}: {e}"))?;
+            durable::write(&path, NODES, nodes.as_bytes(), 0o644)
+                .map_err(|source| Error::WriteDaemonFile { name: NODES, source })?;
         }
         self.reap();
         if let Some(pid) = self.find(domain) {
@@ -248,7 +247,7 @@ impl Daemons {
     /// Starts the domain's daemon again from the files in its directory
     /// when it is not running (it died, or with the agent's container);
     /// `false` when it runs or the directory has no configuration.
-    pub fn revive(&self, domain: &DomainUid) -> Result<bool, String> {
+    pub fn revive(&self, domain: &DomainUid) -> Result<bool, Error> {
         let Some(dir) = self.open_dir(domain, false)? else { return Ok(false) };
         let regular = |name| matches!(dir.entry_kind(name), Ok(Some(rustix::fs::FileType::RegularFile)));
         if !regular(CONFIG) || !regular(NODES) {
@@ -262,41 +261,31 @@ impl Daemons {
         Ok(true)
     }
 
-    fn spawn(&self, domain: &DomainUid, programs: &ImexPrograms, dir: &Dir) -> Result<(), String> {
+    fn spawn(&self, domain: &DomainUid, programs: &ImexPrograms, dir: &Dir) -> Result<(), Error> {
         let path = self.dir(domain);
         // The daemon runs as root and writes its own log by path: never
         // through a link someone left there.
         if let Ok(Some(kind)) = dir.entry_kind(LOG)
             && kind != rustix::fs::FileType::RegularFile
         {
-            return Err(format!(
-                "{} is a {kind:?}, not the daemon's log: the agent does not start a daemon that would write through it; remove it",
-                path.join(LOG).display()
-            ));
+            return Err(Error::LogNotRegular { path: path.join(LOG), kind });
         }
-        let log = dir.open_append(OUTPUT, 0o600).map_err(|e| {
-            format!(
-                "opening the daemon's output log: {e}; remove {} (the agent creates it)",
-                path.join(OUTPUT).display()
-            )
-        })?;
-        let err = log.try_clone().map_err(|e| e.to_string())?;
+        let log =
+            dir.open_append(OUTPUT, 0o600).map_err(|source| Error::OpenOutput { path: path.join(OUTPUT), source })?;
+        let err = log.try_clone().map_err(Error::DaemonIo)?;
         let mut command = Command::new(&programs.daemon);
         command.arg("-c").arg(path.join(CONFIG)).env(DIR_ENV, &path).stdin(Stdio::null()).stdout(log).stderr(err);
         // Its own process group: a signal to the plugin's group (a
         // terminal's ^C) does not stop the domain's daemon.
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
-        let mut child = command.spawn().map_err(|e| format!("starting {}: {e}", programs.daemon.display()))?;
+        let mut child =
+            command.spawn().map_err(|source| Error::StartDaemon { program: programs.daemon.clone(), source })?;
         // `spawn` returns once the program is executing: its start time and
         // executable are what the kernel shows from now on.
         let started = Process::read(&proc_dir(child.id() as i32));
         let Some(process) = started else {
-            let status = child.wait().map_err(|e| e.to_string())?;
-            return Err(format!(
-                "{} exited at once ({status}); see {}",
-                programs.daemon.display(),
-                path.join(OUTPUT).display()
-            ));
+            let status = child.wait().map_err(Error::DaemonIo)?;
+            return Err(Error::ExitedAtOnce { program: programs.daemon.clone(), status, output: path.join(OUTPUT) });
         };
         let record = DaemonRecord { pid: process.pid, start_time: process.start_time, exe: process.exe };
         tracing::info!(domain = %domain, pid = record.pid, "started nvidia-imex");
@@ -304,9 +293,9 @@ impl Daemons {
         self.record(domain, &record)
     }
 
-    fn record(&self, domain: &DomainUid, record: &DaemonRecord) -> Result<(), String> {
-        let bytes = serde_json::to_vec(record).map_err(|e| e.to_string())?;
-        durable::write(&self.dir(domain), RECORD, &bytes, 0o600).map_err(|e| format!("recording the daemon: {e}"))
+    fn record(&self, domain: &DomainUid, record: &DaemonRecord) -> Result<(), Error> {
+        let bytes = serde_json::to_vec(record).map_err(Error::EncodeDaemonRecord)?;
+        durable::write(&self.dir(domain), RECORD, &bytes, 0o600).map_err(Error::WriteDaemonRecord)
     }
 
     /// `nvidia-imex-ctl -c <config> -q`: whether the local daemon is ready.
@@ -337,7 +326,7 @@ impl Daemons {
 
     /// Stops the domain's daemon (SIGTERM, then SIGKILL) and removes its
     /// directory; how it ended when this process had started it.
-    pub fn stop(&self, domain: &DomainUid) -> Result<Option<DaemonExit>, String> {
+    pub fn stop(&self, domain: &DomainUid) -> Result<Option<DaemonExit>, Error> {
         let mut exit = None;
         let mut reap = || {
             for (reaped, how) in self.reap() {
@@ -372,7 +361,7 @@ impl Daemons {
         match std::fs::remove_dir_all(&dir) {
             Ok(()) => Ok(exit),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(exit),
-            Err(e) => Err(format!("removing {}: {e}", dir.display())),
+            Err(source) => Err(Error::Remove { path: dir, source }),
         }
     }
 
@@ -468,11 +457,11 @@ async fn ctl_query(ctl: &Path, config: &Path) -> DaemonState {
     }
 }
 
-fn signal(pid: i32, signal: rustix::process::Signal) -> Result<(), String> {
-    let Some(pid) = rustix::process::Pid::from_raw(pid) else { return Ok(()) };
+fn signal(raw: i32, signal: rustix::process::Signal) -> Result<(), Error> {
+    let Some(pid) = rustix::process::Pid::from_raw(raw) else { return Ok(()) };
     match rustix::process::kill_process(pid, signal) {
         Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
-        Err(e) => Err(format!("signalling nvidia-imex (pid {}): {e}", pid.as_raw_nonzero())),
+        Err(source) => Err(Error::Signal { pid: raw, source }),
     }
 }
 

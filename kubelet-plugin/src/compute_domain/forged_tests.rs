@@ -203,7 +203,7 @@ async fn a_process_named_nvidia_imex_is_not_taken_for_the_agents_daemon() {
 
     // Its pid, start time and program forged as the domain's daemon.
     let stat = std::fs::read_to_string(format!("/proc/{}/stat", stranger.0.id())).unwrap();
-    let start_time = crate::prepare::mps::host::parse_stat(&stat).unwrap().start_time;
+    let start_time = crate::process::parse_stat(&stat).unwrap().start_time;
     let exe = std::fs::read_link(format!("/proc/{}/exe", stranger.0.id())).unwrap();
     std::fs::create_dir_all(&domain_dir).unwrap();
     std::fs::write(domain_dir.join("imexd.cfg"), "forged").unwrap();

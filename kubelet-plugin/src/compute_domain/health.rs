@@ -18,6 +18,7 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::DomainUid;
 
+use super::error::Error;
 use super::ready_condition::ChannelClaim;
 use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
 use crate::prepare::types::ClaimSource;
@@ -72,7 +73,7 @@ async fn pass<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
             Ok(server) => preparer.query(&uid, &server).await,
             Err(error) => {
                 tracing::warn!(domain = %uid, %error, "cannot keep the IMEX daemon running");
-                DaemonState::NotReady(error)
+                DaemonState::NotReady(error.to_string())
             }
         };
         let before = preparer.states.lock().unwrap_or_else(|p| p.into_inner()).insert(uid.to_string(), state.clone());
@@ -104,7 +105,7 @@ fn keep_serving<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(
     preparer: &DomainPreparer<S, D, W>,
     namespace: &str,
     uid: &DomainUid,
-) -> Result<Server, String> {
+) -> Result<Server, Error> {
     match preparer.peers_of(namespace, uid) {
         Some(peers) => {
             let server = preparer.server(uid, &peers, &format!("{namespace}/{uid}"))?;

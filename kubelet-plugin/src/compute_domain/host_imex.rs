@@ -9,7 +9,7 @@
 //!
 //! Found in the host's process table (`--proc-root`) by what the kernel
 //! says, not by a name any process may take: a process running the driver
-//! root's very `nvidia-imex` file (see [`super::process`]), root-owned, as
+//! root's very `nvidia-imex` file (see [`crate::process`]), root-owned, as
 //! root (uid 0), whose `-c` is not a configuration this driver writes
 //! (`…/domains/<domainUID>/imexd.cfg`, under this agent's state directory
 //! or another instance's). An unprivileged process, or one running any
@@ -21,7 +21,7 @@ use std::net::IpAddr;
 use std::os::unix::ffi::OsStrExt as _;
 use std::path::{Path, PathBuf};
 
-use super::process::{self, Process, Program};
+use crate::process::{self, Process, Program};
 
 /// Where the daemon reads its configuration without `-c` (NVIDIA's package).
 pub const DEFAULT_CONFIG: &str = "/etc/nvidia-imex/config.cfg";
@@ -100,24 +100,28 @@ impl HostDaemon {
 
     /// Refuses a domain the daemon cannot serve: its peer list lacks
     /// some of the domain's nodes, or cannot be read.
-    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), String> {
-        let config = std::fs::read_to_string(self.readable(&self.config)).map_err(|e| {
-            format!("{}: cannot read its configuration {}: {e}", self.describe(node), self.config.display())
+    pub fn check_serves(&self, peers: &[IpAddr], node: &str, domain: &str) -> Result<(), super::error::Error> {
+        let config = std::fs::read_to_string(self.readable(&self.config)).map_err(|source| {
+            super::error::Error::HostConfigUnreadable {
+                describe: self.describe(node),
+                path: self.config.clone(),
+                source,
+            }
         })?;
         let nodes_file = nodes_file_of(&config);
-        let nodes = std::fs::read_to_string(self.readable(&nodes_file))
-            .map_err(|e| format!("{}: cannot read its node list {}: {e}", self.describe(node), nodes_file.display()))?;
+        let nodes = std::fs::read_to_string(self.readable(&nodes_file)).map_err(|source| {
+            super::error::Error::HostNodesUnreadable { describe: self.describe(node), path: nodes_file.clone(), source }
+        })?;
         let missing = missing_peers(&nodes, peers);
         if missing.is_empty() {
             return Ok(());
         }
-        let missing: Vec<String> = missing.iter().map(ToString::to_string).collect();
-        Err(format!(
-            "{}, and its node list {} lacks {} of ComputeDomain {domain}: the driver does not start a second IMEX daemon beside it. Either add the domain's nodes to that file and restart the host's daemon, or stop and disable it (systemctl disable --now nvidia-imex) so the driver runs the domain's own daemon",
-            self.describe(node),
-            nodes_file.display(),
-            missing.join(", ")
-        ))
+        Err(super::error::Error::HostLacksPeers {
+            describe: self.describe(node),
+            nodes_file,
+            missing: missing.iter().map(ToString::to_string).collect(),
+            domain: domain.to_owned(),
+        })
     }
 
     fn describe(&self, node: &str) -> String {

@@ -50,9 +50,9 @@ pub mod binding;
 pub mod claim_plan;
 pub mod created_nodes;
 pub mod daemons;
+mod error;
 pub mod health;
 pub mod host_imex;
-pub mod process;
 pub mod ready_condition;
 pub mod records;
 pub mod serve;
@@ -71,7 +71,7 @@ use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainNode};
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 
-use crate::claim_status::refusal::{Explanation, WriteFailures};
+use crate::claim_status::refusal::{EventError, Explanation, WriteFailures};
 use crate::claim_status::write::ConditionError;
 use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
 use crate::observe::metrics::{ErrorKind, Metrics};
@@ -80,6 +80,7 @@ use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointD
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
 use daemons::{Daemons, Ensured};
+pub use error::{Error, LookupError};
 use ready_condition::ChannelClaim;
 pub(crate) use serving::Server;
 
@@ -108,7 +109,7 @@ pub trait DomainLookup: Send + Sync + 'static {
         &self,
         namespace: &str,
         uid: &str,
-    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, String>> + Send {
+    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, LookupError>> + Send {
         std::future::ready(Ok(self.find(namespace, uid)))
     }
 
@@ -124,7 +125,7 @@ pub trait DomainLookup: Send + Sync + 'static {
         &self,
         namespace: &str,
         uid: &str,
-    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, String>> + Send;
+    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, LookupError>> + Send;
 }
 
 /// Writes the `Ready` condition of a prepared device on its claim, and
@@ -138,7 +139,7 @@ pub trait ConditionWriter: Send + Sync + 'static {
         state: &DaemonState,
     ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
 
-    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), String>> + Send;
+    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), EventError>> + Send;
 
     /// Sets the binding failure condition of this node's channel with
     /// `reason`: the scheduler gives the allocation up ([`binding`]).
@@ -194,14 +195,14 @@ struct Records {
 
 impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W> {
     /// Opens the checkpoint and undoes what a killed predecessor left half done.
-    pub fn open(config: DomainConfig, daemons: Daemons, claims: S, domains: D, conditions: W) -> Result<Self, String> {
+    pub fn open(config: DomainConfig, daemons: Daemons, claims: S, domains: D, conditions: W) -> Result<Self, Error> {
         durable::create_dir(&config.state_dir, 0o700)
-            .map_err(|e| format!("creating {}: {e}", config.state_dir.display()))?;
+            .map_err(|source| Error::CreateDir { path: config.state_dir.clone(), source })?;
         // Its own, not left to the GPU driver's preparer: with --gpus=false
         // this is the only writer of the directory.
         durable::create_dir(&config.cdi_dir, 0o755)
-            .map_err(|e| format!("creating the CDI directory {}: {e}", config.cdi_dir.display()))?;
-        let checkpoint = CheckpointDir::open(config.state_dir.join("checkpoint")).map_err(|e| e.to_string())?;
+            .map_err(|source| Error::CreateCdiDir { path: config.cdi_dir.clone(), source })?;
+        let checkpoint = CheckpointDir::open(config.state_dir.join("checkpoint"))?;
         let preparer = Self {
             config,
             checkpoint,
@@ -253,8 +254,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     }
 
     /// The records, checked ([`records::check`]); damaged ones are set aside.
-    fn load(&self) -> Result<Records, String> {
-        let loaded = self.checkpoint.load().map_err(|e| e.to_string())?;
+    fn load(&self) -> Result<Records, Error> {
+        let loaded = self.checkpoint.load()?;
         let mut owners: BTreeSet<String> = loaded.set_aside_owners.into_iter().collect();
         const KEPT: &str = "the claim's CDI spec is kept until the kubelet unprepares it";
         for damaged in &loaded.damaged {
@@ -267,7 +268,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             match records::check(&record, &self.config.driver) {
                 Ok(uid) => valid.push((uid, record)),
                 Err(reason) => {
-                    self.set_aside(&self.checkpoint.record_path(&record.uid), &reason, KEPT);
+                    self.set_aside(&self.checkpoint.record_path(&record.uid), &reason.to_string(), KEPT);
                     owners.insert(record.uid);
                 }
             }
@@ -275,24 +276,24 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         Ok(Records { valid, set_aside_owners: owners })
     }
 
-    fn records(&self) -> Result<Vec<ClaimRecord>, String> {
+    fn records(&self) -> Result<Vec<ClaimRecord>, Error> {
         Ok(self.load()?.valid.into_iter().map(|(_, record)| record).collect())
     }
 
     /// The claim's record, if usable; a damaged one is set aside.
-    fn record_of(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, String> {
+    fn record_of(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, Error> {
         match self.checkpoint.read_one(uid) {
             Ok(Some(record)) => match records::check(&record, &self.config.driver) {
                 Ok(_) => Ok(Some(record)),
                 Err(reason) => {
                     let kept = "the claim's CDI spec is kept until the kubelet unprepares it";
-                    self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, kept);
+                    self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason.to_string(), kept);
                     Ok(None)
                 }
             },
             Ok(None) => Ok(None),
-            Err(reason) => {
-                self.set_aside(&self.checkpoint.record_path(uid.as_str()), &reason, "");
+            Err(damaged) => {
+                self.set_aside(&self.checkpoint.record_path(uid.as_str()), &damaged.reason, "");
                 Ok(None)
             }
         }
@@ -300,7 +301,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// Rolls back unfinished and other-boot records, then removes what no
     /// record needs: daemons, device nodes, spec files.
-    fn recover(&self) -> Result<(), String> {
+    fn recover(&self) -> Result<(), Error> {
         let loaded = self.load()?;
         for (uid, record) in &loaded.valid {
             let stale = record.state == PrepareState::PrepareStarted || record.boot_id != self.config.boot_id;
@@ -322,7 +323,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             for name in entries.flatten().filter_map(|e| e.file_name().into_string().ok()) {
                 if name.starts_with(&prefix) && !owned.contains(&name) {
                     tracing::info!(file = name, "removing a compute-domain CDI spec no record owns");
-                    durable::remove(&self.config.cdi_dir, &name).map_err(|e| format!("removing {name}: {e}"))?;
+                    durable::remove(&self.config.cdi_dir, &name)
+                        .map_err(|source| Error::RemoveStraySpec { name: name.clone(), source })?;
                 }
             }
         }
@@ -339,7 +341,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// Stops daemons of domains no record holds; removes created device
     /// nodes when no record holds a channel.
-    fn collect_garbage(&self, records: &[ClaimRecord]) -> Result<(), String> {
+    fn collect_garbage(&self, records: &[ClaimRecord]) -> Result<(), Error> {
         let needed: BTreeSet<&DomainUid> =
             records.iter().filter_map(|r| r.compute_domain.as_ref()).map(|d| &d.domain_uid).collect();
         for domain in self.daemons.domains() {
@@ -362,7 +364,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             }
             let _ = std::fs::remove_dir(root.join(imex::CHANNEL_DIR.trim_start_matches('/')));
         }
-        durable::remove(&self.config.state_dir, created_nodes::FILE).map_err(|e| e.to_string())?;
+        durable::remove(&self.config.state_dir, created_nodes::FILE).map_err(Error::ForgetCreatedNodes)?;
         Ok(())
     }
 
@@ -374,7 +376,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             Err(reason) => {
                 let kept = "the channel device nodes it listed are left in place; remove a stale \
                     /dev/nvidia-caps-imex-channels/channel<N> by hand once no workload on the node uses it";
-                self.set_aside(&self.config.state_dir.join(created_nodes::FILE), &reason, kept);
+                self.set_aside(&self.config.state_dir.join(created_nodes::FILE), &reason.to_string(), kept);
                 None
             }
         }
@@ -393,11 +395,13 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
     /// Removes the claim's record, then its spec, whose name is derived
     /// from the claim's UID (a spec no record owns is removed at start-up,
     /// so a kill between leaks nothing).
-    fn remove_claim(&self, uid: &ClaimUid) -> Result<(), String> {
-        self.checkpoint.remove(uid).map_err(|e| e.to_string())?;
+    fn remove_claim(&self, uid: &ClaimUid) -> Result<(), Error> {
+        self.checkpoint.remove(uid)?;
         kill_point::reached(Step::DomainUnrecorded);
         let file = cdi::claim_spec_file_name(&self.config.driver, uid);
-        if durable::remove(&self.config.cdi_dir, &file).map_err(|e| format!("removing CDI spec {file}: {e}"))? {
+        if durable::remove(&self.config.cdi_dir, &file)
+            .map_err(|source| Error::RemoveSpec { file: file.clone(), source })?
+        {
             kill_point::reached(Step::DomainSpecRemoved);
         }
         Ok(())
@@ -414,11 +418,11 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         })
     }
 
-    async fn prepare_one(&self, claim: &ClaimRef, deadline: &Deadline) -> ClaimOutcome {
-        let valid = claim.validate().map_err(|e| e.to_string())?;
+    async fn prepare_one(&self, claim: &ClaimRef, deadline: &Deadline) -> Result<Vec<PreparedDevice>, Error> {
+        let valid = claim.validate()?;
         if let Some(record) = self.record_of(&valid.uid)? {
             if record.state == PrepareState::PrepareCompleted {
-                return Ok(record.prepared_devices());
+                return Ok(PreparedDevice::of_record(&record));
             }
             self.remove_claim(&valid.uid)?;
         }
@@ -426,30 +430,24 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let object = self
             .claims
             .get(&valid.namespace, &valid.name, until)
-            .await?
-            .ok_or_else(|| format!("claim {valid} does not exist"))?;
+            .await
+            .map_err(|e| Error::ClaimLookup(e.to_string()))?
+            .ok_or_else(|| Error::NoClaim(valid.clone()))?;
         if object.metadata.uid.as_deref() != Some(valid.uid.as_str()) {
             self.claims.forget(&valid.namespace, &valid.name);
-            return Err(format!("claim {valid} was replaced (its UID is now {:?})", object.metadata.uid));
+            return Err(Error::Replaced { claim: valid, uid: object.metadata.uid });
         }
         let plan = claim_plan::plan(&object, self.config.driver.as_str(), self.config.node.as_str())?;
         let domain_uid = plan.domain.domain_uid.clone();
-        let found = self.find_domain(&valid.namespace, domain_uid.as_str(), until).await.map_err(|error| {
-            format!(
-                "ComputeDomain {domain_uid} is not in the node agent's watch yet and the API server could not be read for it ({error}); the kubelet retries the prepare"
-            )
-        })?;
+        let found = self
+            .find_domain(&valid.namespace, domain_uid.as_str(), until)
+            .await
+            .map_err(|reason| Error::DomainUnreadable { domain_uid: domain_uid.clone(), reason })?;
         let domain = found.ok_or_else(|| {
             if self.domains.synced() {
-                format!(
-                    "no ComputeDomain with UID {domain_uid} in namespace {}: it was deleted, or the claim's config names another namespace's domain",
-                    valid.namespace
-                )
+                Error::NoDomain { domain_uid: domain_uid.clone(), namespace: valid.namespace.clone() }
             } else {
-                format!(
-                    "the node agent has not yet listed ComputeDomains from the API after {:?} (is the computedomains.resource.nvidia.com CRD installed, and may the agent list it?); ComputeDomain {domain_uid} unknown so far",
-                    self.config.ready_timeout
-                )
+                Error::DomainsNotListed { after: self.config.ready_timeout, domain_uid: domain_uid.clone() }
             }
         })?;
         let domain_name = format!("{}/{}", valid.namespace, domain.metadata.name.clone().unwrap_or_default());
@@ -466,7 +464,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             compute_domain: Some(plan.domain.clone()),
             adopted: None,
         };
-        self.checkpoint.write(&valid.uid, &record).map_err(|e| e.to_string())?;
+        self.checkpoint.write(&valid.uid, &record)?;
         kill_point::reached(Step::DomainRecorded);
         match self.bring_up(&valid.uid, record, &plan, &domain_name, until).await {
             Ok(devices) => {
@@ -502,7 +500,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         namespace: &str,
         uid: &str,
         until: tokio::time::Instant,
-    ) -> Result<Option<ComputeDomain>, String> {
+    ) -> Result<Option<ComputeDomain>, LookupError> {
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         loop {
             let domain = self.domains.find(namespace, uid);
@@ -527,7 +525,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         plan: &claim_plan::ClaimPlan,
         domain_name: &str,
         until: tokio::time::Instant,
-    ) -> Result<Vec<PreparedDevice>, String> {
+    ) -> Result<Vec<PreparedDevice>, Error> {
         let domain_uid = &plan.domain.domain_uid;
         let wait_until = until.min(tokio::time::Instant::now() + self.config.ready_timeout);
         let node = self.config.node.as_str();
@@ -541,11 +539,12 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                     .and_then(|d| d.status)
                     .map(|s| s.nodes.into_iter().map(|n| n.name).collect())
                     .unwrap_or_default();
-                return Err(format!(
-                    "node {node} has not joined ComputeDomain {domain_name} after {:?} (its status lists [{}]): the domain's Events say why (another NVLink clique, no clique, no address), or the controller (gpu-dra-controller run --compute-domains) is not running",
-                    self.config.ready_timeout,
-                    listed.join(", ")
-                ));
+                return Err(Error::NotJoined {
+                    node: node.to_owned(),
+                    domain: domain_name.to_owned(),
+                    after: self.config.ready_timeout,
+                    listed,
+                });
             }
             tokio::time::sleep(POLL).await;
         };
@@ -570,15 +569,21 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             match state {
                 DaemonState::Ready => break,
                 DaemonState::NotReady(answer) if ensured == Ensured::Unchanged => {
-                    return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} is not ready (nvidia-imex-ctl: {answer}): no new channels are prepared here until it is; {log_hint}"
-                    ));
+                    return Err(Error::NotReady {
+                        domain: domain_name.to_owned(),
+                        node: node.to_owned(),
+                        answer,
+                        hint: log_hint,
+                    });
                 }
                 DaemonState::NotReady(answer) if tokio::time::Instant::now() >= wait_until => {
-                    return Err(format!(
-                        "the IMEX daemon of ComputeDomain {domain_name} on node {node} did not become ready in {:?} (nvidia-imex-ctl: {answer}); {log_hint}",
-                        self.config.ready_timeout
-                    ));
+                    return Err(Error::NeverReady {
+                        domain: domain_name.to_owned(),
+                        node: node.to_owned(),
+                        after: self.config.ready_timeout,
+                        answer,
+                        hint: log_hint,
+                    });
                 }
                 DaemonState::NotReady(_) => tokio::time::sleep(POLL).await,
             }
@@ -592,9 +597,9 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             device.pool_name = node.to_owned();
         }
         let spec_file = cdi::claim_spec_file_name(&self.config.driver, uid);
-        let bytes = serde_json::to_vec_pretty(&spec).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec_pretty(&spec).map_err(Error::EncodeSpec)?;
         durable::write(&self.config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
-            .map_err(|e| format!("writing CDI spec {spec_file}: {e}"))?;
+            .map_err(|source| Error::WriteSpec { file: spec_file.clone(), source })?;
         kill_point::reached(Step::DomainSpecWritten);
         record.devices = devices
             .iter()
@@ -612,18 +617,15 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
             })
             .collect();
         record.state = PrepareState::PrepareCompleted;
-        self.checkpoint.write(uid, &record).map_err(|e| e.to_string())?;
+        self.checkpoint.write(uid, &record)?;
         kill_point::reached(Step::DomainCompleted);
         Ok(devices)
     }
 
     /// Creates the missing channel nodes, recording each before it exists.
-    fn create_nodes(&self, dev_root: &std::path::Path, major: u32, channels: &[u32]) -> Result<(), String> {
+    fn create_nodes(&self, dev_root: &std::path::Path, major: u32, channels: &[u32]) -> Result<(), Error> {
         let Some(mut created) = self.created_nodes() else {
-            return Err(format!(
-                "{} was damaged (set aside): no channel node is created until the next prepare",
-                self.config.state_dir.join(created_nodes::FILE).display()
-            ));
+            return Err(Error::CreatedNodesDamaged(self.config.state_dir.join(created_nodes::FILE)));
         };
         for id in channels {
             let path = dev_root.join(imex::channel_path(*id).trim_start_matches('/'));
@@ -631,8 +633,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
                 continue;
             }
             if created.insert(*id) {
-                created_nodes::write(&self.config.state_dir, &created)
-                    .map_err(|e| format!("recording device nodes: {e}"))?;
+                created_nodes::write(&self.config.state_dir, &created).map_err(Error::RecordCreatedNodes)?;
             }
             let node = gpu_dra_driver::cdi::spec::DeviceNode::char(imex::channel_path(*id), major, *id);
             if crate::host::device_nodes::create_missing(dev_root, [&node]).is_empty() {
@@ -644,13 +645,13 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         Ok(())
     }
 
-    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), String> {
-        let valid = claim.validate().map_err(|e| e.to_string())?;
+    async fn unprepare_one(&self, claim: &ClaimRef) -> Result<(), Error> {
+        let valid = claim.validate()?;
         self.release(&valid.uid)
     }
 
     /// Removes the claim's record and spec, then what no record needs.
-    pub(crate) fn release(&self, uid: &ClaimUid) -> Result<(), String> {
+    pub(crate) fn release(&self, uid: &ClaimUid) -> Result<(), Error> {
         // A record set aside as damaged leaves its spec for this unprepare.
         self.record_of(uid)?;
         self.remove_claim(uid)?;
@@ -677,7 +678,8 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
         let _guard = self.lock.lock().await;
         let mut out = HashMap::new();
         for claim in claims {
-            let outcome = self.prepare_one(&claim, &deadline).await;
+            // The kubelet's answer carries the message.
+            let outcome = self.prepare_one(&claim, &deadline).await.map_err(|e| e.to_string());
             if let Err(error) = &outcome {
                 tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error, "compute-domain prepare failed");
             }
@@ -690,7 +692,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
         let _guard = self.lock.lock().await;
         let mut out = HashMap::new();
         for claim in claims {
-            out.insert(claim.uid.clone(), self.unprepare_one(&claim).await);
+            out.insert(claim.uid.clone(), self.unprepare_one(&claim).await.map_err(|e| e.to_string()));
         }
         out
     }

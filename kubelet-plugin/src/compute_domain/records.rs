@@ -14,23 +14,30 @@ use crate::state::checkpoint::{ClaimRecord, derived};
 
 /// The record's claim UID when it keeps the rules; else why not, naming
 /// the field.
-pub fn check(record: &ClaimRecord, driver: &DriverName) -> Result<ClaimUid, String> {
+pub fn check(record: &ClaimRecord, driver: &DriverName) -> Result<ClaimUid, Damage> {
     let uid = derived::check_uid(record)?;
     derived::check_spec_file(record, &cdi::claim_spec_file_name(driver, &uid))?;
     if record.mps.is_some() {
-        return Err("field `mps`: a ComputeDomain claim has no MPS daemon".to_owned());
+        return Err(Damage::Mps);
     }
-    let domain = record
-        .compute_domain
-        .as_ref()
-        .ok_or("field `computeDomain` is missing: every ComputeDomain record names its domain")?;
+    let domain = record.compute_domain.as_ref().ok_or(Damage::NoDomain)?;
     if let Some(channel) = domain.channels.iter().find(|c| **c >= CHANNEL_COUNT) {
-        return Err(format!(
-            "field `computeDomain.channels` holds {channel}; the driver's channels are 0 to {}",
-            CHANNEL_COUNT - 1
-        ));
+        return Err(Damage::Channel { channel: *channel });
     }
     Ok(uid)
+}
+
+/// Which field of a ComputeDomain record breaks its rules.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Damage {
+    #[error(transparent)]
+    Files(#[from] derived::Mismatch),
+    #[error("field `mps`: a ComputeDomain claim has no MPS daemon")]
+    Mps,
+    #[error("field `computeDomain` is missing: every ComputeDomain record names its domain")]
+    NoDomain,
+    #[error("field `computeDomain.channels` holds {channel}; the driver's channels are 0 to {}", CHANNEL_COUNT - 1)]
+    Channel { channel: u32 },
 }
 
 #[cfg(test)]
@@ -62,14 +69,14 @@ mod tests {
         assert_eq!(check(&domain_record(&own, vec![0]), &driver).unwrap().as_str(), UID);
         let other = "k8s.compute-domain.nvidia.com-claim_1b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a.json";
         for name in [other, "../victim", "/etc/passwd", &format!("k8s.gpu.nvidia.com-claim_{UID}.json")] {
-            let error = check(&domain_record(name, vec![0]), &driver).unwrap_err();
+            let error = check(&domain_record(name, vec![0]), &driver).unwrap_err().to_string();
             assert!(error.starts_with("field `cdiSpecFile` is"), "{name}: {error}");
         }
-        let error = check(&domain_record(&own, vec![0, 2048]), &driver).unwrap_err();
+        let error = check(&domain_record(&own, vec![0, 2048]), &driver).unwrap_err().to_string();
         assert!(error.contains("holds 2048"), "{error}");
         let mut none = domain_record(&own, vec![0]);
         none.compute_domain = None;
-        assert!(check(&none, &driver).unwrap_err().starts_with("field `computeDomain`"));
+        assert!(check(&none, &driver).unwrap_err().to_string().starts_with("field `computeDomain`"));
     }
 
     #[test]

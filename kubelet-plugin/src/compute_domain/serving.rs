@@ -8,6 +8,7 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
+use super::error::Error;
 use super::host_imex::HostDaemon;
 use super::{ConditionWriter, DomainLookup, DomainPreparer};
 use crate::prepare::types::ClaimSource;
@@ -60,7 +61,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
 
     /// Who serves `domain_uid` here: our daemon when it runs or the host
     /// runs none; else the host's, when it lists every peer.
-    pub(crate) fn server(&self, domain_uid: &DomainUid, peers: &[IpAddr], domain_name: &str) -> Result<Server, String> {
+    pub(crate) fn server(&self, domain_uid: &DomainUid, peers: &[IpAddr], domain_name: &str) -> Result<Server, Error> {
         if self.daemons.find(domain_uid).is_some() {
             return Ok(Server::Own);
         }

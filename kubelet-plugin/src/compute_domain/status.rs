@@ -15,8 +15,9 @@ use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::error::LookupError;
 use super::{ConditionWriter, DomainLookup};
-use crate::claim_status::refusal::{Explanation, post_event};
+use crate::claim_status::refusal::{EventError, Explanation, post_event};
 use crate::claim_status::write::{ConditionError, edit_status};
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
 
@@ -61,19 +62,27 @@ impl DomainLookup for StoreDomains {
     /// the agent's client and its timeouts), each decoded on its own as
     /// the watch does; a failed list reads as "not there", the answer the
     /// store gave.
-    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, String> {
+    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, LookupError> {
         let resource = decoded_watch::api_resource::<ComputeDomain>();
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), namespace, &resource);
         let listed = api.list(&ListParams::default()).await.map_err(|error| {
             tracing::warn!(%error, namespace, uid, "listing ComputeDomains for one the watch has not delivered");
-            format!("listing ComputeDomains in {namespace}: {}", error.to_string().escape_debug())
+            LookupError::ListFailed {
+                what: format!("ComputeDomains in {namespace}"),
+                reason: error.to_string().escape_debug().to_string(),
+            }
         })?;
         let Some(object) = listed.items.into_iter().find(|d| d.metadata.uid.as_deref() == Some(uid)) else {
             return Ok(None);
         };
-        let domain = serde_json::to_value(object)
-            .and_then(serde_json::from_value::<ComputeDomain>)
-            .map_err(|error| format!("ComputeDomain {uid} in {namespace} cannot be read: {error}"))?;
+        let domain =
+            serde_json::to_value(object).and_then(serde_json::from_value::<ComputeDomain>).map_err(|error| {
+                LookupError::Undecodable {
+                    uid: uid.to_owned(),
+                    namespace: namespace.to_owned(),
+                    reason: error.to_string(),
+                }
+            })?;
         tracing::info!(namespace, uid, "ComputeDomain read from the API: the watch had not delivered it yet");
         Ok(Some(domain))
     }
@@ -89,12 +98,14 @@ impl DomainLookup for StoreDomains {
 
     /// One list of the namespace's claims with the domain's label, through
     /// the agent's client and its timeouts.
-    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, String> {
+    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, LookupError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
         let selector = format!("{DOMAIN_LABEL}={uid}");
-        let listed = api.list(&ListParams::default().labels(&selector)).await.map_err(|error| {
-            format!("listing ResourceClaims in {namespace} ({selector}): {}", error.to_string().escape_debug())
-        })?;
+        let listed =
+            api.list(&ListParams::default().labels(&selector)).await.map_err(|error| LookupError::ListFailed {
+                what: format!("ResourceClaims in {namespace} ({selector})"),
+                reason: error.to_string().escape_debug().to_string(),
+            })?;
         Ok(listed.items)
     }
 }
@@ -143,7 +154,7 @@ impl ConditionWriter for KubeConditions {
         edit_status(&self.client, namespace, name, |claim| with_condition(claim, &self.node, device, state)).await
     }
 
-    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+    async fn explain(&self, explanation: &Explanation) -> Result<(), EventError> {
         post_event(&self.client, &self.node, explanation).await
     }
 }
@@ -166,7 +177,7 @@ mod tests {
     async fn a_failing_api_server_is_reported_as_such_not_as_a_deleted_domain() {
         let (store, _writer) = kube::runtime::reflector::store::<ComputeDomain>();
         let domains = StoreDomains::new(store, failing_client(500));
-        let error = domains.read_live("default", "7f3c").await.unwrap_err();
+        let error = domains.read_live("default", "7f3c").await.unwrap_err().to_string();
         assert!(error.contains("listing ComputeDomains in default"), "{error}");
         assert!(!error.contains('\u{1b}'), "the server's text is escaped: {error}");
     }

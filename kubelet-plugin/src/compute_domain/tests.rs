@@ -30,7 +30,7 @@ pub(super) struct Domains(
     Arc<Mutex<Option<ComputeDomain>>>,
     Arc<std::sync::atomic::AtomicBool>,
     Arc<Mutex<Option<ComputeDomain>>>,
-    Arc<Mutex<Option<String>>>,
+    Arc<Mutex<Option<LookupError>>>,
     Arc<Mutex<Vec<ResourceClaim>>>,
 );
 
@@ -45,7 +45,7 @@ impl DomainLookup for Domains {
         found.filter(|d| d.metadata.namespace.as_deref() == Some(namespace) && d.metadata.uid.as_deref() == Some(uid))
     }
 
-    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, String> {
+    async fn read_live(&self, namespace: &str, uid: &str) -> Result<Option<ComputeDomain>, LookupError> {
         if let Some(error) = self.3.lock().unwrap().clone() {
             return Err(error);
         }
@@ -66,7 +66,7 @@ impl DomainLookup for Domains {
 
     /// The domain's claims: those of `4` with its label, or the error `3`
     /// holds.
-    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, String> {
+    async fn claims_of(&self, namespace: &str, uid: &str) -> Result<Vec<ResourceClaim>, LookupError> {
         if let Some(error) = self.3.lock().unwrap().clone() {
             return Err(error);
         }
@@ -99,7 +99,7 @@ impl ConditionWriter for Conditions {
         Ok(())
     }
 
-    async fn explain(&self, explanation: &Explanation) -> Result<(), String> {
+    async fn explain(&self, explanation: &Explanation) -> Result<(), crate::claim_status::refusal::EventError> {
         self.explained.lock().unwrap().push(explanation.clone());
         Ok(())
     }
@@ -222,8 +222,8 @@ impl Node {
     }
 
     /// Makes listing the domain's claims fail with `error` (`None`: succeed).
-    pub(super) fn set_api_error(&self, error: Option<&str>) {
-        *self.domains.3.lock().unwrap() = error.map(str::to_owned);
+    pub(super) fn set_api_error(&self, error: Option<LookupError>) {
+        *self.domains.3.lock().unwrap() = error;
     }
 
     pub(super) fn remove_claim(&self, name: &str) {
@@ -630,7 +630,10 @@ async fn an_api_server_that_cannot_be_read_is_said_so_not_that_the_domain_was_de
     let p = node.open();
     let a = node.channel_claim("pod-a-channel", UID_A);
     node.domains.0.lock().unwrap().take();
-    *node.domains.3.lock().unwrap() = Some("listing ComputeDomains in default: 503 Service Unavailable".into());
+    *node.domains.3.lock().unwrap() = Some(LookupError::ListFailed {
+        what: "ComputeDomains in default".into(),
+        reason: "503 Service Unavailable".into(),
+    });
     let error = prepare(&p, &a).await.unwrap_err();
     assert!(error.contains("the API server could not be read") && error.contains("503"), "{error}");
     assert!(!error.contains("deleted"), "{error}");

@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::inventory::nvml::procfs;
 
+use super::error::{CapFileError, Error};
+
 /// A capability file is a few short lines.
 const MAX_CAP_FILE: u64 = 4096;
 
@@ -30,27 +32,27 @@ fn access_file(proc_root: &Path, gpu_minor: u32, gi: u32, ci: Option<u32>) -> Pa
     path.join("access")
 }
 
-fn read_minor(path: &Path) -> Result<u32, String> {
-    let text = bounded_file::read_to_string(path, MAX_CAP_FILE, Links::Follow).map_err(|e| e.to_string())?;
-    parse_device_file_minor(&text).ok_or_else(|| format!("{}: no DeviceFileMinor line", path.display()))
+fn read_minor(path: &Path) -> Result<u32, CapFileError> {
+    let text = bounded_file::read_to_string(path, MAX_CAP_FILE, Links::Follow)?;
+    parse_device_file_minor(&text).ok_or_else(|| CapFileError::NoMinor(path.to_path_buf()))
 }
 
 /// The minors of GPU instance `gi` and its compute instance `ci` on GPU
 /// `gpu_minor`: from the capability files, else from `mig-minors`.
-pub fn read(proc_root: &Path, gpu_minor: u32, gi: u32, ci: u32) -> Result<(u32, u32), String> {
+pub fn read(proc_root: &Path, gpu_minor: u32, gi: u32, ci: u32) -> Result<(u32, u32), Error> {
     let files = read_minor(&access_file(proc_root, gpu_minor, gi, None))
         .and_then(|g| read_minor(&access_file(proc_root, gpu_minor, gi, Some(ci))).map(|c| (g, c)));
     match files {
         Ok(minors) => Ok(minors),
-        Err(error) => procfs::read_mig_minors(proc_root)
+        Err(cause) => procfs::read_mig_minors(proc_root)
             .lookup(gpu_minor, gi, ci)
             .map(|m| (m.gpu_instance, m.compute_instance))
-            .ok_or_else(|| {
-                format!(
-                    "the access capabilities of MIG instance gi{gi}/ci{ci} on GPU {gpu_minor} cannot be read ({error}), \
-                     nor found in {}",
-                    proc_root.join("driver/nvidia-caps/mig-minors").display()
-                )
+            .ok_or_else(|| Error::Caps {
+                gpu_minor,
+                gi,
+                ci,
+                cause,
+                table: proc_root.join("driver/nvidia-caps/mig-minors"),
             }),
     }
 }
@@ -73,8 +75,8 @@ mod tests {
         std::fs::create_dir_all(gi.join("ci0")).unwrap();
         std::fs::write(gi.join("access"), "DeviceFileMinor: 156\n").unwrap();
         std::fs::write(gi.join("ci0/access"), "DeviceFileMinor: 157\n").unwrap();
-        assert_eq!(read(tmp.path(), 1, 2, 0), Ok((156, 157)));
-        let error = read(tmp.path(), 1, 3, 0).unwrap_err();
+        assert_eq!(read(tmp.path(), 1, 2, 0).ok(), Some((156, 157)));
+        let error = read(tmp.path(), 1, 3, 0).unwrap_err().to_string();
         assert!(error.contains("gi3/ci0") && error.contains("mig-minors"), "{error}");
         std::fs::create_dir_all(tmp.path().join("driver/nvidia-caps")).unwrap();
         std::fs::write(
@@ -82,6 +84,6 @@ mod tests {
             "gpu1/gi3/access 165\ngpu1/gi3/ci0/access 166\n",
         )
         .unwrap();
-        assert_eq!(read(tmp.path(), 1, 3, 0), Ok((165, 166)));
+        assert_eq!(read(tmp.path(), 1, 3, 0).ok(), Some((165, 166)));
     }
 }

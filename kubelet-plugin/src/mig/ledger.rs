@@ -27,6 +27,7 @@ use gpu_dra_driver::names::ClaimUid;
 use serde_json::Value;
 
 use super::MigIntent;
+use super::error::Error;
 use crate::state::checkpoint::envelope::checksum;
 use crate::state::durable;
 
@@ -221,28 +222,27 @@ impl Ledger {
     }
 
     /// Writes `ledger` atomically and durably (fsync), then keeps it.
-    pub fn write(&self, ledger: &ClaimLedger) -> Result<(), String> {
-        let uid = ClaimUid::new(ledger.uid.as_str()).map_err(|e| format!("MIG ledger: {e}"))?;
-        let claim = serde_json::to_value(ledger).map_err(|e| format!("encoding the MIG ledger of {uid}: {e}"))?;
+    pub fn write(&self, ledger: &ClaimLedger) -> Result<(), Error> {
+        let uid = ClaimUid::new(ledger.uid.as_str()).map_err(Error::LedgerUid)?;
+        let encoding = |source| Error::EncodeLedger { uid: uid.clone(), source };
+        let claim = serde_json::to_value(ledger).map_err(encoding)?;
         let envelope = serde_json::json!({"version": FORMAT_VERSION, "checksum": checksum(&claim), "ledger": claim});
-        let bytes = serde_json::to_vec(&envelope).map_err(|e| format!("encoding the MIG ledger of {uid}: {e}"))?;
+        let bytes = serde_json::to_vec(&envelope).map_err(encoding)?;
         durable::create_dir(&self.dir, 0o700)
             .and_then(|()| durable::write(&self.dir, &format!("{uid}{SUFFIX}"), &bytes, 0o600))
-            .map_err(|e| {
-                format!("writing the MIG ledger {}: {e}", self.dir.join(format!("{uid}{SUFFIX}")).display())
-            })?;
+            .map_err(|source| Error::WriteLedger { path: self.dir.join(format!("{uid}{SUFFIX}")), source })?;
         self.claims().insert(ledger.uid.clone(), ledger.clone());
         Ok(())
     }
 
     /// Removes `uid`'s ledger durably; a missing one is fine.
-    pub fn remove(&self, uid: &str) -> Result<(), String> {
-        let uid = ClaimUid::new(uid).map_err(|e| format!("MIG ledger: {e}"))?;
+    pub fn remove(&self, uid: &str) -> Result<(), Error> {
+        let uid = ClaimUid::new(uid).map_err(Error::LedgerUid)?;
         let name = format!("{uid}{SUFFIX}");
         match durable::remove(&self.dir, &name) {
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("removing the MIG ledger {}: {e}", self.dir.join(&name).display())),
+            Err(source) => return Err(Error::RemoveLedger { path: self.dir.join(&name), source }),
         }
         self.claims().remove(uid.as_str());
         Ok(())
@@ -296,7 +296,7 @@ impl ClaimOwnership<'_> {
         &self.entry
     }
 
-    fn save(&mut self, change: impl FnOnce(&mut ClaimLedger)) -> Result<(), String> {
+    fn save(&mut self, change: impl FnOnce(&mut ClaimLedger)) -> Result<(), Error> {
         let mut next = self.entry.clone();
         change(&mut next);
         self.ledger.write(&next)?;
@@ -305,14 +305,14 @@ impl ClaimOwnership<'_> {
     }
 
     /// Before `intent`'s create call.
-    pub fn creating(&mut self, intent: &MigIntent) -> Result<(), String> {
+    pub fn creating(&mut self, intent: &MigIntent) -> Result<(), Error> {
         self.creating_all(&[intent])
     }
 
     /// Before the create calls of `intents`, in one write (a claim's
     /// devices are made one after the other right after it); those already
     /// marked so are not written again.
-    pub fn creating_all(&mut self, intents: &[&MigIntent]) -> Result<(), String> {
+    pub fn creating_all(&mut self, intents: &[&MigIntent]) -> Result<(), Error> {
         let fresh: Vec<&MigIntent> = intents
             .iter()
             .copied()
@@ -325,19 +325,19 @@ impl ClaimOwnership<'_> {
     }
 
     /// Right after the create call returned GPU instance `gi`.
-    pub fn made_gpu_instance(&mut self, intent: &MigIntent, gi: u32) -> Result<(), String> {
+    pub fn made_gpu_instance(&mut self, intent: &MigIntent, gi: u32) -> Result<(), Error> {
         self.save(|l| l.set(intent, Made::GpuInstance { gpu_instance_id: gi }))
     }
 
     /// Right after its compute instance was made.
-    pub fn made_compute_instance(&mut self, intent: &MigIntent, gi: u32, ci: u32, uuid: &str) -> Result<(), String> {
+    pub fn made_compute_instance(&mut self, intent: &MigIntent, gi: u32, ci: u32, uuid: &str) -> Result<(), Error> {
         let made = Made::Complete { gpu_instance_id: gi, compute_instance_id: ci, mig_uuid: uuid.to_owned() };
         self.save(|l| l.set(intent, made))
     }
 
     /// Drops the `Creating` mark of `intents` whose create was never
     /// called (a claim's earlier device failed): nothing of theirs exists.
-    pub fn never_made(&mut self, intents: &[&MigIntent]) -> Result<(), String> {
+    pub fn never_made(&mut self, intents: &[&MigIntent]) -> Result<(), Error> {
         let marked: Vec<&MigIntent> = intents
             .iter()
             .copied()
@@ -350,7 +350,7 @@ impl ClaimOwnership<'_> {
     }
 
     /// After the plugin destroyed it.
-    pub fn destroyed(&mut self, intent: &MigIntent) -> Result<(), String> {
+    pub fn destroyed(&mut self, intent: &MigIntent) -> Result<(), Error> {
         if self.entry.instance(intent).is_none_or(|o| o.made == Made::Destroyed) {
             return Ok(());
         }
@@ -358,7 +358,7 @@ impl ClaimOwnership<'_> {
     }
 
     /// Before turning MIG mode off on `gpu` (dynamic then) for the claim.
-    pub fn mig_mode_off(&mut self, gpu: &str) -> Result<(), String> {
+    pub fn mig_mode_off(&mut self, gpu: &str) -> Result<(), Error> {
         if self.entry.mig_mode_off.iter().any(|g| g == gpu) {
             return Ok(());
         }

@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use super::control::{MigControl, MigControlError, MigModeState};
+use super::error::Error;
 use super::kill_point::{self, Step};
 use super::ledger::{ClaimOwnership, Ledger};
 use super::order;
@@ -36,12 +37,7 @@ pub trait MigModeObserver: Send + Sync {
     fn mig_mode_switched(&self, gpu_uuid: &str);
 }
 
-impl std::fmt::Debug for MigHost {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MigHost").field("proc_root", &self.proc_root).finish_non_exhaustive()
-    }
-}
-
+/// How messages name a device: profile, memory slices and GPU.
 fn device_text(intent: &MigIntent) -> String {
     format!(
         "MIG device {} at memory slices {}..{} of GPU {} ({})",
@@ -53,6 +49,22 @@ fn device_text(intent: &MigIntent) -> String {
     )
 }
 
+/// `intent`'s step of making failed with `source`.
+fn making(intent: &MigIntent, source: impl Into<Error>) -> Error {
+    Error::Making { device: device_text(intent), source: Box::new(source.into()) }
+}
+
+/// `intent`'s step of removing failed with `source`.
+fn removing(intent: &MigIntent, source: impl Into<Error>) -> Error {
+    Error::Removing { device: device_text(intent), source: Box::new(source.into()) }
+}
+
+impl std::fmt::Debug for MigHost {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MigHost").field("proc_root", &self.proc_root).finish_non_exhaustive()
+    }
+}
+
 /// Makes one device: its GPU instance at its placement, the compute
 /// instance spanning it, then reads its UUID and caps minors. The ledger
 /// hears of each step: before the create call, right after it returned
@@ -60,9 +72,9 @@ fn device_text(intent: &MigIntent) -> String {
 /// skipped when [`make_all`] already wrote it for the claim). A failure
 /// after the GPU instance destroys it again (best effort: the caller's
 /// roll-back retries, through the ledger).
-pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<MadeInstance, String> {
+pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<MadeInstance, Error> {
     let control = &*host.control;
-    own.creating(intent).map_err(|e| format!("making {}: {e}", device_text(intent)))?;
+    own.creating(intent).map_err(|e| making(intent, e))?;
     let gi = match control.create_gpu_instance(&intent.gpu_uuid, intent.profile_id, intent.placement()) {
         Ok(gi) => gi,
         Err(error) => {
@@ -70,15 +82,13 @@ pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) ->
             if let Err(undo) = own.destroyed(intent) {
                 tracing::warn!(%undo, "recording a MIG device that was not made failed");
             }
-            return Err(format!("making {}: {error}", device_text(intent)));
+            return Err(making(intent, error));
         }
     };
-    let finish = |own: &mut ClaimOwnership<'_>| -> Result<MadeInstance, String> {
+    let finish = |own: &mut ClaimOwnership<'_>| -> Result<MadeInstance, Error> {
         own.made_gpu_instance(intent, gi)?;
         kill_point::reached(Step::AfterGpuInstance);
-        let (ci, uuid) = control
-            .create_compute_instance(&intent.gpu_uuid, gi, intent.compute_profile_index)
-            .map_err(|e| e.to_string())?;
+        let (ci, uuid) = control.create_compute_instance(&intent.gpu_uuid, gi, intent.compute_profile_index)?;
         own.made_compute_instance(intent, gi, ci, &uuid)?;
         kill_point::reached(Step::AfterComputeInstance);
         let (gi_cap, ci_cap) = caps::read(&host.proc_root, intent.gpu_minor, gi, ci)?;
@@ -92,11 +102,11 @@ pub fn make(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) ->
     };
     finish(own).map_err(|error| {
         // NVML returned `gi` to this call: it is ours, whatever the ledger holds.
-        match destroy(control, &intent.gpu_uuid, gi).map_err(|e| e.to_string()).and_then(|()| own.destroyed(intent)) {
+        match destroy(control, &intent.gpu_uuid, gi).map_err(Error::from).and_then(|()| own.destroyed(intent)) {
             Ok(()) => {}
             Err(undo) => tracing::warn!(%undo, "removing a half-made MIG device failed; the roll-back retries"),
         }
-        format!("making {}: {error}", device_text(intent))
+        making(intent, error)
     })
 }
 
@@ -107,9 +117,9 @@ pub fn make_all(
     host: &MigHost,
     own: &mut ClaimOwnership<'_>,
     intents: &[&MigIntent],
-) -> Result<Vec<MadeInstance>, String> {
+) -> Result<Vec<MadeInstance>, Error> {
     let mut made: Vec<Option<MadeInstance>> = vec![None; intents.len()];
-    own.creating_all(intents).map_err(|e| format!("recording the MIG devices to make: {e}"))?;
+    own.creating_all(intents).map_err(|e| Error::RecordingIntents(Box::new(e)))?;
     let order = order::creation_order(intents);
     for (step, &index) in order.iter().enumerate() {
         match make(host, own, intents[index]) {
@@ -136,16 +146,16 @@ pub fn make_all(
 /// instance. Absent is success; an instance the ledger does not prove
 /// (someone else's, or one a crash left before its identity was recorded)
 /// is left where it is, with one log line, and is success too.
-pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<(), String> {
+pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) -> Result<(), Error> {
     let control = &*host.control;
     let observed = match control.instances(&intent.gpu_uuid) {
         Ok(observed) => observed,
         // The GPU is gone from the node: nothing of it to destroy.
         Err(MigControlError::NoGpu { .. }) => return Ok(()),
-        Err(error) => return Err(format!("removing {}: {error}", device_text(intent))),
+        Err(error) => return Err(removing(intent, error)),
     };
     let Some(found) = observed.iter().find(|o| intent.is(o)) else {
-        return own.destroyed(intent).map_err(|e| format!("removing {}: {e}", device_text(intent)));
+        return own.destroyed(intent).map_err(|e| removing(intent, e));
     };
     let uuid_of = |gi: u32, ci: u32| control.mig_uuid(&intent.gpu_uuid, gi, ci).ok();
     let proof = own.entry().instance(intent).map(|entry| ownership::judge(entry, found, &uuid_of));
@@ -163,14 +173,14 @@ pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) 
         return Ok(());
     }
     destroy_observed(control, &intent.gpu_uuid, found)
-        .map_err(|e| e.to_string())
+        .map_err(Error::from)
         .and_then(|()| own.destroyed(intent))
-        .map_err(|e| format!("removing {}: {e}", device_text(intent)))
+        .map_err(|e| removing(intent, e))
 }
 
 /// Destroys `intents` in destruction order (the reverse of creation);
 /// stops at the first failure, leaving the rest for the retry.
-pub fn unmake_all(host: &MigHost, own: &mut ClaimOwnership<'_>, intents: &[&MigIntent]) -> Result<(), String> {
+pub fn unmake_all(host: &MigHost, own: &mut ClaimOwnership<'_>, intents: &[&MigIntent]) -> Result<(), Error> {
     for index in order::destruction_order(intents) {
         unmake(host, own, intents[index])?;
     }
@@ -200,22 +210,18 @@ fn destroy(control: &dyn MigControl, gpu: &str, gi: u32) -> Result<(), MigContro
 /// Turns a whole GPU's MIG mode `on` or off, where that takes effect
 /// without a reset; an error says why not (instances or processes on it,
 /// or a GPU that needs a reset).
-pub fn switch_mig_mode(host: &MigHost, gpu: &str, on: bool) -> Result<(), String> {
+pub fn switch_mig_mode(host: &MigHost, gpu: &str, on: bool) -> Result<(), Error> {
     let control = &*host.control;
-    let want = if on { "on" } else { "off" };
-    if control.mig_mode(gpu).map_err(|e| e.to_string())?.current == on {
+    if control.mig_mode(gpu)?.current == on {
         return Ok(());
     }
-    let MigModeState { current, .. } = control.set_mig_mode(gpu, on).map_err(|e| e.to_string())?;
+    let MigModeState { current, .. } = control.set_mig_mode(gpu, on)?;
     kill_point::reached(Step::AfterMigMode);
     if let Some(observer) = host.mode_observer.as_ref().filter(|_| current == on) {
         observer.mig_mode_switched(gpu);
     }
     if current != on {
-        return Err(format!(
-            "GPU {gpu} needs a reset to turn MIG mode {want} (the change is pending): reset it with nvidia-smi -r -i \
-             {gpu} when nothing runs on it"
-        ));
+        return Err(Error::NeedsReset { gpu: gpu.to_owned(), on });
     }
     Ok(())
 }
@@ -302,11 +308,11 @@ mod tests {
         // Someone else's instance sits where the 1g wants to go.
         control.create_gpu_instance("GPU-a", 19, gpu_dra_driver::inventory::Placement { start: 6, size: 1 }).unwrap();
         let mut own = host.ledger.claim(UID, "boot");
-        let error = make_all(&host, &mut own, &[&intent(5, 0, 4), &intent(19, 6, 1)]).unwrap_err();
+        let error = make_all(&host, &mut own, &[&intent(5, 0, 4), &intent(19, 6, 1)]).unwrap_err().to_string();
         assert!(error.contains("no room"), "{error}");
         assert_eq!(control.count("GPU-a"), 1, "the 4g made before was destroyed; the other instance kept");
         *control.fail.lock().unwrap() = Some("create-ci".into());
-        let error = make_all(&host, &mut own, &[&intent(5, 0, 4)]).unwrap_err();
+        let error = make_all(&host, &mut own, &[&intent(5, 0, 4)]).unwrap_err().to_string();
         assert!(error.contains("injected"), "{error}");
         assert_eq!(control.count("GPU-a"), 1, "a GPU instance whose compute instance failed is destroyed");
     }
@@ -319,7 +325,7 @@ mod tests {
         assert!(!control.mig_mode("GPU-a").unwrap().current);
         switch_mig_mode(&host, "GPU-a", true).unwrap();
         control.gpus.lock().unwrap().get_mut("GPU-a").unwrap().switchable = false;
-        let error = switch_mig_mode(&host, "GPU-a", false).unwrap_err();
+        let error = switch_mig_mode(&host, "GPU-a", false).unwrap_err().to_string();
         assert!(error.contains("needs a reset"), "{error}");
     }
 

@@ -24,6 +24,7 @@
 
 pub mod caps;
 pub mod control;
+mod error;
 /// The crash tests' kill points, shared with the other prepares
 /// ([`crate::state::kill_point`]); re-exported so MIG's steps keep their path.
 pub use crate::state::kill_point;
@@ -36,6 +37,7 @@ pub mod ownership;
 pub mod selection;
 
 pub use control::{MigControl, MigControlError, ObservedInstance};
+pub use error::{CapFileError, Error};
 
 use gpu_dra_driver::inventory::Placement;
 

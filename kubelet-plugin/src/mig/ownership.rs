@@ -130,21 +130,12 @@ pub fn withheld<'a>(
 /// instance), every whole GPU one whose MIG mode the plugin turned off for
 /// it. `Err` says which field does not, and what to do: the record is then
 /// set aside, and nothing it names is destroyed or made.
-pub fn check_record(record: &ClaimRecord, ledger: Option<&ClaimLedger>) -> Result<(), String> {
-    const FIX: &str = "the plugin did not make it for this claim (its MIG ledger has no such entry); the record is \
-                       set aside and the instance left alone: if the claim is not in use, remove the MIG device by \
-                       hand (nvidia-smi mig -dci / -dgi)";
+pub fn check_record(record: &ClaimRecord, ledger: Option<&ClaimLedger>) -> Result<(), LedgerDisagrees> {
     for (index, device) in record.devices.iter().enumerate() {
         if let Some(mig) = &device.dynamic_mig {
             let entry = ledger.and_then(|l| l.instance(&mig.intent));
             let Some(entry) = entry else {
-                return Err(format!(
-                    "field `devices[{index}].dynamicMig` names {} at memory slices {}..{} of GPU {}: {FIX}",
-                    quoted(&mig.intent.profile),
-                    mig.intent.placement_start,
-                    mig.intent.placement_start + mig.intent.placement_size,
-                    quoted(&mig.intent.gpu_uuid)
-                ));
+                return Err(LedgerDisagrees::NotMade { index, intent: Box::new(mig.intent.clone()) });
             };
             if let (Some(made), Made::Complete { gpu_instance_id, compute_instance_id, mig_uuid }) =
                 (&mig.made, &entry.made)
@@ -152,26 +143,58 @@ pub fn check_record(record: &ClaimRecord, ledger: Option<&ClaimLedger>) -> Resul
                     || made.gpu_instance_id != *gpu_instance_id
                     || made.compute_instance_id != *compute_instance_id)
             {
-                return Err(format!(
-                    "field `devices[{index}].dynamicMig.made` names MIG device {} (GPU instance {}), but the plugin \
-                     made {mig_uuid} (GPU instance {gpu_instance_id}) there for this claim: the record is set aside \
-                     and neither instance is destroyed on its word",
-                    quoted(&made.uuid),
-                    made.gpu_instance_id
-                ));
+                return Err(LedgerDisagrees::OtherInstance {
+                    index,
+                    recorded_uuid: made.uuid.clone(),
+                    recorded_gpu_instance: made.gpu_instance_id,
+                    made_uuid: mig_uuid.clone(),
+                    made_gpu_instance: *gpu_instance_id,
+                });
             }
         }
         if let Some(off) = &device.mig_mode_off
             && !ledger.is_some_and(|l| l.mig_mode_off.contains(&off.gpu_uuid))
         {
-            return Err(format!(
-                "field `devices[{index}].migModeOff` names GPU {}, whose MIG mode the plugin did not turn off for \
-                 this claim (its MIG ledger says not): the record is set aside and the GPU's MIG mode left as it is",
-                quoted(&off.gpu_uuid)
-            ));
+            return Err(LedgerDisagrees::ModeNotTurnedOff { index, gpu_uuid: off.gpu_uuid.clone() });
         }
     }
     Ok(())
+}
+
+/// Which field of a completed record its claim's MIG ledger contradicts,
+/// and what becomes of the record (set aside) and of what it names (left
+/// alone).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LedgerDisagrees {
+    #[error(
+        "field `devices[{index}].dynamicMig` names {} at memory slices {}..{} of GPU {}: the plugin did not make it \
+         for this claim (its MIG ledger has no such entry); the record is set aside and the instance left alone: if \
+         the claim is not in use, remove the MIG device by hand (nvidia-smi mig -dci / -dgi)",
+        quoted(&intent.profile),
+        intent.placement_start,
+        intent.placement_start + intent.placement_size,
+        quoted(&intent.gpu_uuid)
+    )]
+    NotMade { index: usize, intent: Box<MigIntent> },
+    #[error(
+        "field `devices[{index}].dynamicMig.made` names MIG device {} (GPU instance {recorded_gpu_instance}), but the \
+         plugin made {made_uuid} (GPU instance {made_gpu_instance}) there for this claim: the record is set aside and \
+         neither instance is destroyed on its word",
+        quoted(recorded_uuid)
+    )]
+    OtherInstance {
+        index: usize,
+        recorded_uuid: String,
+        recorded_gpu_instance: u32,
+        made_uuid: String,
+        made_gpu_instance: u32,
+    },
+    #[error(
+        "field `devices[{index}].migModeOff` names GPU {}, whose MIG mode the plugin did not turn off for this claim \
+         (its MIG ledger says not): the record is set aside and the GPU's MIG mode left as it is",
+        quoted(gpu_uuid)
+    )]
+    ModeNotTurnedOff { index: usize, gpu_uuid: String },
 }
 
 /// Whether `record` names a dynamic MIG device or a whole dynamic GPU.
@@ -251,15 +274,15 @@ mod tests {
     fn a_record_must_agree_with_the_ledger() {
         let tmp = tempfile::tempdir().unwrap();
         let ledger = Ledger::new(tmp.path());
-        let error = check_record(&record(Some("MIG-admin"), None), None).unwrap_err();
+        let error = check_record(&record(Some("MIG-admin"), None), None).unwrap_err().to_string();
         assert!(error.starts_with("field `devices[0].dynamicMig` names"), "{error}");
         let mut own = ledger.claim(UID, "boot");
         own.made_compute_instance(&intent(3), 1, 0, "MIG-made").unwrap();
         let l = own.entry().clone();
         assert_eq!(check_record(&record(Some("MIG-made"), None), Some(&l)), Ok(()));
-        let error = check_record(&record(Some("MIG-admin"), None), Some(&l)).unwrap_err();
+        let error = check_record(&record(Some("MIG-admin"), None), Some(&l)).unwrap_err().to_string();
         assert!(error.starts_with("field `devices[0].dynamicMig.made`"), "{error}");
-        let error = check_record(&record(Some("MIG-made"), Some("GPU-b")), Some(&l)).unwrap_err();
+        let error = check_record(&record(Some("MIG-made"), Some("GPU-b")), Some(&l)).unwrap_err().to_string();
         assert!(error.starts_with("field `devices[0].migModeOff`"), "{error}");
         own.mig_mode_off("GPU-b").unwrap();
         assert_eq!(check_record(&record(Some("MIG-made"), Some("GPU-b")), Some(own.entry())), Ok(()));

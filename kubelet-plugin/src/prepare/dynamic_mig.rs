@@ -11,6 +11,29 @@ use super::plan::PlannedDevice;
 use crate::mig::{MadeInstance, MigIntent};
 use crate::state::checkpoint::{ClaimRecord, MigModeOff};
 
+/// Why a claim's dynamic MIG devices cannot be made: each names the
+/// devices and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "devices {a} and {b} of the claim would overlap on GPU {gpu}: the allocation is damaged (the scheduler never \
+         allocates overlapping placements); re-create the claim"
+    )]
+    Overlap { a: String, b: String, gpu: String },
+    #[error(
+        "device {0} is made for the claim that gets it (dynamic MIG): admin access to it is not supported; use a \
+         claim without adminAccess"
+    )]
+    AdminAccess(String),
+    #[error("device {0} is made for one claim (dynamic MIG) and cannot be shared")]
+    Shared(String),
+    #[error(
+        "the claim's MIG layout conflicts with device {device} of ResourceClaim {namespace}/{name} ({uid}), prepared \
+         on the same GPU: wait for that claim to be unprepared"
+    )]
+    Conflict { device: String, namespace: String, name: String, uid: String },
+}
+
 /// The dynamic MIG part of one claim, by index in its planned devices.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DynamicPlan {
@@ -37,7 +60,7 @@ impl DynamicPlan {
 /// Finds the claim's dynamic devices. A dynamic MIG device is made for one
 /// claim: admin access (which watches a device another claim holds) and
 /// shares are refused, as are overlapping placements within the claim.
-pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<DynamicPlan, String> {
+pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<DynamicPlan, PlanError> {
     let mut out = DynamicPlan::default();
     for (index, device) in planned.iter().enumerate() {
         let intent = match inventory.find_device(&device.device) {
@@ -62,25 +85,21 @@ pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<DynamicP
     }
     let intents: Vec<&MigIntent> = out.devices.iter().map(|(_, i)| i).collect();
     if let Some((a, b)) = crate::mig::order::overlap_within(&intents) {
-        return Err(format!(
-            "devices {} and {} of the claim would overlap on GPU {}: the allocation is damaged (the scheduler never \
-             allocates overlapping placements); re-create the claim",
-            planned[out.devices[a].0].device, planned[out.devices[b].0].device, intents[a].gpu_uuid
-        ));
+        return Err(PlanError::Overlap {
+            a: planned[out.devices[a].0].device.to_string(),
+            b: planned[out.devices[b].0].device.to_string(),
+            gpu: intents[a].gpu_uuid.clone(),
+        });
     }
     Ok(out)
 }
 
-fn refuse_shared(device: &PlannedDevice) -> Result<(), String> {
+fn refuse_shared(device: &PlannedDevice) -> Result<(), PlanError> {
     if device.admin_access {
-        return Err(format!(
-            "device {} is made for the claim that gets it (dynamic MIG): admin access to it is not supported; \
-             use a claim without adminAccess",
-            device.device
-        ));
+        return Err(PlanError::AdminAccess(device.device.to_string()));
     }
     if device.share_id.is_some() {
-        return Err(format!("device {} is made for one claim (dynamic MIG) and cannot be shared", device.device));
+        return Err(PlanError::Shared(device.device.to_string()));
     }
     Ok(())
 }
@@ -94,7 +113,7 @@ pub fn check_records<'a>(
     uid: &str,
     plan: &DynamicPlan,
     records: impl IntoIterator<Item = &'a ClaimRecord>,
-) -> Result<(), String> {
+) -> Result<(), PlanError> {
     for other in records.into_iter().filter(|r| r.uid != uid) {
         for theirs in &other.devices {
             let clash = if let Some(mig) = &theirs.dynamic_mig {
@@ -106,11 +125,12 @@ pub fn check_records<'a>(
                 false
             };
             if clash {
-                return Err(format!(
-                    "the claim's MIG layout conflicts with device {} of ResourceClaim {}/{} ({}), prepared on the \
-                     same GPU: wait for that claim to be unprepared",
-                    theirs.device_name, other.namespace, other.name, other.uid
-                ));
+                return Err(PlanError::Conflict {
+                    device: theirs.device_name.clone(),
+                    namespace: other.namespace.clone(),
+                    name: other.name.clone(),
+                    uid: other.uid.clone(),
+                });
             }
         }
     }

@@ -5,10 +5,14 @@ use std::path::PathBuf;
 
 use gpu_dra_driver::names::ClaimUid;
 
-use super::CDI_FILE_MODE;
+use super::error::UndoError;
 use crate::observe::metrics::ErrorKind;
-use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
+use crate::state::checkpoint::{CheckpointDir, CheckpointError, ClaimRecord, PrepareState};
 use crate::state::durable;
+
+/// CDI spec files are read by the container runtime (root); others may
+/// read them too, as with NVIDIA's toolkit.
+pub(super) const CDI_FILE_MODE: u32 = 0o644;
 
 /// The checkpoint and the CDI directory.
 #[derive(Debug, Clone)]
@@ -62,10 +66,10 @@ impl Files {
 
     /// Records `PrepareStarted`, before a prepare changes anything outside
     /// its files (a GPU's time-slice): start-up then knows to undo it.
-    pub fn record_started(&self, uid: &ClaimUid, record: &ClaimRecord) -> Result<(), String> {
+    pub fn record_started(&self, uid: &ClaimUid, record: &ClaimRecord) -> Result<(), CheckpointError> {
         let mut record = record.clone();
         record.state = PrepareState::PrepareStarted;
-        self.checkpoint.write(uid, &record).map_err(|e| e.to_string())
+        self.checkpoint.write(uid, &record)
     }
 
     /// Writes the spec, then records `PrepareCompleted`. On failure the
@@ -88,9 +92,10 @@ impl Files {
 
     /// Removes the claim's spec, then its record. If the spec cannot be
     /// removed the record stays, so the next attempt or start-up retries.
-    pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), String> {
-        durable::remove(&self.cdi_dir, spec_file).map_err(|e| format!("removing CDI spec {spec_file}: {e}"))?;
+    pub fn remove_claim(&self, uid: &ClaimUid, spec_file: &str) -> Result<(), UndoError> {
+        durable::remove(&self.cdi_dir, spec_file)
+            .map_err(|source| UndoError::RemoveSpec { file: spec_file.to_owned(), source })?;
         crate::state::kill_point::reached(crate::state::kill_point::Step::AfterSpecRemoved);
-        self.checkpoint.remove(uid).map_err(|e| e.to_string())
+        Ok(self.checkpoint.remove(uid)?)
     }
 }

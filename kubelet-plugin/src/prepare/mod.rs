@@ -24,6 +24,7 @@ pub mod adopt;
 pub mod claims;
 pub mod configs;
 pub mod dynamic_mig;
+mod error;
 mod files;
 pub mod locks;
 pub mod mps;
@@ -54,15 +55,12 @@ use crate::state::checkpoint::{
     CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice, derived,
 };
 use crate::state::durable;
+pub use error::{TaskError, UndoError};
 use files::Files;
 use locks::KeyedLocks;
 use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
 use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
-
-/// CDI spec files are read by the container runtime (root); others may
-/// read them too, as with NVIDIA's toolkit.
-const CDI_FILE_MODE: u32 = 0o644;
 
 /// Claims of one batch worked on at once: a batch of 10,000 claims holds
 /// this many claim futures, not 10,000 (the API lookups have their own,
@@ -520,7 +518,7 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(kind(ErrorKind::Checkpoint))?;
         match written {
             Ok(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = names.len(), "prepared");
                 Ok(devices)
@@ -570,7 +568,7 @@ impl<S: ClaimSource> Preparer<S> {
             Ok(started)
         })
         .await
-        .map_err(|e| (ErrorKind::Prepare, e))
+        .map_err(|e| (ErrorKind::Prepare, e.to_string()))
         .and_then(|r| r);
         self.complete_or_roll_back(claim, applied, spec, "prepared (shared)").await
     }
@@ -623,7 +621,7 @@ impl<S: ClaimSource> Preparer<S> {
             Ok(started)
         })
         .await
-        .map_err(|e| (ErrorKind::Prepare, e))
+        .map_err(|e| (ErrorKind::Prepare, e.to_string()))
         .and_then(|r| r);
         self.complete_or_roll_back(claim, bound, spec, "prepared (passed through)").await
     }
@@ -634,7 +632,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (owned_uid, started) = (claim.uid.clone(), record.clone());
         blocking(move || files.record_started(&owned_uid, &started))
             .await
-            .and_then(|r| r)
+            .map_err(kind(ErrorKind::Checkpoint))?
             .map_err(kind(ErrorKind::Checkpoint))?;
         self.records().insert(claim.uid.to_string(), record.clone());
         Ok(())
@@ -656,14 +654,14 @@ impl<S: ClaimSource> Preparer<S> {
                 let owned_uid = claim.uid.clone();
                 blocking(move || files.complete(&owned_uid, record, &spec))
                     .await
-                    .map_err(|e| (ErrorKind::Checkpoint, e))
+                    .map_err(|e| (ErrorKind::Checkpoint, e.to_string()))
                     .and_then(|r| r)
             }
             Err(failure) => Err(failure),
         };
         match completed {
             Ok(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = devices.len(), "{done}");
                 Ok(devices)
@@ -726,7 +724,8 @@ impl<S: ClaimSource> Preparer<S> {
                 ];
                 blocking(move || names.iter().try_for_each(|name| durable::remove(&dir, name).map(|_| ())))
                     .await
-                    .and_then(|r| r.map_err(|e| format!("removing CDI spec: {e}")))
+                    .map_err(kind(ErrorKind::Cdi))?
+                    .map_err(|e| format!("removing CDI spec: {e}"))
                     .map_err(kind(ErrorKind::Cdi))?;
             }
         }
@@ -748,7 +747,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (config, inventory, uid) = (self.config.clone(), self.inventory.borrow().clone(), claim.uid.clone());
         let rewritten = blocking(move || reconcile::restore_missing_spec(&config, &inventory, &uid, &record))
             .await
-            .and_then(|r| r)
+            .map_err(kind(ErrorKind::Cdi))?
             .map_err(kind(ErrorKind::Cdi))?;
         if rewritten {
             tracing::warn!(claim = %claim, "the CDI spec of a prepared claim was missing; written again");
@@ -763,7 +762,7 @@ impl<S: ClaimSource> Preparer<S> {
     fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
         let records = self.records();
         let record = records.get(uid).filter(|r| r.state == PrepareState::PrepareCompleted)?;
-        Some(record.prepared_devices())
+        Some(PreparedDevice::of_record(record))
     }
 
     /// Refuses a device another claim holds, unless both share it (a
@@ -825,7 +824,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// file, then its record (see [`Files::remove_claim`]), then
     /// forgets it. The reset comes first: if it fails the record stays, and
     /// the next attempt or start-up retries.
-    async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), String> {
+    async fn roll_back(&self, uid: &ClaimUid, record: ClaimRecord) -> Result<(), UndoError> {
         let all: Vec<ClaimRecord> = self.records().values().cloned().collect();
         let reset = sharing::to_reset(&record, all.iter());
         if !reset.is_empty()
@@ -834,19 +833,17 @@ impl<S: ClaimSource> Preparer<S> {
             blocking(move || reset.iter().try_for_each(|gpu| control.reset_time_slice(gpu))).await??;
         }
         if let Some(daemon) = record.mps.clone() {
-            let host = self.config.mps_host.clone().ok_or_else(|| {
-                format!(
-                    "the claim's MPS daemon in {} cannot be stopped: no nvidia-cuda-mps-control in the driver root",
-                    daemon.root.display()
-                )
-            })?;
+            let host = self.config.mps_host.clone().ok_or_else(|| UndoError::NoMpsControl(daemon.root.clone()))?;
             let control = self.config.gpu_control.clone();
             let to_default = mps::gpus_to_reset(&record, all.iter());
             let timeouts = self.config.mps_timeouts;
-            blocking(move || -> Result<(), String> {
-                mps::lifecycle::tear_down(&*host, &daemon, timeouts).map_err(|e| format!("MPS: {e}"))?;
+            blocking(move || -> Result<(), UndoError> {
+                mps::lifecycle::tear_down(&*host, &daemon, timeouts).map_err(UndoError::Mps)?;
                 let Some(control) = control else { return Ok(()) };
-                to_default.iter().try_for_each(|gpu| control.set_compute_mode(gpu, sharing::ComputeMode::Default))
+                to_default
+                    .iter()
+                    .try_for_each(|gpu| control.set_compute_mode(gpu, sharing::ComputeMode::Default))
+                    .map_err(UndoError::from)
             })
             .await??;
         }
@@ -904,15 +901,15 @@ tokio::task_local! {
 /// hands the worker's other tasks to another thread) for a call with one
 /// claim, which saves waking a parked thread, on a VM an idle vCPU, twice
 /// per hand-off.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, String> {
+async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
     let alone = ALONE.try_with(|alone| *alone).unwrap_or(false);
     let multi_thread = tokio::runtime::Handle::try_current()
         .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
     if alone && multi_thread {
         return tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)))
-            .map_err(|_| "internal error: file task panicked".to_owned());
+            .map_err(|_| TaskError::Panicked);
     }
-    tokio::task::spawn_blocking(work).await.map_err(|e| format!("internal error: file task failed: {e}"))
+    tokio::task::spawn_blocking(work).await.map_err(TaskError::Failed)
 }
 
 #[cfg(test)]

@@ -10,7 +10,33 @@ use gpu_dra_driver::inventory::{Inventory, PciBusId, PublishedDevice};
 use super::PreparerConfig;
 use super::plan::PlannedDevice;
 use crate::state::checkpoint::ClaimRecord;
-use crate::vfio::{VfioHost, switch};
+use crate::vfio::VfioHost;
+use crate::vfio::switch::{self, RecordError};
+
+/// Why a claim's passthrough devices cannot be prepared, or its GPUs not
+/// given back: each names the device, claim or GPU.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("device {0} is a GPU passed through to one VM (vfio-pci): it cannot be shared or held with admin access")]
+    NotExclusive(String),
+    #[error("device {0}: the GPU's PCI address or IOMMU group is unknown")]
+    UnknownPlacement(String),
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error(
+        "device {device} and device {theirs} of ResourceClaim {namespace}/{name} ({uid}) are the same GPU, one of them \
+         passed through with vfio-pci: a GPU is on one driver at a time; wait for that claim to be unprepared"
+    )]
+    SameGpu { device: String, theirs: String, namespace: String, name: String, uid: String },
+    #[error("device {0} is recorded passed through, but this plugin has no sysfs (a fake inventory)")]
+    NoSysfs(String),
+    #[error("device {device}: {source}")]
+    Record { device: String, source: RecordError },
+    #[error("claim {0} passed GPUs through, but this plugin has no sysfs to give them back")]
+    NoSysfsToGiveBack(String),
+    #[error("giving GPU {gpu} back: {source}")]
+    GiveBack { gpu: String, source: switch::SwitchError },
+}
 
 /// A `gpu-vfio-<minor>` device of a claim.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,26 +56,22 @@ pub struct Target {
 
 /// Finds the claim's passthrough devices. A GPU bound to `vfio-pci` is one
 /// VM's: admin access and shares are refused.
-pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<Vec<Target>, String> {
+pub fn plan(planned: &[PlannedDevice], inventory: &Inventory) -> Result<Vec<Target>, Error> {
     let mut out = Vec::new();
     for (index, device) in planned.iter().enumerate() {
         let Some(PublishedDevice::Vfio(gpu)) = inventory.find_device(&device.device) else { continue };
         if !device.is_exclusive() {
-            return Err(format!(
-                "device {} is a GPU passed through to one VM (vfio-pci): it cannot be shared or held with admin \
-                 access",
-                device.device
-            ));
+            return Err(Error::NotExclusive(device.device.to_string()));
         }
         let (Some(id), Some(group)) = (gpu.pci_bus_id, gpu.iommu_group) else {
-            return Err(format!("device {}: the GPU's PCI address or IOMMU group is unknown", device.device));
+            return Err(Error::UnknownPlacement(device.device.to_string()));
         };
         out.push(Target {
             index,
             gpu: id,
             minor: gpu.minor,
             group,
-            plain_name: gpu.device_name().map_err(|e| e.to_string())?.to_string(),
+            plain_name: gpu.device_name()?.to_string(),
             other_gpus: inventory.gpus.iter().filter_map(|g| g.pci_bus_id).filter(|g| *g != id).collect(),
         });
     }
@@ -78,7 +100,7 @@ pub fn check_records<'a>(
     uid: &str,
     planned: &[PlannedDevice],
     records: impl IntoIterator<Item = &'a ClaimRecord>,
-) -> Result<(), String> {
+) -> Result<(), Error> {
     let ours: Vec<(&PlannedDevice, (u32, bool))> =
         planned.iter().filter_map(|d| Some((d, gpu_of(d.device.as_str())?))).collect();
     for other in records.into_iter().filter(|r| r.uid != uid) {
@@ -86,11 +108,13 @@ pub fn check_records<'a>(
             let Some((minor, vfio)) = gpu_of(&theirs.device_name) else { continue };
             let clash = ours.iter().find(|(_, (m, v))| *m == minor && *v != vfio);
             if let Some((device, _)) = clash {
-                return Err(format!(
-                    "device {} and device {} of ResourceClaim {}/{} ({}) are the same GPU, one of them passed \
-                     through with vfio-pci: a GPU is on one driver at a time; wait for that claim to be unprepared",
-                    device.device, theirs.device_name, other.namespace, other.name, other.uid
-                ));
+                return Err(Error::SameGpu {
+                    device: device.device.to_string(),
+                    theirs: theirs.device_name.clone(),
+                    namespace: other.namespace.clone(),
+                    name: other.name.clone(),
+                    uid: other.uid.clone(),
+                });
             }
         }
     }
@@ -101,37 +125,32 @@ pub fn check_records<'a>(
 /// must be one the plugin could have made on this node (see
 /// [`switch::check_recorded`]); else the record is set aside and nothing
 /// it names is written.
-pub(super) fn check(config: &PreparerConfig, inventory: &Inventory, record: &ClaimRecord) -> Result<(), String> {
+pub(super) fn check(config: &PreparerConfig, inventory: &Inventory, record: &ClaimRecord) -> Result<(), Error> {
     if record.boot_id != config.boot_id {
         return Ok(());
     }
     for device in &record.devices {
         let Some(recorded) = &device.vfio else { continue };
         let Some(host) = &config.vfio else {
-            return Err(format!(
-                "device {} is recorded passed through, but this plugin has no sysfs (a fake inventory)",
-                device.device_name
-            ));
+            return Err(Error::NoSysfs(device.device_name.clone()));
         };
         switch::check_recorded(&*host.binding, inventory, &device.device_name, recorded)
-            .map_err(|e| format!("device {}: {e}", device.device_name))?;
+            .map_err(|source| Error::Record { device: device.device_name.clone(), source })?;
     }
     Ok(())
 }
 
 /// Gives every group the record passed through back to its drivers, last
 /// first, from the record alone; repeatable after a kill anywhere.
-pub(super) fn give_back(host: Option<&VfioHost>, record: &ClaimRecord) -> Result<(), String> {
+pub(super) fn give_back(host: Option<&VfioHost>, record: &ClaimRecord) -> Result<(), Error> {
     let mut switches = record.devices.iter().filter_map(|d| d.vfio.as_ref()).rev().peekable();
     if switches.peek().is_none() {
         return Ok(());
     }
-    let host = host.ok_or_else(|| {
-        format!("claim {} passed GPUs through, but this plugin has no sysfs to give them back", record.uid)
-    })?;
+    let host = host.ok_or_else(|| Error::NoSysfsToGiveBack(record.uid.clone()))?;
     for recorded in switches {
         switch::give_back(&*host.binding, recorded, &mut switch::kill_points, host.timing)
-            .map_err(|e| format!("giving GPU {} back: {e}", recorded.pci_bus_id))?;
+            .map_err(|source| Error::GiveBack { gpu: recorded.pci_bus_id.clone(), source })?;
     }
     Ok(())
 }

@@ -34,7 +34,9 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
-use super::{CDI_FILE_MODE, OpenError, PreparerConfig};
+use super::error::UndoError;
+use super::files::CDI_FILE_MODE;
+use super::{OpenError, PreparerConfig};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::state::durable;
 
@@ -89,8 +91,11 @@ pub(super) fn reconcile(
     let mut valid = Vec::new();
     for record in loaded.records {
         let checked = derived::check(&record, &config.driver, &config.mps_dir)
-            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid))
-            .and_then(|uid| super::passthrough::check(config, inventory, &record).map(|()| uid));
+            .map_err(|e| e.to_string())
+            .and_then(|uid| super::reconcile_mig::check(config, &record).map(|()| uid).map_err(|e| e.to_string()))
+            .and_then(|uid| {
+                super::passthrough::check(config, inventory, &record).map(|()| uid).map_err(|e| e.to_string())
+            });
         match checked {
             Ok(uid) => valid.push((uid, record)),
             Err(reason) => damaged.push(DamagedRecord {
@@ -116,9 +121,14 @@ pub(super) fn reconcile(
             // Instances and bindings first: the record must outlive them. A
             // reboot gave every GPU back to its driver already.
             let same_boot = record.boot_id == config.boot_id;
-            let undone = super::reconcile_mig::roll_back(config, inventory, &record).and_then(|()| {
-                if same_boot { super::passthrough::give_back(config.vfio.as_ref(), &record) } else { Ok(()) }
-            });
+            let undone =
+                super::reconcile_mig::roll_back(config, inventory, &record).map_err(UndoError::from).and_then(|()| {
+                    if same_boot {
+                        super::passthrough::give_back(config.vfio.as_ref(), &record).map_err(UndoError::from)
+                    } else {
+                        Ok(())
+                    }
+                });
             if let Err(error) = undone {
                 tracing::error!(claim_uid = %record.uid, %error, "undoing an interrupted prepare (its MIG devices, its GPUs on vfio-pci) failed; kept for the next attempt");
                 if record.boot_id == config.boot_id {
@@ -217,7 +227,7 @@ fn settle_mps(
         let mut progress = record.clone();
         let mut save = |d: &crate::state::checkpoint::MpsDaemon| {
             progress.mps = Some(d.clone());
-            checkpoint.write(&uid, &progress).map_err(|e| e.to_string())
+            checkpoint.write(&uid, &progress)
         };
         let restarted = lifecycle::tear_down(host, &daemon, config.mps_timeouts)
             .and_then(|()| lifecycle::bring_up(host, control, &mut daemon, config.mps_timeouts, &mut save));
@@ -299,30 +309,39 @@ pub(super) fn restore_missing_spec(
     inventory: &Inventory,
     uid: &ClaimUid,
     record: &ClaimRecord,
-) -> Result<bool, String> {
+) -> Result<bool, RestoreError> {
     // An adopted claim's spec is written again under NVIDIA's name: JSON
     // is YAML, and the record keeps naming one file.
     let spec_file = derived::spec_file(record, &config.driver, uid);
     if config.cdi_dir.join(&spec_file).exists() || !super::adopt::spec_restorable(record, &config.driver, uid) {
         return Ok(false);
     }
-    let names: Vec<DeviceName> = record
-        .devices
-        .iter()
-        .map(|d| DeviceName::new(d.device_name.as_str()))
-        .collect::<Result<_, _>>()
-        .map_err(|e| e.to_string())?;
+    let names: Vec<DeviceName> =
+        record.devices.iter().map(|d| DeviceName::new(d.device_name.as_str())).collect::<Result<_, _>>()?;
     let view = super::dynamic_mig::overlay_record(inventory, record);
-    let mut spec =
-        cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names).map_err(|e| e.to_string())?;
+    let mut spec = cdi::claim_spec(&config.driver, &view, &config.driver_edits.get(), uid, &names)?;
     if let Some(daemon) = &record.mps {
         super::mps::add_edits(&mut spec.spec, daemon, uid.as_str());
     }
     super::dynamic_mig::add_uuid_env(&mut spec.spec, uid.as_str(), record);
-    let bytes = spec.to_json().map_err(|e| e.to_string())?;
+    let bytes = spec.to_json()?;
     durable::write(&config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
-        .map_err(|e| format!("writing CDI spec {}: {e}", config.cdi_dir.join(&spec_file).display()))?;
+        .map_err(|source| RestoreError::Write { path: config.cdi_dir.join(&spec_file), source })?;
     Ok(true)
+}
+
+/// Why a completed claim's missing spec could not be written again.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// A recorded device name breaks the naming rules.
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error(transparent)]
+    Spec(#[from] cdi::CdiError),
+    #[error(transparent)]
+    Encode(#[from] serde_json::Error),
+    #[error("writing CDI spec {}: {source}", path.display())]
+    Write { path: PathBuf, source: std::io::Error },
 }
 
 /// Deletes our spec files that no record owns and our temporary files;

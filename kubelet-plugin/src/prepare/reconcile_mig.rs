@@ -33,12 +33,13 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::ClaimUid;
 
+use super::PreparerConfig;
 use super::dynamic_mig::{is_dynamic, overlay_record};
-use super::{CDI_FILE_MODE, PreparerConfig};
+use super::files::CDI_FILE_MODE;
 use crate::mig::ledger::{ClaimLedger, Made};
 use crate::mig::lifecycle::{self, MigHost};
 use crate::mig::ownership::{self, Proof};
-use crate::mig::{MigIntent, ObservedInstance, order};
+use crate::mig::{self, MigIntent, ObservedInstance, order};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 
@@ -70,7 +71,7 @@ pub(super) fn load_ledger(config: &PreparerConfig) -> usize {
 /// Whether a record may be acted on: a completed record of this boot that
 /// names dynamic MIG devices or whole GPUs must agree with its claim's
 /// ledger (see [`ownership::check_record`]).
-pub(super) fn check(config: &PreparerConfig, record: &ClaimRecord) -> Result<(), String> {
+pub(super) fn check(config: &PreparerConfig, record: &ClaimRecord) -> Result<(), ownership::LedgerDisagrees> {
     if record.boot_id != config.boot_id
         || record.state != PrepareState::PrepareCompleted
         || !ownership::touches_mig(record)
@@ -83,7 +84,11 @@ pub(super) fn check(config: &PreparerConfig, record: &ClaimRecord) -> Result<(),
 
 /// Undoes what an interrupted (or pre-reboot) record's claim made.
 /// `Err` leaves the record for the kubelet's next call to roll back.
-pub(super) fn roll_back(config: &PreparerConfig, inventory: &Inventory, record: &ClaimRecord) -> Result<(), String> {
+pub(super) fn roll_back(
+    config: &PreparerConfig,
+    inventory: &Inventory,
+    record: &ClaimRecord,
+) -> Result<(), mig::Error> {
     let Some(host) = &config.mig else { return Ok(()) };
     release(host, inventory, &record.uid, &config.boot_id)
 }
@@ -105,7 +110,7 @@ fn minor_of(inventory: &Inventory, gpu: &str) -> u32 {
 /// only: a reboot took them), on GPUs managed dynamically now, in reverse
 /// creation order; turns MIG mode on again on the GPUs the ledger says it
 /// turned off for the claim. The ledger itself stays (see [`forget`]).
-pub(super) fn release(host: &MigHost, inventory: &Inventory, uid: &str, boot_id: &str) -> Result<(), String> {
+pub(super) fn release(host: &MigHost, inventory: &Inventory, uid: &str, boot_id: &str) -> Result<(), mig::Error> {
     let Some(entry) = host.ledger.get(uid) else { return Ok(()) };
     let mut own = host.ledger.claim(uid, &entry.boot_id);
     if entry.boot_id == boot_id {
@@ -137,7 +142,7 @@ pub(super) fn release(host: &MigHost, inventory: &Inventory, uid: &str, boot_id:
 /// instances it was about to create that exist: nothing proves them ours,
 /// so they stay, and the entry keeps their placements withheld until
 /// someone removes them.
-pub(super) fn forget(host: &MigHost, uid: &str) -> Result<(), String> {
+pub(super) fn forget(host: &MigHost, uid: &str) -> Result<(), mig::Error> {
     let Some(mut entry) = host.ledger.get(uid) else { return Ok(()) };
     entry.mig_mode_off.clear();
     entry.instances.retain(|o| {
@@ -234,7 +239,7 @@ pub(super) fn settle(
             let Some((ledger, entry)) = prover(&ledgers, host, &gpu.uuid, instance) else { continue };
             let intent = entry.intent(gpu.minor);
             let destroyed = lifecycle::destroy_observed(&*host.control, &gpu.uuid, instance)
-                .map_err(|e| e.to_string())
+                .map_err(mig::Error::from)
                 .and_then(|()| host.ledger.claim(&ledger.uid, &ledger.boot_id).destroyed(&intent));
             match destroyed {
                 Ok(()) => {

@@ -20,13 +20,38 @@ use crate::state::checkpoint::{ClaimRecord, TimeSlice};
 /// What changes a GPU's scheduling: `nvidia-smi` on a node, a recorder in
 /// tests.
 pub trait GpuControl: Send + Sync + fmt::Debug {
-    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String>;
-    fn reset_time_slice(&self, gpu_uuid: &str) -> Result<(), String> {
+    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError>;
+    fn reset_time_slice(&self, gpu_uuid: &str) -> Result<(), GpuControlError> {
         self.set_time_slice(gpu_uuid, 0)
     }
     /// `nvidia-smi -i <uuid> -c <mode>`: `EXCLUSIVE_PROCESS` for an MPS
     /// daemon (only it talks to the GPU), `DEFAULT` again afterwards.
-    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String>;
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError>;
+}
+
+/// Why `nvidia-smi` did not change a GPU's setting.
+#[derive(Debug, thiserror::Error)]
+pub enum GpuControlError {
+    #[error("running {}: {source}", program.display())]
+    Run { program: PathBuf, source: std::io::Error },
+    /// `command` is the whole command line; `said` its output.
+    #[error("{command} failed ({status}): {said}")]
+    Failed { command: String, status: std::process::ExitStatus, said: String },
+}
+
+/// Why a claim's time-slicing cannot be applied as asked.
+#[derive(Debug, thiserror::Error)]
+pub enum TimeSliceError {
+    #[error("device {0} is not on this node")]
+    NotOnNode(String),
+    /// Another prepared claim time-slices the GPU at another interval.
+    #[error(
+        "GPU {gpu} is time-sliced {} for ResourceClaim {their_claim} and {} for ResourceClaim {our_claim}: a GPU has \
+         one time-slice; give both claims the same interval",
+        interval_name(*theirs),
+        interval_name(*ours)
+    )]
+    OtherInterval { gpu: String, theirs: u8, their_claim: String, ours: u8, our_claim: String },
 }
 
 /// The compute modes the plugin sets.
@@ -60,34 +85,35 @@ impl NvidiaSmi {
         NvidiaSmi { path, library_dir }
     }
 
-    fn run(&self, args: &[&str]) -> Result<(), String> {
+    fn run(&self, args: &[&str]) -> Result<(), GpuControlError> {
         let mut command = Command::new(&self.path);
         if let Some(dir) = &self.library_dir {
             command.env("LD_LIBRARY_PATH", dir);
         }
-        let output = command.args(args).output().map_err(|e| format!("running {}: {e}", self.path.display()))?;
+        let output = command
+            .args(args)
+            .output()
+            .map_err(|source| GpuControlError::Run { program: self.path.clone(), source })?;
         if output.status.success() {
             return Ok(());
         }
         let said = String::from_utf8_lossy(&output.stdout);
         let complained = String::from_utf8_lossy(&output.stderr);
-        Err(format!(
-            "{} {} failed ({}): {}",
-            self.path.display(),
-            args.join(" "),
-            output.status,
-            format!("{said} {complained}").trim()
-        ))
+        Err(GpuControlError::Failed {
+            command: format!("{} {}", self.path.display(), args.join(" ")),
+            status: output.status,
+            said: format!("{said} {complained}").trim().to_owned(),
+        })
     }
 }
 
 impl GpuControl for NvidiaSmi {
-    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
+    fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError> {
         self.run(&["-i", gpu_uuid, "-c", "DEFAULT"])?;
         self.run(&["compute-policy", "-i", gpu_uuid, "--set-timeslice", &interval.to_string()])
     }
 
-    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+    fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError> {
         self.run(&["-i", gpu_uuid, "-c", mode.as_str()])
     }
 }
@@ -98,7 +124,7 @@ pub fn time_slices(
     planned: &[PlannedDevice],
     resolved: &[ResolvedConfig],
     inventory: &Inventory,
-) -> Result<Vec<Option<TimeSlice>>, String> {
+) -> Result<Vec<Option<TimeSlice>>, TimeSliceError> {
     planned
         .iter()
         .zip(resolved)
@@ -112,7 +138,7 @@ pub fn time_slices(
             let gpu_uuid = inventory
                 .find_device(&device.device)
                 .map(|d| d.gpu().uuid.clone())
-                .ok_or_else(|| format!("device {} is not on this node", device.device))?;
+                .ok_or_else(|| TimeSliceError::NotOnNode(device.device.to_string()))?;
             Ok(Some(TimeSlice { gpu_uuid, interval }))
         })
         .collect()
@@ -130,21 +156,19 @@ pub fn check_agreement<'a>(
     name: &str,
     slices: &[Option<TimeSlice>],
     others: impl Iterator<Item = &'a ClaimRecord>,
-) -> Result<(), String> {
+) -> Result<(), TimeSliceError> {
     for other in others.filter(|r| r.uid != uid) {
         for theirs in other.devices.iter().filter_map(|d| d.time_slice.as_ref()) {
             if let Some(ours) =
                 slices.iter().flatten().find(|s| s.gpu_uuid == theirs.gpu_uuid && s.interval != theirs.interval)
             {
-                return Err(format!(
-                    "GPU {} is time-sliced {} for ResourceClaim {}/{} and {} for ResourceClaim {namespace}/{name}: \
-                     a GPU has one time-slice; give both claims the same interval",
-                    theirs.gpu_uuid,
-                    interval_name(theirs.interval),
-                    other.namespace,
-                    other.name,
-                    interval_name(ours.interval)
-                ));
+                return Err(TimeSliceError::OtherInterval {
+                    gpu: theirs.gpu_uuid.clone(),
+                    theirs: theirs.interval,
+                    their_claim: format!("{}/{}", other.namespace, other.name),
+                    ours: ours.interval,
+                    our_claim: format!("{namespace}/{name}"),
+                });
             }
         }
     }
@@ -171,7 +195,7 @@ pub fn to_reset<'a>(record: &ClaimRecord, others: impl Iterator<Item = &'a Claim
 pub(crate) mod test_support {
     use std::sync::Mutex;
 
-    use super::{ComputeMode, GpuControl};
+    use super::{ComputeMode, GpuControl, GpuControlError};
 
     /// Records every call, as `set <uuid> <interval>` or `mode <uuid>
     /// <MODE>`.
@@ -181,12 +205,12 @@ pub(crate) mod test_support {
     }
 
     impl GpuControl for Recorder {
-        fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), String> {
+        fn set_time_slice(&self, gpu_uuid: &str, interval: u8) -> Result<(), GpuControlError> {
             self.calls.lock().unwrap().push(format!("set {gpu_uuid} {interval}"));
             Ok(())
         }
 
-        fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), String> {
+        fn set_compute_mode(&self, gpu_uuid: &str, mode: ComputeMode) -> Result<(), GpuControlError> {
             self.calls.lock().unwrap().push(format!("mode {gpu_uuid} {}", mode.as_str()));
             Ok(())
         }
@@ -210,7 +234,7 @@ mod tests {
         let same = [Some(TimeSlice { gpu_uuid: "GPU-0".into(), interval: 3 })];
         assert!(check_agreement("b", "ns", "b", &same, [&theirs].into_iter()).is_ok());
         let other = [Some(TimeSlice { gpu_uuid: "GPU-0".into(), interval: 1 })];
-        let err = check_agreement("b", "ns", "b", &other, [&theirs].into_iter()).unwrap_err();
+        let err = check_agreement("b", "ns", "b", &other, [&theirs].into_iter()).unwrap_err().to_string();
         assert!(err.contains("Long for ResourceClaim default/claim and Short for ResourceClaim ns/b"), "{err}");
     }
 

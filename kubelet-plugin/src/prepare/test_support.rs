@@ -110,6 +110,8 @@ impl MapSource {
 }
 
 impl ClaimSource for MapSource {
+    type Error = String;
+
     async fn get(
         &self,
         _namespace: &str,

@@ -7,6 +7,8 @@ use gpu_dra_driver::k8s_format;
 use gpu_dra_driver::names::{ClaimUid, InvalidName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+use crate::state::checkpoint::ClaimRecord;
+
 /// A claim as the kubelet names it; raw, [`ClaimRef::validate`] checks it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ClaimRef {
@@ -63,33 +65,56 @@ pub struct PreparedDevice {
     pub share_id: Option<String>,
 }
 
+impl PreparedDevice {
+    /// The devices a record gave its claim, as the kubelet gets them again
+    /// (here, not in the checkpoint: the record's format knows nothing of
+    /// the kubelet's answer).
+    pub fn of_record(record: &ClaimRecord) -> Vec<PreparedDevice> {
+        record
+            .devices
+            .iter()
+            .map(|d| PreparedDevice {
+                request_names: d.request_names.clone(),
+                pool_name: d.pool_name.clone(),
+                device_name: d.device_name.clone(),
+                cdi_device_ids: d.cdi_device_ids.clone(),
+                share_id: d.share_id.clone(),
+            })
+            .collect()
+    }
+}
+
 /// A claim's result: its devices, or the error text the kubelet shows.
 pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
 
 /// Where the preparer reads ResourceClaims: the API server in production
 /// ([`crate::prepare::claims::KubeClaimSource`]), a map in tests.
 pub trait ClaimSource: Send + Sync + 'static {
+    /// Why a claim could not be read; its text is shown to the kubelet as is.
+    type Error: std::fmt::Display + Send + 'static;
+
     /// The claim, `None` when it does not exist; gives up at `deadline`.
-    /// The error text is shown to the kubelet as is.
     fn get(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
-    ) -> impl Future<Output = Result<Option<ResourceClaim>, String>> + Send;
+    ) -> impl Future<Output = Result<Option<ResourceClaim>, Self::Error>> + Send;
 
     /// Drops any cached copy (called when the cached copy's UID is stale).
     fn forget(&self, namespace: &str, name: &str);
 }
 
 impl ClaimSource for crate::prepare::claims::KubeClaimSource {
+    type Error = crate::prepare::claims::ClaimLookupError;
+
     async fn get(
         &self,
         namespace: &str,
         name: &str,
         deadline: tokio::time::Instant,
-    ) -> Result<Option<ResourceClaim>, String> {
-        crate::prepare::claims::KubeClaimSource::get(self, namespace, name, deadline).await.map_err(|e| e.to_string())
+    ) -> Result<Option<ResourceClaim>, Self::Error> {
+        crate::prepare::claims::KubeClaimSource::get(self, namespace, name, deadline).await
     }
 
     fn forget(&self, namespace: &str, name: &str) {

@@ -27,6 +27,7 @@ use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
+use super::error::UndoError;
 use super::files::Files;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
@@ -88,10 +89,10 @@ impl<S: ClaimSource> Preparer<S> {
         };
         let done = match blocking(move || task.run()).await {
             Ok(done) => done,
-            Err(message) => {
+            Err(error) => {
                 // The task died (a panic): its record may be on disk.
                 self.records().insert(uid.clone(), record);
-                return Err(self.undo(claim, Failure { kind: ErrorKind::Prepare, message }).await);
+                return Err(self.undo(claim, kind(ErrorKind::Prepare)(error)).await);
             }
         };
         if let Some(took) = done.nvml {
@@ -104,7 +105,7 @@ impl<S: ClaimSource> Preparer<S> {
                 Err(self.undo(claim, failure).await)
             }
             Reached::Completed(record) => {
-                let devices = record.prepared_devices();
+                let devices = PreparedDevice::of_record(&record);
                 self.records().insert(uid, record);
                 self.tell_selection();
                 tracing::info!(claim = %claim, devices = devices.len(), "prepared (dynamic MIG)");
@@ -173,7 +174,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// any: a damaged one was set aside) names. Only on GPUs managed
     /// dynamically now for instances: a record never makes the plugin touch
     /// the instances of a GPU an administrator partitioned.
-    pub(super) async fn unmake_dynamic(&self, uid: &str) -> Result<(), String> {
+    pub(super) async fn unmake_dynamic(&self, uid: &str) -> Result<(), UndoError> {
         let Some(host) = self.config.mig.clone() else { return Ok(()) };
         if host.ledger.get(uid).is_none() {
             return Ok(());
@@ -183,7 +184,7 @@ impl<S: ClaimSource> Preparer<S> {
         let (unmade, took) =
             blocking(move || timed(|| super::reconcile_mig::release(&host, &inventory, &uid, &boot))).await?;
         self.nvml_took(Operation::Unprepare, took);
-        unmade
+        Ok(unmade?)
     }
 
     /// `gpu:<uuid>` lock keys of the GPUs the claim's ledger names.
@@ -198,7 +199,7 @@ impl<S: ClaimSource> Preparer<S> {
 
     /// Once the claim's record is gone: forgets its ledger (see
     /// [`super::reconcile_mig::forget`]) and tells the selection.
-    pub(super) async fn forget_dynamic(&self, uid: &str) -> Result<(), String> {
+    pub(super) async fn forget_dynamic(&self, uid: &str) -> Result<(), UndoError> {
         let Some(host) = self.config.mig.clone() else { return Ok(()) };
         if host.ledger.get(uid).is_none() {
             return Ok(());
@@ -288,8 +289,8 @@ enum Reached {
 impl MakeTask {
     fn run(self) -> Done {
         let uid = self.uid;
-        if let Err(message) = self.files.record_started(&uid, &self.started) {
-            return Done { reached: Reached::NotRecorded(message), nvml: None };
+        if let Err(error) = self.files.record_started(&uid, &self.started) {
+            return Done { reached: Reached::NotRecorded(error.to_string()), nvml: None };
         }
         kill_point::reached(Step::AfterRecord);
         let mut own = self.host.ledger.claim(uid.as_str(), &self.started.boot_id);
@@ -305,7 +306,8 @@ impl MakeTask {
         let nvml = Some(took);
         let made = match made {
             Ok(made) => made,
-            Err(message) => {
+            Err(error) => {
+                let message = error.to_string();
                 return Done { reached: Reached::Failed(Failure { kind: ErrorKind::Prepare, message }), nvml };
             }
         };

@@ -6,7 +6,8 @@
 //! 0. wait, bounded, until no process holds the GPU open ([`holders`]), as
 //!    NVIDIA's driver waits for `fuser`; else fail, having changed nothing;
 //! 1. the `PrepareStarted` record names the GPU, its group and each
-//!    member's driver before anything is written ([`VfioSwitch`]);
+//!    member's driver before anything is written
+//!    ([`crate::state::checkpoint::VfioSwitch`]);
 //! 2. per member: `driver_override` ← `vfio-pci`, unbind from its driver,
 //!    `drivers_probe` (a kill point after each write);
 //! 3. wait, bounded, until every member is bound to `vfio-pci` and
@@ -30,8 +31,6 @@ pub mod sysfs;
 
 use std::sync::Arc;
 
-use gpu_dra_driver::inventory::PciBusId;
-
 /// What the preparer switches drivers with: the node's sysfs (an emulator
 /// in tests) and how long a switch may take.
 #[derive(Clone)]
@@ -45,44 +44,5 @@ pub struct VfioHost {
 impl std::fmt::Debug for VfioHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("VfioHost").field("timing", &self.timing).finish_non_exhaustive()
-    }
-}
-
-/// What a claim's record says of a GPU it passes through: written before
-/// the first sysfs write, so that start-up can give everything back.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VfioSwitch {
-    /// The GPU's PCI address (the inventory's; checked against it again
-    /// before any write).
-    pub pci_bus_id: String,
-    pub iommu_group: u32,
-    /// Every device of the group and the driver it had before.
-    pub members: Vec<VfioMember>,
-}
-
-/// One device of the group.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VfioMember {
-    pub pci_bus_id: String,
-    /// `None`: no driver was bound.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub original_driver: Option<String>,
-}
-
-impl VfioSwitch {
-    /// The members' addresses, each validated (a record is data, not trust).
-    pub fn member_ids(&self) -> Result<Vec<PciBusId>, String> {
-        self.members
-            .iter()
-            .map(|m| {
-                let id = PciBusId::parse(&m.pci_bus_id).map_err(|e| format!("checkpoint: {e}"))?;
-                if id.to_string() != m.pci_bus_id {
-                    return Err(format!("checkpoint: {:?} is not a canonical PCI address", m.pci_bus_id));
-                }
-                Ok(id)
-            })
-            .collect()
     }
 }

@@ -8,7 +8,7 @@ use gpu_dra_driver::bounded_file::is_plain_name;
 use gpu_dra_driver::inventory::{Inventory, PciBusId};
 
 use super::sysfs::{PciBinding, SysfsError, VFIO_PCI};
-use super::{VfioMember, VfioSwitch};
+use crate::state::checkpoint::{MemberError, VfioMember, VfioSwitch};
 use crate::state::kill_point::Step;
 
 /// The driver a GPU must be bound to before it is passed through.
@@ -41,6 +41,32 @@ pub enum SwitchError {
     /// A test's stand-in for SIGKILL at a kill point: nothing after it ran.
     #[error("killed at {}", .0.name())]
     Killed(Step),
+}
+
+/// Why a recorded switch is not one the plugin could have made on this
+/// node: forged or damaged, so nothing it names is written.
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    #[error(transparent)]
+    Member(#[from] MemberError),
+    #[error("field `vfio.pciBusId` {0:?} is no GPU of this node")]
+    NoSuchGpu(String),
+    #[error(transparent)]
+    DeviceName(#[from] gpu_dra_driver::names::InvalidName),
+    #[error("device {device:?} is not the passthrough device of GPU {gpu}")]
+    NotPassthroughDevice { device: String, gpu: String },
+    #[error("field `vfio.iommuGroup` is {recorded}, but GPU {gpu} is in IOMMU group {actual:?}")]
+    OtherGroup { recorded: u32, gpu: String, actual: Option<u32> },
+    #[error("GPU {0} has no PCI address")]
+    NoAddress(String),
+    #[error(transparent)]
+    Sysfs(#[from] SysfsError),
+    #[error("field `vfio.members` names {stranger}, which is not in IOMMU group {group} of GPU {gpu}")]
+    Stranger { stranger: PciBusId, group: u32, gpu: String },
+    #[error("field `vfio.members` does not name GPU {0} itself")]
+    GpuNotMember(String),
+    #[error("field `vfio.members` names driver {0:?}, which is no plain driver name")]
+    NotPlainDriver(String),
 }
 
 /// Called at each kill point; the plugin's kills the process when a crash
@@ -96,35 +122,37 @@ pub fn check_recorded(
     inventory: &Inventory,
     device: &str,
     switch: &VfioSwitch,
-) -> Result<(), String> {
+) -> Result<(), RecordError> {
     let gpu = inventory
         .gpus
         .iter()
         .find(|g| g.pci_bus_id.is_some_and(|id| id.to_string() == switch.pci_bus_id))
-        .ok_or_else(|| format!("field `vfio.pciBusId` {:?} is no GPU of this node", switch.pci_bus_id))?;
-    if gpu.vfio_device_name().map_err(|e| e.to_string())?.as_str() != device {
-        return Err(format!("device {device:?} is not the passthrough device of GPU {}", switch.pci_bus_id));
+        .ok_or_else(|| RecordError::NoSuchGpu(switch.pci_bus_id.clone()))?;
+    if gpu.vfio_device_name()?.as_str() != device {
+        return Err(RecordError::NotPassthroughDevice { device: device.to_owned(), gpu: switch.pci_bus_id.clone() });
     }
     if gpu.iommu_group != Some(switch.iommu_group) {
-        return Err(format!(
-            "field `vfio.iommuGroup` is {}, but GPU {} is in IOMMU group {:?}",
-            switch.iommu_group, switch.pci_bus_id, gpu.iommu_group
-        ));
+        return Err(RecordError::OtherGroup {
+            recorded: switch.iommu_group,
+            gpu: switch.pci_bus_id.clone(),
+            actual: gpu.iommu_group,
+        });
     }
     let recorded = switch.member_ids()?;
-    let id = gpu.pci_bus_id.ok_or_else(|| format!("GPU {} has no PCI address", switch.pci_bus_id))?;
-    let members = binding.group_members(&id, switch.iommu_group).map_err(|e| e.to_string())?;
+    let id = gpu.pci_bus_id.ok_or_else(|| RecordError::NoAddress(switch.pci_bus_id.clone()))?;
+    let members = binding.group_members(&id, switch.iommu_group)?;
     if let Some(stranger) = recorded.iter().find(|m| !members.contains(m)) {
-        return Err(format!(
-            "field `vfio.members` names {stranger}, which is not in IOMMU group {} of GPU {}",
-            switch.iommu_group, switch.pci_bus_id
-        ));
+        return Err(RecordError::Stranger {
+            stranger: *stranger,
+            group: switch.iommu_group,
+            gpu: switch.pci_bus_id.clone(),
+        });
     }
     if !recorded.contains(&id) {
-        return Err(format!("field `vfio.members` does not name GPU {} itself", switch.pci_bus_id));
+        return Err(RecordError::GpuNotMember(switch.pci_bus_id.clone()));
     }
     if let Some(bad) = switch.members.iter().filter_map(|m| m.original_driver.as_deref()).find(|d| !is_plain_name(d)) {
-        return Err(format!("field `vfio.members` names driver {bad:?}, which is no plain driver name"));
+        return Err(RecordError::NotPlainDriver(bad.to_owned()));
     }
     Ok(())
 }
@@ -132,7 +160,7 @@ pub fn check_recorded(
 /// Binds every member to `vfio-pci` and waits for the group's node. On a
 /// failure or timeout the caller gives back ([`give_back`]).
 pub fn bind(binding: &dyn PciBinding, switch: &VfioSwitch, at: At<'_>, timing: Timing) -> Result<(), SwitchError> {
-    let members = switch.member_ids().map_err(SwitchError::Refused)?;
+    let members = switch.member_ids().map_err(|e| SwitchError::Refused(e.to_string()))?;
     for member in &members {
         binding.set_override(member, Some(VFIO_PCI))?;
         at(Step::VfioOverride)?;
@@ -164,7 +192,7 @@ pub fn bind(binding: &dyn PciBinding, switch: &VfioSwitch, at: At<'_>, timing: T
 /// Gives every member back to the driver that matches it. Safe to repeat
 /// and to start after a kill anywhere in [`bind`] or in itself.
 pub fn give_back(binding: &dyn PciBinding, switch: &VfioSwitch, at: At<'_>, timing: Timing) -> Result<(), SwitchError> {
-    let members = switch.member_ids().map_err(SwitchError::Refused)?;
+    let members = switch.member_ids().map_err(|e| SwitchError::Refused(e.to_string()))?;
     for (member, recorded) in members.iter().zip(&switch.members) {
         binding.set_override(member, None)?;
         let driver = binding.driver(member)?;

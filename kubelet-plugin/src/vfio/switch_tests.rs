@@ -2,6 +2,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::*;
+use crate::state::checkpoint::{VfioMember, VfioSwitch};
 use crate::vfio::fake_kernel::{FakeKernel, bdf};
 use crate::vfio::sysfs;
 

@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_driver::bounded_file::{self, Links};
 
+use super::error::Error;
+use crate::process::read_stat;
 use crate::state::checkpoint::{DaemonProcess, MpsDaemon};
 
 /// The pid file `nvidia-cuda-mps-control -d` writes in its pipe directory.
@@ -32,14 +34,14 @@ const LAUNCHER_LOG_MAX: u64 = 1 << 20;
 /// replays them after a crash at any point.
 pub trait MpsHost: Send + Sync + fmt::Debug {
     /// Creates the root, `pipe/`, `log/` and `shm/` directories.
-    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), Error>;
     /// Mounts a tmpfs on `shm/` unless one is there.
-    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), Error>;
     /// Runs `nvidia-cuda-mps-control -d` (which daemonizes) and waits for
     /// the launcher to return.
-    fn start(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    fn start(&self, daemon: &MpsDaemon) -> Result<(), Error>;
     /// Sends one command line to the daemon through its client; its answer.
-    fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String, String>;
+    fn control(&self, daemon: &MpsDaemon, command: &str) -> Result<String, Error>;
     /// The daemon process named by the pid file, if it runs.
     fn find_process(&self, daemon: &MpsDaemon) -> Option<DaemonProcess>;
     /// Every running process started for the daemon's pipe directory (the
@@ -55,9 +57,9 @@ pub trait MpsHost: Send + Sync + fmt::Debug {
     /// SIGKILL, if `process` still runs.
     fn kill(&self, process: &DaemonProcess);
     /// Unmounts `shm/` if mounted.
-    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), Error>;
     /// Removes the root directory and everything under it.
-    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String>;
+    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), Error>;
 }
 
 /// The driver root's `nvidia-cuda-mps-control`, run on this node.
@@ -110,7 +112,7 @@ impl LocalMps {
         }
     }
 
-    fn wait(&self, child: &mut Child, what: &str) -> Result<std::process::ExitStatus, String> {
+    fn wait(&self, child: &mut Child, what: &str) -> Result<std::process::ExitStatus, Error> {
         let deadline = Instant::now() + self.command_timeout;
         loop {
             match child.try_wait() {
@@ -119,9 +121,9 @@ impl LocalMps {
                 Ok(None) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    return Err(format!("{what} did not return within {:?}", self.command_timeout));
+                    return Err(Error::TimedOut { what: what.to_owned(), after: self.command_timeout });
                 }
-                Err(e) => return Err(format!("waiting for {what}: {e}")),
+                Err(source) => return Err(Error::Wait { what: what.to_owned(), source }),
             }
         }
     }
@@ -131,40 +133,33 @@ impl LocalMps {
 /// not a directory (missing ones are fine): the plugin made them as real
 /// directories, and nothing is mounted, written, unmounted or removed
 /// through a link someone put there.
-pub fn check_real_dirs(daemon: &MpsDaemon) -> Result<(), String> {
+pub fn check_real_dirs(daemon: &MpsDaemon) -> Result<(), Error> {
     for dir in [daemon.root.clone(), daemon.pipe_dir(), daemon.log_dir(), daemon.shm_dir()] {
         match fs::symlink_metadata(&dir) {
-            Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(format!(
-                    "{} is a symbolic link, not the directory the plugin made: left alone",
-                    dir.display()
-                ));
-            }
-            Ok(meta) if !meta.is_dir() => {
-                return Err(format!("{} is not a directory, as the plugin made it: left alone", dir.display()));
-            }
+            Ok(meta) if meta.file_type().is_symlink() => return Err(Error::LinkedDir(dir)),
+            Ok(meta) if !meta.is_dir() => return Err(Error::NotADir(dir)),
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", dir.display())),
+            Err(source) => return Err(Error::Inspect { path: dir, source }),
         }
     }
     Ok(())
 }
 
 impl MpsHost for LocalMps {
-    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+    fn create_dirs(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         check_real_dirs(daemon)?;
         for dir in [daemon.root.clone(), daemon.pipe_dir(), daemon.log_dir(), daemon.shm_dir()] {
             fs::DirBuilder::new()
                 .recursive(true)
                 .mode(0o755)
                 .create(&dir)
-                .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                .map_err(|source| Error::CreateDir { path: dir.clone(), source })?;
         }
         check_real_dirs(daemon)
     }
 
-    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+    fn mount_shm(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         check_real_dirs(daemon)?;
         let shm = daemon.shm_dir();
         if is_mounted(&shm)? {
@@ -174,17 +169,11 @@ impl MpsHost for LocalMps {
         // Half the node's memory, as NVIDIA sizes it; pages are used only
         // when written.
         let data = c"size=50%,mode=1777";
-        mount("shm", &shm, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, data).map_err(|e| {
-            let hint = if e == rustix::io::Errno::PERM {
-                " (mounting needs CAP_SYS_ADMIN: run the plugin privileged)"
-            } else {
-                ""
-            };
-            format!("mounting a tmpfs on {} for the MPS daemon's /dev/shm: {e}{hint}", shm.display())
-        })
+        mount("shm", &shm, "tmpfs", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, data)
+            .map_err(|source| Error::Mount { path: shm.clone(), source })
     }
 
-    fn start(&self, daemon: &MpsDaemon) -> Result<(), String> {
+    fn start(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         if let Some(within) = self.supervised {
             return super::supervisor::request_launch(daemon, within);
         }
@@ -198,8 +187,8 @@ impl MpsHost for LocalMps {
             .and_then(|file| {
                 if file.metadata()?.is_file() { Ok(file) } else { Err(std::io::Error::other("not a regular file")) }
             })
-            .map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
-        let err = log.try_clone().map_err(|e| format!("opening {}: {e}", launcher_log.display()))?;
+            .map_err(|source| Error::OpenLog { path: launcher_log.clone(), source })?;
+        let err = log.try_clone().map_err(|source| Error::OpenLog { path: launcher_log.clone(), source })?;
         let mut command = match &self.launcher {
             Some(program) => {
                 let mut command = Command::new(program);
@@ -225,17 +214,18 @@ impl MpsHost for LocalMps {
             .stdout(log)
             .stderr(err)
             .process_group(0);
-        let mut child = command.spawn().map_err(|e| format!("running {} -d: {e}", self.control.display()))?;
-        let status = self.wait(&mut child, &format!("{} -d", self.control.display()))?;
+        let mut child = command.spawn().map_err(|source| Error::Launch { program: self.control.clone(), source })?;
+        let what = format!("{} -d", self.control.display());
+        let status = self.wait(&mut child, &what)?;
         if status.success() {
             return Ok(());
         }
         let said = bounded_file::read_to_string(&launcher_log, LAUNCHER_LOG_MAX, Links::Refuse)
             .unwrap_or_else(|e| e.problem.to_string());
-        Err(format!("{} -d failed ({status}): {}", self.control.display(), last_lines(&said)))
+        Err(Error::Failed { what, status, said: last_lines(&said) })
     }
 
-    fn control(&self, daemon: &MpsDaemon, line: &str) -> Result<String, String> {
+    fn control(&self, daemon: &MpsDaemon, line: &str) -> Result<String, Error> {
         let what = format!("echo {line} | {}", self.control.display());
         let mut child = self
             .command(daemon)
@@ -243,9 +233,11 @@ impl MpsHost for LocalMps {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
-            .map_err(|e| format!("{what}: {e}"))?;
+            .map_err(|source| Error::Spawn { what: what.clone(), source })?;
         if let Some(mut stdin) = child.stdin.take() {
-            stdin.write_all(format!("{line}\n").as_bytes()).map_err(|e| format!("{what}: writing: {e}"))?;
+            stdin
+                .write_all(format!("{line}\n").as_bytes())
+                .map_err(|source| Error::WriteStdin { what: what.clone(), source })?;
         }
         let status = self.wait(&mut child, &what)?;
         let mut out = String::new();
@@ -259,7 +251,7 @@ impl MpsHost for LocalMps {
         if status.success() {
             Ok(out.trim().to_owned())
         } else {
-            Err(format!("{what} failed ({status}): {}", format!("{out} {complaint}").trim()))
+            Err(Error::Failed { what, status, said: format!("{out} {complaint}").trim().to_owned() })
         }
     }
 
@@ -300,7 +292,7 @@ impl MpsHost for LocalMps {
         }
     }
 
-    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), String> {
+    fn unmount_shm(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         check_real_dirs(daemon)?;
         let shm = daemon.shm_dir();
         if !is_mounted(&shm)? {
@@ -312,23 +304,19 @@ impl MpsHost for LocalMps {
             Err(rustix::io::Errno::BUSY) => unmount(&shm, UnmountFlags::DETACH),
             other => other,
         }
-        .map_err(|e| format!("unmounting {}: {e}", shm.display()))
+        .map_err(|source| Error::Unmount { path: shm, source })
     }
 
-    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), String> {
+    fn remove_dirs(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         // `remove_dir_all` never follows a link inside; the root itself is
         // checked too.
         check_real_dirs(daemon)?;
         if is_mounted(&daemon.shm_dir())? {
-            return Err(format!(
-                "{} is still mounted; not removing {}",
-                daemon.shm_dir().display(),
-                daemon.root.display()
-            ));
+            return Err(Error::StillMounted { shm: daemon.shm_dir(), root: daemon.root.clone() });
         }
         match fs::remove_dir_all(&daemon.root) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-                Err(format!("removing {}: {e}", daemon.root.display()))
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => {
+                Err(Error::RemoveDir { path: daemon.root.clone(), source })
             }
             _ => Ok(()),
         }
@@ -349,36 +337,14 @@ fn last_lines(text: &str) -> String {
     lines[lines.len().saturating_sub(5)..].join(" / ")
 }
 
-/// The fields of `/proc/<pid>/stat` that identify a process.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct ProcStat {
-    pub state: char,
-    pub start_time: u64,
-}
-
-fn read_stat(pid: i32) -> Option<ProcStat> {
-    parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
-/// Parses `pid (comm) state ... starttime ...`; `comm` may hold spaces and
-/// parentheses, so fields are counted from the last `)`.
-pub fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After comm: state is field 3, starttime field 22 (1-based).
-    let state = fields.first()?.chars().next()?;
-    let start_time = fields.get(22 - 3)?.parse().ok()?;
-    Some(ProcStat { state, start_time })
-}
-
 /// Whether `path` is a mount point in this mount namespace.
-pub fn is_mounted(path: &Path) -> Result<bool, String> {
+pub fn is_mounted(path: &Path) -> Result<bool, Error> {
     let target = match fs::canonicalize(path) {
         Ok(target) => target,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
-        Err(e) => return Err(format!("resolving {}: {e}", path.display())),
+        Err(source) => return Err(Error::Resolve { path: path.to_path_buf(), source }),
     };
-    let table = fs::read_to_string("/proc/self/mountinfo").map_err(|e| format!("reading /proc/self/mountinfo: {e}"))?;
+    let table = fs::read_to_string("/proc/self/mountinfo").map_err(Error::MountInfo)?;
     Ok(mount_points(&table).any(|p| Path::new(&p) == target))
 }
 
@@ -409,13 +375,6 @@ fn unescape(field: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_command_name() {
-        let text = "4242 (nvidia (mps) ctl) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
-        assert_eq!(parse_stat(text), Some(ProcStat { state: 'S', start_time: 987654 }));
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn mount_points_are_unescaped() {

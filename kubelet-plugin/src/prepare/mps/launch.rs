@@ -66,5 +66,6 @@ pub fn exec(args: &MpsLaunchArgs) -> anyhow::Result<()> {
 pub fn supervise(args: &crate::cli::MpsSupervisorArgs) -> anyhow::Result<()> {
     let host = crate::host::driver_files::local_mps(args.driver_root.clone(), true)
         .context("no nvidia-cuda-mps-control in --driver-root: nothing to supervise")?;
-    crate::prepare::mps::supervisor::run(&host, &args.state_dir).map_err(anyhow::Error::msg)
+    // Its text already holds every cause: one line, not a chain repeating them.
+    crate::prepare::mps::supervisor::run(&host, &args.state_dir).map_err(|e| anyhow::Error::msg(e.to_string()))
 }

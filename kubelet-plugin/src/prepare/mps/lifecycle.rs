@@ -7,9 +7,10 @@
 
 use std::time::{Duration, Instant};
 
+use super::error::Error;
 use super::host::MpsHost;
 use crate::prepare::sharing::{ComputeMode, GpuControl};
-use crate::state::checkpoint::MpsDaemon;
+use crate::state::checkpoint::{CheckpointError, MpsDaemon};
 
 /// How long prepare waits for a daemon to answer, and unprepare for it to
 /// exit after `quit`.
@@ -45,26 +46,26 @@ pub fn bring_up(
     gpus: &dyn GpuControl,
     daemon: &mut MpsDaemon,
     timeouts: Timeouts,
-    record: &mut dyn FnMut(&MpsDaemon) -> Result<(), String>,
-) -> Result<(), String> {
+    record: &mut dyn FnMut(&MpsDaemon) -> Result<(), CheckpointError>,
+) -> Result<(), Error> {
     for gpu in &daemon.gpus {
         gpus.set_compute_mode(gpu, ComputeMode::ExclusiveProcess)
-            .map_err(|e| format!("setting GPU {gpu} to EXCLUSIVE_PROCESS for MPS: {e}"))?;
+            .map_err(|source| Error::ExclusiveMode { gpu: gpu.clone(), source })?;
     }
     host.create_dirs(daemon)?;
     host.mount_shm(daemon)?;
-    host.start(daemon).map_err(|e| format!("starting the MPS control daemon: {e}"))?;
+    host.start(daemon).map_err(|e| Error::Start(Box::new(e)))?;
     wait_ready(host, daemon, timeouts.ready)?;
     daemon.process = host.find_process(daemon);
     record(daemon)?;
     for command in limit_commands(daemon) {
-        host.control(daemon, &command).map_err(|e| format!("applying the MPS limit `{command}`: {e}"))?;
+        host.control(daemon, &command).map_err(|e| Error::Limit { command: command.clone(), source: Box::new(e) })?;
     }
     Ok(())
 }
 
 /// Polls `get_default_active_thread_percentage` until the daemon answers.
-fn wait_ready(host: &dyn MpsHost, daemon: &MpsDaemon, within: Duration) -> Result<(), String> {
+fn wait_ready(host: &dyn MpsHost, daemon: &MpsDaemon, within: Duration) -> Result<(), Error> {
     let deadline = Instant::now() + within;
     loop {
         let error = match host.control(daemon, "get_default_active_thread_percentage") {
@@ -72,11 +73,12 @@ fn wait_ready(host: &dyn MpsHost, daemon: &MpsDaemon, within: Duration) -> Resul
             Err(error) => error,
         };
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the MPS control daemon in {} did not answer within {within:?} (last: {error}); see its logs in {}",
-                daemon.pipe_dir().display(),
-                daemon.log_dir().display()
-            ));
+            return Err(Error::NotReady {
+                pipe_dir: daemon.pipe_dir(),
+                within,
+                last: Box::new(error),
+                log_dir: daemon.log_dir(),
+            });
         }
         std::thread::sleep(Duration::from_millis(100));
     }
@@ -87,7 +89,7 @@ fn wait_ready(host: &dyn MpsHost, daemon: &MpsDaemon, within: Duration) -> Resul
 /// on a daemon in any state, including one never started. The recorded
 /// process is signalled only if it is still the one started for this
 /// daemon (pid, start time and its environment naming the pipe directory).
-pub fn tear_down(host: &dyn MpsHost, daemon: &MpsDaemon, timeouts: Timeouts) -> Result<(), String> {
+pub fn tear_down(host: &dyn MpsHost, daemon: &MpsDaemon, timeouts: Timeouts) -> Result<(), Error> {
     let process = daemon.process.filter(|p| host.is_daemon_of(daemon, p)).or_else(|| host.find_process(daemon));
     if let Some(process) = process {
         if let Err(error) = host.control(daemon, "quit") {
@@ -109,7 +111,7 @@ pub fn tear_down(host: &dyn MpsHost, daemon: &MpsDaemon, timeouts: Timeouts) -> 
 
 /// What is left of a daemon from before a reboot: no process survived
 /// (and its pid may belong to another now), only the directories.
-pub fn remove_leftovers(host: &dyn MpsHost, daemon: &MpsDaemon) -> Result<(), String> {
+pub fn remove_leftovers(host: &dyn MpsHost, daemon: &MpsDaemon) -> Result<(), Error> {
     host.unmount_shm(daemon)?;
     host.remove_dirs(daemon)
 }
@@ -124,8 +126,15 @@ pub fn is_healthy(host: &dyn MpsHost, daemon: &MpsDaemon) -> bool {
 pub(crate) mod test_support {
     use std::sync::Mutex;
 
+    use std::os::unix::process::ExitStatusExt;
+
     use super::*;
     use crate::state::checkpoint::DaemonProcess;
+
+    /// What a failing fake step answers.
+    fn failed(what: &str) -> Error {
+        Error::Failed { what: what.to_owned(), status: std::process::ExitStatus::from_raw(256), said: String::new() }
+    }
 
     /// Records every call as text and keeps the daemon's state in memory;
     /// `fail` makes the named step fail.
@@ -138,27 +147,27 @@ pub(crate) mod test_support {
     }
 
     impl FakeHost {
-        fn step(&self, call: String, name: &'static str) -> Result<(), String> {
+        fn step(&self, call: String, name: &'static str) -> Result<(), Error> {
             self.calls.lock().unwrap().push(call);
-            if *self.fail.lock().unwrap() == Some(name) { Err(format!("{name} failed")) } else { Ok(()) }
+            if *self.fail.lock().unwrap() == Some(name) { Err(failed(name)) } else { Ok(()) }
         }
     }
 
     impl MpsHost for FakeHost {
-        fn create_dirs(&self, d: &MpsDaemon) -> Result<(), String> {
+        fn create_dirs(&self, d: &MpsDaemon) -> Result<(), Error> {
             self.step(format!("dirs {}", d.root.display()), "dirs")
         }
-        fn mount_shm(&self, _: &MpsDaemon) -> Result<(), String> {
+        fn mount_shm(&self, _: &MpsDaemon) -> Result<(), Error> {
             self.step("mount".into(), "mount")
         }
-        fn start(&self, d: &MpsDaemon) -> Result<(), String> {
+        fn start(&self, d: &MpsDaemon) -> Result<(), Error> {
             self.step(format!("start {}", d.visible.join(",")), "start")?;
             let mut pid = self.next_pid.lock().unwrap();
             *pid += 1;
             *self.running.lock().unwrap() = Some(DaemonProcess { pid: 1000 + *pid, start_time: 7 });
             Ok(())
         }
-        fn control(&self, _: &MpsDaemon, command: &str) -> Result<String, String> {
+        fn control(&self, _: &MpsDaemon, command: &str) -> Result<String, Error> {
             let name = command.split(' ').next().unwrap_or_default();
             let name: &'static str = match name {
                 "quit" => "quit",
@@ -167,7 +176,7 @@ pub(crate) mod test_support {
             };
             if self.running.lock().unwrap().is_none() {
                 self.calls.lock().unwrap().push(format!("control {command} (no daemon)"));
-                return Err("no daemon".into());
+                return Err(failed("no daemon"));
             }
             self.step(format!("control {command}"), name)?;
             if command == "quit" {
@@ -193,10 +202,10 @@ pub(crate) mod test_support {
                 *self.running.lock().unwrap() = None;
             }
         }
-        fn unmount_shm(&self, _: &MpsDaemon) -> Result<(), String> {
+        fn unmount_shm(&self, _: &MpsDaemon) -> Result<(), Error> {
             self.step("unmount".into(), "unmount")
         }
-        fn remove_dirs(&self, _: &MpsDaemon) -> Result<(), String> {
+        fn remove_dirs(&self, _: &MpsDaemon) -> Result<(), Error> {
             self.step("rmdirs".into(), "rmdirs")
         }
     }

@@ -14,6 +14,7 @@
 //!
 //! This module decides (pure); [`lifecycle`] does, through [`host`].
 
+mod error;
 pub mod host;
 pub mod launch;
 pub mod lifecycle;
@@ -27,6 +28,8 @@ use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::ClaimUid;
 use gpu_dra_driver::opaque_config::{ConfigSource, DeviceConfig, ResolvedConfig};
+
+pub use error::{Error, PlanError};
 
 use super::plan::PlannedDevice;
 use crate::state::checkpoint::{ClaimRecord, MpsDaemon, PinnedLimit};
@@ -55,7 +58,7 @@ pub fn plan_daemon(
     inventory: &Inventory,
     gates: &FeatureGates,
     mps_dir: &Path,
-) -> Result<Option<MpsDaemon>, String> {
+) -> Result<Option<MpsDaemon>, PlanError> {
     let mut daemon = MpsDaemon {
         root: mps_dir.join(uid.as_str()),
         devices: Vec::new(),
@@ -67,14 +70,13 @@ pub fn plan_daemon(
     };
     let mut percentage_from: Option<String> = None;
     for (device, config) in planned.iter().zip(resolved) {
-        let published = inventory
-            .find_device(&device.device)
-            .ok_or_else(|| format!("device {} is not on this node", device.device))?;
+        let published =
+            inventory.find_device(&device.device).ok_or_else(|| PlanError::NotOnNode(device.device.to_string()))?;
         let (uuid, parent) = match published {
             PublishedDevice::Gpu(gpu) => (gpu.uuid.clone(), gpu.uuid.clone()),
             PublishedDevice::Mig { parent, mig } => (mig.uuid.clone(), parent.uuid.clone()),
             PublishedDevice::DynamicMig { .. } => {
-                return Err(format!("device {} is a dynamic MIG device with no instance yet", device.device));
+                return Err(PlanError::NoInstanceYet(device.device.to_string()));
             }
             // Bound to vfio-pci: no CUDA, no MPS (its config is a VfioDeviceConfig).
             PublishedDevice::Vfio(_) => continue,
@@ -84,11 +86,12 @@ pub fn plan_daemon(
         if let Some(p) = settings.thread_percentage {
             match (daemon.active_thread_percentage, &percentage_from) {
                 (Some(q), Some(other)) if q != p => {
-                    return Err(format!(
-                        "device {} asks for an active thread percentage of {p} and device {other} for {q}: a \
-                         claim has one MPS daemon with one percentage; give its devices the same one",
-                        device.device
-                    ));
+                    return Err(PlanError::PercentagesDiffer {
+                        device: device.device.to_string(),
+                        percentage: p,
+                        other: other.clone(),
+                        other_percentage: q,
+                    });
                 }
                 _ => {
                     daemon.active_thread_percentage = Some(p);
@@ -140,7 +143,7 @@ fn device_mps(
     uuid: &str,
     group: &[String],
     gates: &FeatureGates,
-) -> Result<Option<DeviceMps>, String> {
+) -> Result<Option<DeviceMps>, PlanError> {
     let mps_config = match &config.config {
         DeviceConfig::Gpu(gpu) => gpu.sharing.as_ref().filter(|s| s.strategy == "MPS").map(|s| s.mps_config.clone()),
         DeviceConfig::Mig(mig) => mig.sharing.as_ref().filter(|s| s.strategy == "MPS").map(|s| s.mps_config.clone()),
@@ -152,12 +155,7 @@ fn device_mps(
         // NVIDIA's shares are not enforced, and its driver refuses MPS
         // beside them: a daemon would hold the GPU exclusive.
         return match mps_config {
-            Some(_) => Err(format!(
-                "{}.sharing: MPS is not supported with the ConsumableShares feature gate (its shares are not \
-                 enforced, and an MPS daemon would take the GPU from the other claims sharing it): remove the MPS \
-                 sharing config, or run the plugin with ConsumableCapacity and MPSSupport for enforced shares",
-                config_path(config.source)
-            )),
+            Some(_) => Err(PlanError::UnderConsumableShares { at: config_path(config.source) }),
             None => Ok(None),
         };
     }
@@ -167,12 +165,11 @@ fn device_mps(
     // An MPS config with the gate off was refused when it was decoded; a
     // share needs one of the gates that let the scheduler allocate it.
     if !gates.enabled(Gate::MpsSupport) && !gates.enabled(Gate::ConsumableCapacity) {
-        return Err(format!(
-            "device {} (request {}) was allocated a share of a GPU (consumedCapacity {:?}), whose limits this driver \
-             enforces through MPS, but neither the ConsumableCapacity nor the MPSSupport feature gate is on: run the \
-             plugin with --feature-gates ConsumableCapacity=true",
-            device.device, device.request, device.consumed_capacity
-        ));
+        return Err(PlanError::ShareWithoutGate {
+            device: device.device.to_string(),
+            request: device.request.to_string(),
+            consumed: device.consumed_capacity.clone(),
+        });
     }
     let mut settings = DeviceMps::default();
     let at = config_path(config.source);
@@ -189,10 +186,11 @@ fn device_mps(
             };
             let field = format!("{at}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit.{key}");
             let Some(target) = target else {
-                return Err(format!(
-                    "{field}: {key:?} is neither an index (0 to {}) nor the UUID of a device this config applies to",
-                    group.len().saturating_sub(1)
-                ));
+                return Err(PlanError::UnknownPinnedTarget {
+                    field,
+                    key: key.clone(),
+                    last: group.len().saturating_sub(1),
+                });
             };
             if target == uuid {
                 settings.pinned_mib = Some(mib(text, &field)?);
@@ -207,9 +205,11 @@ fn device_mps(
         settings.pinned_mib = Some(settings.pinned_mib.map_or(share, |m| m.min(share)));
     }
     if let Some(text) = sm_percent {
-        let value = Quantity::parse(text).map_err(|e| format!("{what}: {SM_PERCENT}: {e}"))?.nanos();
+        let value = Quantity::parse(text)
+            .map_err(|source| PlanError::Quantity { field: format!("{what}: {SM_PERCENT}"), source })?
+            .nanos();
         if value % 1_000_000_000 != 0 || !(1..=100).contains(&(value / 1_000_000_000)) {
-            return Err(format!("{what}: {SM_PERCENT} {text} is not a whole percentage from 1 to 100"));
+            return Err(PlanError::NotWholePercent { what, text: text.clone() });
         }
         // As with memory: a config may lower the share, never raise it.
         let share = u8::try_from(value / 1_000_000_000).unwrap_or(100);
@@ -228,10 +228,14 @@ fn config_path(source: ConfigSource) -> String {
 }
 
 /// A size in whole MiB, rounded down (MPS takes `<N>M`); at least 1.
-fn mib(text: &str, field: &str) -> Result<u64, String> {
-    let nanos = Quantity::parse(text).map_err(|e| format!("{field}: {e}"))?.nanos();
+fn mib(text: &str, field: &str) -> Result<u64, PlanError> {
+    let nanos =
+        Quantity::parse(text).map_err(|source| PlanError::Quantity { field: field.to_owned(), source })?.nanos();
     let mib = nanos / 1_000_000_000 / MIB;
-    u64::try_from(mib).ok().filter(|m| *m >= 1).ok_or_else(|| format!("{field}: {text} is less than 1Mi"))
+    u64::try_from(mib)
+        .ok()
+        .filter(|m| *m >= 1)
+        .ok_or_else(|| PlanError::BelowOneMi { field: field.to_owned(), text: text.to_owned() })
 }
 
 /// What a container of the claim gets: the pipe directory (where CUDA
@@ -270,7 +274,7 @@ pub fn check_compatible<'a>(
     ours_mps: Option<&MpsDaemon>,
     ours_sliced: &[String],
     others: impl Iterator<Item = &'a ClaimRecord>,
-) -> Result<(), String> {
+) -> Result<(), PlanError> {
     for other in others.filter(|r| r.uid != uid) {
         let their_sliced = other.devices.iter().filter_map(|d| d.time_slice.as_ref()).map(|t| &t.gpu_uuid);
         let their_mps = other.mps.iter().flat_map(|m| m.gpus.iter());
@@ -279,11 +283,13 @@ pub fn check_compatible<'a>(
             .chain(their_mps.filter_map(|g| ours_sliced.iter().find(|o| *o == g).map(|g| (g, "MPS", "time-sliced"))))
             .next();
         if let Some((gpu, theirs, ours)) = clash {
-            return Err(format!(
-                "GPU {gpu} is {theirs} for ResourceClaim {}/{} and would be {ours} for ResourceClaim \
-                 {namespace}/{name}: a GPU is shared one way at a time; wait for that claim to be unprepared",
-                other.namespace, other.name
-            ));
+            return Err(PlanError::SharedOtherwise {
+                gpu: gpu.clone(),
+                theirs,
+                their_claim: format!("{}/{}", other.namespace, other.name),
+                ours,
+                our_claim: format!("{namespace}/{name}"),
+            });
         }
     }
     Ok(())

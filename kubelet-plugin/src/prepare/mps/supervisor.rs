@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 use gpu_dra_driver::bounded_file::{self, Dir, Links};
 use gpu_dra_driver::names::ClaimUid;
 
+use super::error::Error;
 use super::host::{LocalMps, MpsHost};
 use crate::state::checkpoint::{CheckpointDir, MpsDaemon};
 use crate::state::durable;
@@ -50,31 +51,26 @@ struct Outcome {
 
 /// Asks the supervisor to launch `daemon` and waits (up to `within`) for
 /// its answer.
-pub fn request_launch(daemon: &MpsDaemon, within: Duration) -> Result<(), String> {
+pub fn request_launch(daemon: &MpsDaemon, within: Duration) -> Result<(), Error> {
     let _ = std::fs::remove_file(daemon.root.join(RESULT));
-    let request = serde_json::to_vec(&Request { visible: daemon.visible.clone() })
-        .map_err(|e| format!("encoding the launch request: {e}"))?;
+    let request = serde_json::to_vec(&Request { visible: daemon.visible.clone() }).map_err(Error::EncodeRequest)?;
     durable::write(&daemon.root, REQUEST, &request, 0o600)
-        .map_err(|e| format!("writing {}: {e}", daemon.root.join(REQUEST).display()))?;
+        .map_err(|source| Error::WriteRequest { path: daemon.root.join(REQUEST), source })?;
     let deadline = Instant::now() + within;
     let result = daemon.root.join(RESULT);
     loop {
         if let Ok(bytes) = bounded_file::read(&result, MESSAGE_MAX, Links::Refuse) {
             let _ = std::fs::remove_file(&result);
             let outcome: Outcome =
-                serde_json::from_slice(&bytes).map_err(|e| format!("reading {}: {e}", result.display()))?;
+                serde_json::from_slice(&bytes).map_err(|source| Error::ReadOutcome { path: result.clone(), source })?;
             return match outcome.error {
                 None => Ok(()),
-                Some(error) => Err(format!("the MPS supervisor could not launch the daemon: {error}")),
+                Some(error) => Err(Error::SupervisorFailed(error)),
             };
         }
         if Instant::now() >= deadline {
             let _ = std::fs::remove_file(daemon.root.join(REQUEST));
-            return Err(format!(
-                "no MPS supervisor answered within {within:?} (the plugin runs with --mps-supervisor: is the \
-                 `gpu-kubelet-plugin mps-supervisor` container of its pod running on {}?)",
-                daemon.root.display()
-            ));
+            return Err(Error::NoSupervisor { within, root: daemon.root.clone() });
         }
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -156,7 +152,7 @@ fn answer(host: &LocalMps, daemon: &MpsDaemon) {
             tracing::info!(dir = %daemon.root.display(), "launched an MPS daemon");
             Outcome { error: None }
         }
-        Err(error) => Outcome { error: Some(error) },
+        Err(error) => Outcome { error: Some(error.to_string()) },
     };
     // Written in the directory itself (checked again: not a symlink).
     let written = Dir::open(&daemon.root)
@@ -181,9 +177,8 @@ fn daemon_at(root: PathBuf, visible: Vec<String>) -> MpsDaemon {
 
 /// Serves launch requests until the process is stopped: the daemons it
 /// launches become its children (child subreaper), reaped as they exit.
-pub fn run(host: &LocalMps, state_dir: &Path) -> Result<(), String> {
-    rustix::process::set_child_subreaper(Some(rustix::process::getpid()))
-        .map_err(|e| format!("becoming the daemons' subreaper: {e}"))?;
+pub fn run(host: &LocalMps, state_dir: &Path) -> Result<(), Error> {
+    rustix::process::set_child_subreaper(Some(rustix::process::getpid())).map_err(Error::Subreaper)?;
     let watched = Watched::new(state_dir);
     tracing::info!(dir = %watched.mps_dir.display(), "serving MPS launch requests");
     let mut refused = Refused::new();
@@ -233,11 +228,11 @@ mod tests {
                 request_launch(&daemon, Duration::from_secs(10))
             });
             assert_eq!(answer.is_ok(), ok, "{answer:?}");
-            if let Err(error) = answer {
+            if let Err(error) = answer.map_err(|e| e.to_string()) {
                 assert!(error.contains("the MPS supervisor could not launch the daemon"), "{error}");
             }
         }
-        let error = request_launch(&daemon, Duration::from_millis(100)).unwrap_err();
+        let error = request_launch(&daemon, Duration::from_millis(100)).unwrap_err().to_string();
         assert!(error.contains("no MPS supervisor answered"), "{error}");
         assert!(!has_request(&watched.mps_dir), "an unanswered request is withdrawn");
     }

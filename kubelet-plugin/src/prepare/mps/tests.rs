@@ -43,6 +43,7 @@ fn daemon_for(
         opaque_config::resolve(&gpu_dra_driver::names::DriverName::nvidia_default(), &configs, &results, &gates)
             .map_err(|e| e.to_string())?;
     plan_daemon(&ClaimUid::new(UID).unwrap(), planned, &resolved, &two_gpu_inventory(), &gates, Path::new("/state/mps"))
+        .map_err(|e| e.to_string())
 }
 
 fn mps(config: serde_json::Value) -> serde_json::Value {
@@ -167,11 +168,11 @@ fn the_last_daemon_on_a_gpu_resets_it_and_mps_excludes_time_slicing() {
     assert!(gpus_to_reset(&a, [&a, &b].into_iter()).is_empty());
     assert_eq!(gpus_to_reset(&a, [&a].into_iter()), ["GPU-0".to_owned()]);
 
-    let err = check_compatible("c", "ns", "c", None, &["GPU-0".into()], [&a].into_iter()).unwrap_err();
+    let err = check_compatible("c", "ns", "c", None, &["GPU-0".into()], [&a].into_iter()).unwrap_err().to_string();
     assert!(err.contains("GPU GPU-0 is MPS for ResourceClaim default/claim and would be time-sliced"), "{err}");
     let mut sliced = record("s", &["gpu-0"]);
     sliced.devices[0].time_slice = Some(crate::state::checkpoint::TimeSlice { gpu_uuid: "GPU-0".into(), interval: 1 });
-    let err = check_compatible("a", "ns", "a", a.mps.as_ref(), &[], [&sliced].into_iter()).unwrap_err();
+    let err = check_compatible("a", "ns", "a", a.mps.as_ref(), &[], [&sliced].into_iter()).unwrap_err().to_string();
     assert!(err.contains("is time-sliced for ResourceClaim default/claim and would be MPS"), "{err}");
     assert!(check_compatible("b", "ns", "b", b.mps.as_ref(), &[], [&a].into_iter()).is_ok());
 }

@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use gpu_dra_driver::cdi;
-use gpu_dra_driver::names::{ClaimUid, DriverName};
+use gpu_dra_driver::names::{ClaimUid, DriverName, InvalidName};
 
 use super::ClaimRecord;
 
@@ -40,35 +40,46 @@ pub fn spec_file(record: &ClaimRecord, driver: &DriverName, uid: &ClaimUid) -> S
 
 /// Checks that `record` names only the files derived from its UID; the
 /// UID (checked) on success, else why not, naming the field.
-pub fn check(record: &ClaimRecord, driver: &DriverName, mps_dir: &Path) -> Result<ClaimUid, String> {
+pub fn check(record: &ClaimRecord, driver: &DriverName, mps_dir: &Path) -> Result<ClaimUid, Mismatch> {
     let uid = check_uid(record)?;
     let files = ClaimFiles::new(driver, &uid, mps_dir);
     check_spec_file(record, &spec_file(record, driver, &uid))?;
     if let Some(daemon) = &record.mps
         && daemon.root != files.mps_root
     {
-        return Err(format!(
-            "field `mps.root` is {}, but this claim's MPS directory is {:?}: a record names only its own files",
-            quoted(&daemon.root.to_string_lossy()),
-            files.mps_root
-        ));
+        return Err(Mismatch::MpsRoot { found: daemon.root.clone(), derived: files.mps_root });
     }
     Ok(uid)
 }
 
+/// Which field of a record breaks the rule that a record names only the
+/// files derived from its UID (or has no valid UID at all).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Mismatch {
+    #[error("field `uid`: {0}")]
+    Uid(#[source] InvalidName),
+    #[error(
+        "field `cdiSpecFile` is {}, but this claim's spec file is {derived:?}: a record names only its own files",
+        quoted(found)
+    )]
+    SpecFile { found: String, derived: String },
+    #[error(
+        "field `mps.root` is {}, but this claim's MPS directory is {derived:?}: a record names only its own files",
+        quoted(&found.to_string_lossy())
+    )]
+    MpsRoot { found: PathBuf, derived: PathBuf },
+}
+
 /// The record's claim UID, checked.
-pub fn check_uid(record: &ClaimRecord) -> Result<ClaimUid, String> {
-    ClaimUid::new(record.uid.as_str()).map_err(|e| format!("field `uid`: {e}"))
+pub fn check_uid(record: &ClaimRecord) -> Result<ClaimUid, Mismatch> {
+    ClaimUid::new(record.uid.as_str()).map_err(Mismatch::Uid)
 }
 
 /// Checks that the record's `cdiSpecFile`, if any, is `derived` (the name
 /// [`cdi::claim_spec_file_name`] gives its claim).
-pub fn check_spec_file(record: &ClaimRecord, derived: &str) -> Result<(), String> {
+pub fn check_spec_file(record: &ClaimRecord, derived: &str) -> Result<(), Mismatch> {
     match &record.cdi_spec_file {
-        Some(name) if name != derived => Err(format!(
-            "field `cdiSpecFile` is {}, but this claim's spec file is {derived:?}: a record names only its own files",
-            quoted(name)
-        )),
+        Some(name) if name != derived => Err(Mismatch::SpecFile { found: name.clone(), derived: derived.to_owned() }),
         _ => Ok(()),
     }
 }
@@ -150,18 +161,18 @@ mod tests {
         ] {
             let mut r = record(UID, &["gpu-0"]);
             r.cdi_spec_file = Some(name.clone());
-            let error = check(&r, &driver(), mps).unwrap_err();
+            let error = check(&r, &driver(), mps).unwrap_err().to_string();
             assert!(error.starts_with("field `cdiSpecFile` is"), "{name}: {error}");
         }
         for root in ["/tmp/outside".to_owned(), format!("/state/mps/{UID}/../{other}"), format!("/state/mps/{other}")] {
             let mut r = record(UID, &["gpu-0"]);
             r.mps = Some(daemon(&root));
-            let error = check(&r, &driver(), mps).unwrap_err();
+            let error = check(&r, &driver(), mps).unwrap_err().to_string();
             assert!(error.starts_with("field `mps.root` is"), "{root}: {error}");
         }
         let mut r = record(UID, &["gpu-0"]);
         r.uid = "../x".into();
-        assert!(check(&r, &driver(), mps).unwrap_err().starts_with("field `uid`"));
+        assert!(check(&r, &driver(), mps).unwrap_err().to_string().starts_with("field `uid`"));
     }
 
     #[test]

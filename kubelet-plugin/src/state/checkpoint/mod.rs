@@ -16,12 +16,11 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 use gpu_dra_driver::bounded_file::{self, Links};
+use gpu_dra_driver::inventory::PciBusId;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
 use crate::mig::{MadeInstance, MigIntent};
-use crate::prepare::types::PreparedDevice;
 use crate::state::durable;
-use crate::vfio::VfioSwitch;
 
 /// Where a claim is in its prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -120,6 +119,54 @@ pub struct MpsDaemon {
     pub process: Option<DaemonProcess>,
 }
 
+/// What a claim's record says of a GPU it passes through: written before
+/// the first sysfs write, so that start-up can give everything back.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioSwitch {
+    /// The GPU's PCI address (the inventory's; checked against it again
+    /// before any write).
+    pub pci_bus_id: String,
+    pub iommu_group: u32,
+    /// Every device of the group and the driver it had before.
+    pub members: Vec<VfioMember>,
+}
+
+/// One device of the group.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VfioMember {
+    pub pci_bus_id: String,
+    /// `None`: no driver was bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub original_driver: Option<String>,
+}
+
+impl VfioSwitch {
+    /// The members' addresses, each validated (a record is data, not trust).
+    pub fn member_ids(&self) -> Result<Vec<PciBusId>, MemberError> {
+        self.members
+            .iter()
+            .map(|m| {
+                let id = PciBusId::parse(&m.pci_bus_id).map_err(MemberError::BadAddress)?;
+                if id.to_string() != m.pci_bus_id {
+                    return Err(MemberError::NotCanonical(m.pci_bus_id.clone()));
+                }
+                Ok(id)
+            })
+            .collect()
+    }
+}
+
+/// A recorded group member whose address is not a canonical PCI address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("checkpoint: {0}")]
+    BadAddress(#[source] gpu_dra_driver::inventory::pci::InvalidPciBusId),
+    #[error("checkpoint: {0:?} is not a canonical PCI address")]
+    NotCanonical(String),
+}
+
 /// A pinned device memory limit for one device of an MPS daemon.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -156,16 +203,6 @@ impl CheckpointDevice {
     /// Whether no other claim may hold this device at the same time.
     pub fn is_exclusive(&self) -> bool {
         !self.admin_access && self.share_id.is_none()
-    }
-
-    pub fn prepared(&self) -> PreparedDevice {
-        PreparedDevice {
-            request_names: self.request_names.clone(),
-            pool_name: self.pool_name.clone(),
-            device_name: self.device_name.clone(),
-            cdi_device_ids: self.cdi_device_ids.clone(),
-            share_id: self.share_id.clone(),
-        }
     }
 }
 
@@ -251,10 +288,6 @@ impl ClaimRecord {
     /// function so the intent is visible at the call site.
     fn deserialize_lenient(value: &serde_json::Value) -> Result<Self, String> {
         Self::deserialize(value).map_err(|e| e.to_string())
-    }
-
-    pub fn prepared_devices(&self) -> Vec<PreparedDevice> {
-        self.devices.iter().map(CheckpointDevice::prepared).collect()
     }
 }
 
@@ -368,11 +401,11 @@ impl CheckpointDir {
     }
 
     /// The record of `uid`, if there is a usable one.
-    pub fn read_one(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, String> {
+    pub fn read_one(&self, uid: &ClaimUid) -> Result<Option<ClaimRecord>, Damaged> {
         match read_record(&self.record_path(uid.as_str()), uid.as_str()) {
             Ok(record) => Ok(Some(record)),
             Err(RecordProblem::Missing) => Ok(None),
-            Err(RecordProblem::Damaged { reason, .. }) => Err(reason),
+            Err(RecordProblem::Damaged { reason, .. }) => Err(Damaged { reason }),
         }
     }
 
@@ -452,6 +485,14 @@ pub fn set_aside_file(dir: &Path, path: &Path) -> Result<PathBuf, CheckpointErro
         .and_then(|()| durable::sync_dir(dir))
         .map_err(|error| CheckpointError::Write { path: target.clone(), error })?;
     Ok(target)
+}
+
+/// A record file that cannot be used, and why (the reason names the
+/// field or the check it failed, as the set-aside log line shows it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{reason}")]
+pub struct Damaged {
+    pub reason: String,
 }
 
 /// Why a record file was not used.

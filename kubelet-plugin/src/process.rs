@@ -14,8 +14,6 @@ use std::path::{Path, PathBuf};
 
 use gpu_dra_driver::bounded_file::{self, Links};
 
-use crate::prepare::mps::host::parse_stat;
-
 /// The most of a command line or environment read.
 const ARGS_MAX: u64 = 256 * 1024;
 
@@ -139,12 +137,42 @@ pub fn pids(proc_root: &Path) -> Vec<i32> {
     pids
 }
 
+/// The fields of `/proc/<pid>/stat` that identify a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcStat {
+    pub state: char,
+    pub start_time: u64,
+}
+
+/// `pid`'s identifying fields, if it runs and may be read.
+pub fn read_stat(pid: i32) -> Option<ProcStat> {
+    parse_stat(&std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+/// Parses `pid (comm) state ... starttime ...`; `comm` may hold spaces and
+/// parentheses, so fields are counted from the last `)`.
+pub fn parse_stat(text: &str) -> Option<ProcStat> {
+    let rest = &text[text.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After comm: state is field 3, starttime field 22 (1-based).
+    let state = fields.first()?.chars().next()?;
+    let start_time = fields.get(22 - 3)?.parse().ok()?;
+    Some(ProcStat { state, start_time })
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
     use std::process::Command;
 
     use super::*;
+
+    #[test]
+    fn stat_fields_are_counted_after_the_command_name() {
+        let text = "4242 (nvidia (mps) ctl) S 1 4242 4242 0 -1 4194560 97 0 0 0 0 0 0 0 20 0 1 0 987654 1 2 3";
+        assert_eq!(parse_stat(text), Some(ProcStat { state: 'S', start_time: 987654 }));
+        assert_eq!(parse_stat("garbage"), None);
+    }
 
     #[test]
     fn uids_are_read_from_the_status() {
