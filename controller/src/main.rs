@@ -95,8 +95,10 @@ enum SelectorsAs {
 }
 
 /// Gates as the node agents' `--feature-gates` take them.
-fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse().map_err(|e: gpu_dra_driver::feature_gates::FeatureGateError| e.to_string())
+fn parse_gates(
+    text: &str,
+) -> Result<gpu_dra_driver::feature_gates::FeatureGates, gpu_dra_driver::feature_gates::FeatureGateError> {
+    text.parse()
 }
 
 /// The slice fields Kubernetes 1.`minor` drops with `cluster_gates`.
@@ -104,7 +106,10 @@ fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates
 /// DRAListTypeAttributes, they follow the driver's gate of that name, as
 /// the CEL environment and the allocator's list rule do (the operator turns
 /// it on for the cluster and the driver alike).
-fn not_served(minor: u32, cluster_gates: &str) -> Result<gpu_dra_driver::slices::served::NotServed, String> {
+fn not_served(
+    minor: u32,
+    cluster_gates: &str,
+) -> Result<gpu_dra_driver::slices::served::NotServed, gpu_dra_driver::slices::served::ClusterGateError> {
     use gpu_dra_driver::slices::served::{GatedField, NotServed};
     let mut not_served = NotServed::on_release(minor, cluster_gates)?;
     if !cluster_gates.contains(GatedField::ListAttributes.gate()) {
