@@ -67,7 +67,10 @@ fn evaluate_files(
         let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path, not_served)));
         let mut sorter = inputs::Sorter::serving(options.not_served);
         let read = manifests::read_each(files, &mut |m| Ok(sorter.add(m, &mut *note)?)).map(|()| sorter.finish());
-        let loaded = fleet.map(|handle| handle.join().unwrap_or_else(|_| Err(anyhow!("loading the fleet failed"))));
+        let loaded = fleet.map(|handle| match handle.join() {
+            Ok(loaded) => loaded.map_err(anyhow::Error::from),
+            Err(_) => Err(anyhow!("loading the fleet failed")),
+        });
         (read, loaded)
     });
     let mut inputs = read?;
