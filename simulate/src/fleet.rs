@@ -302,6 +302,15 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_unreadable_fleet_file_says_so_and_why() {
+        let error = load(Path::new("/nonexistent/fleet.yaml"), NotServed::none()).unwrap_err();
+        assert_eq!(error.to_string(), "/nonexistent/fleet.yaml: cannot read the fleet file");
+        // Wrapped at the binary's edge, the I/O error follows as before.
+        let shown = format!("{:#}", anyhow::Error::from(error));
+        assert!(shown.starts_with("/nonexistent/fleet.yaml: cannot read the fleet file: "), "{shown}");
+    }
+
+    #[test]
     fn nodes_publish_their_slices_with_labels() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("inv.yaml"), "gpus: [{model: H100-80GB, count: 2}]\n").unwrap();
