@@ -2,7 +2,7 @@
 //! Argument parsing and wiring only; the logic lives in this crate's
 //! library and in `gpu-dra-driver`.
 
-use gpu_dra_controller::{service, validate};
+use gpu_dra_controller::{args, service, validate};
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -23,7 +23,7 @@ enum Command {
     /// cannot be allocated (events on the claim and its pods), allocate the
     /// claims annotated `gpu.nvidia.com/allocate: "true"`, with leader
     /// election among replicas. Stops on SIGTERM or SIGINT.
-    Run(Box<service::RunArgs>),
+    Run(Box<args::RunArgs>),
     /// Check ResourceSlices against the apiserver's validation rules (for
     /// servers 1.34 to 1.37) without a cluster. Reads YAML or JSON files,
     /// multi-document streams and `List`s; objects of other kinds are
@@ -95,8 +95,10 @@ enum SelectorsAs {
 }
 
 /// Gates as the node agents' `--feature-gates` take them.
-fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse().map_err(|e: gpu_dra_driver::feature_gates::FeatureGateError| e.to_string())
+fn parse_gates(
+    text: &str,
+) -> Result<gpu_dra_driver::feature_gates::FeatureGates, gpu_dra_driver::feature_gates::FeatureGateError> {
+    text.parse()
 }
 
 /// The slice fields Kubernetes 1.`minor` drops with `cluster_gates`.
@@ -104,7 +106,10 @@ fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates
 /// DRAListTypeAttributes, they follow the driver's gate of that name, as
 /// the CEL environment and the allocator's list rule do (the operator turns
 /// it on for the cluster and the driver alike).
-fn not_served(minor: u32, cluster_gates: &str) -> Result<gpu_dra_driver::slices::served::NotServed, String> {
+fn not_served(
+    minor: u32,
+    cluster_gates: &str,
+) -> Result<gpu_dra_driver::slices::served::NotServed, gpu_dra_driver::slices::served::ClusterGateError> {
     use gpu_dra_driver::slices::served::{GatedField, NotServed};
     let mut not_served = NotServed::on_release(minor, cluster_gates)?;
     if !cluster_gates.contains(GatedField::ListAttributes.gate()) {
@@ -119,7 +124,7 @@ fn parse_minor(text: &str) -> Result<u32, dra_cel::kubernetes_version::VersionEr
 }
 
 /// Logs to standard error; `RUST_LOG` filters (default `info`).
-fn init_logging(format: service::args::LogFormat) {
+fn init_logging(format: args::LogFormat) {
     let mut filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     let user_filter = std::env::var("RUST_LOG").unwrap_or_default();
@@ -130,8 +135,8 @@ fn init_logging(format: service::args::LogFormat) {
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr());
     let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_ansi(ansi);
     match format {
-        service::args::LogFormat::Json => builder.json().init(),
-        service::args::LogFormat::Text => builder.init(),
+        args::LogFormat::Json => builder.json().init(),
+        args::LogFormat::Text => builder.init(),
     }
 }
 

@@ -75,6 +75,28 @@ pub enum FeatureGateError {
     BadValue { gate: String, value: String },
     #[error("{0:?} is not NAME=true|false; write gates as A=true,B=false")]
     Malformed(String),
+    /// ConsumableCapacity without MPSSupport ([`FeatureGates::check_dependencies`]).
+    #[error(
+        "{} needs {}: shares are enforced through MPS; turn both on, or neither",
+        Gate::ConsumableCapacity.name(),
+        Gate::MpsSupport.name()
+    )]
+    SharesWithoutMps,
+    /// ConsumableCapacity and ConsumableShares together.
+    #[error(
+        "{} (shares enforced through MPS) and {} (NVIDIA's unenforced shares) publish the same GPUs in two \
+         ways: turn on one of them",
+        Gate::ConsumableCapacity.name(),
+        Gate::ConsumableShares.name()
+    )]
+    TwoKindsOfShares,
+    /// PassthroughSupport with another gate that publishes whole GPUs its own way.
+    #[error(
+        "{} and {} both decide how a whole GPU is published: turn on one of them",
+        Gate::Passthrough.name(),
+        .0.name()
+    )]
+    PassthroughWith(Gate),
 }
 
 impl FeatureGates {
@@ -95,21 +117,12 @@ impl FeatureGates {
     /// prepare. Publishing shares that nothing enforces would let one
     /// claim take the memory another was promised, so the combination is
     /// refused rather than documented as a caveat.
-    pub fn check_dependencies(self) -> Result<Self, String> {
+    pub fn check_dependencies(self) -> Result<Self, FeatureGateError> {
         if self.consumable_capacity && !self.mps {
-            return Err(format!(
-                "{} needs {}: shares are enforced through MPS; turn both on, or neither",
-                Gate::ConsumableCapacity.name(),
-                Gate::MpsSupport.name()
-            ));
+            return Err(FeatureGateError::SharesWithoutMps);
         }
         if self.consumable_capacity && self.consumable_shares {
-            return Err(format!(
-                "{} (shares enforced through MPS) and {} (NVIDIA's unenforced shares) publish the same GPUs in two \
-                 ways: turn on one of them",
-                Gate::ConsumableCapacity.name(),
-                Gate::ConsumableShares.name()
-            ));
+            return Err(FeatureGateError::TwoKindsOfShares);
         }
         if self.passthrough {
             // NVIDIA's driver refuses PassthroughSupport with DynamicMIG too;
@@ -119,11 +132,7 @@ impl FeatureGates {
                 .into_iter()
                 .find(|g| self.enabled(*g));
             if let Some(other) = other {
-                return Err(format!(
-                    "{} and {} both decide how a whole GPU is published: turn on one of them",
-                    Gate::Passthrough.name(),
-                    other.name()
-                ));
+                return Err(FeatureGateError::PassthroughWith(other));
             }
         }
         Ok(self)
@@ -193,7 +202,7 @@ mod tests {
     #[test]
     fn consumable_capacity_is_refused_without_mps() {
         let alone: FeatureGates = "ConsumableCapacity=true".parse().unwrap();
-        let err = alone.check_dependencies().unwrap_err();
+        let err = alone.check_dependencies().unwrap_err().to_string();
         assert_eq!(
             err,
             "ConsumableCapacity needs MPSSupport: shares are enforced through MPS; turn both on, or neither"
@@ -203,7 +212,7 @@ mod tests {
         let time_slicing: FeatureGates = "TimeSlicingSettings=true".parse().unwrap();
         assert!(time_slicing.check_dependencies().is_ok());
         let two: FeatureGates = "ConsumableCapacity=true,MPSSupport=true,ConsumableShares=true".parse().unwrap();
-        assert!(two.check_dependencies().unwrap_err().contains("turn on one of them"));
+        assert!(two.check_dependencies().unwrap_err().to_string().contains("turn on one of them"));
         let nvidia: FeatureGates = "ConsumableShares=true".parse().unwrap();
         assert!(nvidia.check_dependencies().is_ok(), "NVIDIA's shares need no MPS");
     }
@@ -214,7 +223,7 @@ mod tests {
         assert!(alone.enabled(Gate::Passthrough) && alone.check_dependencies().is_ok());
         for other in ["DynamicMIG", "ConsumableShares", "ConsumableCapacity=true,MPSSupport"] {
             let gates: FeatureGates = format!("PassthroughSupport=true,{other}=true").parse().unwrap();
-            assert!(gates.check_dependencies().unwrap_err().contains("turn on one of them"), "{other}");
+            assert!(gates.check_dependencies().unwrap_err().to_string().contains("turn on one of them"), "{other}");
         }
     }
 }

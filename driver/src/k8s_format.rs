@@ -15,6 +15,61 @@ pub const LABEL_VALUE_MAX: usize = 63;
 /// keep or print of one is cut there, whatever a server sends.
 pub const RESERVED_FOR_MAX: usize = 256;
 
+/// A string that breaks one of the formats, worded as the apiserver words
+/// it. The checks that run another (a qualified name's domain, a label
+/// name's parts) wrap its error, so the text says which part broke.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FormatError {
+    #[error("must not be empty")]
+    Empty,
+    #[error("must be no more than {max} characters")]
+    TooLong { max: usize },
+    #[error(
+        "a lowercase RFC 1123 label must consist of lower case alphanumeric characters \
+         or '-', and must start and end with an alphanumeric character \
+         (e.g. 'my-name', or '123-abc')"
+    )]
+    NotDns1123Label,
+    #[error(
+        "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
+         characters, '-' or '.', and must start and end with an alphanumeric \
+         character (e.g. 'example.com')"
+    )]
+    NotDns1123Subdomain,
+    #[error(
+        "a valid C identifier must start with alphabetic character or '_', followed \
+         by a string of alphanumeric characters or '_' (e.g. 'my_name')"
+    )]
+    NotCIdentifier,
+    #[error("the domain must not be empty")]
+    EmptyDomain,
+    /// A qualified name's domain is not a driver name.
+    #[error("domain {domain:?}: {rule}")]
+    Domain { domain: String, rule: Box<FormatError> },
+    #[error("the name must not be empty")]
+    EmptyName,
+    #[error("must not contain more than one slash")]
+    MoreThanOneSlash,
+    #[error(
+        "a valid label must be an empty string or consist of alphanumeric \
+         characters, '-', '_' or '.', and must start and end with an alphanumeric \
+         character"
+    )]
+    NotLabelValue,
+    #[error("prefix part must be non-empty")]
+    EmptyPrefix,
+    /// A label name's prefix is not a DNS subdomain.
+    #[error("prefix part {0}")]
+    Prefix(Box<FormatError>),
+    #[error("name part must be non-empty")]
+    EmptyNamePart,
+    /// A label name's name part is not a label value.
+    #[error("name part {0}")]
+    NamePart(Box<FormatError>),
+    #[error("must be a string compatible with semver.org spec 2.0.0")]
+    NotSemver,
+}
+
 fn is_lower_alnum(c: u8) -> bool {
     c.is_ascii_lowercase() || c.is_ascii_digit()
 }
@@ -29,29 +84,23 @@ fn matches_label_body(s: &str) -> bool {
 }
 
 /// A lowercase RFC 1123 label: device names, request names, counter names.
-pub fn check_dns1123_label(s: &str) -> Result<(), String> {
+pub fn check_dns1123_label(s: &str) -> Result<(), FormatError> {
     if s.len() > DNS1123_LABEL_MAX {
-        return Err(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+        return Err(FormatError::TooLong { max: DNS1123_LABEL_MAX });
     }
     if !matches_label_body(s) {
-        return Err("a lowercase RFC 1123 label must consist of lower case alphanumeric characters \
-                    or '-', and must start and end with an alphanumeric character \
-                    (e.g. 'my-name', or '123-abc')"
-            .to_string());
+        return Err(FormatError::NotDns1123Label);
     }
     Ok(())
 }
 
 /// A lowercase RFC 1123 subdomain: object names, node names, pool name parts.
-pub fn check_dns1123_subdomain(s: &str) -> Result<(), String> {
+pub fn check_dns1123_subdomain(s: &str) -> Result<(), FormatError> {
     if s.len() > DNS1123_SUBDOMAIN_MAX {
-        return Err(format!("must be no more than {DNS1123_SUBDOMAIN_MAX} characters"));
+        return Err(FormatError::TooLong { max: DNS1123_SUBDOMAIN_MAX });
     }
     if !s.split('.').all(matches_label_body) {
-        return Err("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric \
-                    characters, '-' or '.', and must start and end with an alphanumeric \
-                    character (e.g. 'example.com')"
-            .to_string());
+        return Err(FormatError::NotDns1123Subdomain);
     }
     Ok(())
 }
@@ -59,58 +108,57 @@ pub fn check_dns1123_subdomain(s: &str) -> Result<(), String> {
 /// A DRA driver name (the apiserver reuses the CSI driver name rule): at most
 /// 63 characters and a DNS subdomain. We also require lower case, as the API
 /// documentation asks, so that field selectors on `spec.driver` match.
-pub fn check_driver_name(s: &str) -> Result<(), String> {
+pub fn check_driver_name(s: &str) -> Result<(), FormatError> {
     if s.is_empty() {
-        return Err("must not be empty".to_string());
+        return Err(FormatError::Empty);
     }
     if s.len() > DNS1123_LABEL_MAX {
-        return Err(format!("must be no more than {DNS1123_LABEL_MAX} characters"));
+        return Err(FormatError::TooLong { max: DNS1123_LABEL_MAX });
     }
     check_dns1123_subdomain(s)
 }
 
 /// A C identifier of at most 32 characters: the id part of attribute and
 /// capacity names.
-pub fn check_c_identifier(s: &str) -> Result<(), String> {
+pub fn check_c_identifier(s: &str) -> Result<(), FormatError> {
     const MAX: usize = 32;
     if s.len() > MAX {
-        return Err(format!("must be no more than {MAX} characters"));
+        return Err(FormatError::TooLong { max: MAX });
     }
     let b = s.as_bytes();
     let ok = !b.is_empty()
         && (b[0].is_ascii_alphabetic() || b[0] == b'_')
         && b.iter().all(|&c| c.is_ascii_alphanumeric() || c == b'_');
     if !ok {
-        return Err("a valid C identifier must start with alphabetic character or '_', followed \
-                    by a string of alphanumeric characters or '_' (e.g. 'my_name')"
-            .to_string());
+        return Err(FormatError::NotCIdentifier);
     }
     Ok(())
 }
 
 /// A qualified attribute or capacity name: `<id>` or `<domain>/<id>`.
-pub fn check_qualified_name(s: &str) -> Result<(), String> {
+pub fn check_qualified_name(s: &str) -> Result<(), FormatError> {
     let parts: Vec<&str> = s.split('/').collect();
     match parts.as_slice() {
         [id] => check_c_identifier(id),
         [domain, id] => {
             if domain.is_empty() {
-                return Err("the domain must not be empty".to_string());
+                return Err(FormatError::EmptyDomain);
             }
-            check_driver_name(domain).map_err(|e| format!("domain {domain:?}: {e}"))?;
+            check_driver_name(domain)
+                .map_err(|rule| FormatError::Domain { domain: (*domain).to_string(), rule: Box::new(rule) })?;
             if id.is_empty() {
-                return Err("the name must not be empty".to_string());
+                return Err(FormatError::EmptyName);
             }
             check_c_identifier(id)
         }
-        _ => Err("must not contain more than one slash".to_string()),
+        _ => Err(FormatError::MoreThanOneSlash),
     }
 }
 
 /// `(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?`, at most 63 characters.
-pub fn check_label_value(s: &str) -> Result<(), String> {
+pub fn check_label_value(s: &str) -> Result<(), FormatError> {
     if s.len() > LABEL_VALUE_MAX {
-        return Err(format!("must be no more than {LABEL_VALUE_MAX} characters"));
+        return Err(FormatError::TooLong { max: LABEL_VALUE_MAX });
     }
     let b = s.as_bytes();
     let ok = b.is_empty()
@@ -118,37 +166,33 @@ pub fn check_label_value(s: &str) -> Result<(), String> {
             && b[b.len() - 1].is_ascii_alphanumeric()
             && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.')));
     if !ok {
-        return Err("a valid label must be an empty string or consist of alphanumeric \
-                    characters, '-', '_' or '.', and must start and end with an alphanumeric \
-                    character"
-            .to_string());
+        return Err(FormatError::NotLabelValue);
     }
     Ok(())
 }
 
 /// A label name (taint keys use it): an optional DNS-subdomain prefix and a
 /// non-empty name part in the label-value alphabet.
-pub fn check_label_name(s: &str) -> Result<(), String> {
+pub fn check_label_name(s: &str) -> Result<(), FormatError> {
     let (prefix, name) = match s.split_once('/') {
         Some((p, n)) => (Some(p), n),
         None => (None, s),
     };
     if let Some(prefix) = prefix {
         if prefix.is_empty() {
-            return Err("prefix part must be non-empty".to_string());
+            return Err(FormatError::EmptyPrefix);
         }
-        check_dns1123_subdomain(prefix).map_err(|e| format!("prefix part {e}"))?;
+        check_dns1123_subdomain(prefix).map_err(|e| FormatError::Prefix(Box::new(e)))?;
     }
     if name.is_empty() {
-        return Err("name part must be non-empty".to_string());
+        return Err(FormatError::EmptyNamePart);
     }
-    check_label_value(name).map_err(|e| format!("name part {e}"))
+    check_label_value(name).map_err(|e| FormatError::NamePart(Box::new(e)))
 }
 
 /// Semantic versioning 2.0.0, exactly as the apiserver's regular expression
 /// for `version` attributes accepts it.
-pub fn check_semver(s: &str) -> Result<(), String> {
-    const MSG: &str = "must be a string compatible with semver.org spec 2.0.0";
+pub fn check_semver(s: &str) -> Result<(), FormatError> {
     let (core_and_pre, build) = match s.split_once('+') {
         Some((c, b)) => (c, Some(b)),
         None => (s, None),
@@ -160,19 +204,19 @@ pub fn check_semver(s: &str) -> Result<(), String> {
     let numeric = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_digit()) && (p == "0" || !p.starts_with('0'));
     let core_parts: Vec<&str> = core.split('.').collect();
     if core_parts.len() != 3 || !core_parts.iter().all(|p| numeric(p)) {
-        return Err(MSG.to_string());
+        return Err(FormatError::NotSemver);
     }
     let ident_chars = |p: &str| !p.is_empty() && p.bytes().all(|c| c.is_ascii_alphanumeric() || c == b'-');
     if let Some(pre) = pre {
         let ok = pre.split('.').all(|p| ident_chars(p) && (numeric(p) || !p.bytes().all(|c| c.is_ascii_digit())));
         if !ok {
-            return Err(MSG.to_string());
+            return Err(FormatError::NotSemver);
         }
     }
     if let Some(build) = build
         && !build.split('.').all(ident_chars)
     {
-        return Err(MSG.to_string());
+        return Err(FormatError::NotSemver);
     }
     Ok(())
 }
@@ -221,6 +265,25 @@ mod tests {
         assert!(check_label_value("").is_ok());
         assert!(check_label_value("79").is_ok());
         assert!(check_label_value("-79").is_err());
+    }
+
+    #[test]
+    fn nested_rules_say_which_part_broke() {
+        assert_eq!(
+            check_qualified_name("Bad/x").unwrap_err().to_string(),
+            "domain \"Bad\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, \
+             '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com')"
+        );
+        assert_eq!(
+            check_label_name("a/-b").unwrap_err().to_string(),
+            "name part a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', \
+             and must start and end with an alphanumeric character"
+        );
+        let long_prefix = format!("{}/x", "a".repeat(254));
+        assert_eq!(
+            check_label_name(&long_prefix).unwrap_err().to_string(),
+            "prefix part must be no more than 253 characters"
+        );
     }
 
     #[test]

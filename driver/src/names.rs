@@ -26,7 +26,7 @@ macro_rules! checked_name {
                 let value = value.into();
                 match $check(&value) {
                     Ok(()) => Ok(Self(value)),
-                    Err(rule) => Err(InvalidName { kind: $kind, value, rule }),
+                    Err(rule) => Err(InvalidName { kind: $kind, value, rule: rule.to_string() }),
                 }
             }
 

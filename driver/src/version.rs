@@ -50,7 +50,7 @@ impl Semver {
     }
 
     /// Accepts only strings that already are semver, as the apiserver does.
-    pub fn parse_strict(raw: &str) -> Result<Self, String> {
+    pub fn parse_strict(raw: &str) -> Result<Self, k8s_format::FormatError> {
         k8s_format::check_semver(raw).map(|()| Self(raw.to_string()))
     }
 

@@ -9,6 +9,7 @@ use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimConsumerReferen
 use serde::Serialize;
 
 use crate::explain;
+use crate::node_metrics::Unavailable;
 use crate::output::Cell;
 use crate::utilization::{self, ClaimKey, Sample, Utilization};
 
@@ -93,7 +94,7 @@ pub fn nodes(summaries: &[ClaimSummary]) -> BTreeSet<String> {
 /// returns one warning per node whose samples could not be had.
 pub fn attach_utilization(
     summaries: &mut [ClaimSummary],
-    per_node: &BTreeMap<String, Result<Vec<Sample>, String>>,
+    per_node: &BTreeMap<String, Result<Vec<Sample>, Unavailable>>,
 ) -> Vec<String> {
     for s in summaries.iter_mut().filter(|s| s.state == "allocated") {
         let Some(node) = &s.node else { continue };
@@ -189,7 +190,7 @@ mod tests {
         assert_eq!(got[0].utilization, None, "a pending claim has none");
 
         let mut got = summarize(&[allocated]);
-        let down = BTreeMap::from([("node-a".to_string(), Err("timed out".to_string()))]);
+        let down = BTreeMap::from([("node-a".to_string(), Err(Unavailable::Listing("timed out".to_string())))]);
         assert_eq!(attach_utilization(&mut got, &down), ["utilization on node node-a unknown: timed out"]);
         assert_eq!(rows(&got)[0][6], "-", "never a made-up number");
         assert_eq!(got[0].utilization, Some(Utilization::Unavailable("node node-a: timed out".into())));

@@ -11,18 +11,22 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestTimeout(pub Option<Duration>);
 
+/// A `--request-timeout` in none of kubectl's forms: the duration
+/// grammar's complaint and the forms that work.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}; a timeout is a whole number of seconds or a duration with units (e.g. 1s, 2m, 3h), 0 for none")]
+pub struct InvalidTimeout(gpu_dra_driver::duration::DurationError);
+
 /// kubectl's forms: `0` (no limit), a whole number of seconds (`30`), or a
 /// duration with units (`10s`, `1m`, `1m30s`, `500ms`).
-pub fn parse(text: &str) -> Result<RequestTimeout, String> {
+pub fn parse(text: &str) -> Result<RequestTimeout, InvalidTimeout> {
     let text = text.trim();
     let with_unit = if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) {
         format!("{text}s")
     } else {
         text.to_string()
     };
-    let duration = gpu_dra_driver::duration::parse(&with_unit).map_err(|e| {
-        format!("{e}; a timeout is a whole number of seconds or a duration with units (e.g. 1s, 2m, 3h), 0 for none")
-    })?;
+    let duration = gpu_dra_driver::duration::parse(&with_unit).map_err(InvalidTimeout)?;
     Ok(RequestTimeout((!duration.is_zero()).then_some(duration)))
 }
 
@@ -64,7 +68,7 @@ mod tests {
         assert_eq!(parse("10s"), Ok(RequestTimeout(Some(Duration::from_secs(10)))));
         assert_eq!(parse("1m"), Ok(RequestTimeout(Some(Duration::from_secs(60)))));
         assert_eq!(parse("500ms"), Ok(RequestTimeout(Some(Duration::from_millis(500)))));
-        let err = parse("-1").unwrap_err();
+        let err = parse("-1").unwrap_err().to_string();
         assert!(err.contains("e.g. 1s, 2m, 3h"), "{err}");
         assert!(parse("soon").is_err());
         assert!(parse("99999999999999999999").is_err(), "no overflow");

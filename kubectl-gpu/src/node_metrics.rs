@@ -23,6 +23,29 @@ use crate::utilization::{Sample, parse};
 /// The chart's labels on the kubelet-plugin DaemonSet's pods.
 pub const PLUGIN_SELECTOR: &str = "app.kubernetes.io/name=gpu-dra-driver,app.kubernetes.io/component=kubelet-plugin";
 
+/// Why a node has no samples: printed in place of its claims' numbers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    /// The node agents' pods could not be listed: the listing's error, with
+    /// its context.
+    #[error("{0}")]
+    Listing(String),
+    /// The listing did not end within the deadline.
+    #[error("listing the node agents' pods: no answer within {}", seconds(*.0))]
+    ListingLate(Duration),
+    #[error("no node agent pod (label {PLUGIN_SELECTOR}) on the node")]
+    NoPod,
+    /// The proxy request could not be built (a name no URL takes).
+    #[error("{0}")]
+    Request(String),
+    /// The API server's reason the pod proxy gave no metrics.
+    #[error("its node agent {}/{} did not answer: {reason}", .pod.namespace, .pod.name)]
+    NoAnswer { pod: PluginPod, reason: String },
+    /// The scrape did not end within the deadline.
+    #[error("its node agent {}/{}: no answer within {}", .pod.namespace, .pod.name, seconds(*.within))]
+    Late { pod: PluginPod, within: Duration },
+}
+
 /// A node's plugin pod and its metrics port.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PluginPod {
@@ -67,12 +90,13 @@ fn pick(mut ranked: Vec<Candidate>) -> BTreeMap<String, PluginPod> {
     ranked.into_iter().map(|(node, _, plugin)| (node, plugin)).collect()
 }
 
-async fn scrape(client: &kube::Client, pod: &PluginPod) -> Result<Vec<Sample>, String> {
+async fn scrape(client: &kube::Client, pod: &PluginPod) -> Result<Vec<Sample>, Unavailable> {
     let path = format!("/api/v1/namespaces/{}/pods/{}:{}/proxy/metrics", pod.namespace, pod.name, pod.port);
-    let request = http::Request::get(&path).body(Vec::new()).map_err(|e| e.to_string())?;
-    let text = client.request_text(request).await.map_err(|e| {
-        format!("its node agent {}/{} did not answer: {}", pod.namespace, pod.name, server_reason(&e, METRICS_ROLE))
-    })?;
+    let request = http::Request::get(&path).body(Vec::new()).map_err(|e| Unavailable::Request(e.to_string()))?;
+    let text = client
+        .request_text(request)
+        .await
+        .map_err(|e| Unavailable::NoAnswer { pod: pod.clone(), reason: server_reason(&e, METRICS_ROLE) })?;
     Ok(parse(&text))
 }
 
@@ -83,11 +107,10 @@ pub async fn scrape_nodes(
     client: &kube::Client,
     nodes: &BTreeSet<String>,
     deadline: Duration,
-) -> BTreeMap<String, Result<Vec<Sample>, String>> {
+) -> BTreeMap<String, Result<Vec<Sample>, Unavailable>> {
     if nodes.is_empty() {
         return BTreeMap::new();
     }
-    let late = || format!("no answer within {}", seconds(deadline));
     let api = Api::<Pod>::all(client.clone());
     let mut candidates = Vec::new();
     let params = ListParams::default().labels(PLUGIN_SELECTOR);
@@ -98,8 +121,8 @@ pub async fn scrape_nodes(
     });
     let listed = match tokio::time::timeout(deadline, listing).await {
         Ok(Ok(())) => Ok(pick(candidates)),
-        Ok(Err(e)) => Err(format!("{e:#}")),
-        Err(_) => Err(format!("listing the node agents' pods: {}", late())),
+        Ok(Err(e)) => Err(Unavailable::Listing(format!("{e:#}"))),
+        Err(_) => Err(Unavailable::ListingLate(deadline)),
     };
     let pods = match listed {
         Ok(pods) => pods,
@@ -111,9 +134,9 @@ pub async fn scrape_nodes(
             let result = match pod {
                 Some(pod) => match tokio::time::timeout(deadline, scrape(client, pod)).await {
                     Ok(result) => result,
-                    Err(_) => Err(format!("its node agent {}/{}: {}", pod.namespace, pod.name, late())),
+                    Err(_) => Err(Unavailable::Late { pod: pod.clone(), within: deadline }),
                 },
-                None => Err(format!("no node agent pod (label {PLUGIN_SELECTOR}) on the node")),
+                None => Err(Unavailable::NoPod),
             };
             (node.clone(), result)
         }

@@ -438,7 +438,10 @@ fn parse_known_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::Featur
 }
 
 fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_dependencies()
+    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>()
+        .map_err(|e| e.to_string())?
+        .check_dependencies()
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

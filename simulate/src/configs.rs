@@ -4,7 +4,6 @@
 //! a class's configs are decoded by the same decoder, as the kubelet plugin
 //! would fail them at prepare time.
 
-use anyhow::{Result, anyhow};
 use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::names::DriverName;
 use gpu_dra_driver::opaque_config;
@@ -13,40 +12,47 @@ use k8s_openapi::api::resource::v1::DeviceClass;
 use super::inputs::Inputs;
 use super::keys::key;
 
+/// An object whose opaque config for our driver the webhook denies (a
+/// claim, a template) or the plugin could not use (a class): where it was
+/// read, which object, and the config's error.
+#[derive(Debug, thiserror::Error)]
+pub enum DeniedConfig {
+    #[error("{origin}: ResourceClaim {key}: the webhook denies it: {error}")]
+    Claim { origin: String, key: String, error: opaque_config::ConfigError },
+    #[error("{origin}: ResourceClaimTemplate {key}: the webhook denies it: {error}")]
+    Template { origin: String, key: String, error: opaque_config::ConfigError },
+    #[error("{origin}: DeviceClass {name}: its config cannot be used: {error}")]
+    Class { origin: String, name: String, error: opaque_config::ConfigError },
+}
+
 /// Checks every claim's, template's and class's opaque configs for our
 /// driver with `gates` (the webhook's `--feature-gates`).
-pub fn check(inputs: &Inputs, gates: &FeatureGates) -> Result<()> {
+pub fn check(inputs: &Inputs, gates: &FeatureGates) -> Result<(), DeniedConfig> {
     let driver = DriverName::nvidia_default();
     let driver = driver.as_str();
     for c in &inputs.claims {
         let meta = &c.object.metadata;
         let spec = c.object.spec.clone().unwrap_or_default();
-        opaque_config::check_spec(&spec, "spec", driver, gates).map_err(|e| {
-            anyhow!(
-                "{}: ResourceClaim {}: the webhook denies it: {e}",
-                c.origin,
-                key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
-            )
+        opaque_config::check_spec(&spec, "spec", driver, gates).map_err(|error| DeniedConfig::Claim {
+            origin: c.origin.clone(),
+            key: key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default()),
+            error,
         })?;
     }
     for t in &inputs.templates {
         let meta = &t.object.metadata;
         let spec = t.object.spec.as_ref().and_then(|s| s.spec.clone()).unwrap_or_default();
-        opaque_config::check_spec(&spec, "spec.spec", driver, gates).map_err(|e| {
-            anyhow!(
-                "{}: ResourceClaimTemplate {}: the webhook denies it: {e}",
-                t.origin,
-                key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default())
-            )
+        opaque_config::check_spec(&spec, "spec.spec", driver, gates).map_err(|error| DeniedConfig::Template {
+            origin: t.origin.clone(),
+            key: key(meta.namespace.as_deref(), meta.name.as_deref().unwrap_or_default()),
+            error,
         })?;
     }
     for c in &inputs.classes {
-        check_class(&c.object, driver, gates).map_err(|e| {
-            anyhow!(
-                "{}: DeviceClass {}: its config cannot be used: {e}",
-                c.origin,
-                c.object.metadata.name.as_deref().unwrap_or_default()
-            )
+        check_class(&c.object, driver, gates).map_err(|error| DeniedConfig::Class {
+            origin: c.origin.clone(),
+            name: c.object.metadata.name.clone().unwrap_or_default(),
+            error,
         })?;
     }
     Ok(())

@@ -25,11 +25,26 @@
 //! workload's namespace and an owner reference to its controller; its
 //! claims are then made from its `resourceClaims` like any pod's.
 
-use anyhow::{Result, bail};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::{CronJob, Job, JobSpec};
 use k8s_openapi::api::core::v1::{Pod, PodTemplateSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+
+/// A workload whose counts simulate will not expand: the field, its value
+/// and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExpandError {
+    #[error("spec.ordinals.start: {0} is negative; fix: start at 0 or more")]
+    NegativeOrdinalsStart(i32),
+    /// A Job's `completions`; `at` is the Job spec's path.
+    #[error("{at}.completions: {count} is negative; fix: set 0 or more, or leave it out")]
+    NegativeCompletions { at: String, count: i32 },
+    /// A replica or parallelism count.
+    #[error("{field}: {count} is negative; fix: set 0 or more")]
+    Negative { field: String, count: i32 },
+    #[error("{field}: {count} pods are more than simulate expands from one workload ({MAX_PODS}); fix: lower it")]
+    TooMany { field: String, count: i32 },
+}
 
 /// The kinds expanded, with the API version each is read as.
 pub const KINDS: [(&str, &str); 5] = [
@@ -112,7 +127,7 @@ impl Workload {
     }
 
     /// The pods its controller would create, in name order.
-    pub fn pods(&self) -> Result<Vec<ControlledPod>> {
+    pub fn pods(&self) -> Result<Vec<ControlledPod>, ExpandError> {
         let meta = self.meta();
         let name = meta.name.clone().unwrap_or_default();
         let namespace = meta.namespace.clone();
@@ -160,7 +175,7 @@ impl Workload {
                 let replicas = count(s.spec.replicas, "spec.replicas")?;
                 let start = s.spec.ordinals.as_ref().and_then(|o| o.start).unwrap_or(0);
                 if start < 0 {
-                    bail!("spec.ordinals.start: {start} is negative; fix: start at 0 or more");
+                    return Err(ExpandError::NegativeOrdinalsStart(start));
                 }
                 let template = s.spec.template.clone();
                 for i in 0..replicas {
@@ -200,14 +215,18 @@ impl Workload {
 
 /// A Job's pods: `min(parallelism, completions)` (parallelism defaults to
 /// 1), with the completion index of an Indexed Job.
-fn job_pods(name: &str, spec: Option<&JobSpec>, at: &str) -> Result<Vec<(String, PodTemplateSpec, Option<i32>)>> {
+fn job_pods(
+    name: &str,
+    spec: Option<&JobSpec>,
+    at: &str,
+) -> Result<Vec<(String, PodTemplateSpec, Option<i32>)>, ExpandError> {
     let Some(spec) = spec else { return Ok(Vec::new()) };
     if spec.suspend == Some(true) {
         return Ok(Vec::new());
     }
     let parallelism = count(spec.parallelism, &format!("{at}.parallelism"))?;
     let completions = match spec.completions {
-        Some(c) if c < 0 => bail!("{at}.completions: {c} is negative; fix: set 0 or more, or leave it out"),
+        Some(c) if c < 0 => return Err(ExpandError::NegativeCompletions { at: at.to_owned(), count: c }),
         Some(c) => c,
         None => i32::MAX,
     };
@@ -218,12 +237,10 @@ fn job_pods(name: &str, spec: Option<&JobSpec>, at: &str) -> Result<Vec<(String,
 }
 
 /// A replica or parallelism count: default 1, never negative, bounded.
-fn count(value: Option<i32>, field: &str) -> Result<i32> {
+fn count(value: Option<i32>, field: &str) -> Result<i32, ExpandError> {
     match value.unwrap_or(1) {
-        n if n < 0 => bail!("{field}: {n} is negative; fix: set 0 or more"),
-        n if n > MAX_PODS => {
-            bail!("{field}: {n} pods are more than simulate expands from one workload ({MAX_PODS}); fix: lower it")
-        }
+        n if n < 0 => Err(ExpandError::Negative { field: field.to_owned(), count: n }),
+        n if n > MAX_PODS => Err(ExpandError::TooMany { field: field.to_owned(), count: n }),
         n => Ok(n),
     }
 }

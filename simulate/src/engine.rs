@@ -2,13 +2,22 @@
 //! unit seeing the allocations before it, and turning the allocator's
 //! answers into per-claim outcomes.
 
-use anyhow::{Result, anyhow};
 use dra_allocator::{AllocateError, Allocator, AllocatorBuilder, SequentialShareIds};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim};
 
 use super::workload::{Unit, Workload};
 use dra_allocator::{NodeInfo as NodeLabels, selector_matches};
+
+/// A claim whose `status.allocation` the allocator cannot take in: where
+/// it was read, the claim, and the allocator's reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{origin}: ResourceClaim {key}: status.allocation: {error}")]
+pub struct BadAllocation {
+    pub origin: String,
+    pub key: String,
+    pub error: dra_allocator::InputError,
+}
 
 /// What happened to one claim.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -35,7 +44,7 @@ pub fn allocate(
     classes: &[DeviceClass],
     nodes: &[Node],
     cel: dra_cel::CelEnvironment,
-) -> Result<Vec<Outcome>> {
+) -> Result<Vec<Outcome>, BadAllocation> {
     for node in nodes {
         fleet.add_node(node);
     }
@@ -58,9 +67,11 @@ pub fn allocate(
         if !c.preallocated {
             continue;
         }
-        allocator
-            .record_allocated(&c.claim)
-            .map_err(|e| anyhow!("{}: ResourceClaim {}: status.allocation: {e}", c.origin, c.key))?;
+        allocator.record_allocated(&c.claim).map_err(|error| BadAllocation {
+            origin: c.origin.clone(),
+            key: c.key.clone(),
+            error,
+        })?;
         let allocation = c.claim.status.as_ref().and_then(|s| s.allocation.clone());
         let selector = allocation.as_ref().and_then(|a| a.node_selector.as_ref());
         let admitted: Vec<&NodeLabels> = known.iter().filter(|n| admits(selector, n)).collect();

@@ -23,13 +23,12 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail};
-use gpu_dra_driver::feature_gates::{FeatureGates, Gate};
+use gpu_dra_driver::feature_gates::{FeatureGateError, FeatureGates, Gate};
 use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus};
 use gpu_dra_driver::inventory::{Inventory, fake};
-use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::names::{DriverName, InvalidName, NodeName};
 use gpu_dra_driver::slices::SliceBuilder;
-use gpu_dra_driver::slices::consumable_shares::SharesMode;
+use gpu_dra_driver::slices::consumable_shares::{InvalidSharesMode, SharesMode};
 use gpu_dra_driver::slices::served::{GatedField, NotServed};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -129,31 +128,69 @@ pub struct Fleet {
     pub withheld_for: NotServed,
 }
 
+/// A fleet file simulate cannot use: where (the file, or `at`: the file
+/// and the node entry), what is wrong and the fix where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("{path}: cannot read the fleet file")]
+    Read {
+        path: String,
+        #[source]
+        error: std::io::Error,
+    },
+    #[error("{origin}: {error}")]
+    TooDeep { origin: String, error: gpu_dra_driver::nesting::TooDeep },
+    /// `problem` is the YAML reader's, on one line, with node paths named
+    /// `nodes[i]`.
+    #[error(
+        "{origin}: malformed fleet file: {problem}; fix: write `nodes:` as a list of {{name, labels, inventory}} \
+         entries (see examples/fleets/)"
+    )]
+    Malformed { origin: String, problem: String },
+    #[error("{at}: name: {error}")]
+    Name { at: String, error: InvalidName },
+    #[error("{at}: node {name} is listed twice; fix: give each node a distinct name")]
+    Twice { at: String, name: String },
+    #[error("{at}: {error}")]
+    Slices { at: String, error: gpu_dra_driver::slices::SliceError },
+    #[error("{at}: {error}")]
+    Shares { at: String, error: InvalidSharesMode },
+    #[error("{at}: {error}; fix: write gates as the plugin's --feature-gates, e.g. ConsumableCapacity=true")]
+    Gates { at: String, error: FeatureGateError },
+    /// A node's inventory cannot be read; `problem` says why, with the
+    /// field and fix where the inventory's reader gives them.
+    #[error("{at}: inventory: {problem}")]
+    Inventory { at: String, problem: String },
+}
+
 /// Reads the fleet file at `path`, its slices as the plugins publish them
 /// to an API server that drops `not_served` (they withhold faulty GPUs
 /// where taints are not served, dynamic MIG devices where counters are not).
-pub fn load(path: &Path, not_served: NotServed) -> Result<Fleet> {
+pub fn load(path: &Path, not_served: NotServed) -> Result<Fleet, FleetError> {
     let shown = path.display();
-    let text = std::fs::read_to_string(path).with_context(|| format!("{shown}: cannot read the fleet file"))?;
+    let text = std::fs::read_to_string(path).map_err(|error| FleetError::Read { path: shown.to_string(), error })?;
     let dir = path.parent().unwrap_or(Path::new("."));
     parse_serving(&text, &shown.to_string(), dir, not_served)
 }
 
 /// Parses fleet YAML read from `origin`; inventory paths are relative to `dir`.
 #[cfg(test)]
-pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet> {
+pub fn parse(text: &str, origin: &str, dir: &Path) -> Result<Fleet, FleetError> {
     parse_serving(text, origin, dir, NotServed::none())
 }
 
 /// [`parse`] for an API server that drops `not_served`.
-pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed) -> Result<Fleet> {
-    let text = gpu_dra_driver::safe_yaml::prepare(text).map_err(|e| anyhow!("{origin}: {e}"))?;
-    let file: FleetFile = serde_yaml_ng::from_str(&text).map_err(|e| {
-        anyhow!(
-            "{origin}: malformed fleet file: {}; fix: write `nodes:` as a list of {{name, labels, inventory}} entries (see examples/fleets/)",
-            // The bare list's items are the nodes: `.[3]` is `nodes[3]`.
-            e.to_string().replace('\n', " ").replacen(".[", "nodes[", usize::from(e.to_string().starts_with(".[")))
-        )
+pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed) -> Result<Fleet, FleetError> {
+    let text = gpu_dra_driver::safe_yaml::prepare(text)
+        .map_err(|error| FleetError::TooDeep { origin: origin.to_owned(), error })?;
+    let file: FleetFile = serde_yaml_ng::from_str(&text).map_err(|e| FleetError::Malformed {
+        origin: origin.to_owned(),
+        // The bare list's items are the nodes: `.[3]` is `nodes[3]`.
+        problem: e.to_string().replace('\n', " ").replacen(
+            ".[",
+            "nodes[",
+            usize::from(e.to_string().starts_with(".[")),
+        ),
     })?;
     let (nodes, fleet_gates, fleet_shares) = match file {
         FleetFile::Wrapped(w) => (w.nodes, w.feature_gates, w.consumable_shares),
@@ -167,9 +204,9 @@ pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed
     let mut files: std::collections::HashMap<std::path::PathBuf, fake::FakeInventory> = Default::default();
     for (i, n) in nodes.iter().enumerate() {
         let at = format!("{origin}: nodes[{i}] ({})", n.name);
-        let node = NodeName::new(n.name.clone()).map_err(|e| anyhow!("{at}: name: {e}"))?;
+        let node = NodeName::new(n.name.clone()).map_err(|error| FleetError::Name { at: at.clone(), error })?;
         if !names.insert(n.name.clone()) {
-            bail!("{at}: node {} is listed twice; fix: give each node a distinct name", n.name);
+            return Err(FleetError::Twice { at, name: n.name.clone() });
         }
         let mut inventory = inventory(&n.inventory, &node, dir, &at, &mut files)?;
         let node_gates = match &n.feature_gates {
@@ -202,7 +239,8 @@ pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed
                 fleet.withheld_for.insert(field);
             }
         }
-        let slices = builder.build(&inventory, GENERATION).map_err(|e| anyhow!("{at}: {e}"))?;
+        let slices =
+            builder.build(&inventory, GENERATION).map_err(|error| FleetError::Slices { at: at.clone(), error })?;
         fleet.slices.extend(slices);
         let mut labels = n.labels.clone();
         // The kubelet sets this label on every node; selectors often use it.
@@ -217,15 +255,13 @@ pub fn parse_serving(text: &str, origin: &str, dir: &Path, not_served: NotServed
 
 /// NVIDIA's `--consumable-shares` mode (used with the `ConsumableShares`
 /// gate); disabled when absent.
-fn shares_mode(text: Option<&str>, at: &str) -> Result<SharesMode> {
-    text.unwrap_or_default().parse().map_err(|e| anyhow!("{at}: {e}"))
+fn shares_mode(text: Option<&str>, at: &str) -> Result<SharesMode, FleetError> {
+    text.unwrap_or_default().parse().map_err(|error| FleetError::Shares { at: at.to_owned(), error })
 }
 
 /// Gates written as `--feature-gates` takes them; none when absent.
-fn gates(text: Option<&str>, at: &str) -> Result<FeatureGates> {
-    text.unwrap_or_default().parse().map_err(|e| {
-        anyhow!("{at}: {e}; fix: write gates as the plugin's --feature-gates, e.g. ConsumableCapacity=true")
-    })
+fn gates(text: Option<&str>, at: &str) -> Result<FeatureGates, FleetError> {
+    text.unwrap_or_default().parse().map_err(|error| FleetError::Gates { at: at.to_owned(), error })
 }
 
 fn inventory(
@@ -234,32 +270,45 @@ fn inventory(
     dir: &Path,
     at: &str,
     files: &mut std::collections::HashMap<std::path::PathBuf, fake::FakeInventory>,
-) -> Result<Inventory> {
+) -> Result<Inventory, FleetError> {
     match source {
         InventoryRef::Path(p) => {
             let path = dir.join(p);
             let file = match files.entry(path) {
                 std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
                 std::collections::hash_map::Entry::Vacant(e) => {
-                    let loaded = fake::FakeInventory::load(e.key()).map_err(|e| anyhow!("{at}: inventory: {e}"))?;
+                    let loaded = fake::FakeInventory::load(e.key()).map_err(|e| inventory_error(at, e))?;
                     e.insert(loaded)
                 }
             };
-            file.for_node(node).map_err(|e| anyhow!("{at}: inventory: {e}"))
+            file.for_node(node).map_err(|e| inventory_error(at, e))
         }
         InventoryRef::Inline(value) => {
-            let text = serde_yaml_ng::to_string(value).map_err(|e| anyhow!("{at}: inventory: {e}"))?;
+            let text = serde_yaml_ng::to_string(value).map_err(|e| inventory_error(at, e))?;
             fake::parse(&text, node).map_err(|(field, problem, fix)| {
                 let field = if field.is_empty() { String::new() } else { format!("{field}: ") };
-                anyhow!("{at}: inventory: {field}{problem}; fix: {fix}")
+                inventory_error(at, format!("{field}{problem}; fix: {fix}"))
             })
         }
     }
 }
 
+fn inventory_error(at: &str, problem: impl std::fmt::Display) -> FleetError {
+    FleetError::Inventory { at: at.to_owned(), problem: problem.to_string() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreadable_fleet_file_says_so_and_why() {
+        let error = load(Path::new("/nonexistent/fleet.yaml"), NotServed::none()).unwrap_err();
+        assert_eq!(error.to_string(), "/nonexistent/fleet.yaml: cannot read the fleet file");
+        // Wrapped at the binary's edge, the I/O error follows as before.
+        let shown = format!("{:#}", anyhow::Error::from(error));
+        assert!(shown.starts_with("/nonexistent/fleet.yaml: cannot read the fleet file: "), "{shown}");
+    }
 
     #[test]
     fn nodes_publish_their_slices_with_labels() {

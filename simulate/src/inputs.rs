@@ -9,9 +9,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use anyhow::{Result, bail};
 use dra_allocator::AllocatorBuilder;
-use dra_allocator::TaintRule;
+use dra_allocator::{TaintRule, TaintRuleError};
 use gpu_dra_driver::slices::served::NotServed;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
@@ -20,7 +19,7 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 
-use super::controllers::{self, Workload};
+use super::controllers::{self, ExpandError, Workload};
 use super::keys::{DEFAULT_NAMESPACE, key};
 use super::versions;
 use crate::manifests::Manifest;
@@ -81,25 +80,72 @@ impl Inputs {
     }
 }
 
-fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T> {
+/// An object simulate cannot take: where it was read, which object, what
+/// is wrong and the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum InputsError {
+    /// Writing a note failed.
+    #[error(transparent)]
+    Note(#[from] std::io::Error),
+    #[error(
+        "{origin}: {kind} {name:?}: apiVersion {api:?} is not supported; fix: write it as {want_api} (v1beta1 and \
+         v1beta2 are converted too)"
+    )]
+    UnsupportedApi { origin: String, kind: String, name: String, api: String, want_api: String },
+    /// A field does not decode (boxed: the largest by far).
+    #[error(transparent)]
+    Undecodable(Box<Undecodable>),
+    #[error("{origin}: {kind} without metadata.name; fix: give it a name")]
+    Unnamed { origin: String, kind: String },
+    #[error("{origin}: {kind} {id} is defined twice (first in {first}); fix: remove one or rename it")]
+    Twice { origin: String, kind: String, id: String, first: String },
+    #[error("{origin}: DeviceTaintRule: {error}")]
+    TaintRule { origin: String, error: TaintRuleError },
+    /// A workload whose pods cannot be made; `workload` is its kind and key.
+    #[error("{origin}: {workload}: {error}")]
+    Expand { origin: String, workload: String, error: ExpandError },
+    #[error("{origin}: Pod {id} would exist twice (first in {first}); fix: rename the workload or the pod")]
+    PodTwice { origin: String, id: String, first: String },
+}
+
+/// A field that does not decode: its path, what was found and what it takes
+/// (`allowed`), and the `kubectl explain` path of its schema.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {path}: {allowed}; fix that field (what it \
+     takes: kubectl explain {schema})"
+)]
+pub struct Undecodable {
+    pub origin: String,
+    pub kind: String,
+    pub name: String,
+    pub want_api: String,
+    pub path: String,
+    pub allowed: String,
+    pub schema: String,
+}
+
+fn decode<T: DeserializeOwned>(m: &Manifest, want_api: &str) -> Result<T, InputsError> {
     let api = m.api_version();
     if api != want_api {
-        bail!(
-            "{}: {} {:?}: apiVersion {api:?} is not supported; fix: write it as {want_api} (v1beta1 and v1beta2 are converted too)",
-            m.origin,
-            m.kind(),
-            m.name()
-        );
+        return Err(InputsError::UnsupportedApi {
+            origin: m.origin.clone(),
+            kind: m.kind().to_owned(),
+            name: m.name().to_owned(),
+            api: api.to_owned(),
+            want_api: want_api.to_owned(),
+        });
     }
     m.decode().map_err(|e| {
-        let (origin, kind, name) = (&m.origin, m.kind(), m.name());
-        let schema = explain_path(kind, &e.path);
-        anyhow::anyhow!(
-            "{origin}: {kind} {name:?}: cannot be read as {want_api} {kind}: {}: {}; fix that field (what it \
-             takes: kubectl explain {schema})",
-            e.path,
-            allowed(&e.message)
-        )
+        InputsError::Undecodable(Box::new(Undecodable {
+            origin: m.origin.clone(),
+            kind: m.kind().to_owned(),
+            name: m.name().to_owned(),
+            want_api: want_api.to_owned(),
+            schema: explain_path(m.kind(), &e.path),
+            allowed: allowed(&e.message),
+            path: e.path,
+        }))
     })
 }
 
@@ -141,16 +187,16 @@ fn default_namespace(meta: &mut ObjectMeta) {
     }
 }
 
-fn require_name(m: &Manifest) -> Result<()> {
+fn require_name(m: &Manifest) -> Result<(), InputsError> {
     match m.given_name() {
         Some(n) if !n.is_empty() => Ok(()),
-        _ => bail!("{}: {} without metadata.name; fix: give it a name", m.origin, m.kind()),
+        _ => Err(InputsError::Unnamed { origin: m.origin.clone(), kind: m.kind().to_owned() }),
     }
 }
 
 /// Sorts `manifests` by kind; notes skipped kinds on `note`.
 #[cfg(test)]
-pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs> {
+pub fn sort(manifests: Vec<Manifest>, note: &mut impl Write) -> Result<Inputs, InputsError> {
     let mut sorter = Sorter::default();
     for m in manifests {
         sorter.add(m, note)?;
@@ -185,7 +231,7 @@ impl Sorter {
     }
 
     /// Takes one object; notes a skipped kind on `note`.
-    pub fn add(&mut self, m: Manifest, note: &mut impl Write) -> Result<()> {
+    pub fn add(&mut self, m: Manifest, note: &mut impl Write) -> Result<(), InputsError> {
         const RESOURCE: &str = "resource.k8s.io/v1";
         let inputs = &mut self.inputs;
         let kind = m.kind().to_string();
@@ -211,7 +257,7 @@ impl Sorter {
         let ns = m.namespace().filter(|n| !n.is_empty());
         let id = if namespaced { key(ns, m.name()) } else { m.name().to_string() };
         if let Some(first) = self.seen.insert((kind.clone(), id.clone()), m.origin.clone()) {
-            bail!("{}: {kind} {id} is defined twice (first in {first}); fix: remove one or rename it", m.origin);
+            return Err(InputsError::Twice { origin: m.origin.clone(), kind, id, first });
         }
         let origin = m.origin.clone();
         let m = if versions::convertible(m.api_version()) { m.converted(|o| versions::to_v1(&kind, o)) } else { m };
@@ -224,7 +270,8 @@ impl Sorter {
             "DeviceClass" => inputs.classes.push(Located { origin, object: decode(m, RESOURCE)? }),
             "DeviceTaintRule" => {
                 let rule: DeviceTaintRule = decode(m, RESOURCE)?;
-                let rule = TaintRule::from_api(&rule).map_err(|e| anyhow::anyhow!("{origin}: DeviceTaintRule: {e}"))?;
+                let rule = TaintRule::from_api(&rule)
+                    .map_err(|error| InputsError::TaintRule { origin: origin.clone(), error })?;
                 inputs.slices.add_taint_rule(rule);
             }
             "ResourceClaim" => {
@@ -256,7 +303,11 @@ impl Sorter {
                     _ => Workload::CronJob(Box::new(decode(m, api)?)),
                 };
                 default_namespace(workload.meta_mut());
-                let pods = workload.pods().map_err(|e| anyhow::anyhow!("{origin}: {}: {e}", workload.describe()))?;
+                let pods = workload.pods().map_err(|error| InputsError::Expand {
+                    origin: origin.clone(),
+                    workload: workload.describe(),
+                    error,
+                })?;
                 for controlled in pods {
                     self.add_pod(&origin, controlled)?;
                 }
@@ -266,14 +317,14 @@ impl Sorter {
     }
 
     /// A pod a workload's controller makes, refused if its name is taken.
-    fn add_pod(&mut self, origin: &str, controlled: controllers::ControlledPod) -> Result<()> {
+    fn add_pod(&mut self, origin: &str, controlled: controllers::ControlledPod) -> Result<(), InputsError> {
         let id = key(
             controlled.pod.metadata.namespace.as_deref(),
             controlled.pod.metadata.name.as_deref().unwrap_or_default(),
         );
         let origin = format!("{origin} ({})", controlled.workload);
         if let Some(first) = self.seen.insert(("Pod".to_string(), id.clone()), origin.clone()) {
-            bail!("{origin}: Pod {id} would exist twice (first in {first}); fix: rename the workload or the pod");
+            return Err(InputsError::PodTwice { origin, id, first });
         }
         let inputs = &mut self.inputs;
         inputs.order.push(Item::Pod(inputs.pods.len()));
@@ -287,7 +338,7 @@ mod tests {
     use super::*;
     use crate::manifests::parse_into;
 
-    fn sort_text(text: &str) -> (Result<Inputs>, String) {
+    fn sort_text(text: &str) -> (Result<Inputs, InputsError>, String) {
         let mut manifests = Vec::new();
         parse_into("in.yaml", text, &mut manifests).unwrap();
         let mut note = Vec::new();

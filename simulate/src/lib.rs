@@ -66,8 +66,11 @@ fn evaluate_files(
         let not_served = options.not_served;
         let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path, not_served)));
         let mut sorter = inputs::Sorter::serving(options.not_served);
-        let read = manifests::read_each(files, &mut |m| sorter.add(m, &mut *note)).map(|()| sorter.finish());
-        let loaded = fleet.map(|handle| handle.join().unwrap_or_else(|_| Err(anyhow!("loading the fleet failed"))));
+        let read = manifests::read_each(files, &mut |m| Ok(sorter.add(m, &mut *note)?)).map(|()| sorter.finish());
+        let loaded = fleet.map(|handle| match handle.join() {
+            Ok(loaded) => loaded.map_err(anyhow::Error::from),
+            Err(_) => Err(anyhow!("loading the fleet failed")),
+        });
         (read, loaded)
     });
     let mut inputs = read?;
@@ -157,7 +160,7 @@ pub struct Feed {
 impl Feed {
     /// Takes one object; a kind simulate does not use is noted on `note`.
     pub fn add(&mut self, manifest: manifests::Manifest, note: &mut impl Write) -> Result<()> {
-        self.sorter.add(manifest, note)
+        Ok(self.sorter.add(manifest, note)?)
     }
 
     /// Takes a DeviceTaintRule already read (a live cluster's).

@@ -3,23 +3,34 @@
 
 use std::io::Write;
 
-use anyhow::Result;
 use serde::Serialize;
 
 use super::outcome::ClaimOutcome;
+
+/// Outcomes that could not be written: the writer's or the encoder's own
+/// error, shown as it is.
+#[derive(Debug, thiserror::Error)]
+pub enum OutputError {
+    #[error(transparent)]
+    Write(#[from] std::io::Error),
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    #[error(transparent)]
+    Yaml(#[from] serde_yaml_ng::Error),
+}
 
 #[derive(Debug, Serialize)]
 struct Document<'a> {
     results: &'a [ClaimOutcome],
 }
 
-pub fn json(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
+pub fn json(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<(), OutputError> {
     serde_json::to_writer_pretty(&mut *out, &Document { results: outcomes })?;
     writeln!(out)?;
     Ok(())
 }
 
-pub fn yaml(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
+pub fn yaml(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<(), OutputError> {
     out.write_all(serde_yaml_ng::to_string(&Document { results: outcomes })?.as_bytes())?;
     Ok(())
 }
@@ -83,7 +94,7 @@ fn pod_cell(c: &ClaimOutcome) -> String {
 }
 
 /// Aligned columns NAMESPACE/NAME, POD, NODE, DEVICES, REASON, then a summary.
-pub fn table(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<()> {
+pub fn table(out: &mut impl Write, outcomes: &[ClaimOutcome]) -> Result<(), OutputError> {
     let mut rows = vec![["NAMESPACE/NAME".to_string(), "POD".into(), "NODE".into(), "DEVICES".into(), "REASON".into()]];
     for o in outcomes {
         let reason = match (&o.reason, o.error) {

@@ -18,8 +18,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
-use anyhow::{Result, anyhow, bail};
-use gpu_dra_driver::k8s_format::{check_dns1123_label, check_dns1123_subdomain};
+use gpu_dra_driver::k8s_format::{FormatError, check_dns1123_label, check_dns1123_subdomain};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -29,6 +28,32 @@ use super::extended;
 use super::inputs::{Inputs, Item, PodInput};
 use super::keys::key;
 use super::options::Source;
+
+/// A workload that cannot be built: where it was read, what broke, and the
+/// fix where there is one. `at` is a pod entry's place (`FILE: Pod NS/NAME:
+/// spec.resourceClaims[J]`).
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// A claim's or template's spec breaks the apiserver's rules.
+    #[error("{origin}: {kind} {key}: {error}")]
+    Rules { origin: String, kind: &'static str, key: String, error: claim_rules::RuleError },
+    #[error(
+        "{origin}: ResourceClaim {key} would exist twice; fix: rename the claim or the pod entry that generates it"
+    )]
+    Twice { origin: String, key: String },
+    #[error("{at}.name: {name:?}: {error}")]
+    EntryName { at: String, name: String, error: FormatError },
+    #[error("{at}.name: duplicate entry {name:?}; fix: give each entry its own name")]
+    DuplicateEntry { at: String, name: String },
+    /// The entry names a claim or template not among the inputs; `problem`
+    /// says so as the input's source words it.
+    #[error("{at}: {problem}")]
+    Missing { at: String, problem: String },
+    #[error("{at}: generated claim name {name:?}: {error}; fix: shorten the pod or entry name")]
+    GeneratedName { at: String, name: String, error: FormatError },
+    #[error("{at}: must set exactly one of resourceClaimName and resourceClaimTemplateName")]
+    NotOneSource { at: String },
+}
 
 /// Annotation the resourceclaim controller puts on generated claims.
 pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
@@ -98,15 +123,23 @@ pub fn build(
     class_missing: &dyn Fn(&str) -> Option<String>,
     extended: &ExtendedResources,
     source: Source,
-) -> Result<Workload> {
+) -> Result<Workload, WorkloadError> {
     for c in &inputs.claims {
-        claim_rules::check(c.object.spec.as_ref(), "spec", class_missing)
-            .map_err(|e| anyhow!("{}: ResourceClaim {}: {e}", c.origin, meta_key(&c.object.metadata)))?;
+        claim_rules::check(c.object.spec.as_ref(), "spec", class_missing).map_err(|error| WorkloadError::Rules {
+            origin: c.origin.clone(),
+            kind: "ResourceClaim",
+            key: meta_key(&c.object.metadata),
+            error,
+        })?;
     }
     for t in &inputs.templates {
         let spec = t.object.spec.as_ref().and_then(|s| s.spec.as_ref());
-        claim_rules::check(spec, "spec.spec", class_missing)
-            .map_err(|e| anyhow!("{}: ResourceClaimTemplate {}: {e}", t.origin, meta_key(&t.object.metadata)))?;
+        claim_rules::check(spec, "spec.spec", class_missing).map_err(|error| WorkloadError::Rules {
+            origin: t.origin.clone(),
+            kind: "ResourceClaimTemplate",
+            key: meta_key(&t.object.metadata),
+            error,
+        })?;
     }
     let claims_by_key: HashMap<String, usize> =
         inputs.claims.iter().enumerate().map(|(i, c)| (meta_key(&c.object.metadata), i)).collect();
@@ -165,12 +198,10 @@ struct Builder<'e> {
 }
 
 impl Builder<'_> {
-    fn emit(&mut self, mut claim: ResourceClaim, origin: &str, pod: Option<&PodInput>) -> Result<usize> {
+    fn emit(&mut self, mut claim: ResourceClaim, origin: &str, pod: Option<&PodInput>) -> Result<usize, WorkloadError> {
         let k = meta_key(&claim.metadata);
         if self.emitted.contains_key(&k) {
-            bail!(
-                "{origin}: ResourceClaim {k} would exist twice; fix: rename the claim or the pod entry that generates it"
-            );
+            return Err(WorkloadError::Twice { origin: origin.to_owned(), key: k });
         }
         let preallocated = claim.status.as_ref().is_some_and(|s| s.allocation.is_some());
         if claim.metadata.uid.as_deref().is_none_or(str::is_empty) {
@@ -208,7 +239,7 @@ impl Builder<'_> {
         inputs: &Inputs,
         claims_by_key: &HashMap<String, usize>,
         templates_by_key: &HashMap<String, usize>,
-    ) -> Result<Unit> {
+    ) -> Result<Unit, WorkloadError> {
         let pod = &p.object;
         let pod_key = meta_key(&pod.metadata);
         let ns = pod.metadata.namespace.as_deref();
@@ -218,9 +249,13 @@ impl Builder<'_> {
         let entries = pod.spec.as_ref().and_then(|s| s.resource_claims.as_deref()).unwrap_or_default();
         for (j, entry) in entries.iter().enumerate() {
             let at = format!("{}: Pod {pod_key}: spec.resourceClaims[{j}]", p.origin);
-            check_dns1123_label(&entry.name).map_err(|e| anyhow!("{at}.name: {:?}: {e}", entry.name))?;
+            check_dns1123_label(&entry.name).map_err(|error| WorkloadError::EntryName {
+                at: at.clone(),
+                name: entry.name.clone(),
+                error,
+            })?;
             if !entry_names.insert(entry.name.clone()) {
-                bail!("{at}.name: duplicate entry {:?}; fix: give each entry its own name", entry.name);
+                return Err(WorkloadError::DuplicateEntry { at, name: entry.name.clone() });
             }
             let index = match (entry.resource_claim_name.as_deref(), entry.resource_claim_template_name.as_deref()) {
                 (Some(name), None) => {
@@ -231,26 +266,31 @@ impl Builder<'_> {
                         continue;
                     }
                     let c = claims_by_key.get(&k).and_then(|&c| inputs.claims.get(c)).ok_or_else(|| {
-                        anyhow!("{at}: {}", self.source.missing("ResourceClaim", &k, "resourceClaimName"))
+                        WorkloadError::Missing {
+                            at: at.clone(),
+                            problem: self.source.missing("ResourceClaim", &k, "resourceClaimName"),
+                        }
                     })?;
                     self.emit(c.object.clone(), &c.origin, Some(p))?
                 }
                 (None, Some(template)) => {
                     let k = key(ns, template);
                     let t = templates_by_key.get(&k).and_then(|&t| inputs.templates.get(t)).ok_or_else(|| {
-                        anyhow!(
-                            "{at}: {}",
-                            self.source.missing("ResourceClaimTemplate", &k, "resourceClaimTemplateName")
-                        )
+                        WorkloadError::Missing {
+                            at: at.clone(),
+                            problem: self.source.missing("ResourceClaimTemplate", &k, "resourceClaimTemplateName"),
+                        }
                     })?;
                     let name = format!("{pod_name}-{}", entry.name);
-                    check_dns1123_subdomain(&name).map_err(|e| {
-                        anyhow!("{at}: generated claim name {name:?}: {e}; fix: shorten the pod or entry name")
+                    check_dns1123_subdomain(&name).map_err(|error| WorkloadError::GeneratedName {
+                        at: at.clone(),
+                        name: name.clone(),
+                        error,
                     })?;
                     let claim = instantiate(&t.object, &name, ns, Some((pod, entry.name.as_str())));
                     self.emit(claim, &p.origin, Some(p))?
                 }
-                _ => bail!("{at}: must set exactly one of resourceClaimName and resourceClaimTemplateName"),
+                _ => return Err(WorkloadError::NotOneSource { at }),
             };
             if self.is_preallocated(index) {
                 unit.bound.push(index);

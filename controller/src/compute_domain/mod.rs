@@ -34,9 +34,8 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use kube::{Api, Client};
 use prometheus_client::metrics::counter::Counter;
 
-use crate::service::cluster::Verdict;
-use crate::service::events::{EventWriter, Regarding};
-use crate::service::leadership::{WriteError, Writes};
+use crate::events::{EventWriter, Regarding, Verdict};
+use crate::leadership::{WriteError, Writes};
 use plan::{ChannelClaim, Inputs, NodeFacts, Plan, RefusedBinding, TemplateAction};
 
 /// How often the reconciler plans every domain.

@@ -14,6 +14,8 @@ use dra_cel::CelEnvironment;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice};
 
+use crate::events::Verdict;
+
 /// The annotation that delegates a claim's allocation to this controller.
 pub const ALLOCATE_ANNOTATION: &str = "gpu.nvidia.com/allocate";
 /// The finalizer on claims this controller allocated: it deallocates them.
@@ -31,30 +33,6 @@ pub fn key_of(namespace: Option<&str>, name: Option<&str>) -> ClaimKey {
 
 pub fn claim_key(claim: &ResourceClaim) -> ClaimKey {
     key_of(claim.metadata.namespace.as_deref(), claim.metadata.name.as_deref())
-}
-
-/// Why a claim cannot be allocated now, as an event says it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Verdict {
-    /// `Unsatisfiable`, `SelectorError` for a CEL error, or `Undecided`
-    /// when the search ran out of its budget.
-    pub reason: &'static str,
-    pub note: String,
-}
-
-impl Verdict {
-    pub fn of(error: &AllocateError) -> Verdict {
-        match error {
-            AllocateError::Unsatisfiable(explanation) => {
-                Verdict { reason: "Unsatisfiable", note: explanation.to_string() }
-            }
-            AllocateError::Fatal(fatal @ (FatalError::CelCompile { .. } | FatalError::CelRuntime { .. })) => {
-                Verdict { reason: "SelectorError", note: fatal.to_string() }
-            }
-            AllocateError::Fatal(fatal) => Verdict { reason: "Unsatisfiable", note: fatal.to_string() },
-            undecided @ AllocateError::Undecided { .. } => Verdict { reason: "Undecided", note: undecided.to_string() },
-        }
-    }
 }
 
 /// A pod, as far as the controller cares: which claims it waits for.

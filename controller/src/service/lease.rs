@@ -23,7 +23,7 @@ use kube::Api;
 use kube::api::PostParams;
 use tokio::time::Instant;
 
-use super::leadership::Leadership;
+use crate::leadership::Leadership;
 
 /// How a lease is held.
 #[derive(Debug, Clone)]

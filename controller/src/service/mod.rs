@@ -7,11 +7,7 @@
 //! applied in order; a periodic pass acts on the state. Writes are awaited
 //! one at a time, so the state never sees two of its own decisions race.
 
-pub mod args;
 pub(crate) mod cluster;
-pub mod duration;
-pub(crate) mod events;
-pub(crate) mod leadership;
 mod lease;
 mod log_limit;
 mod metrics;
@@ -21,7 +17,6 @@ pub(crate) mod webhook;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
 
 use anyhow::Context as _;
 use dra_cel::{CelEnvironment, NEWEST_MINOR};
@@ -31,7 +26,8 @@ use gpu_dra_driver::service::kube_client;
 use kube::Api;
 use tokio::sync::mpsc;
 
-pub use args::RunArgs;
+use crate::args::{Listen, RunArgs};
+use crate::{events, leadership};
 
 /// Runs until SIGTERM or SIGINT.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
@@ -81,7 +77,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     }
 
     let synced = Arc::new(AtomicBool::new(false));
-    if let args::Listen::At(addr) = args.metrics_addr {
+    if let Listen::At(addr) = args.metrics_addr {
         let listener = tokio::net::TcpListener::bind(addr).await.with_context(|| format!("binding {addr}"))?;
         // The bound address (port 0 picks one).
         let addr = listener.local_addr().unwrap_or(addr);
@@ -172,7 +168,3 @@ async fn shutdown() {
         _ = tokio::signal::ctrl_c() => {}
     }
 }
-
-/// How often the owner acts when nothing changes (explanations of claims
-/// whose wait just passed `--explain-after`, reservation grace periods).
-const TICK: Duration = Duration::from_millis(500);

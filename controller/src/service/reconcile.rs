@@ -22,14 +22,14 @@ use kube::{Api, Client};
 use tokio::sync::mpsc;
 
 use super::cluster::{
-    ALLOCATE_ANNOTATION, ClaimKey, ClusterState, DoubleAllocation, FINALIZER, PodClaims, Verdict, claim_key, key_of,
+    ALLOCATE_ANNOTATION, ClaimKey, ClusterState, DoubleAllocation, FINALIZER, PodClaims, claim_key, key_of,
 };
-use super::events::{EventWriter, Regarding};
-use super::leadership::{WriteError, Writes};
 use super::log_limit::LogLimit;
 use super::metrics::Metrics;
 use super::watch::{Change, Event};
-use super::{RunArgs, TICK};
+use crate::args::RunArgs;
+use crate::events::{EventWriter, Regarding, Verdict};
+use crate::leadership::{WriteError, Writes};
 
 /// Kinds whose initial list is complete.
 const KINDS: usize = 6;
@@ -103,6 +103,10 @@ fn pod_regarding(key: &str, uid: &str) -> Regarding {
 
 /// How often one kind of failed write is logged at most.
 const LOG_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How often the owner acts when nothing changes (explanations of claims
+/// whose wait just passed `--explain-after`, reservation grace periods).
+const TICK: Duration = Duration::from_millis(500);
 
 impl Owner {
     fn state(&self) -> MutexGuard<'_, ClusterState> {

@@ -27,16 +27,25 @@ pub const BINDING_CONDITION: &str = "Ready";
 /// up and schedules the pod again.
 pub const BINDING_FAILURE_CONDITION: &str = "ImexDaemonFailed";
 
+/// GPUs of one node that report different fabric cliques: the node is in
+/// one NVLink partition or none, so it publishes no channel.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("GPUs of this node are in two fabric cliques ({first} and {second})")]
+pub struct TwoCliques {
+    pub first: String,
+    pub second: String,
+}
+
 /// The node's clique when every GPU that has one agrees; `Err` naming the
 /// two when GPUs disagree (a node is in one NVLink partition or none).
-pub fn node_clique(inventory: &Inventory) -> Result<Option<String>, String> {
+pub fn node_clique(inventory: &Inventory) -> Result<Option<String>, TwoCliques> {
     let mut found: Option<String> = None;
     for gpu in &inventory.gpus {
         let Some(clique) = gpu.clique else { continue };
         let clique = clique.to_string();
         match &found {
             Some(first) if *first != clique => {
-                return Err(format!("GPUs of this node are in two fabric cliques ({first} and {clique})"));
+                return Err(TwoCliques { first: first.clone(), second: clique });
             }
             Some(_) => {}
             None => found = Some(clique),

@@ -9,6 +9,7 @@
 
 pub mod attributes;
 pub mod consumable_shares;
+mod field_error;
 pub mod partitionable;
 mod request_policy;
 pub mod served;
@@ -23,9 +24,8 @@ use crate::inventory::{Inventory, PublishedDevice};
 use crate::k8s_format::DNS1123_SUBDOMAIN_MAX;
 use crate::names::{DriverName, InvalidName, NodeName};
 pub use attributes::TaintPolicy;
-pub use validation::{
-    FieldError, ServerRules, validate_slice, validate_slice_for, validate_slice_with_list_attributes,
-};
+pub use field_error::FieldError;
+pub use validation::{ServerRules, validate_slice, validate_slice_for, validate_slice_with_list_attributes};
 
 /// Builds a node's slices for one driver.
 #[derive(Debug, Clone)]

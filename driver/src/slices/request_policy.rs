@@ -11,7 +11,7 @@
 use k8s_openapi::api::resource::v1::{CapacityRequestPolicy, CapacityRequestPolicyRange};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as ApiQuantity;
 
-use super::validation::FieldError;
+use super::field_error::FieldError;
 use dra_cel::quantity::Quantity;
 
 /// Most `validValues` (`CapacityRequestPolicyDiscreteMaxOptions`).

@@ -176,6 +176,17 @@ impl fmt::Display for GatedField {
     }
 }
 
+/// A cluster gate [`NotServed::on_release`] cannot use, with the gates it
+/// can.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClusterGateError {
+    #[error("{name}={value}: a gate is true or false")]
+    BadValue { name: String, value: String },
+    /// No gated field hangs on `name`; `known` lists the gates that decide one.
+    #[error("{name:?} is not a gate that decides which ResourceSlice fields are served; use one of {known}")]
+    Unknown { name: String, known: String },
+}
+
 /// The gated fields a server drops: learned from its answers, or assumed
 /// from a release's gates. A set of [`GatedField::ALL`] as bits, so that it
 /// is `Copy` like the options that carry it.
@@ -201,23 +212,20 @@ impl NotServed {
     /// `gates` (the API server's `--feature-gates`, e.g.
     /// `DRADeviceTaints=true`); a gate that no field hangs on is refused,
     /// naming those that do.
-    pub fn on_release(minor: u32, gates: &str) -> Result<Self, String> {
+    pub fn on_release(minor: u32, gates: &str) -> Result<Self, ClusterGateError> {
         let mut out = Self::by_default_on(minor);
         for item in gates.split(',').map(str::trim).filter(|i| !i.is_empty()) {
             let (name, value) = item.split_once('=').unwrap_or((item, "true"));
             let on = match value.trim() {
                 "true" => true,
                 "false" => false,
-                other => return Err(format!("{name}={other}: a gate is true or false")),
+                other => return Err(ClusterGateError::BadValue { name: name.to_owned(), value: other.to_owned() }),
             };
             let fields: Vec<GatedField> = GatedField::ALL.into_iter().filter(|f| f.gate() == name.trim()).collect();
             if fields.is_empty() {
                 let mut known: Vec<&str> = GatedField::ALL.iter().map(|f| f.gate()).collect();
                 known.dedup();
-                return Err(format!(
-                    "{name:?} is not a gate that decides which ResourceSlice fields are served; use one of {}",
-                    known.join(", ")
-                ));
+                return Err(ClusterGateError::Unknown { name: name.to_owned(), known: known.join(", ") });
             }
             for f in fields {
                 if on {
@@ -425,8 +433,8 @@ mod tests {
             off.iter().collect::<Vec<_>>(),
             [GatedField::Taints, GatedField::ListAttributes, GatedField::NodeAllocatableResources]
         );
-        let unknown = NotServed::on_release(34, "DynamicResourceAllocation=true").unwrap_err();
+        let unknown = NotServed::on_release(34, "DynamicResourceAllocation=true").unwrap_err().to_string();
         assert!(unknown.contains("DRADeviceTaints") && unknown.contains("DynamicResourceAllocation"), "{unknown}");
-        assert!(NotServed::on_release(34, "DRADeviceTaints=yes").unwrap_err().contains("true or false"));
+        assert!(NotServed::on_release(34, "DRADeviceTaints=yes").unwrap_err().to_string().contains("true or false"));
     }
 }

@@ -8,10 +8,10 @@
 //! default), since a server without them drops them silently.
 
 use std::collections::BTreeSet;
-use std::fmt;
 
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourceSlice, ResourceSliceSpec};
 
+use super::field_error::FieldError;
 use crate::k8s_format as fmtchk;
 
 /// Most devices in one slice.
@@ -35,19 +35,6 @@ pub const MAX_COUNTERS_PER_DEVICE_134: usize = 32;
 pub const MAX_DEVICE_COUNTERS_PER_SLICE_134: usize = 1024;
 const MAX_BINDING_CONDITIONS: usize = 4;
 
-/// One broken rule: the field path as the apiserver prints it and the rule.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FieldError {
-    pub field: String,
-    pub rule: String,
-}
-
-impl fmt::Display for FieldError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.field, self.rule)
-    }
-}
-
 /// The errors found, and the rules of the server they are found for.
 struct Errors {
     rules: ServerRules,
@@ -61,9 +48,9 @@ impl Errors {
         self.errors.push(FieldError { field: field.into(), rule: rule.into() });
     }
 
-    fn check(&mut self, field: impl Into<String>, result: Result<(), String>) {
+    fn check(&mut self, field: impl Into<String>, result: Result<(), impl std::fmt::Display>) {
         if let Err(rule) = result {
-            self.add(field, rule);
+            self.add(field, rule.to_string());
         }
     }
 }

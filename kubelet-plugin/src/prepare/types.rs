@@ -34,12 +34,12 @@ impl ClaimRef {
         k8s_format::check_dns1123_label(&self.namespace).map_err(|rule| InvalidName {
             kind: "claim namespace",
             value: self.namespace.clone(),
-            rule,
+            rule: rule.to_string(),
         })?;
         k8s_format::check_dns1123_subdomain(&self.name).map_err(|rule| InvalidName {
             kind: "claim name",
             value: self.name.clone(),
-            rule,
+            rule: rule.to_string(),
         })?;
         Ok(ValidClaim { uid, namespace: self.namespace.clone(), name: self.name.clone() })
     }

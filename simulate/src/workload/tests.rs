@@ -28,7 +28,7 @@ fn pod(name: &str, entries: &[(&str, &str, &str)]) -> String {
     )
 }
 
-fn build_docs(docs: &[String]) -> Result<Workload> {
+fn build_docs(docs: &[String]) -> Result<Workload, WorkloadError> {
     let mut manifests = Vec::new();
     parse_into("w.yaml", &docs.join("---\n"), &mut manifests).unwrap();
     let inputs = inputs::sort(manifests, &mut Vec::new()).unwrap();

@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Args, ValueEnum};
+use gpu_dra_driver::feature_gates::{FeatureGateError, FeatureGates};
 
-use super::duration;
+mod duration;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum LogFormat {
@@ -42,7 +43,7 @@ pub struct RunArgs {
     /// Feature gates, `A=true,B=false`, as set on the node agents: the
     /// webhook judges claims' sharing configs with them.
     #[arg(long, env = "FEATURE_GATES", default_value = "", value_parser = parse_gates)]
-    pub feature_gates: gpu_dra_driver::feature_gates::FeatureGates,
+    pub feature_gates: FeatureGates,
     /// Reconcile ComputeDomains (`computedomains.resource.nvidia.com`, whose
     /// CRD must be installed): each domain's workload ResourceClaimTemplate,
     /// status, finalizer and explanations.
@@ -93,8 +94,8 @@ pub struct RunArgs {
     pub api_timeout: Duration,
 }
 
-fn parse_gates(text: &str) -> Result<gpu_dra_driver::feature_gates::FeatureGates, String> {
-    text.parse::<gpu_dra_driver::feature_gates::FeatureGates>().map_err(|e| e.to_string())?.check_dependencies()
+fn parse_gates(text: &str) -> Result<FeatureGates, FeatureGateError> {
+    text.parse::<FeatureGates>()?.check_dependencies()
 }
 
 /// An address to listen on, or `off`.

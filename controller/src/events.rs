@@ -10,19 +10,43 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, Instant};
 
+use dra_allocator::{AllocateError, FatalError};
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
-use super::cluster::Verdict;
-use super::leadership::{WriteError, Writes};
+use crate::leadership::{WriteError, Writes};
 
 /// The `reportingController` of our events.
 pub const REPORTING_CONTROLLER: &str = "gpu.nvidia.com/controller";
 /// events.k8s.io caps `note` at 1 KiB.
 const NOTE_MAX_BYTES: usize = 1024;
+
+/// Why a claim cannot be allocated now, as an event says it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Verdict {
+    /// `Unsatisfiable`, `SelectorError` for a CEL error, or `Undecided`
+    /// when the search ran out of its budget.
+    pub reason: &'static str,
+    pub note: String,
+}
+
+impl Verdict {
+    pub fn of(error: &AllocateError) -> Verdict {
+        match error {
+            AllocateError::Unsatisfiable(explanation) => {
+                Verdict { reason: "Unsatisfiable", note: explanation.to_string() }
+            }
+            AllocateError::Fatal(fatal @ (FatalError::CelCompile { .. } | FatalError::CelRuntime { .. })) => {
+                Verdict { reason: "SelectorError", note: fatal.to_string() }
+            }
+            AllocateError::Fatal(fatal) => Verdict { reason: "Unsatisfiable", note: fatal.to_string() },
+            undecided @ AllocateError::Undecided { .. } => Verdict { reason: "Undecided", note: undecided.to_string() },
+        }
+    }
+}
 
 /// What an event is about.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
