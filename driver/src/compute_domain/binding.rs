@@ -10,8 +10,8 @@
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use super::DRIVER_NAME;
 use super::api::{self, ComputeDomain};
+use super::constants::DRIVER_NAME;
 use super::devices::{BINDING_CONDITION, BINDING_FAILURE_CONDITION, CHANNEL_DEVICE};
 use crate::claim_status::{EntryKey, Readiness, allocation_results, entry_mut, set_condition};
 

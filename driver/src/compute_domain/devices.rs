@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, ResourcePool, ResourceSlice, ResourceSliceSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::DRIVER_NAME;
+use super::constants::DRIVER_NAME;
 use crate::inventory::Inventory;
 
 pub const CHANNEL_DEVICE: &str = "channel-0";
