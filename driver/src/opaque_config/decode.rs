@@ -5,9 +5,28 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{ConfigError, DeviceKind};
+use super::error::ConfigError;
 use crate::feature_gates::{FeatureGates, Gate};
 use dra_cel::quantity::Quantity;
+
+/// Which config kind a device takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Gpu,
+    Mig,
+    /// A GPU for passthrough (`gpu-vfio-<minor>`).
+    Vfio,
+}
+
+impl DeviceKind {
+    pub(super) fn as_str(self) -> &'static str {
+        match self {
+            Self::Gpu => "gpu",
+            Self::Mig => "mig",
+            Self::Vfio => "vfio",
+        }
+    }
+}
 
 /// The API group/version of NVIDIA's opaque device configuration.
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";

@@ -6,49 +6,17 @@
 //! decoded strictly, used or not; the chosen config must fit the device.
 
 mod decode;
+mod error;
 
 pub use decode::{
-    API_VERSION, DeviceConfig, GpuConfig, INTERVALS, IommuConfig, MigDeviceConfig, VfioDeviceConfig, decode,
+    API_VERSION, DeviceConfig, DeviceKind, GpuConfig, INTERVALS, IommuConfig, MigDeviceConfig, VfioDeviceConfig, decode,
 };
+pub use error::ConfigError;
 
 use k8s_openapi::api::resource::v1::{DeviceAllocationConfiguration, ResourceClaimSpec};
 
 use crate::feature_gates::FeatureGates;
 use crate::names::{DeviceName, DriverName};
-
-/// Which config kind a device takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    Gpu,
-    Mig,
-    /// A GPU for passthrough (`gpu-vfio-<minor>`).
-    Vfio,
-}
-
-impl DeviceKind {
-    fn as_str(self) -> &'static str {
-        match self {
-            Self::Gpu => "gpu",
-            Self::Mig => "mig",
-            Self::Vfio => "vfio",
-        }
-    }
-}
-
-/// A config that cannot be used: where (a JSON path rooted at the claim)
-/// and why, with the fix.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct ConfigError {
-    pub field: String,
-    pub message: String,
-}
-
-impl ConfigError {
-    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { field: field.into(), message: message.into() }
-    }
-}
 
 /// One allocation result to configure.
 #[derive(Debug, Clone, Copy)]
