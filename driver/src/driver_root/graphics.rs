@@ -4,7 +4,7 @@
 //! links the GBM and GLX server loaders look for.
 
 use super::libraries::is_driver_version;
-use super::{DriverMount, DriverRoot, resolve};
+use super::root::{DriverMount, DriverRoot, resolve};
 use crate::version::Semver;
 
 /// Configuration files under the root's `/etc`, `/usr/local/share` or

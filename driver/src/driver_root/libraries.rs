@@ -5,8 +5,22 @@
 //! their own). Each comes with the soname programs load it by, from the
 //! root's `ld.so.cache` or a link beside it.
 
-use super::{DriverRoot, LIBRARY_DIRS, ld_cache, resolve};
+use super::ld_cache;
+use super::root::{DriverRoot, resolve};
 use crate::version::Semver;
+
+/// Where `ldconfig` looks when there is no cache (and where distributions
+/// put the driver's libraries).
+const LIBRARY_DIRS: &[&str] = &[
+    "usr/lib64",
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "lib64",
+    "lib/x86_64-linux-gnu",
+    "lib/aarch64-linux-gnu",
+    "usr/lib",
+    "lib",
+];
 
 /// A library found: where the cache or the directory search says it is
 /// (as the root sees it) and the real file that path leads to.

@@ -18,11 +18,13 @@ pub mod fake_tree;
 mod graphics;
 pub mod ld_cache;
 mod libraries;
+mod root;
 
 pub use capabilities::{Capabilities, Capability};
 use libraries::FoundLibrary;
+pub use root::{DriverMount, DriverRoot};
 
-use std::path::{Component, Path, PathBuf};
+use std::path::PathBuf;
 
 /// Libraries of NVIDIA's compute and utility capabilities, found by name
 /// when a root's files do not carry the driver version, and listed first
@@ -57,60 +59,12 @@ pub const BINARIES: &[&str] = &[
 ];
 const BINARY_DIRS: &[&str] = &["usr/bin", "usr/sbin", "bin", "sbin", "usr/local/bin"];
 
-/// Where `ldconfig` looks when there is no cache (and where distributions
-/// put the driver's libraries).
-const LIBRARY_DIRS: &[&str] = &[
-    "usr/lib64",
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "lib64",
-    "lib/x86_64-linux-gnu",
-    "lib/aarch64-linux-gnu",
-    "usr/lib",
-    "lib",
-];
-
 /// IPC endpoints: persistenced and fabric manager sockets, the MPS pipe
 /// directory.
 pub const IPC: &[&str] = &["run/nvidia-persistenced/socket", "run/nvidia-fabricmanager/socket", "tmp/nvidia-mps"];
 
 /// `/dev/nvidia-modeset`: char 195:254.
 pub const MODESET: (&str, u32) = ("/dev/nvidia-modeset", 254);
-
-/// The driver installation as the plugin sees it and as the host does.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverRoot {
-    /// Where this process reads it.
-    pub root: PathBuf,
-    /// The same directory on the host (what specs name).
-    pub host_root: PathBuf,
-}
-
-impl DriverRoot {
-    pub fn new(root: impl Into<PathBuf>, host_root: Option<PathBuf>) -> Self {
-        let root = root.into();
-        let host_root = host_root.unwrap_or_else(|| root.clone());
-        DriverRoot { root, host_root }
-    }
-
-    /// A path inside the root (absolute, as the root sees it) as this
-    /// process reaches it.
-    fn local(&self, inside: &str) -> PathBuf {
-        self.root.join(inside.trim_start_matches('/'))
-    }
-
-    /// The same path as the host reaches it.
-    fn host(&self, inside: &str) -> String {
-        self.host_root.join(inside.trim_start_matches('/')).to_string_lossy().into_owned()
-    }
-}
-
-/// A file given to containers read-only: host path, path in the container.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DriverMount {
-    pub host_path: String,
-    pub container_path: String,
-}
 
 /// What discovery found: the mounts, the links to create in the container
 /// (`target`, `link`), and the library directories whose ld cache the
@@ -272,45 +226,6 @@ fn native_cache(root: &DriverRoot) -> Vec<ld_cache::CacheEntry> {
             Vec::new()
         }
     }
-}
-
-/// Follows `path`'s symlinks inside the root (absolute targets are the
-/// root's, not this process's) to a regular file; at most 16 hops.
-fn resolve(root: &DriverRoot, path: &str) -> Option<String> {
-    let mut current = normalize(Path::new(path))?;
-    for _ in 0..16 {
-        let local = root.local(&current);
-        let meta = std::fs::symlink_metadata(&local).ok()?;
-        if meta.is_file() {
-            return Some(current);
-        }
-        if !meta.is_symlink() {
-            return None;
-        }
-        let target = std::fs::read_link(&local).ok()?;
-        let next = if target.is_absolute() {
-            target
-        } else {
-            Path::new(&current).parent().unwrap_or(Path::new("/")).join(target)
-        };
-        current = normalize(&next)?;
-    }
-    None
-}
-
-/// `path` made absolute without `.`/`..`, never above `/`.
-fn normalize(path: &Path) -> Option<String> {
-    let mut parts: Vec<String> = Vec::new();
-    for c in path.components() {
-        match c {
-            Component::Normal(p) => parts.push(p.to_str()?.to_string()),
-            Component::ParentDir => {
-                parts.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    Some(format!("/{}", parts.join("/")))
 }
 
 /// Mounts the library's real file and links its soname (`libcuda.so.1`)

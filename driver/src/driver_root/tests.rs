@@ -6,6 +6,7 @@ use std::os::unix::fs::symlink;
 use std::path::Path;
 
 use super::fake_tree::LIBDIR;
+use super::root::{normalize, resolve};
 use super::*;
 
 const VERSION: &str = "580.95.05";
