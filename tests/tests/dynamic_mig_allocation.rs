@@ -9,8 +9,9 @@ use std::collections::BTreeSet;
 use dra_allocator::test_support::claim_with;
 use dra_allocator::{AllocateError, Allocator, Explanation};
 use gpu_dra_driver::feature_gates::FeatureGates;
-use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus, MigCapabilities, MigCapableProfile};
+use gpu_dra_driver::inventory::dynamic_mig::{self, DynamicMigGpus};
 use gpu_dra_driver::inventory::{Inventory, Placement, fake};
+use gpu_dra_driver::inventory::{MigCapabilities, MigCapableProfile};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, validate_slice_for};
 use k8s_openapi::api::resource::v1::{

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 
 use serde::Deserialize;
 
-use super::Placement;
+use super::model::Placement;
 
 const EMBEDDED: &str = include_str!("../../data/gpu-models.json");
 

@@ -59,53 +59,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 
-use serde::Serialize;
-
 use super::catalog::GpuModel;
-use super::{Gpu, Inventory, MigDevice, MigMode, MigProfile, Placement};
+use super::model::{Gpu, Inventory, MigCapabilities, MigCapableProfile, MigDevice, MigMode, MigProfile, Placement};
 use crate::names::{DeviceName, InvalidName};
-
-/// What a MIG-capable GPU can hold, as NVML reports it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigCapabilities {
-    /// Memory slices of the GPU: the end of the furthest placement (8 on
-    /// A100/H100/H200/B200, 4 on A30).
-    pub memory_slices: u32,
-    /// Compute slices: the largest profile's (7 on A100/H100, 4 on A30).
-    pub compute_slices: u32,
-    /// MIG mode can be turned off and on again without a GPU reset
-    /// (Hopper and later, with no process on the GPU): only then is the
-    /// whole GPU offered beside its MIG devices. An A100 or A30 needs a
-    /// reset, so while in MIG mode it offers MIG devices only.
-    pub mig_mode_switchable: bool,
-    /// By profile id, ascending.
-    pub profiles: Vec<MigCapableProfile>,
-}
-
-/// One GPU-instance profile with every placement NVML offers for it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigCapableProfile {
-    /// Name, NVML profile id (`nvidia-smi mig -cgi <id>`), SMs, engines, memory.
-    pub profile: MigProfile,
-    /// The `NVML_GPU_INSTANCE_PROFILE_*` index the profile was read with
-    /// (`nvmlDeviceGetGpuInstanceProfileInfo` takes it). Placements and
-    /// instance creation (`nvmlDeviceCreateGpuInstanceWithPlacement`, via
-    /// the profile info) use the profile id, `profile.gi_profile_id`.
-    pub profile_index: u32,
-    /// The `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a compute instance
-    /// spanning the whole GPU instance (the only shape published).
-    pub compute_instance_profile_index: u32,
-    /// NVML's `sliceCount`: the `G` of `<G>g.<N>gb`.
-    pub compute_slices: u32,
-    /// The size of every placement.
-    pub memory_slices: u32,
-    /// NVML's `instanceCount`: most instances of this profile at once.
-    pub max_count: u32,
-    /// By start, ascending.
-    pub placements: Vec<Placement>,
-}
 
 /// `NVML_COMPUTE_INSTANCE_PROFILE_*` index of a compute instance of
 /// `slices` compute slices (nvml.h: 1, 2, 3, 4, 7, 8, 6 slices are 0-6).

@@ -32,12 +32,12 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use super::catalog::{Catalog, GpuModel};
-use super::dynamic_mig::MigCapabilities;
 use super::mig_layout::{self, RequestedInstance};
-use super::{
-    CliqueId, DeviceMajors, DiscoveryError, Fault, Gpu, Inventory, InventorySource, MigCapMinors, MigDevice, MigMode,
-    MigProfile, PciBusId,
+use super::model::MigCapabilities;
+use super::model::{
+    AddressingMode, CliqueId, DeviceMajors, Fault, Gpu, Inventory, MigCapMinors, MigDevice, MigMode, MigProfile,
 };
+use super::pci::PciBusId;
 use crate::names::NodeName;
 use crate::version::Semver;
 
@@ -84,11 +84,10 @@ impl FakeSource {
     pub fn new(path: impl Into<PathBuf>, node: NodeName) -> Self {
         Self { path: path.into(), node }
     }
-}
 
-impl InventorySource for FakeSource {
-    fn discover(&self) -> Result<Inventory, DiscoveryError> {
-        Ok(load(&self.path, &self.node)?)
+    /// Reads and validates the file.
+    pub(super) fn read(&self) -> Result<Inventory, FakeInventoryError> {
+        load(&self.path, &self.node)
     }
 }
 
@@ -194,7 +193,7 @@ struct FakeGpuEntry {
     nvlink_groups: Vec<Vec<u32>>,
     clique: Option<FakeClique>,
     /// `HMM`, `ATS` or `None`, as NVML reports it (absent: not reported).
-    addressing_mode: Option<super::AddressingMode>,
+    addressing_mode: Option<AddressingMode>,
     #[serde(default)]
     mig: Vec<FakeMigLayout>,
     #[serde(default)]

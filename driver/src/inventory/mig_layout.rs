@@ -4,8 +4,8 @@
 //! placements, instances do not share memory slices, their compute slices do
 //! not exceed the GPU's, and no profile exceeds its instance count.
 
-use super::Placement;
 use super::catalog::{CatalogMigProfile, GpuModel};
+use super::model::Placement;
 
 /// One instance as asked for: a profile and, optionally, where it starts.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -34,7 +34,8 @@ use k8s_openapi::api::resource::v1::{Counter, CounterSet, Device, DeviceCounterC
 use super::validation::{
     self, MAX_DEVICE_COUNTERS_PER_SLICE_134, MAX_DEVICES_WITH_TAINTS_OR_COUNTERS, MAX_SHARED_COUNTERS_134, ServerRules,
 };
-use crate::inventory::dynamic_mig::{CounterName, MigCapabilities, counter_set_name};
+use crate::inventory::MigCapabilities;
+use crate::inventory::dynamic_mig::{CounterName, counter_set_name};
 use crate::inventory::{Gpu, PublishedDevice};
 use dra_cel::quantity;
 

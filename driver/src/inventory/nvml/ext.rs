@@ -20,7 +20,7 @@ use nvml_wrapper::struct_wrappers::device::ProfileInfo;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::*;
 
-use crate::inventory::Placement;
+use crate::inventory::model::Placement;
 
 /// `NVML_STRUCT_VERSION(T, version)` from nvml.h.
 const fn struct_version<T>(version: u32) -> u32 {

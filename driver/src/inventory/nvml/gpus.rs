@@ -12,33 +12,18 @@ use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings::{NVML_GPU_FABRIC_STATE_COMPLETED, nvmlReturn_enum_NVML_SUCCESS};
 
+use super::error::{GpuError, NvmlDiscoveryError};
 use super::ext::{self, GpuFabricInfo, NvLinkRemoteDeviceType};
 use super::procfs::{self, MigMinors};
-use super::{NvmlDiscoveryError, mig, names};
+use super::{mig, names};
+use crate::inventory::model::{AddressingMode, CliqueId, Fault, Gpu, Inventory, MigMode};
 use crate::inventory::nvlink::{self, LinkPeer};
-use crate::inventory::{AddressingMode, CliqueId, Fault, Gpu, Inventory, MigMode, PciBusId};
+use crate::inventory::pci::PciBusId;
 use crate::version::Semver;
 
 /// `NVML_NVLINK_MAX_LINKS` of NVML 13's nvml.h (nvml-wrapper-sys 0.10 says
 /// 18). Drivers answer `InvalidArg` for links a GPU does not have.
 const NVLINK_MAX_LINKS: u32 = 36;
-
-/// Why a GPU's details could not be read.
-pub(super) enum GpuError {
-    /// NVML says the GPU fell off the bus (`NVML_ERROR_GPU_IS_LOST`).
-    Lost,
-    /// A query the model needs failed; the GPU is skipped.
-    Failed { what: &'static str, error: String },
-}
-
-impl GpuError {
-    pub(super) fn nvml(what: &'static str, error: NvmlError) -> Self {
-        match error {
-            NvmlError::GpuLost => Self::Lost,
-            error => Self::Failed { what, error: error.to_string() },
-        }
-    }
-}
 
 /// Reads the whole node from an initialized NVML.
 pub(super) fn inventory(nvml: &Nvml, proc_root: &Path, sys_root: &Path) -> Result<Inventory, NvmlDiscoveryError> {

@@ -11,12 +11,12 @@ use nvml_wrapper::Device;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper_sys::bindings::NVML_DEVICE_MIG_ENABLE;
 
+use super::error::GpuError;
 use super::ext::{self, GpuInstance, GpuInstanceProfile};
-use super::gpus::GpuError;
 use super::names;
 use super::procfs::MigMinors;
-use crate::inventory::dynamic_mig::{self, MigCapabilities, MigCapableProfile};
-use crate::inventory::{MigDevice, MigMode, MigProfile};
+use crate::inventory::dynamic_mig;
+use crate::inventory::model::{MigCapabilities, MigCapableProfile, MigDevice, MigMode, MigProfile};
 
 /// What [`read`] finds: the mode with its devices, and for a GPU in MIG
 /// mode the profiles and placements it supports.

@@ -15,6 +15,7 @@
 //! nvml-wrapper's MIG and minor-number calls exist only on Linux; elsewhere
 //! discovery reports the library as unavailable.
 
+mod error;
 #[cfg(target_os = "linux")]
 pub mod ext;
 #[cfg(target_os = "linux")]
@@ -28,25 +29,9 @@ pub mod procfs;
 
 use std::path::{Path, PathBuf};
 
-use nvml_wrapper::error::NvmlError;
+pub use error::NvmlDiscoveryError;
 
-use super::{DiscoveryError, Inventory, InventorySource};
-
-/// Why NVML discovery failed.
-#[derive(Debug, thiserror::Error)]
-pub enum NvmlDiscoveryError {
-    /// The library could not be loaded or initialized.
-    #[error(
-        "NVML is unavailable ({0}): run on a node with the NVIDIA driver installed, or pass --fake-inventory FILE to use a fake GPU inventory"
-    )]
-    LibraryUnavailable(String),
-    /// A node-wide query failed.
-    #[error("NVML cannot report the {what}: {error}")]
-    Query { what: &'static str, error: NvmlError },
-    /// NVML reported a version we cannot read.
-    #[error("NVML reports the {what} as {value:?}, which is not a MAJOR[.MINOR[.PATCH]] version")]
-    InvalidVersion { what: &'static str, value: String },
-}
+use super::model::Inventory;
 
 /// Discovers the node's GPUs through NVML, reading `/proc` and `/sys` under
 /// configurable roots (defaults `/proc` and `/sys`).
@@ -106,26 +91,21 @@ impl NvmlSource {
     }
 
     #[cfg(target_os = "linux")]
-    fn discover_nvml(&self) -> Result<Inventory, NvmlDiscoveryError> {
+    pub(super) fn discover_nvml(&self) -> Result<Inventory, NvmlDiscoveryError> {
         let nvml = self.init_nvml().map_err(|e| NvmlDiscoveryError::LibraryUnavailable(e.to_string()))?;
         gpus::inventory(&nvml, &self.proc_root, &self.sys_root)
     }
 
     #[cfg(not(target_os = "linux"))]
-    fn discover_nvml(&self) -> Result<Inventory, NvmlDiscoveryError> {
+    pub(super) fn discover_nvml(&self) -> Result<Inventory, NvmlDiscoveryError> {
         Err(NvmlDiscoveryError::LibraryUnavailable("NVML discovery is implemented for Linux only".into()))
-    }
-}
-
-impl InventorySource for NvmlSource {
-    fn discover(&self) -> Result<Inventory, DiscoveryError> {
-        Ok(self.discover_nvml()?)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::inventory::{DiscoveryError, InventorySource};
 
     #[test]
     fn roots_default_to_the_host_and_can_move() {

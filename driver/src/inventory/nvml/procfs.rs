@@ -8,8 +8,8 @@ use std::fs;
 use std::io;
 use std::path::{Path, PathBuf};
 
-use crate::inventory::pci::pcie_root_from_sysfs_link;
-use crate::inventory::{DeviceMajors, MigCapMinors, PciBusId};
+use crate::inventory::model::{DeviceMajors, MigCapMinors};
+use crate::inventory::pci::{PciBusId, pcie_root_from_sysfs_link};
 
 /// Majors of `nvidia-uvm` and `nvidia-caps` from the "Character devices:"
 /// section of `/proc/devices` (lines `<major> <name>`).
