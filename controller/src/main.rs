@@ -191,11 +191,13 @@ fn main() -> ExitCode {
                     }
                 },
             };
-            gpu_dra_simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock()).and_then(|()| {
-                // Nothing on stdout unless the whole run succeeded.
-                std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;
-                Ok(true)
-            })
+            gpu_dra_simulate::run(files, &options, &mut buffer, &mut std::io::stderr().lock())
+                .map_err(anyhow::Error::from)
+                .and_then(|()| {
+                    // Nothing on stdout unless the whole run succeeded.
+                    std::io::Write::write_all(&mut std::io::stdout().lock(), &buffer)?;
+                    Ok(true)
+                })
         }
     };
     match result {

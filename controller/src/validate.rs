@@ -28,7 +28,7 @@ pub fn run(files: &[PathBuf], rules: ServerRules, out: &mut impl Write, note: &m
     let mut checked = 0;
     let mut pools: BTreeMap<(String, String, i64), PoolCounters> = BTreeMap::new();
     // Checked as read: a large List is never held whole.
-    manifests::read_each(files, &mut |manifest| {
+    manifests::read_each::<anyhow::Error>(files, &mut |manifest| {
         if manifest.kind() != "ResourceSlice" {
             writeln!(
                 note,

@@ -89,12 +89,12 @@ impl ClusterInput {
     /// Feeds one object.
     pub fn add<T: serde::Serialize>(&mut self, kind: &str, name: &str, object: &T) -> Result<()> {
         // Only used kinds are fed: there is nothing to note.
-        self.feed.add(manifest(kind, name, object)?, &mut std::io::sink())
+        Ok(self.feed.add(manifest(kind, name, object)?, &mut std::io::sink())?)
     }
 
     /// Feeds one manifest as read from a file.
     pub fn add_manifest(&mut self, manifest: Manifest) -> Result<()> {
-        self.feed.add(manifest, &mut std::io::sink())
+        Ok(self.feed.add(manifest, &mut std::io::sink())?)
     }
 
     /// Feeds a DeviceTaintRule: its taint is on the devices it names.

@@ -16,7 +16,7 @@ const NAMESPACED: [&str; 3] = ["ResourceClaim", "ResourceClaimTemplate", "Pod"];
 /// Reads `files`, giving namespaced objects without one `namespace`.
 pub fn read(files: &[PathBuf], namespace: &str) -> Result<Vec<Manifest>> {
     let mut out = Vec::new();
-    manifests::read_each(files, &mut |m: Manifest| {
+    manifests::read_each::<anyhow::Error>(files, &mut |m: Manifest| {
         let unnamed = m.namespace().is_none_or(str::is_empty);
         let m = match NAMESPACED.contains(&m.kind()) && unnamed {
             true => m.converted(|object| {

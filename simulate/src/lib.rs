@@ -19,6 +19,7 @@ mod claim_rules;
 mod configs;
 mod controllers;
 mod engine;
+mod error;
 mod extended;
 mod fleet;
 mod inputs;
@@ -33,16 +34,21 @@ mod workload;
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{Result, anyhow, bail};
 use gpu_dra_driver::slices::served::{GatedField, NotServed};
 
+pub use error::SimulateError;
 pub use options::{Format, Options, Source};
 pub use outcome::ClaimOutcome;
 
 /// Runs the simulation and prints its outcomes in `options.format`.
 /// Returns an error (exit 1) for input that cannot be understood; claims
 /// that do not fit are results, not errors.
-pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+pub fn run(
+    files: &[PathBuf],
+    options: &Options<'_>,
+    out: &mut impl Write,
+    note: &mut impl Write,
+) -> Result<(), SimulateError> {
     let mut phases = Phases::default();
     let outcomes = evaluate_files(files, options, &mut phases, note)?;
     print(outcomes, options, phases, out, note)
@@ -50,7 +56,11 @@ pub fn run(files: &[PathBuf], options: &Options<'_>, out: &mut impl Write, note:
 
 /// Runs the simulation: every claim's outcome, in claim order. What the
 /// user should know that is not an outcome is written on `note`.
-pub fn evaluate(files: &[PathBuf], options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+pub fn evaluate(
+    files: &[PathBuf],
+    options: &Options<'_>,
+    note: &mut impl Write,
+) -> Result<Vec<ClaimOutcome>, SimulateError> {
     evaluate_files(files, options, &mut Phases::default(), note)
 }
 
@@ -59,17 +69,18 @@ fn evaluate_files(
     options: &Options<'_>,
     phases: &mut Phases,
     note: &mut impl Write,
-) -> Result<Vec<ClaimOutcome>> {
+) -> Result<Vec<ClaimOutcome>, SimulateError> {
     // The fleet file and the manifests are independent: the fleet's slices
     // are built on the second core while the manifests are read.
     let (read, loaded) = std::thread::scope(|scope| {
         let not_served = options.not_served;
         let fleet = options.fleet.map(|path| scope.spawn(move || fleet::load(path, not_served)));
         let mut sorter = inputs::Sorter::serving(options.not_served);
-        let read = manifests::read_each(files, &mut |m| Ok(sorter.add(m, &mut *note)?)).map(|()| sorter.finish());
+        let read = manifests::read_each::<SimulateError>(files, &mut |m| Ok(sorter.add(m, &mut *note)?))
+            .map(|()| sorter.finish());
         let loaded = fleet.map(|handle| match handle.join() {
-            Ok(loaded) => loaded.map_err(anyhow::Error::from),
-            Err(_) => Err(anyhow!("loading the fleet failed")),
+            Ok(loaded) => loaded.map_err(SimulateError::from),
+            Err(_) => Err(SimulateError::FleetThread),
         });
         (read, loaded)
     });
@@ -85,7 +96,11 @@ fn evaluate_files(
         for node in fleet.nodes {
             let name = node.metadata.name.clone().unwrap_or_default();
             if let Some(dup) = inputs.nodes.iter().find(|n| n.object.metadata.name.as_deref() == Some(name.as_str())) {
-                bail!("{}: node {name} is also defined in {}; fix: define each node once", path.display(), dup.origin);
+                return Err(SimulateError::DuplicateNode {
+                    fleet: path.display().to_string(),
+                    name,
+                    origin: dup.origin.clone(),
+                });
             }
             inputs.nodes.push(inputs::Located { origin: path.display().to_string(), object: node });
         }
@@ -101,7 +116,7 @@ fn evaluate_files(
 /// Says once, for each field the simulated API server dropped from some
 /// slice, what that release does and how to simulate a cluster that has
 /// the gate on.
-fn note_dropped(dropped: NotServed, note: &mut impl Write) -> Result<()> {
+fn note_dropped(dropped: NotServed, note: &mut impl Write) -> Result<(), SimulateError> {
     let mut by_gate: Vec<(&str, Vec<GatedField>)> = Vec::new();
     for field in dropped.iter() {
         match by_gate.iter_mut().find(|(gate, _)| *gate == field.gate()) {
@@ -140,7 +155,7 @@ pub fn run_manifests(
     options: &Options<'_>,
     out: &mut impl Write,
     note: &mut impl Write,
-) -> Result<()> {
+) -> Result<(), SimulateError> {
     let mut feed = Feed::default();
     for m in manifests {
         feed.add(m, &mut *note)?;
@@ -159,7 +174,7 @@ pub struct Feed {
 
 impl Feed {
     /// Takes one object; a kind simulate does not use is noted on `note`.
-    pub fn add(&mut self, manifest: manifests::Manifest, note: &mut impl Write) -> Result<()> {
+    pub fn add(&mut self, manifest: manifests::Manifest, note: &mut impl Write) -> Result<(), SimulateError> {
         Ok(self.sorter.add(manifest, note)?)
     }
 
@@ -170,7 +185,7 @@ impl Feed {
 
     /// Simulates what was fed and prints the outcomes. `options.fleet`
     /// must be `None`.
-    pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
+    pub fn run(self, options: &Options<'_>, out: &mut impl Write, note: &mut impl Write) -> Result<(), SimulateError> {
         let mut phases = Phases::default();
         let outcomes = self.evaluate_with(options, &mut phases, note)?;
         print(outcomes, options, phases, out, note)
@@ -178,7 +193,7 @@ impl Feed {
 
     /// Simulates what was fed: every claim's outcome, in claim order.
     /// `options.fleet` must be `None`.
-    pub fn evaluate(self, options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>> {
+    pub fn evaluate(self, options: &Options<'_>, note: &mut impl Write) -> Result<Vec<ClaimOutcome>, SimulateError> {
         self.evaluate_with(options, &mut Phases::default(), note)
     }
 
@@ -187,9 +202,9 @@ impl Feed {
         options: &Options<'_>,
         phases: &mut Phases,
         note: &mut impl Write,
-    ) -> Result<Vec<ClaimOutcome>> {
+    ) -> Result<Vec<ClaimOutcome>, SimulateError> {
         if options.fleet.is_some() {
-            bail!("a fleet file is read by `run`, not `run_manifests`; add its slices to the manifests");
+            return Err(SimulateError::FleetNotRead);
         }
         let inputs = self.sorter.finish();
         phases.mark("read");
@@ -215,7 +230,7 @@ fn evaluate_inputs(
     gates: &gpu_dra_driver::feature_gates::FeatureGates,
     phases: &mut Phases,
     note: &mut impl Write,
-) -> Result<Vec<ClaimOutcome>> {
+) -> Result<Vec<ClaimOutcome>, SimulateError> {
     configs::check(&inputs, gates)?;
     let class_names: Vec<String> = inputs.classes.iter().filter_map(|c| c.object.metadata.name.clone()).collect();
     let extended = workload::ExtendedResources {
@@ -253,7 +268,7 @@ fn print(
     mut phases: Phases,
     out: &mut impl Write,
     note: &mut impl Write,
-) -> Result<()> {
+) -> Result<(), SimulateError> {
     match options.format {
         Format::Table => output::table(out, &outcomes),
         Format::Json => output::json(out, &outcomes),

@@ -9,20 +9,20 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use anyhow::{Context, Result, anyhow};
-
 mod document;
+mod error;
 mod manifest;
 mod object;
 mod split;
 
+pub use error::ReadError;
 pub use manifest::{Manifest, Sink};
 pub use object::{Body, DecodeError, Head};
 
 #[cfg(test)]
 /// Reads every object from `paths` (files, directories of `.yaml`/`.yml`/
 /// `.json` files, or `-` for standard input), in order.
-pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Manifest>> {
+pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Manifest>, ReadError> {
     let mut out = Vec::new();
     read_each(paths, &mut |m| {
         out.push(m);
@@ -32,13 +32,13 @@ pub fn read_all(paths: &[PathBuf]) -> Result<Vec<Manifest>> {
 }
 
 /// Hands every object from `paths` to `sink` as soon as it is read.
-pub fn read_each(paths: &[PathBuf], sink: &mut Sink<'_>) -> Result<()> {
+pub fn read_each<E: From<ReadError>>(paths: &[PathBuf], sink: &mut Sink<'_, E>) -> Result<(), E> {
     for path in paths {
         if path.as_os_str() == "-" {
             read_stream("<stdin>", std::io::stdin().lock(), sink)?;
         } else if path.is_dir() {
             let mut entries: Vec<PathBuf> = std::fs::read_dir(path)
-                .with_context(|| format!("{}: cannot list directory", path.display()))?
+                .map_err(|e| ReadError::io(format!("{}: cannot list directory", path.display()), e))?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml" || e == "json"))
                 .collect();
@@ -53,26 +53,28 @@ pub fn read_each(paths: &[PathBuf], sink: &mut Sink<'_>) -> Result<()> {
     Ok(())
 }
 
-fn read_file(path: &Path, sink: &mut Sink<'_>) -> Result<()> {
-    let file = std::fs::File::open(path).with_context(|| format!("{}: cannot read file", path.display()))?;
+fn read_file<E: From<ReadError>>(path: &Path, sink: &mut Sink<'_, E>) -> Result<(), E> {
+    let file =
+        std::fs::File::open(path).map_err(|e| ReadError::io(format!("{}: cannot read file", path.display()), e))?;
     read_stream(&path.display().to_string(), file, sink)
 }
 
 /// JSON is decided by content (its first character), whatever the file is
 /// called: JSON is read as it streams in; YAML is read whole (its parser
 /// needs the whole text) and checked for hostile nesting first.
-fn read_stream(origin: &str, input: impl Read, sink: &mut Sink<'_>) -> Result<()> {
+fn read_stream<E: From<ReadError>>(origin: &str, input: impl Read, sink: &mut Sink<'_, E>) -> Result<(), E> {
     let mut reader = BufReader::with_capacity(1 << 20, input);
-    if starts_as_json(&mut reader).with_context(|| format!("{origin}: cannot read"))? {
+    let cannot_read = |e| ReadError::io(format!("{origin}: cannot read"), e);
+    if starts_as_json(&mut reader).map_err(cannot_read)? {
         return document::json_stream(origin, reader, sink);
     }
     let mut bytes = Vec::new();
-    reader.read_to_end(&mut bytes).with_context(|| format!("{origin}: cannot read"))?;
+    reader.read_to_end(&mut bytes).map_err(cannot_read)?;
     let text = String::from_utf8(bytes).map_err(|e| {
-        anyhow!(
+        ReadError::Invalid(format!(
             "{origin}: not UTF-8 text (byte {} is not valid UTF-8); fix: save the file as UTF-8",
             e.utf8_error().valid_up_to()
-        )
+        ))
     })?;
     parse_each(origin, &text, sink)
 }
@@ -97,7 +99,7 @@ fn starts_as_json(reader: &mut impl BufRead) -> std::io::Result<bool> {
 
 /// Parses a YAML stream (or JSON text) into objects, unpacking `List`s.
 #[cfg(test)]
-pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<()> {
+pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<(), ReadError> {
     parse_each(origin, text, &mut |m| {
         out.push(m);
         Ok(())
@@ -105,11 +107,11 @@ pub fn parse_into(origin: &str, text: &str, out: &mut Vec<Manifest>) -> Result<(
 }
 
 /// [`parse_into`], handing each object to `sink`.
-pub fn parse_each(origin: &str, text: &str, sink: &mut Sink<'_>) -> Result<()> {
+pub fn parse_each<E: From<ReadError>>(origin: &str, text: &str, sink: &mut Sink<'_, E>) -> Result<(), E> {
     if text.trim_start().starts_with(['{', '[']) {
         return document::json_stream(origin, text.as_bytes(), sink);
     }
-    let text = gpu_dra_driver::safe_yaml::prepare(text).map_err(|e| anyhow!("{origin}: {e}"))?;
+    let text = gpu_dra_driver::safe_yaml::prepare(text).map_err(|e| ReadError::Invalid(format!("{origin}: {e}")))?;
     document::yaml_stream(origin, &text, sink)
 }
 

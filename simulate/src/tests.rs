@@ -24,11 +24,16 @@ fn claim(name: &str, count: u32) -> String {
     )
 }
 
-fn simulate(docs: &[String], gpus: u32, format: Format) -> (Result<()>, String, String) {
+fn simulate(docs: &[String], gpus: u32, format: Format) -> (Result<(), SimulateError>, String, String) {
     simulate_in(docs, gpus, format, CelEnvironment::default())
 }
 
-fn simulate_in(docs: &[String], gpus: u32, format: Format, cel: CelEnvironment) -> (Result<()>, String, String) {
+fn simulate_in(
+    docs: &[String],
+    gpus: u32,
+    format: Format,
+    cel: CelEnvironment,
+) -> (Result<(), SimulateError>, String, String) {
     let dir = tempfile::tempdir().unwrap();
     let input = dir.path().join("in.yaml");
     std::fs::write(&input, format!("{CLASS}---\n{}", docs.join("---\n"))).unwrap();

@@ -1,8 +1,6 @@
 //! One object read from a manifest, kept as its JSON text or as a tree,
 //! with its head (kind, apiVersion, name, namespace) read once.
 
-use anyhow::Result;
-
 use super::object::{self, Body, DecodeError, Head};
 
 /// One object read from a manifest, with where it came from.
@@ -22,7 +20,7 @@ impl Manifest {
     }
 
     /// An object kept as its JSON text; refused if the text is not JSON.
-    pub fn json(origin: String, text: Box<str>) -> std::result::Result<Self, serde_json::Error> {
+    pub fn json(origin: String, text: Box<str>) -> Result<Self, serde_json::Error> {
         Ok(Manifest { origin, head: object::json_head(&text)?, body: Body::Json(text) })
     }
 
@@ -49,7 +47,7 @@ impl Manifest {
     }
 
     /// The object as `T`.
-    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> std::result::Result<T, DecodeError> {
+    pub fn decode<T: serde::de::DeserializeOwned>(&self) -> Result<T, DecodeError> {
         self.body.decode()
     }
 
@@ -61,5 +59,6 @@ impl Manifest {
     }
 }
 
-/// Where every object read goes.
-pub type Sink<'a> = dyn FnMut(Manifest) -> Result<()> + 'a;
+/// Where every object read goes; its error (the caller's, `E`) stops the
+/// reading and is returned as it is.
+pub type Sink<'a, E> = dyn FnMut(Manifest) -> Result<(), E> + 'a;

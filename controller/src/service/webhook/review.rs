@@ -325,14 +325,14 @@ mod tests {
     fn simulate_check(object: &Value, gates: &FeatureGates) -> anyhow::Result<()> {
         let classes = std::path::PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/../deviceclasses"));
         let mut manifests = Vec::new();
-        gpu_dra_simulate::manifests::read_each(&[classes], &mut |m| {
+        gpu_dra_simulate::manifests::read_each::<anyhow::Error>(&[classes], &mut |m| {
             manifests.push(m);
             Ok(())
         })
         .unwrap();
         manifests.push(gpu_dra_simulate::manifests::Manifest::tree("c.yaml".into(), object.clone()));
         let options = gpu_dra_simulate::Options { gates: Some(*gates), ..Default::default() };
-        gpu_dra_simulate::run_manifests(manifests, &options, &mut std::io::sink(), &mut std::io::sink())
+        Ok(gpu_dra_simulate::run_manifests(manifests, &options, &mut std::io::sink(), &mut std::io::sink())?)
     }
 
     #[test]
