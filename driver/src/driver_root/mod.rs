@@ -12,7 +12,7 @@
 //! Discovery runs at start and when the driver version changes, never on
 //! the prepare path.
 
-pub mod capabilities;
+mod capabilities;
 pub mod fake_imex;
 pub mod fake_tree;
 mod graphics;
@@ -20,7 +20,7 @@ pub mod ld_cache;
 mod libraries;
 mod root;
 
-pub use capabilities::{Capabilities, Capability};
+pub use capabilities::{Capabilities, CapabilitiesError, Capability};
 use libraries::FoundLibrary;
 pub use root::{DriverMount, DriverRoot};
 

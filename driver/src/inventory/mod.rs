@@ -11,14 +11,14 @@ pub mod mig_layout;
 mod model;
 pub mod nvlink;
 pub mod nvml;
-pub mod pci;
+mod pci;
 mod published;
 
 pub use model::{
     AddressingMode, CliqueId, DeviceMajors, Fault, Gpu, Inventory, MigCapMinors, MigCapabilities, MigCapableProfile,
     MigDevice, MigMode, MigProfile, Placement, VFIO_PREFIX,
 };
-pub use pci::PciBusId;
+pub use pci::{InvalidPciBusId, PciBusId};
 pub use published::PublishedDevice;
 
 /// Where an inventory comes from.

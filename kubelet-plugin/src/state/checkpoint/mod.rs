@@ -162,7 +162,7 @@ impl VfioSwitch {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemberError {
     #[error("checkpoint: {0}")]
-    BadAddress(#[source] gpu_dra_driver::inventory::pci::InvalidPciBusId),
+    BadAddress(#[source] gpu_dra_driver::inventory::InvalidPciBusId),
     #[error("checkpoint: {0:?} is not a canonical PCI address")]
     NotCanonical(String),
 }
