@@ -39,7 +39,8 @@ use super::files::CDI_FILE_MODE;
 use crate::mig::ledger::{ClaimLedger, Made};
 use crate::mig::lifecycle::{self, MigHost};
 use crate::mig::ownership::{self, Proof};
-use crate::mig::{self, MigIntent, ObservedInstance, order};
+use crate::mig::{self, ObservedInstance, order};
+use crate::state::checkpoint::MigIntent;
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 

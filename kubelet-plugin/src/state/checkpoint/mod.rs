@@ -10,6 +10,9 @@
 
 pub mod derived;
 pub mod envelope;
+mod mig_records;
+
+pub use mig_records::{MadeInstance, MigIntent};
 
 use std::fs;
 use std::io;
@@ -19,7 +22,6 @@ use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::inventory::PciBusId;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
-use crate::mig::{MadeInstance, MigIntent};
 use crate::state::durable;
 
 /// Where a claim is in its prepare.
