@@ -298,14 +298,16 @@ fn open_preparer(
             (None, None) => Some("/".into()),
         },
         gates: args.feature_gates,
-        gpu_control: crate::host::driver_files::gpu_control(&args.driver_root, &args.node)
+        gpu_control: crate::host::driver_files::nvidia_smi(&args.driver_root, &args.node)
+            .map(crate::prepare::sharing::NvidiaSmi::from_driver)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
         mps_dir: args.state_dir().join("mps"),
         mps_host: {
             use gpu_dra_driver::feature_gates::Gate;
             let wanted =
                 [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
-            crate::host::driver_files::mps_host(&args.driver_root, &args.node, wanted)
+            crate::host::driver_files::mps_control(&args.driver_root, &args.node, wanted)
+                .and_then(crate::prepare::mps::host::LocalMps::from_driver)
                 .map(|host| if args.mps_supervisor { host.supervised() } else { host })
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
         },
