@@ -12,6 +12,7 @@
 pub mod claim_status;
 pub mod cli;
 pub mod compute_domain;
+pub mod deadline;
 pub mod flags;
 pub mod heap;
 pub mod host;

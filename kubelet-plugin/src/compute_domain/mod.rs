@@ -73,9 +73,11 @@ use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 
 use crate::claim_status::refusal::{EventError, Explanation, WriteFailures};
 use crate::claim_status::write::ConditionError;
-use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
+use crate::deadline::Deadline;
+use crate::kubelet_api::grpc::DraService;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
+use crate::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};
 use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};

@@ -49,7 +49,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
-use crate::kubelet_api::grpc::Deadline;
+use crate::deadline::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::state::checkpoint::{
     CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice, derived,
@@ -857,16 +857,6 @@ impl<S: ClaimSource> Preparer<S> {
         blocking(move || files.remove_claim(&owned_uid, &name)).await??;
         self.records().remove(uid.as_str());
         self.forget_dynamic(uid.as_str()).await
-    }
-}
-
-impl<S: ClaimSource> crate::kubelet_api::grpc::DraService for Preparer<S> {
-    async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
-        Preparer::prepare_by(self, claims, deadline).await
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
-        Preparer::unprepare_by(self, claims, deadline).await
     }
 }
 

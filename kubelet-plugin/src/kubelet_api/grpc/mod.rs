@@ -10,8 +10,6 @@
 mod any_client;
 pub mod authority;
 mod convert;
-pub mod deadline;
-pub mod domain;
 pub mod serve;
 mod versions;
 
@@ -21,11 +19,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
-pub use deadline::Deadline;
-pub use domain::{ClaimOutcome, ClaimRef, PreparedDevice};
 pub use versions::{DraPluginV1, DraPluginV1beta1};
 
+use crate::deadline::Deadline;
 use crate::observe::metrics::{ApiVersion, Metrics, Operation, Outcome};
+use crate::prepare::Preparer;
+use crate::prepare::types::{ClaimOutcome, ClaimRef, ClaimSource};
 
 /// What the gRPC servers need from the core: prepare and unprepare a batch
 /// of claims, one result per claim UID, answered before `deadline` (the
@@ -41,6 +40,18 @@ pub trait DraService: Send + Sync + 'static {
         claims: Vec<ClaimRef>,
         deadline: Deadline,
     ) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
+}
+
+/// The GPU preparer serves the kubelet here, at the edge, so that
+/// `prepare` knows nothing of the gRPC servers.
+impl<S: ClaimSource> DraService for Preparer<S> {
+    async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
+        Preparer::prepare_by(self, claims, deadline).await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+        Preparer::unprepare_by(self, claims, deadline).await
+    }
 }
 
 /// Counts prepare and unprepare batches still running, so that stopping
