@@ -7,7 +7,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use gpu_kubelet_plugin::cli::{Cli, Command, LogFormat, LoggingArgs};
-use gpu_kubelet_plugin::observe::inspect;
+use gpu_kubelet_plugin::inspect;
 use gpu_kubelet_plugin::run;
 
 fn main() -> ExitCode {
