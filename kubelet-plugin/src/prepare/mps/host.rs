@@ -190,7 +190,7 @@ impl MpsHost for LocalMps {
 
     fn start(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         if let Some(within) = self.supervised {
-            return super::supervisor::request_launch(daemon, within);
+            return super::launch_request::request_launch(daemon, within);
         }
         check_real_dirs(daemon)?;
         let launcher_log = daemon.log_dir().join("launcher.log");
