@@ -7,7 +7,7 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{DraCore, DraService};
+use super::service::{DraCore, DraService};
 use crate::deadline::Deadline;
 use crate::observe::metrics::ApiVersion;
 
