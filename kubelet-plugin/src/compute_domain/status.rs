@@ -15,8 +15,8 @@ use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::LookupError;
-use super::{ConditionWriter, DomainLookup};
 use crate::claim_status::refusal::{EventError, Explanation, post_event};
 use crate::claim_status::write::{ConditionError, edit_status};
 use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};

@@ -100,7 +100,7 @@ impl TelemetryTask {
 struct NoReader;
 
 impl DeviceReader for NoReader {
-    fn read(&mut self, _uuid: &str) -> super::DeviceSample {
-        super::DeviceSample::default()
+    fn read(&mut self, _uuid: &str) -> super::readings::DeviceSample {
+        super::readings::DeviceSample::default()
     }
 }
