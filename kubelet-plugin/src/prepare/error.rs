@@ -40,3 +40,17 @@ pub enum TaskError {
     #[error("internal error: file task failed: {0}")]
     Failed(#[source] tokio::task::JoinError),
 }
+
+/// Why the preparer could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error(transparent)]
+    Checkpoint(#[from] CheckpointError),
+    #[error("CDI directory {path}: {error}")]
+    CdiDir { path: PathBuf, error: std::io::Error },
+    #[error(
+        "adopting NVIDIA's checkpoint {path}: {error}; its claims' records are written, renaming it failed: \
+         the plugin serves nothing until it can set the file aside (check the directory's permissions and space)"
+    )]
+    Adopt { path: PathBuf, error: std::io::Error },
+}

@@ -22,6 +22,7 @@
 
 pub mod adopt;
 pub mod claims;
+mod config;
 pub mod configs;
 pub mod dynamic_mig;
 mod error;
@@ -37,25 +38,22 @@ pub mod types;
 mod with_mig;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use gpu_dra_driver::cdi;
-use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
-use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
+use gpu_dra_driver::names::{ClaimUid, DeviceName};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
 use crate::deadline::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
-use crate::state::checkpoint::{
-    CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice, derived,
-};
+use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState, TimeSlice, derived};
 use crate::state::durable;
-pub use error::{TaskError, UndoError};
+pub use config::PreparerConfig;
+pub use error::{OpenError, TaskError, UndoError};
 use files::Files;
 use locks::KeyedLocks;
 use plan::{PlanError, PlannedDevice};
@@ -66,61 +64,6 @@ use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
 /// this many claim futures, not 10,000 (the API lookups have their own,
 /// smaller bound: `ClaimSourceConfig::max_in_flight`).
 const CONCURRENT_CLAIMS: usize = 64;
-
-/// Where the preparer keeps its files, and who it is.
-#[derive(Debug, Clone)]
-pub struct PreparerConfig {
-    pub driver: DriverName,
-    pub node: NodeName,
-    /// The CDI spec directory the container runtime reads (`/var/run/cdi`).
-    pub cdi_dir: PathBuf,
-    /// `<state-dir>/checkpoint`.
-    pub checkpoint_dir: PathBuf,
-    /// The node's current boot id; records from another boot are void.
-    pub boot_id: String,
-    /// What every spec gets from the driver installation.
-    pub driver_edits: crate::host::driver_files::SharedDriverEdits,
-    /// Where the host's `/` is, to create device nodes a fresh node lacks;
-    /// `None`: leave `/dev` alone (fake inventories).
-    pub dev_root: Option<PathBuf>,
-    /// Which sharing strategies claims may ask for.
-    pub gates: FeatureGates,
-    /// Sets GPUs' time-slices (`nvidia-smi` from the driver root); `None`
-    /// when there is no driver root, and time-slicing is refused.
-    pub gpu_control: Option<Arc<dyn sharing::GpuControl>>,
-    /// Where claims' MPS daemons live: `<state-dir>/mps/<claimUID>`.
-    pub mps_dir: PathBuf,
-    /// Runs `nvidia-cuda-mps-control` from the driver root; `None` when
-    /// there is none, and MPS is refused.
-    pub mps_host: Option<Arc<dyn mps::host::MpsHost>>,
-    pub mps_timeouts: mps::lifecycle::Timeouts,
-    /// Makes and destroys dynamic MIG devices (NVML); `None` on a fake
-    /// inventory, where dynamic MIG devices are refused at prepare.
-    pub mig: Option<crate::mig::lifecycle::MigHost>,
-    /// Told the MIG instances prepared claims own after every change, so a
-    /// re-read inventory keeps their GPUs dynamic.
-    pub selection: Option<Arc<crate::mig::selection::DynamicMigSelection>>,
-    /// Switches passed-through GPUs between `nvidia` and `vfio-pci`
-    /// (sysfs); `None` on a fake inventory, where they are refused.
-    pub vfio: Option<crate::vfio::VfioHost>,
-    /// NVIDIA's plugin directory (`<plugins-dir>/gpu.nvidia.com`), whose
-    /// `checkpoint.json` start-up adopts (see [`adopt`]); `None`: none.
-    pub nvidia_dir: Option<PathBuf>,
-}
-
-/// Why the preparer could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error("CDI directory {path}: {error}")]
-    CdiDir { path: PathBuf, error: std::io::Error },
-    #[error(
-        "adopting NVIDIA's checkpoint {path}: {error}; its claims' records are written, renaming it failed: \
-         the plugin serves nothing until it can set the file aside (check the directory's permissions and space)"
-    )]
-    Adopt { path: PathBuf, error: std::io::Error },
-}
 
 /// Prepares and unprepares claims; one per plugin process.
 pub struct Preparer<S> {

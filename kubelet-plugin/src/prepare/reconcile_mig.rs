@@ -33,7 +33,7 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::ClaimUid;
 
-use super::PreparerConfig;
+use super::config::PreparerConfig;
 use super::dynamic_mig::{is_dynamic, overlay_record};
 use super::files::CDI_FILE_MODE;
 use crate::mig::ledger::{ClaimLedger, Made};
