@@ -20,8 +20,6 @@ pub mod flags;
 pub mod heap;
 pub mod host;
 pub mod inspect;
-pub use gpu_dra_driver::service::http;
-pub use gpu_dra_driver::service::kube_client;
 pub mod kubelet_api;
 pub mod mig;
 pub mod observe;

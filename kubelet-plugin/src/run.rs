@@ -13,8 +13,6 @@ use tokio::sync::watch;
 
 use crate::claim_status::queue::StatusQueue;
 use crate::cli::{MetricsAddr, RunArgs};
-use crate::http::{HttpState, ReadyCheck};
-use crate::kube_client;
 use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::kubelet_api::sockets::SocketPaths;
 use crate::mig::selection::DynamicMigSelection;
@@ -33,6 +31,8 @@ use crate::publish::publisher::{self, PublishStatus, PublisherConfig};
 use crate::state::checkpoint;
 use crate::state::durable;
 use crate::state::instance_lock;
+use gpu_dra_driver::service::http::{HttpState, ReadyCheck};
+use gpu_dra_driver::service::kube_client;
 
 /// Period of the health stream's re-sends when nothing changes.
 const HEALTH_RESEND: Duration = Duration::from_secs(20);
@@ -427,7 +427,7 @@ async fn start_http(
         let shutdown = async {
             let _ = stop_rx.await;
         };
-        if let Err(error) = crate::http::serve(listener, state, shutdown).await {
+        if let Err(error) = gpu_dra_driver::service::http::serve(listener, state, shutdown).await {
             tracing::error!(%error, "HTTP server failed");
         }
     });
