@@ -29,6 +29,7 @@ mod error;
 mod files;
 pub mod locks;
 pub mod mps;
+mod offload;
 pub mod passthrough;
 pub mod plan;
 pub mod reconcile;
@@ -53,9 +54,11 @@ use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState, TimeSlice, derived};
 use crate::state::durable;
 pub use config::PreparerConfig;
+use error::{Failure, kind};
 pub use error::{OpenError, TaskError, UndoError};
 use files::Files;
 use locks::KeyedLocks;
+use offload::{ALONE, blocking};
 use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
 use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
@@ -79,17 +82,6 @@ pub struct Preparer<S> {
     damaged_at_open: usize,
     /// Where each outcome's `status.devices` goes; `None`: nowhere.
     status: Option<StatusQueue>,
-}
-
-/// A claim's failure: the text for the kubelet and its kind for metrics.
-struct Failure {
-    kind: ErrorKind,
-    message: String,
-}
-
-/// Tags an error with its kind: `result.map_err(kind(ErrorKind::Cdi))`.
-fn kind<E: ToString>(kind: ErrorKind) -> impl FnOnce(E) -> Failure {
-    move |error| Failure { kind, message: error.to_string() }
 }
 
 impl<S: ClaimSource> Preparer<S> {
@@ -820,29 +812,6 @@ fn device_key(device: &str) -> String {
 
 fn gpu_keys(daemon: &crate::state::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
     daemon.gpus.iter().map(|gpu| format!("gpu:{gpu}"))
-}
-
-tokio::task_local! {
-    /// Set while a call for one claim runs: its file work blocks the worker
-    /// it runs on (see [`blocking`]).
-    static ALONE: bool;
-}
-
-/// Runs file work (fsync blocks for milliseconds) where it does not hold
-/// up other work: on a blocking thread when claims of one call run side
-/// by side, so their writes overlap; in place (`block_in_place`, which
-/// hands the worker's other tasks to another thread) for a call with one
-/// claim, which saves waking a parked thread, on a VM an idle vCPU, twice
-/// per hand-off.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
-    let alone = ALONE.try_with(|alone| *alone).unwrap_or(false);
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if alone && multi_thread {
-        return tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)))
-            .map_err(|_| TaskError::Panicked);
-    }
-    tokio::task::spawn_blocking(work).await.map_err(TaskError::Failed)
 }
 
 #[cfg(test)]

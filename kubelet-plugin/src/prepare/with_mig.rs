@@ -28,10 +28,12 @@ use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
 use super::error::UndoError;
+use super::error::{Failure, kind};
 use super::files::Files;
+use super::offload::blocking;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
-use super::{Failure, Preparer, blocking, kind, mps};
+use super::{Preparer, mps};
 use crate::mig::lifecycle;
 use crate::mig::lifecycle::MigHost;
 use crate::observe::metrics::{ErrorKind, Operation};
