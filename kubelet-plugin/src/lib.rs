@@ -7,15 +7,19 @@
 //! (`host`), what an operator reads (`observe`), dynamic MIG (`mig`),
 //! ComputeDomains (`compute_domain`), VFIO passthrough (`vfio`), which
 //! program a process runs (`process`, for the daemons the agent starts)
-//! and the process's own heap (`heap`).
+//! and the process's own heap (`heap`). The commands (`run`, `inspect`
+//! for `print-slices` / `print-cdi`) sit on top, with the command line
+//! (`cli`); the flag groups several parts read (`flags`) and a kubelet
+//! call's deadline (`deadline`) are on the ground floor.
 
 pub mod claim_status;
 pub mod cli;
 pub mod compute_domain;
+pub mod deadline;
+pub mod flags;
 pub mod heap;
 pub mod host;
-pub use gpu_dra_driver::service::http;
-pub use gpu_dra_driver::service::kube_client;
+pub mod inspect;
 pub mod kubelet_api;
 pub mod mig;
 pub mod observe;

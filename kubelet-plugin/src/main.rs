@@ -7,7 +7,7 @@ use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use gpu_kubelet_plugin::cli::{Cli, Command, LogFormat, LoggingArgs};
-use gpu_kubelet_plugin::observe::inspect;
+use gpu_kubelet_plugin::inspect;
 use gpu_kubelet_plugin::run;
 
 fn main() -> ExitCode {
@@ -65,7 +65,9 @@ fn limit_malloc_arenas() {
 
 fn init_logging(args: &LoggingArgs) {
     let mut filter = EnvFilter::try_new(&args.log_level).unwrap_or_else(|_| EnvFilter::new("warn"));
-    if let Some(Ok(quiet)) = gpu_kubelet_plugin::kube_client::request_log_directive(&args.log_level).map(str::parse) {
+    if let Some(Ok(quiet)) =
+        gpu_dra_driver::service::kube_client::request_log_directive(&args.log_level).map(str::parse)
+    {
         filter = filter.add_directive(quiet);
     }
     // Colours only on a terminal: logs in files and `kubectl logs` stay greppable.

@@ -13,8 +13,6 @@ use tokio::sync::watch;
 
 use crate::claim_status::queue::StatusQueue;
 use crate::cli::{MetricsAddr, RunArgs};
-use crate::http::{HttpState, ReadyCheck};
-use crate::kube_client;
 use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::kubelet_api::sockets::SocketPaths;
 use crate::mig::selection::DynamicMigSelection;
@@ -33,6 +31,8 @@ use crate::publish::publisher::{self, PublishStatus, PublisherConfig};
 use crate::state::checkpoint;
 use crate::state::durable;
 use crate::state::instance_lock;
+use gpu_dra_driver::service::http::{HttpState, ReadyCheck};
+use gpu_dra_driver::service::kube_client;
 
 /// Period of the health stream's re-sends when nothing changes.
 const HEALTH_RESEND: Duration = Duration::from_secs(20);
@@ -298,14 +298,16 @@ fn open_preparer(
             (None, None) => Some("/".into()),
         },
         gates: args.feature_gates,
-        gpu_control: crate::host::driver_files::gpu_control(&args.driver_root, &args.node)
+        gpu_control: crate::host::driver_files::nvidia_smi(&args.driver_root, &args.node)
+            .map(crate::prepare::sharing::NvidiaSmi::from_driver)
             .map(|smi| Arc::new(smi) as Arc<dyn crate::prepare::sharing::GpuControl>),
         mps_dir: args.state_dir().join("mps"),
         mps_host: {
             use gpu_dra_driver::feature_gates::Gate;
             let wanted =
                 [Gate::MpsSupport, Gate::ConsumableCapacity].into_iter().any(|g| args.feature_gates.enabled(g));
-            crate::host::driver_files::mps_host(&args.driver_root, &args.node, wanted)
+            crate::host::driver_files::mps_control(&args.driver_root, &args.node, wanted)
+                .and_then(crate::prepare::mps::host::LocalMps::from_driver)
                 .map(|host| if args.mps_supervisor { host.supervised() } else { host })
                 .map(|host| Arc::new(host) as Arc<dyn crate::prepare::mps::host::MpsHost>)
         },
@@ -425,7 +427,7 @@ async fn start_http(
         let shutdown = async {
             let _ = stop_rx.await;
         };
-        if let Err(error) = crate::http::serve(listener, state, shutdown).await {
+        if let Err(error) = gpu_dra_driver::service::http::serve(listener, state, shutdown).await {
             tracing::error!(%error, "HTTP server failed");
         }
     });

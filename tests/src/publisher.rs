@@ -32,7 +32,7 @@ pub async fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     let kubeconfig = dir.join("kubeconfig");
     server.write_kubeconfig(&kubeconfig).expect("writing the kubeconfig");
-    let client = gpu_kubelet_plugin::kube_client::client_from_file(&kubeconfig).await.expect("a kube client");
+    let client = gpu_dra_driver::service::kube_client::client_from_file(&kubeconfig).await.expect("a kube client");
     let node = NodeName::new(NODE).expect("a node name");
     let inventory = watch_fake_file(
         inventory_file.to_path_buf(),

@@ -12,7 +12,7 @@ async fn source(server: &ApiServer, config: ClaimSourceConfig) -> KubeClaimSourc
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     server.write_kubeconfig(&path).unwrap();
-    let client = gpu_kubelet_plugin::kube_client::client_from_file(&path).await.unwrap();
+    let client = gpu_dra_driver::service::kube_client::client_from_file(&path).await.unwrap();
     KubeClaimSource::new(client, config)
 }
 

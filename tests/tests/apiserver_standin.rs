@@ -14,7 +14,7 @@ async fn client(server: &ApiServer) -> kube::Client {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("kubeconfig");
     server.write_kubeconfig(&path).unwrap();
-    gpu_kubelet_plugin::kube_client::client_from_file(&path).await.unwrap()
+    gpu_dra_driver::service::kube_client::client_from_file(&path).await.unwrap()
 }
 
 fn slice(name: &str, node: &str, driver: &str, generation: i64) -> ResourceSlice {

@@ -16,10 +16,10 @@
 //!   prepared claim naming a free placement makes nothing.
 
 use gpu_dra_driver::names::ClaimUid;
-use gpu_kubelet_plugin::mig::{MadeInstance, MigIntent};
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, MigModeOff, PrepareState,
 };
+use gpu_kubelet_plugin::state::checkpoint::{MadeInstance, MigIntent};
 use integration_tests::kubelet::claim;
 use integration_tests::mock_gpu::dynamic_mig::{FOUR, GATES, ONE, TWO, start};
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};

@@ -10,10 +10,10 @@
 use std::collections::BTreeMap;
 
 use gpu_dra_driver::names::ClaimUid;
-use gpu_kubelet_plugin::mig::{MadeInstance, MigIntent};
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, PrepareState,
 };
+use gpu_kubelet_plugin::state::checkpoint::{MadeInstance, MigIntent};
 use integration_tests::mock_gpu::dynamic_mig::{FOUR, GATES, ONE, TWO, start};
 use integration_tests::mock_gpu::{BOOT_ID, MockGpuNode, MockInstance};
 use integration_tests::node::{DRIVER, RunningNode, WAIT};

@@ -8,10 +8,12 @@ use std::time::Duration;
 
 use gpu_dra_driver::inventory::fake;
 use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_kubelet_plugin::deadline::Deadline;
+use gpu_kubelet_plugin::kubelet_api::grpc::DraService;
 use gpu_kubelet_plugin::kubelet_api::grpc::serve::{self, ServeConfig};
-use gpu_kubelet_plugin::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
 use gpu_kubelet_plugin::kubelet_api::sockets::SocketPaths;
 use gpu_kubelet_plugin::observe::metrics::Metrics;
+use gpu_kubelet_plugin::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};
 use integration_tests::kubelet::{DraVersion, Kubelet, KubeletConfig, KubeletError, claim};
 
 const OK: &str = "11111111-1111-4111-8111-111111111111";

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-use super::{EntryKey, Readiness, entry_mut, remove_stale, set_ready};
+use gpu_dra_driver::claim_status::{EntryKey, Readiness, allocation_results, entry_mut, remove_stale, set_ready};
 
 /// The API server's cap on an entry's `data` (its raw JSON), 10 KiB.
 pub const DATA_LIMIT: usize = 10 * 1024;
@@ -25,7 +25,7 @@ pub struct Writer<'a> {
 
 /// The claim's allocated devices of `writer`'s driver in its pool.
 fn ours(claim: &ResourceClaim, writer: Writer<'_>) -> Vec<(String, Option<String>)> {
-    super::allocation_results(claim)
+    allocation_results(claim)
         .filter(|r| r.driver == writer.driver && r.pool == writer.node)
         .map(|r| (r.device.clone(), r.share_id.clone()))
         .collect()
@@ -190,7 +190,7 @@ mod tests {
         assert_eq!((condition.status.as_str(), condition.reason.as_str()), ("False", "PrepareFailed"));
         assert!(
             condition.message.starts_with("no GPU\\nxx")
-                && condition.message.chars().count() <= super::super::MESSAGE_LIMIT
+                && condition.message.chars().count() <= gpu_dra_driver::claim_status::MESSAGE_LIMIT
         );
     }
 

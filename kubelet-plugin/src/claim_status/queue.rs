@@ -22,11 +22,11 @@ use std::time::Duration;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::{Notify, Semaphore};
 
-use super::Readiness;
 use super::claim::{self, Writer};
 use super::refusal::{Explanation, REFUSED_REASON, Stakes, WriteFailures, claim_reference, post_event, refusal_note};
 use super::write::{ConditionError, edit_status};
 use crate::observe::metrics::{ErrorKind, Metrics};
+use gpu_dra_driver::claim_status::Readiness;
 
 /// The longest one claim's write (reads, writes and conflict retries) may
 /// take before it is given up.

@@ -151,7 +151,7 @@ pub async fn post_event(client: &kube::Client, node: &str, explanation: &Explana
 /// The API server did not take an explaining Event; the message is cut to
 /// what a log line and a condition hold.
 #[derive(Debug, thiserror::Error)]
-#[error("{}", super::bounded_message(&format!("creating Event {name}: {source}")))]
+#[error("{}", gpu_dra_driver::claim_status::bounded_message(&format!("creating Event {name}: {source}")))]
 pub struct EventError {
     pub name: String,
     pub source: kube::Error,

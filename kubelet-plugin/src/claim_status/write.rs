@@ -8,7 +8,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use kube::api::PostParams;
 
-use super::bounded_message;
+use gpu_dra_driver::claim_status::bounded_message;
 
 /// Reads-and-writes tried before a claim that keeps changing is given up.
 pub const ATTEMPTS: usize = 3;

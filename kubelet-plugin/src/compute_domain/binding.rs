@@ -41,8 +41,9 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::time::Instant;
 
 use super::claim_plan;
+use super::cluster::{ConditionWriter, DomainLookup};
 use super::ready_condition::ChannelClaim;
-use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
+use super::{DomainPreparer, Server};
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
 

@@ -8,7 +8,7 @@ use gpu_dra_driver::compute_domain::imex::DaemonState;
 use super::binding::BindingState;
 use super::status::with_condition;
 use super::tests::{DOMAIN, NODE, Node, UID_A, domain, prepare, unprepare};
-use crate::kubelet_api::grpc::ClaimRef;
+use crate::prepare::types::ClaimRef;
 
 /// Passes, as the health loop runs them, until `done` (a fresh daemon
 /// answers READY a moment after it starts), at most 3 s.

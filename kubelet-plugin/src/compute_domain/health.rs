@@ -18,9 +18,10 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::DomainUid;
 
+use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::Error;
 use super::ready_condition::ChannelClaim;
-use super::{ConditionWriter, DomainLookup, DomainPreparer, Server};
+use super::{DomainPreparer, Server};
 use crate::prepare::types::ClaimSource;
 
 pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(

@@ -48,6 +48,8 @@
 
 pub mod binding;
 pub mod claim_plan;
+mod cluster;
+mod config;
 pub mod created_nodes;
 pub mod daemons;
 mod error;
@@ -61,7 +63,6 @@ pub mod status;
 
 use std::collections::{BTreeSet, HashMap};
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
@@ -69,16 +70,19 @@ use std::time::Duration;
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::compute_domain::api::{ComputeDomain, ComputeDomainNode};
 use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
-use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
+use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
-use crate::claim_status::refusal::{EventError, Explanation, WriteFailures};
-use crate::claim_status::write::ConditionError;
-use crate::kubelet_api::grpc::{ClaimOutcome, ClaimRef, Deadline, DraService, PreparedDevice};
+use crate::claim_status::refusal::WriteFailures;
+use crate::deadline::Deadline;
+use crate::kubelet_api::grpc::DraService;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
+use crate::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};
 use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
+pub use cluster::{ConditionWriter, DomainLookup};
+pub use config::DomainConfig;
 use daemons::{Daemons, Ensured};
 pub use error::{Error, LookupError};
 use ready_condition::ChannelClaim;
@@ -87,86 +91,6 @@ pub(crate) use serving::Server;
 const CDI_FILE_MODE: u32 = 0o644;
 /// How often a prepare re-checks what it waits for.
 const POLL: Duration = Duration::from_millis(100);
-
-/// Where the agent finds ComputeDomains (a reflector store in `run`, a map
-/// in tests): the domain with `uid` in `namespace`.
-pub trait DomainLookup: Send + Sync + 'static {
-    fn find(&self, namespace: &str, uid: &str) -> Option<ComputeDomain>;
-
-    /// Whether the lookup has heard the API's whole list once (a domain
-    /// it lacks before then may just not have arrived yet).
-    fn synced(&self) -> bool {
-        true
-    }
-
-    /// The domain as the API server has it now, for one the lookup lacks
-    /// although it has listed: a watch may deliver a domain made moments
-    /// ago after its claim is already allocated and being prepared (seen
-    /// on a loaded machine). `Ok(None)` when the API has no such domain
-    /// either; an error when the API server could not be read (the prepare
-    /// then says so, rather than that the domain was deleted).
-    fn read_live(
-        &self,
-        namespace: &str,
-        uid: &str,
-    ) -> impl std::future::Future<Output = Result<Option<ComputeDomain>, LookupError>> + Send {
-        std::future::ready(Ok(self.find(namespace, uid)))
-    }
-
-    /// The domains whose status lists `node` as not ready (a channel of
-    /// theirs allocated there may wait for binding), for readying channels
-    /// before binding.
-    fn listing(&self, node: &str) -> Vec<ComputeDomain>;
-
-    /// The claims of the domain with `uid` in `namespace`: those carrying
-    /// the label its template puts on them. An error when the API server
-    /// could not be read.
-    fn claims_of(
-        &self,
-        namespace: &str,
-        uid: &str,
-    ) -> impl std::future::Future<Output = Result<Vec<k8s_openapi::api::resource::v1::ResourceClaim>, LookupError>> + Send;
-}
-
-/// Writes the `Ready` condition of a prepared device on its claim, and
-/// the Event that explains why the API server refuses it.
-pub trait ConditionWriter: Send + Sync + 'static {
-    fn set_ready(
-        &self,
-        namespace: &str,
-        name: &str,
-        device: &str,
-        state: &DaemonState,
-    ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
-
-    fn explain(&self, explanation: &Explanation) -> impl std::future::Future<Output = Result<(), EventError>> + Send;
-
-    /// Sets the binding failure condition of this node's channel with
-    /// `reason`: the scheduler gives the allocation up ([`binding`]).
-    fn fail_binding(
-        &self,
-        namespace: &str,
-        name: &str,
-        reason: &str,
-    ) -> impl std::future::Future<Output = Result<(), ConditionError>> + Send;
-}
-
-#[derive(Debug, Clone)]
-pub struct DomainConfig {
-    pub driver: DriverName,
-    pub node: NodeName,
-    pub cdi_dir: PathBuf,
-    /// `<state-dir>/compute-domains`: checkpoint, daemons, created nodes.
-    pub state_dir: PathBuf,
-    pub boot_id: String,
-    /// Where the host's `/dev` is; `None`: create no device nodes.
-    pub dev_root: Option<PathBuf>,
-    /// The host's `/proc` (`devices` names the channels' major).
-    pub proc_root: PathBuf,
-    /// How long a prepare waits for the node to join the domain and for a
-    /// fresh daemon to become ready.
-    pub ready_timeout: Duration,
-}
 
 pub struct DomainPreparer<S, D, W> {
     config: DomainConfig,

@@ -13,7 +13,8 @@ use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::compute_domain::{DRIVER_NAME, api};
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::{ConditionWriter, DomainLookup, DomainPreparer};
+use super::DomainPreparer;
+use super::cluster::{ConditionWriter, DomainLookup};
 use crate::claim_status::refusal::{Explanation, REFUSED_REASON, Stakes, claim_reference, refusal_note};
 use crate::claim_status::write::ConditionError;
 use crate::prepare::types::ClaimSource;

@@ -18,9 +18,10 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
+use super::DomainPreparer;
+use super::config::DomainConfig;
 use super::daemons::{Daemons, ImexPrograms};
 use super::status::{KubeConditions, StoreDomains};
-use super::{DomainConfig, DomainPreparer};
 use crate::cli::RunArgs;
 use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};
 use crate::kubelet_api::sockets::SocketPaths;

@@ -8,9 +8,10 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
+use super::DomainPreparer;
+use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::Error;
 use super::host_imex::HostDaemon;
-use super::{ConditionWriter, DomainLookup, DomainPreparer};
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
 

@@ -15,11 +15,11 @@ use kube::runtime::reflector::Store;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::LookupError;
-use super::{ConditionWriter, DomainLookup};
 use crate::claim_status::refusal::{EventError, Explanation, post_event};
 use crate::claim_status::write::{ConditionError, edit_status};
-use crate::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
+use gpu_dra_driver::claim_status::{EntryKey, Readiness, entry_mut, set_ready};
 
 /// Domains as a reflector store holds them, and as the API server has
 /// them for one the store lacks.

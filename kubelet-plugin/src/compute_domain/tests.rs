@@ -8,10 +8,13 @@ use std::time::Duration;
 
 use gpu_dra_driver::compute_domain::api::{ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness};
 use gpu_dra_driver::driver_root::fake_imex;
+use gpu_dra_driver::names::{DriverName, NodeName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
 use super::*;
+use crate::claim_status::refusal::Explanation;
+use crate::claim_status::write::ConditionError;
 use crate::prepare::test_support::MapSource;
 
 pub(super) const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";

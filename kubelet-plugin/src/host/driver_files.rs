@@ -1,6 +1,7 @@
 //! The driver installation's edits for every claim's CDI spec, found once
 //! at start from the driver-root flags.
 
+use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use anyhow::Result;
@@ -10,7 +11,7 @@ use gpu_dra_driver::inventory::Inventory;
 
 use gpu_dra_driver::inventory::nvml::NvmlSource;
 
-use crate::cli::{DriverRootArgs, HostRootsArgs, NodeArgs};
+use crate::flags::{DriverRootArgs, HostRootsArgs, NodeArgs};
 
 /// NVML discovery on the host's /proc and /sys, from the driver root's
 /// `libnvidia-ml` when `--driver-root` is given and has one (a
@@ -30,10 +31,20 @@ pub fn nvml_source(args: &DriverRootArgs, host: &HostRootsArgs) -> NvmlSource {
     }
 }
 
+/// A binary of the driver root and the root's library directory, which
+/// goes on its `LD_LIBRARY_PATH` (the plugin's own image lacks the
+/// driver's libraries when the root is mounted elsewhere). Host resolves
+/// the paths; `prepare` builds what runs them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriverTool {
+    pub binary: PathBuf,
+    pub library_dir: Option<PathBuf>,
+}
+
 /// `nvidia-smi` of the driver root, to set GPUs' time-slices and compute
-/// modes, run with the root's library directory on `LD_LIBRARY_PATH`; none
-/// on a fake inventory without an explicit --driver-root.
-pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prepare::sharing::NvidiaSmi> {
+/// modes, with the directory of the root's `libnvidia-ml`; none on a fake
+/// inventory without an explicit --driver-root.
+pub fn nvidia_smi(args: &DriverRootArgs, node: &NodeArgs) -> Option<DriverTool> {
     let root = match (&args.driver_root, &node.fake_inventory) {
         (Some(root), _) => root.clone(),
         (None, Some(_)) => return None,
@@ -46,29 +57,28 @@ pub fn gpu_control(args: &DriverRootArgs, node: &NodeArgs) -> Option<crate::prep
     }
     let library_dir = driver_root::local_library(&root, "libnvidia-ml.so")
         .and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
-    smi.map(|smi| crate::prepare::sharing::NvidiaSmi::new(smi, library_dir))
+    smi.map(|binary| DriverTool { binary, library_dir })
 }
 
-/// `nvidia-cuda-mps-control` of the driver root, run with the root's
-/// library directory on `LD_LIBRARY_PATH`; none on a fake inventory
+/// `nvidia-cuda-mps-control` of the driver root; none on a fake inventory
 /// without an explicit --driver-root, or when the root has no MPS.
 /// Found whatever the gates: claims prepared with MPS before a restart
 /// with the gates off must still be torn down. `warn`: say so when
 /// missing (a gate wants it).
-pub fn mps_host(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
+pub fn mps_control(args: &DriverRootArgs, node: &NodeArgs, warn: bool) -> Option<DriverTool> {
     let root = match (&args.driver_root, &node.fake_inventory) {
         (Some(root), _) => root.clone(),
         (None, Some(_)) => return None,
         (None, None) => "/".into(),
     };
-    local_mps(root, warn)
+    local_mps_control(root, warn)
 }
 
-/// `nvidia-cuda-mps-control` of the driver root at `root`, launched
-/// through this program's `mps-launch`.
-pub fn local_mps(root: std::path::PathBuf, warn: bool) -> Option<crate::prepare::mps::host::LocalMps> {
+/// `nvidia-cuda-mps-control` of the driver root at `root`, with the
+/// directory of the root's `libcuda`.
+pub fn local_mps_control(root: PathBuf, warn: bool) -> Option<DriverTool> {
     let root = DriverRoot::new(root, None);
-    let Some(control) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
+    let Some(binary) = driver_root::local_binary(&root, "nvidia-cuda-mps-control") else {
         if warn {
             tracing::warn!("no nvidia-cuda-mps-control in the driver root: claims asking for MPS will fail");
         }
@@ -76,14 +86,7 @@ pub fn local_mps(root: std::path::PathBuf, warn: bool) -> Option<crate::prepare:
     };
     let library_dir =
         driver_root::local_library(&root, "libcuda.so").and_then(|lib| lib.parent().map(std::path::Path::to_path_buf));
-    let host = crate::prepare::mps::host::LocalMps::new(control, library_dir);
-    match std::env::current_exe() {
-        Ok(program) => Some(host.with_launcher(program)),
-        Err(error) => {
-            tracing::warn!(%error, "cannot find this program to launch MPS daemons: claims asking for MPS will fail");
-            None
-        }
-    }
+    Some(DriverTool { binary, library_dir })
 }
 
 /// Discovers the driver's files for `inventory`'s driver version. A fake

@@ -4,6 +4,8 @@
 
 use gpu_dra_driver::inventory::Placement;
 
+use crate::state::checkpoint::MigIntent;
+
 /// A GPU instance NVML reports on a GPU, with its compute instance if it
 /// has one (the plugin makes one spanning each GPU instance; a GPU
 /// instance without one is what a crash between the two creations leaves).
@@ -14,6 +16,15 @@ pub struct ObservedInstance {
     pub placement: Placement,
     /// Compute instance ids inside it.
     pub compute_instances: Vec<u32>,
+}
+
+impl ObservedInstance {
+    /// Whether this instance is the one `intent` names (same profile and
+    /// placement); here rather than on [`MigIntent`] so the record type
+    /// knows nothing of NVML.
+    pub fn is(&self, intent: &MigIntent) -> bool {
+        self.profile_id == intent.profile_id && self.placement == intent.placement()
+    }
 }
 
 /// A GPU's MIG mode: `current` is in effect, `pending` takes effect at the

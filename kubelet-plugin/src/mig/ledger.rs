@@ -26,8 +26,8 @@ use gpu_dra_driver::bounded_file::{self, Links};
 use gpu_dra_driver::names::ClaimUid;
 use serde_json::Value;
 
-use super::MigIntent;
 use super::error::Error;
+use crate::state::checkpoint::MigIntent;
 use crate::state::checkpoint::envelope::checksum;
 use crate::state::durable;
 

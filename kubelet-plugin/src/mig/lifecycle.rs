@@ -1,5 +1,5 @@
 //! Making and destroying dynamic MIG devices, step by step, with a kill
-//! point between every two side effects (see [`super::kill_point`]).
+//! point between every two side effects (see [`crate::state::kill_point`]).
 //! Every function here is idempotent against the GPU's real state: an
 //! instance is found by its profile and placement, so a retry after any
 //! crash finds what the earlier attempt left. Each step is written to the
@@ -10,13 +10,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use super::caps;
+use super::control::ObservedInstance;
 use super::control::{MigControl, MigControlError, MigModeState};
 use super::error::Error;
-use super::kill_point::{self, Step};
 use super::ledger::{ClaimOwnership, Ledger};
 use super::order;
 use super::ownership::{self, Proof};
-use super::{MadeInstance, MigIntent, ObservedInstance, caps};
+use crate::state::checkpoint::{MadeInstance, MigIntent};
+use crate::state::kill_point::{self, Step};
 
 /// What dynamic MIG works with on a node: NVML, the `/proc` that shows
 /// new instances' capabilities, and who must hear of a MIG mode switch.
@@ -154,7 +156,7 @@ pub fn unmake(host: &MigHost, own: &mut ClaimOwnership<'_>, intent: &MigIntent) 
         Err(MigControlError::NoGpu { .. }) => return Ok(()),
         Err(error) => return Err(removing(intent, error)),
     };
-    let Some(found) = observed.iter().find(|o| intent.is(o)) else {
+    let Some(found) = observed.iter().find(|o| o.is(intent)) else {
         return own.destroyed(intent).map_err(|e| removing(intent, e));
     };
     let uuid_of = |gi: u32, ci: u32| control.mig_uuid(&intent.gpu_uuid, gi, ci).ok();

@@ -8,7 +8,7 @@
 //! - [`caps`] reads the new instance's `/dev/nvidia-caps` minors;
 //! - [`lifecycle`] runs the steps with the checkpoint discipline of
 //!   [`crate::prepare`]: record the intent, make, record the result;
-//! - [`kill_point`] lets the crash tests stop the process between steps;
+//! - [`crate::state::kill_point`] lets the crash tests stop the process between steps;
 //! - [`ledger`] records, durably and as it happens, what the plugin made
 //!   (and which GPUs it took out of MIG mode), per claim;
 //! - [`ownership`] decides from the ledger and NVML, never from a record,
@@ -20,14 +20,14 @@
 //! A dynamic MIG device is identified by its GPU and placement: no two GPU
 //! instances of one GPU overlap, so (GPU, profile, placement) names exactly
 //! one instance, before and after it exists. Records hold that identity
-//! first and the instance's ids, UUID and caps minors once made.
+//! first and the instance's ids, UUID and caps minors once made; those
+//! record types ([`crate::state::checkpoint::MigIntent`],
+//! [`crate::state::checkpoint::MadeInstance`]) live with the checkpoint
+//! that stores them.
 
 pub mod caps;
 pub mod control;
 mod error;
-/// The crash tests' kill points, shared with the other prepares
-/// ([`crate::state::kill_point`]); re-exported so MIG's steps keep their path.
-pub use crate::state::kill_point;
 pub mod ledger;
 pub mod lifecycle;
 #[cfg(target_os = "linux")]
@@ -38,54 +38,3 @@ pub mod selection;
 
 pub use control::{MigControl, MigControlError, ObservedInstance};
 pub use error::{CapFileError, Error};
-
-use gpu_dra_driver::inventory::Placement;
-
-/// What one dynamic MIG device is: enough to make it, find it and destroy
-/// it again, whatever became of the process that made it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MigIntent {
-    /// The parent GPU (`GPU-...`).
-    pub gpu_uuid: String,
-    pub gpu_minor: u32,
-    /// NVIDIA's profile name, e.g. `4g.40gb`.
-    pub profile: String,
-    /// NVML GPU-instance profile id.
-    pub profile_id: u32,
-    /// NVML `NVML_COMPUTE_INSTANCE_PROFILE_*` index of the compute instance
-    /// spanning the GPU instance.
-    pub compute_profile_index: u32,
-    pub placement_start: u32,
-    pub placement_size: u32,
-}
-
-impl MigIntent {
-    pub fn placement(&self) -> Placement {
-        Placement { start: self.placement_start, size: self.placement_size }
-    }
-
-    /// Whether `other` would occupy any memory slice this one does.
-    pub fn overlaps(&self, other: &MigIntent) -> bool {
-        self.gpu_uuid == other.gpu_uuid && self.placement().overlaps(other.placement())
-    }
-
-    /// Whether an instance NVML reports is this one.
-    pub fn is(&self, observed: &ObservedInstance) -> bool {
-        observed.profile_id == self.profile_id && observed.placement == self.placement()
-    }
-}
-
-/// A MIG device as made: what the CDI spec and the MPS daemon need.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct MadeInstance {
-    pub gpu_instance_id: u32,
-    pub compute_instance_id: u32,
-    /// `MIG-...`.
-    pub uuid: String,
-    /// Minors of `/dev/nvidia-caps/nvidia-cap<N>` for the GPU instance and
-    /// the compute instance.
-    pub gpu_instance_cap: u32,
-    pub compute_instance_cap: u32,
-}

@@ -15,7 +15,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{MigIntent, ObservedInstance};
+use super::control::ObservedInstance;
+use crate::state::checkpoint::MigIntent;
 
 /// Indices of `intents` in creation order: larger placements first, then
 /// by GPU and start.
@@ -80,7 +81,7 @@ pub fn settle(
     let mut settlement = GpuSettlement::default();
     let mut matched = BTreeSet::new();
     for (index, (intent, _)) in owned.iter().enumerate() {
-        match observed.iter().position(|o| intent.is(o)) {
+        match observed.iter().position(|o| o.is(intent)) {
             Some(at) if !observed[at].compute_instances.is_empty() => {
                 matched.insert(at);
             }

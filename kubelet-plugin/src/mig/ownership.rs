@@ -22,9 +22,9 @@ use std::collections::BTreeSet;
 use gpu_dra_driver::inventory::Placement;
 
 use super::control::MigControl;
+use super::control::ObservedInstance;
 use super::ledger::{ClaimLedger, Made, OwnedInstance};
-use super::{MigIntent, ObservedInstance};
-use crate::state::checkpoint::ClaimRecord;
+use crate::state::checkpoint::{ClaimRecord, MigIntent};
 
 /// What NVML shows at a ledger entry's placement, judged against it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,10 +213,10 @@ pub fn intents(record: &ClaimRecord) -> Vec<&MigIntent> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::MadeInstance;
     use super::super::control::fake::FakeControl;
     use super::super::ledger::Ledger;
     use super::*;
+    use crate::state::checkpoint::MadeInstance;
     use crate::state::checkpoint::{DynamicMigDevice, MigModeOff, PrepareState};
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";

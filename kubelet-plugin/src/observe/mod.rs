@@ -1,7 +1,6 @@
-//! What an operator reads: the metrics endpoint, per-device and per-claim
-//! telemetry with idle-claim warnings, and the offline `print-slices` /
-//! `print-cdi` views.
+//! What an operator reads: the metrics endpoint and per-device and
+//! per-claim telemetry with idle-claim warnings. (The offline
+//! `print-slices` / `print-cdi` views are commands: [`crate::inspect`].)
 
-pub mod inspect;
 pub mod metrics;
 pub mod telemetry;

@@ -37,7 +37,7 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
 
-use super::OpenError;
+use super::error::OpenError;
 use crate::state::checkpoint::{Adopted, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::nvidia_checkpoint::{self, NvidiaCheckpoint, NvidiaClaim, NvidiaDevice, NvidiaDeviceKind};

@@ -8,8 +8,8 @@
 use gpu_dra_driver::inventory::{Inventory, MigCapMinors, MigDevice, MigMode, MigProfile, PublishedDevice};
 
 use super::plan::PlannedDevice;
-use crate::mig::{MadeInstance, MigIntent};
 use crate::state::checkpoint::{ClaimRecord, MigModeOff};
+use crate::state::checkpoint::{MadeInstance, MigIntent};
 
 /// Why a claim's dynamic MIG devices cannot be made: each names the
 /// devices and what to do.

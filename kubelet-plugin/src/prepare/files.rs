@@ -84,7 +84,7 @@ impl Files {
         durable::write(&self.cdi_dir, &spec_file, spec, CDI_FILE_MODE).map_err(|e| {
             (ErrorKind::Cdi, format!("writing CDI spec {}: {e}", self.cdi_dir.join(&spec_file).display()))
         })?;
-        crate::mig::kill_point::reached(crate::mig::kill_point::Step::AfterSpec);
+        crate::state::kill_point::reached(crate::state::kill_point::Step::AfterSpec);
         record.state = PrepareState::PrepareCompleted;
         self.checkpoint.write(uid, &record).map_err(|e| (ErrorKind::Checkpoint, e.to_string()))?;
         Ok(record)

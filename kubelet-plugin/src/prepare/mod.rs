@@ -22,12 +22,14 @@
 
 pub mod adopt;
 pub mod claims;
+mod config;
 pub mod configs;
 pub mod dynamic_mig;
 mod error;
 mod files;
 pub mod locks;
 pub mod mps;
+mod offload;
 pub mod passthrough;
 pub mod plan;
 pub mod reconcile;
@@ -37,27 +39,26 @@ pub mod types;
 mod with_mig;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use futures::StreamExt;
 use gpu_dra_driver::cdi;
-use gpu_dra_driver::feature_gates::FeatureGates;
 use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
-use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
+use gpu_dra_driver::names::{ClaimUid, DeviceName};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
-use crate::kubelet_api::grpc::Deadline;
+use crate::deadline::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
-use crate::state::checkpoint::{
-    CheckpointDevice, CheckpointDir, CheckpointError, ClaimRecord, PrepareState, TimeSlice, derived,
-};
+use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState, TimeSlice, derived};
 use crate::state::durable;
-pub use error::{TaskError, UndoError};
+pub use config::PreparerConfig;
+use error::{Failure, kind};
+pub use error::{OpenError, TaskError, UndoError};
 use files::Files;
 use locks::KeyedLocks;
+use offload::{ALONE, blocking};
 use plan::{PlanError, PlannedDevice};
 pub use reconcile::ReconcileReport;
 use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
@@ -66,61 +67,6 @@ use types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
 /// this many claim futures, not 10,000 (the API lookups have their own,
 /// smaller bound: `ClaimSourceConfig::max_in_flight`).
 const CONCURRENT_CLAIMS: usize = 64;
-
-/// Where the preparer keeps its files, and who it is.
-#[derive(Debug, Clone)]
-pub struct PreparerConfig {
-    pub driver: DriverName,
-    pub node: NodeName,
-    /// The CDI spec directory the container runtime reads (`/var/run/cdi`).
-    pub cdi_dir: PathBuf,
-    /// `<state-dir>/checkpoint`.
-    pub checkpoint_dir: PathBuf,
-    /// The node's current boot id; records from another boot are void.
-    pub boot_id: String,
-    /// What every spec gets from the driver installation.
-    pub driver_edits: crate::host::driver_files::SharedDriverEdits,
-    /// Where the host's `/` is, to create device nodes a fresh node lacks;
-    /// `None`: leave `/dev` alone (fake inventories).
-    pub dev_root: Option<PathBuf>,
-    /// Which sharing strategies claims may ask for.
-    pub gates: FeatureGates,
-    /// Sets GPUs' time-slices (`nvidia-smi` from the driver root); `None`
-    /// when there is no driver root, and time-slicing is refused.
-    pub gpu_control: Option<Arc<dyn sharing::GpuControl>>,
-    /// Where claims' MPS daemons live: `<state-dir>/mps/<claimUID>`.
-    pub mps_dir: PathBuf,
-    /// Runs `nvidia-cuda-mps-control` from the driver root; `None` when
-    /// there is none, and MPS is refused.
-    pub mps_host: Option<Arc<dyn mps::host::MpsHost>>,
-    pub mps_timeouts: mps::lifecycle::Timeouts,
-    /// Makes and destroys dynamic MIG devices (NVML); `None` on a fake
-    /// inventory, where dynamic MIG devices are refused at prepare.
-    pub mig: Option<crate::mig::lifecycle::MigHost>,
-    /// Told the MIG instances prepared claims own after every change, so a
-    /// re-read inventory keeps their GPUs dynamic.
-    pub selection: Option<Arc<crate::mig::selection::DynamicMigSelection>>,
-    /// Switches passed-through GPUs between `nvidia` and `vfio-pci`
-    /// (sysfs); `None` on a fake inventory, where they are refused.
-    pub vfio: Option<crate::vfio::VfioHost>,
-    /// NVIDIA's plugin directory (`<plugins-dir>/gpu.nvidia.com`), whose
-    /// `checkpoint.json` start-up adopts (see [`adopt`]); `None`: none.
-    pub nvidia_dir: Option<PathBuf>,
-}
-
-/// Why the preparer could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum OpenError {
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    #[error("CDI directory {path}: {error}")]
-    CdiDir { path: PathBuf, error: std::io::Error },
-    #[error(
-        "adopting NVIDIA's checkpoint {path}: {error}; its claims' records are written, renaming it failed: \
-         the plugin serves nothing until it can set the file aside (check the directory's permissions and space)"
-    )]
-    Adopt { path: PathBuf, error: std::io::Error },
-}
 
 /// Prepares and unprepares claims; one per plugin process.
 pub struct Preparer<S> {
@@ -136,17 +82,6 @@ pub struct Preparer<S> {
     damaged_at_open: usize,
     /// Where each outcome's `status.devices` goes; `None`: nowhere.
     status: Option<StatusQueue>,
-}
-
-/// A claim's failure: the text for the kubelet and its kind for metrics.
-struct Failure {
-    kind: ErrorKind,
-    message: String,
-}
-
-/// Tags an error with its kind: `result.map_err(kind(ErrorKind::Cdi))`.
-fn kind<E: ToString>(kind: ErrorKind) -> impl FnOnce(E) -> Failure {
-    move |error| Failure { kind, message: error.to_string() }
 }
 
 impl<S: ClaimSource> Preparer<S> {
@@ -860,16 +795,6 @@ impl<S: ClaimSource> Preparer<S> {
     }
 }
 
-impl<S: ClaimSource> crate::kubelet_api::grpc::DraService for Preparer<S> {
-    async fn prepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, ClaimOutcome> {
-        Preparer::prepare_by(self, claims, deadline).await
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
-        Preparer::unprepare_by(self, claims, deadline).await
-    }
-}
-
 fn validated(claim: &ClaimRef) -> Result<ValidClaim, Failure> {
     claim
         .validate()
@@ -887,29 +812,6 @@ fn device_key(device: &str) -> String {
 
 fn gpu_keys(daemon: &crate::state::checkpoint::MpsDaemon) -> impl Iterator<Item = String> + '_ {
     daemon.gpus.iter().map(|gpu| format!("gpu:{gpu}"))
-}
-
-tokio::task_local! {
-    /// Set while a call for one claim runs: its file work blocks the worker
-    /// it runs on (see [`blocking`]).
-    static ALONE: bool;
-}
-
-/// Runs file work (fsync blocks for milliseconds) where it does not hold
-/// up other work: on a blocking thread when claims of one call run side
-/// by side, so their writes overlap; in place (`block_in_place`, which
-/// hands the worker's other tasks to another thread) for a call with one
-/// claim, which saves waking a parked thread, on a VM an idle vCPU, twice
-/// per hand-off.
-async fn blocking<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Result<T, TaskError> {
-    let alone = ALONE.try_with(|alone| *alone).unwrap_or(false);
-    let multi_thread = tokio::runtime::Handle::try_current()
-        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
-    if alone && multi_thread {
-        return tokio::task::block_in_place(|| std::panic::catch_unwind(std::panic::AssertUnwindSafe(work)))
-            .map_err(|_| TaskError::Panicked);
-    }
-    tokio::task::spawn_blocking(work).await.map_err(TaskError::Failed)
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@
 
 use gpu_dra_driver::inventory::{Inventory, PciBusId, PublishedDevice};
 
-use super::PreparerConfig;
+use super::config::PreparerConfig;
 use super::plan::PlannedDevice;
 use crate::state::checkpoint::ClaimRecord;
 use crate::vfio::VfioHost;

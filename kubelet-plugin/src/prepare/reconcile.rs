@@ -34,9 +34,10 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::{ClaimUid, DeviceName};
 
+use super::config::PreparerConfig;
+use super::error::OpenError;
 use super::error::UndoError;
 use super::files::CDI_FILE_MODE;
-use super::{OpenError, PreparerConfig};
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DamagedRecord, PrepareState, derived};
 use crate::state::durable;
 

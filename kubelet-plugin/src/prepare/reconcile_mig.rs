@@ -33,13 +33,14 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::inventory::Inventory;
 use gpu_dra_driver::names::ClaimUid;
 
-use super::PreparerConfig;
+use super::config::PreparerConfig;
 use super::dynamic_mig::{is_dynamic, overlay_record};
 use super::files::CDI_FILE_MODE;
 use crate::mig::ledger::{ClaimLedger, Made};
 use crate::mig::lifecycle::{self, MigHost};
 use crate::mig::ownership::{self, Proof};
-use crate::mig::{self, MigIntent, ObservedInstance, order};
+use crate::mig::{self, ObservedInstance, order};
+use crate::state::checkpoint::MigIntent;
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 

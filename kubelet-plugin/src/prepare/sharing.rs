@@ -85,6 +85,12 @@ impl NvidiaSmi {
         NvidiaSmi { path, library_dir }
     }
 
+    /// The driver root's `nvidia-smi`, as [`crate::host::driver_files`]
+    /// found it.
+    pub fn from_driver(tool: crate::host::driver_files::DriverTool) -> Self {
+        Self::new(tool.binary, tool.library_dir)
+    }
+
     fn run(&self, args: &[&str]) -> Result<(), GpuControlError> {
         let mut command = Command::new(&self.path);
         if let Some(dir) = &self.library_dir {

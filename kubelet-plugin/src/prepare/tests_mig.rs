@@ -8,11 +8,10 @@ use gpu_dra_driver::inventory::{Inventory, MigMode, Placement, fake};
 use gpu_dra_driver::names::ClaimUid;
 
 use super::test_support::{Harness, allocated, claim_ref, node};
-use crate::mig::MadeInstance;
-use crate::mig::MigIntent;
 use crate::mig::control::MigControl;
 use crate::mig::control::fake::FakeControl;
 use crate::state::checkpoint::{CheckpointDir, ClaimRecord, DynamicMigDevice, PrepareState};
+use crate::state::checkpoint::{MadeInstance, MigIntent};
 
 const A: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 const B: &str = "1b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";

@@ -28,15 +28,18 @@ use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
 use super::error::UndoError;
+use super::error::{Failure, kind};
 use super::files::Files;
+use super::offload::blocking;
 use super::plan::PlannedDevice;
 use super::types::{ClaimSource, PreparedDevice, ValidClaim};
-use super::{Failure, Preparer, blocking, kind, mps};
-use crate::mig::kill_point::{self, Step};
+use super::{Preparer, mps};
+use crate::mig::lifecycle;
 use crate::mig::lifecycle::MigHost;
-use crate::mig::{MigIntent, lifecycle};
 use crate::observe::metrics::{ErrorKind, Operation};
+use crate::state::checkpoint::MigIntent;
 use crate::state::checkpoint::{ClaimRecord, DynamicMigDevice};
+use crate::state::kill_point::{self, Step};
 use gpu_dra_driver::opaque_config::ResolvedConfig;
 
 /// What the prepare planned before the dynamic MIG steps.

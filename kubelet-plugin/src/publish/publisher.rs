@@ -91,7 +91,7 @@ impl PublisherConfig {
             additional_ignored_xids: Vec::new(),
             gates: FeatureGates::default(),
             consumable_shares: Default::default(),
-            watch_timeout_seconds: crate::kube_client::ApiTimeouts::default().watch_timeout_seconds(),
+            watch_timeout_seconds: gpu_dra_driver::service::kube_client::ApiTimeouts::default().watch_timeout_seconds(),
             kind: SliceKind::Gpus,
         }
     }

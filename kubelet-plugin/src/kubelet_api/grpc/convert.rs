@@ -2,7 +2,7 @@
 
 use kubelet_proto::{dra_v1, dra_v1beta1};
 
-use super::{ClaimRef, PreparedDevice};
+use crate::prepare::types::{ClaimRef, PreparedDevice};
 
 /// The base name of a request reference: `gpu/large` (a subrequest of a
 /// `firstAvailable` request) becomes `gpu`. The kubelet matches

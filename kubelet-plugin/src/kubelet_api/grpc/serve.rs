@@ -20,7 +20,8 @@ use kubelet_proto::registration::registration_server::RegistrationServer;
 use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::{DraCore, DraPluginV1, DraPluginV1beta1, DraService, InFlight};
+use super::service::{DraCore, DraService, InFlight};
+use super::versions::{DraPluginV1, DraPluginV1beta1};
 use crate::kubelet_api::health_service::HealthService;
 use crate::kubelet_api::registration::{RegistrationService, RegistrationState};
 use crate::kubelet_api::sockets::{self, SocketError, SocketPaths};

@@ -7,7 +7,8 @@
 
 use tonic::{Request, Response, Status};
 
-use super::{DraCore, DraService, deadline::Deadline};
+use super::service::{DraCore, DraService};
+use crate::deadline::Deadline;
 use crate::observe::metrics::ApiVersion;
 
 /// The call's deadline from its `grpc-timeout` header.

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::Naming;
+use super::families::Naming;
 use super::idle::IdlePolicy;
 use super::series_cap::DEFAULT_MAX_CLAIM_SERIES;
 

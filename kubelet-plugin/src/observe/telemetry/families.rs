@@ -10,7 +10,7 @@
 
 use std::collections::BTreeSet;
 
-use super::{ClaimHolder, DeviceReading, DeviceSample, Snapshot};
+use super::readings::{ClaimHolder, DeviceReading, DeviceSample, Snapshot};
 
 /// Which metric names and labels device readings get.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

@@ -11,7 +11,7 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 use tokio::time::Instant;
 
-use super::PodRef;
+use super::readings::PodRef;
 use super::snapshot::PreparedClaim;
 
 /// How often a known claim's `reservedFor` is read again.

@@ -12,7 +12,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::{ClaimHolder, IdleReport};
+use super::readings::{ClaimHolder, IdleReport};
 
 /// At most this many samples are kept per claim (a 30-minute window at a
 /// 1 s interval); older ones only shorten the average, never the coverage.

@@ -15,7 +15,7 @@ use kube::api::{DeleteParams, PostParams};
 use kube::{Api, Client};
 
 use super::idle::IdleChange;
-use super::{ClaimHolder, IdleReport};
+use super::readings::{ClaimHolder, IdleReport};
 
 /// The Events' `reason`.
 pub const REASON: &str = "GpuClaimIdle";

@@ -5,7 +5,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::DeviceSample;
+use super::readings::DeviceSample;
 
 /// Reads devices by UUID (`GPU-…` or `MIG-…`).
 pub trait DeviceReader: Send {

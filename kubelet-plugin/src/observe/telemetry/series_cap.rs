@@ -12,7 +12,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{Naming, Snapshot};
+use super::families::Naming;
+use super::readings::Snapshot;
 
 /// The default `--max-claim-series`.
 pub const DEFAULT_MAX_CLAIM_SERIES: u32 = 256;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use gpu_dra_driver::inventory::{Fault, Inventory, PublishedDevice};
 
 use super::idle::ClaimLoad;
-use super::{ClaimHolder, DeviceIdentity, DeviceReading, DeviceSample, MigIdentity, PodRef};
+use super::readings::{ClaimHolder, DeviceIdentity, DeviceReading, DeviceSample, MigIdentity, PodRef};
 
 /// A claim prepared on this node (from the preparer's checkpoint mirror).
 #[derive(Debug, Clone, PartialEq, Eq)]

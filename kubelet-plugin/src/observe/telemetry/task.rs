@@ -14,10 +14,11 @@ use tokio::time::{Instant, MissedTickBehavior};
 use super::holders::ClaimPods;
 use super::idle::IdleTracker;
 use super::idle_events::IdleEvents;
+use super::readings::Snapshot;
 use super::sampler::{DeviceReader, sample_all};
 use super::series_cap::ClaimSeriesCap;
 use super::snapshot::{self, PreparedClaim};
-use super::{Snapshot, TelemetryStore};
+use super::store::TelemetryStore;
 
 /// The prepared claims, asked for on each tick.
 pub type PreparedClaims = Arc<dyn Fn() -> Vec<PreparedClaim> + Send + Sync>;
@@ -99,7 +100,7 @@ impl TelemetryTask {
 struct NoReader;
 
 impl DeviceReader for NoReader {
-    fn read(&mut self, _uuid: &str) -> super::DeviceSample {
-        super::DeviceSample::default()
+    fn read(&mut self, _uuid: &str) -> super::readings::DeviceSample {
+        super::readings::DeviceSample::default()
     }
 }

@@ -86,6 +86,21 @@ impl LocalMps {
         Self { control, library_dir, command_timeout: Duration::from_secs(10), launcher: None, supervised: None }
     }
 
+    /// The driver root's `nvidia-cuda-mps-control`, as
+    /// [`crate::host::driver_files`] found it, launched through this
+    /// program's `mps-launch`; none (with a warning) when this program
+    /// cannot be found.
+    pub fn from_driver(tool: crate::host::driver_files::DriverTool) -> Option<Self> {
+        let host = Self::new(tool.binary, tool.library_dir);
+        match std::env::current_exe() {
+            Ok(program) => Some(host.with_launcher(program)),
+            Err(error) => {
+                tracing::warn!(%error, "cannot find this program to launch MPS daemons: claims asking for MPS will fail");
+                None
+            }
+        }
+    }
+
     /// Has daemons launched by the pod's `mps-supervisor` (see
     /// [`super::supervisor`]).
     pub fn supervised(mut self) -> Self {
@@ -175,7 +190,7 @@ impl MpsHost for LocalMps {
 
     fn start(&self, daemon: &MpsDaemon) -> Result<(), Error> {
         if let Some(within) = self.supervised {
-            return super::supervisor::request_launch(daemon, within);
+            return super::launch_request::request_launch(daemon, within);
         }
         check_real_dirs(daemon)?;
         let launcher_log = daemon.log_dir().join("launcher.log");

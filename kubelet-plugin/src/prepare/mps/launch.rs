@@ -62,9 +62,23 @@ pub fn exec(args: &MpsLaunchArgs) -> anyhow::Result<()> {
     Err(error).with_context(|| format!("running {}", Path::new(program).display()))
 }
 
+/// Flags of `mps-supervisor`.
+#[derive(Debug, clap::Args)]
+pub struct MpsSupervisorArgs {
+    /// The plugin's --state-dir (shared with the plugin's container, at the
+    /// same path).
+    #[arg(long, env = "STATE_DIR", value_name = "DIR")]
+    pub state_dir: PathBuf,
+    /// The NVIDIA driver's installation, whose nvidia-cuda-mps-control runs
+    /// [default: /].
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT", value_name = "DIR", default_value = "/")]
+    pub driver_root: PathBuf,
+}
+
 /// `mps-supervisor`: serves the plugin's launch requests until stopped.
-pub fn supervise(args: &crate::cli::MpsSupervisorArgs) -> anyhow::Result<()> {
-    let host = crate::host::driver_files::local_mps(args.driver_root.clone(), true)
+pub fn supervise(args: &MpsSupervisorArgs) -> anyhow::Result<()> {
+    let host = crate::host::driver_files::local_mps_control(args.driver_root.clone(), true)
+        .and_then(super::host::LocalMps::from_driver)
         .context("no nvidia-cuda-mps-control in --driver-root: nothing to supervise")?;
     // Its text already holds every cause: one line, not a chain repeating them.
     crate::prepare::mps::supervisor::run(&host, &args.state_dir).map_err(|e| anyhow::Error::msg(e.to_string()))

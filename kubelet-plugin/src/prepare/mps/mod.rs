@@ -17,6 +17,7 @@
 mod error;
 pub mod host;
 pub mod launch;
+mod launch_request;
 pub mod lifecycle;
 pub mod supervisor;
 

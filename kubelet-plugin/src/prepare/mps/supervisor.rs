@@ -23,58 +23,16 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use gpu_dra_driver::bounded_file::{self, Dir, Links};
+use gpu_dra_driver::bounded_file::Dir;
 use gpu_dra_driver::names::ClaimUid;
 
 use super::error::Error;
 use super::host::{LocalMps, MpsHost};
+use super::launch_request::{MESSAGE_MAX, Outcome, REQUEST, RESULT, Request};
 use crate::state::checkpoint::{CheckpointDir, MpsDaemon};
 use crate::state::durable;
-
-const REQUEST: &str = "launch.request";
-const RESULT: &str = "launch.result";
-/// The most of a request or result file read (a list of device UUIDs, or
-/// an error message).
-const MESSAGE_MAX: u64 = 64 << 10;
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Request {
-    visible: Vec<String>,
-}
-
-#[derive(Debug, serde::Serialize, serde::Deserialize)]
-struct Outcome {
-    error: Option<String>,
-}
-
-/// Asks the supervisor to launch `daemon` and waits (up to `within`) for
-/// its answer.
-pub fn request_launch(daemon: &MpsDaemon, within: Duration) -> Result<(), Error> {
-    let _ = std::fs::remove_file(daemon.root.join(RESULT));
-    let request = serde_json::to_vec(&Request { visible: daemon.visible.clone() }).map_err(Error::EncodeRequest)?;
-    durable::write(&daemon.root, REQUEST, &request, 0o600)
-        .map_err(|source| Error::WriteRequest { path: daemon.root.join(REQUEST), source })?;
-    let deadline = Instant::now() + within;
-    let result = daemon.root.join(RESULT);
-    loop {
-        if let Ok(bytes) = bounded_file::read(&result, MESSAGE_MAX, Links::Refuse) {
-            let _ = std::fs::remove_file(&result);
-            let outcome: Outcome =
-                serde_json::from_slice(&bytes).map_err(|source| Error::ReadOutcome { path: result.clone(), source })?;
-            return match outcome.error {
-                None => Ok(()),
-                Some(error) => Err(Error::SupervisorFailed(error)),
-            };
-        }
-        if Instant::now() >= deadline {
-            let _ = std::fs::remove_file(daemon.root.join(REQUEST));
-            return Err(Error::NoSupervisor { within, root: daemon.root.clone() });
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// Where the supervisor looks: the plugin's state directory.
 #[derive(Debug, Clone)]
@@ -192,6 +150,7 @@ pub fn run(host: &LocalMps, state_dir: &Path) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::prepare::mps::launch_request::request_launch;
     use crate::state::checkpoint::test_support::record;
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use gpu_dra_driver::cdi;
 use gpu_dra_driver::names::{ClaimUid, DriverName, InvalidName};
 
-use super::ClaimRecord;
+use super::records::ClaimRecord;
 
 /// What a claim's record may name, derived from its UID.
 #[derive(Debug, Clone, PartialEq, Eq)]

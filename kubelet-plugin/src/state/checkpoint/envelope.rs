@@ -14,7 +14,7 @@
 
 use serde_json::Value;
 
-use super::ClaimRecord;
+use super::records::ClaimRecord;
 
 /// The format version this build writes and the newest it reads.
 pub const FORMAT_VERSION: u64 = 1;

@@ -11,7 +11,8 @@ use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
-use crate::cli::{DriverRootArgs, HostRootsArgs, NodeArgs, OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::cli::{OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::flags::{DriverRootArgs, HostRootsArgs, NodeArgs};
 use crate::mig::selection::DynamicMigSelection;
 
 /// The inventory source the flags select: the fake file, else NVML (from
