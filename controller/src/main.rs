@@ -204,8 +204,10 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(err) => {
+            // One line, every cause included; a server's or a file's
+            // control characters escaped.
             let line = format!("{err:#}").replace('\n', " ");
-            eprintln!("error: {line}");
+            eprintln!("error: {}", gpu_dra_driver::printable::escape(&line));
             ExitCode::FAILURE
         }
     }

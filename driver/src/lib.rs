@@ -22,6 +22,7 @@ pub mod k8s_format;
 pub mod names;
 pub mod nesting;
 pub mod opaque_config;
+pub mod printable;
 pub mod safe_yaml;
 #[cfg(feature = "service")]
 pub mod service;

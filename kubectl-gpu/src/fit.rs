@@ -68,7 +68,7 @@ pub fn assumed_gates(wanted: &[Manifest]) -> Option<String> {
             "{} carr{} a {} config: fit judged it with every feature gate of the driver on (its webhook's gates \
              cannot be read from the cluster); the webhook denies a config whose gate (MPSSupport, \
              TimeSlicingSettings, ...) is off there",
-            crate::printable::escape(&with_config.join(", ")),
+            gpu_dra_driver::printable::escape(&with_config.join(", ")),
             if with_config.len() == 1 { "ies" } else { "y" },
             crate::nodes::DRIVER
         )

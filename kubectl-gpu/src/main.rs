@@ -230,14 +230,14 @@ fn main() -> ExitCode {
         Ok(printed) => {
             // kubectl's form for what did not stop the command.
             for warning in &printed.warnings {
-                eprintln!("Warning: {}", printable::escape(warning));
+                eprintln!("Warning: {}", gpu_dra_driver::printable::escape(warning));
             }
             let _ = std::io::stdout().lock().write_all(printed.text.as_bytes());
             ExitCode::SUCCESS
         }
         Err(err) => {
             // One line: a server's message with line breaks is escaped too.
-            eprintln!("error: {}", printable::escape(&format!("{err:#}")));
+            eprintln!("error: {}", gpu_dra_driver::printable::escape(&format!("{err:#}")));
             ExitCode::FAILURE
         }
     }

@@ -44,7 +44,7 @@ pub enum Colour {
 }
 
 /// One table cell: its text (escaped when printed, see
-/// [`crate::printable`]) and its colour, added by [`table`] so that
+/// [`gpu_dra_driver::printable`]) and its colour, added by [`table`] so that
 /// escaping never touches our own colour codes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Cell {
@@ -85,7 +85,7 @@ impl PartialEq<&str> for Cell {
 pub fn table(headers: &[&str], rows: &[Vec<Cell>], paint: &Paint) -> String {
     let escaped: Vec<Vec<(String, Option<Colour>)>> = rows
         .iter()
-        .map(|row| row.iter().map(|c| (crate::printable::escape(&c.text).into_owned(), c.colour)).collect())
+        .map(|row| row.iter().map(|c| (gpu_dra_driver::printable::escape(&c.text).into_owned(), c.colour)).collect())
         .collect();
     let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
     for row in &escaped {

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceClaimTemplate};
 
 use crate::explain::{self, ClusterInput, Outcome, claim_key};
-use crate::printable::escape;
+use gpu_dra_driver::printable::escape;
 
 /// What the user asked about.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,9 +27,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             // One line, every cause included: easy to read in `kubectl logs`
-            // and to grep.
+            // and to grep; a server's or a file's control characters escaped.
             let line = format!("{err:#}").replace('\n', " ");
-            eprintln!("error: {line}");
+            eprintln!("error: {}", gpu_dra_driver::printable::escape(&line));
             ExitCode::FAILURE
         }
     }

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::process::Output;
 
-use integration_tests::{kubelet_plugin, run, workspace_root};
+use integration_tests::{controller, kubelet_plugin, run, workspace_root};
 
 fn one_error_line(out: &Output) -> String {
     let stderr = String::from_utf8(out.stderr.clone()).unwrap();
@@ -141,4 +141,21 @@ fn deeply_nested_input_is_refused_at_once() {
     let line = one_error_line(&out);
     assert!(line.contains(&claims.display().to_string()), "{line}");
     assert!(line.contains("nesting deeper than 128 levels at line 2"), "{line}");
+}
+
+/// A control character in what an error quotes (here a file's name; a
+/// server's message takes the same path) is printed escaped: the error
+/// line cannot clear the screen or forge a line.
+#[test]
+fn control_characters_in_an_error_are_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("x\x1b[2J\u{9b}y.yaml");
+    let missing = missing.to_str().unwrap();
+    let plugin = run(kubelet_plugin(), &["print-slices", "--node-name", "node-a", "--fake-inventory", missing], None);
+    let controller = run(controller(), &["simulate", "-f", missing], None);
+    for out in [plugin, controller] {
+        let line = one_error_line(&out);
+        assert!(!line.chars().any(char::is_control), "{line:?}");
+        assert!(line.contains("x\\x1b[2J\\u{9b}y.yaml"), "{line}");
+    }
 }
