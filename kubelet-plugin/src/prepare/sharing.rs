@@ -201,7 +201,7 @@ pub fn to_reset<'a>(record: &ClaimRecord, others: impl Iterator<Item = &'a Claim
 pub(crate) mod test_support {
     use std::sync::Mutex;
 
-    use super::{ComputeMode, GpuControl, GpuControlError};
+    use crate::prepare::sharing::{ComputeMode, GpuControl, GpuControlError};
 
     /// Records every call, as `set <uuid> <interval>` or `mode <uuid>
     /// <MODE>`.

@@ -123,7 +123,7 @@ async fn claims_on_other_devices_do_not_wait() {
     let h = Harness::new();
     h.source.put(allocated(B, "b", &["gpu-2"]));
     let (p, _) = h.open();
-    let held = p.locks.lock(vec![super::device_key("gpu-0")]).await;
+    let held = p.locks.lock(vec![super::preparer::device_key("gpu-0")]).await;
     let out = tokio::time::timeout(Duration::from_secs(30), p.prepare(vec![claim_ref(B, "b")])).await;
     assert!(out.expect("a claim on gpu-2 must not wait for gpu-0")[B].is_ok());
     drop(held);
