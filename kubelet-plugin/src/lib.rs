@@ -9,8 +9,9 @@
 //! program a process runs (`process`, for the daemons the agent starts)
 //! and the process's own heap (`heap`). The commands (`run`, `inspect`
 //! for `print-slices` / `print-cdi`) sit on top, with the command line
-//! (`cli`); the flag groups several parts read (`flags`) and a kubelet
-//! call's deadline (`deadline`) are on the ground floor.
+//! (`cli`); the flag groups several parts read (`flags`), a kubelet
+//! call's deadline (`deadline`) and what a prepared claim's devices are
+//! (`prepared`) are on the ground floor.
 
 pub mod claim_status;
 pub mod cli;
@@ -24,6 +25,7 @@ pub mod kubelet_api;
 pub mod mig;
 pub mod observe;
 pub mod prepare;
+pub mod prepared;
 pub mod process;
 pub mod publish;
 pub mod run;

@@ -16,6 +16,7 @@
 //!   prepared claim naming a free placement makes nothing.
 
 use gpu_dra_driver::names::ClaimUid;
+use gpu_kubelet_plugin::prepared::PreparedDevice;
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, MigModeOff, PrepareState,
 };
@@ -62,18 +63,14 @@ fn damaged(node: &RunningNode) -> Vec<String> {
 }
 
 fn device(name: &str) -> CheckpointDevice {
-    CheckpointDevice {
+    let prepared = PreparedDevice {
         request_names: vec!["gpu".into()],
         pool_name: "node-a".into(),
         device_name: name.into(),
         cdi_device_ids: Vec::new(),
         share_id: None,
-        admin_access: false,
-        time_slice: None,
-        dynamic_mig: None,
-        mig_mode_off: None,
-        vfio: None,
-    }
+    };
+    CheckpointDevice::new(prepared, false)
 }
 
 fn forged(uid: &str, state: PrepareState, devices: Vec<CheckpointDevice>) -> ClaimRecord {

@@ -10,6 +10,7 @@
 use std::collections::BTreeMap;
 
 use gpu_dra_driver::names::ClaimUid;
+use gpu_kubelet_plugin::prepared::PreparedDevice;
 use gpu_kubelet_plugin::state::checkpoint::{
     CheckpointDevice, CheckpointDir, ClaimRecord, DynamicMigDevice, PrepareState,
 };
@@ -166,16 +167,17 @@ fn forged(uid: &str, state: PrepareState, device: &str, intent: MigIntent, made:
         boot_id: BOOT_ID.into(),
         cdi_spec_file: None,
         devices: vec![CheckpointDevice {
-            request_names: vec!["gpu".into()],
-            pool_name: "node-a".into(),
-            device_name: device.into(),
-            cdi_device_ids: Vec::new(),
-            share_id: None,
-            admin_access: false,
-            time_slice: None,
             dynamic_mig: Some(DynamicMigDevice { intent, made }),
-            mig_mode_off: None,
-            vfio: None,
+            ..CheckpointDevice::new(
+                PreparedDevice {
+                    request_names: vec!["gpu".into()],
+                    pool_name: "node-a".into(),
+                    device_name: device.into(),
+                    cdi_device_ids: Vec::new(),
+                    share_id: None,
+                },
+                false,
+            )
         }],
         mps: None,
         compute_domain: None,

@@ -13,7 +13,8 @@ use gpu_kubelet_plugin::kubelet_api::grpc::DraService;
 use gpu_kubelet_plugin::kubelet_api::grpc::serve::{self, ServeConfig};
 use gpu_kubelet_plugin::kubelet_api::sockets::SocketPaths;
 use gpu_kubelet_plugin::observe::metrics::Metrics;
-use gpu_kubelet_plugin::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};
+use gpu_kubelet_plugin::prepare::types::{ClaimOutcome, ClaimRef};
+use gpu_kubelet_plugin::prepared::PreparedDevice;
 use integration_tests::kubelet::{DraVersion, Kubelet, KubeletConfig, KubeletError, claim};
 
 const OK: &str = "11111111-1111-4111-8111-111111111111";

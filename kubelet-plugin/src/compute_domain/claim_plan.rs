@@ -10,7 +10,7 @@ use gpu_dra_driver::compute_domain::imex::{CHANNEL_COUNT, channel_path};
 use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, InvalidName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::prepare::types::PreparedDevice;
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{DomainClaim, DomainClaimKind};
 
 /// Why a claim cannot be prepared as it is: the field and what is allowed.

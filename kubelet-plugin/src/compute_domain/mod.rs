@@ -77,7 +77,8 @@ use crate::deadline::Deadline;
 use crate::kubelet_api::grpc::DraService;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
-use crate::prepare::types::{ClaimOutcome, ClaimRef, PreparedDevice};
+use crate::prepare::types::{ClaimOutcome, ClaimRef};
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::kill_point::{self, Step};
@@ -346,7 +347,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         let valid = claim.validate()?;
         if let Some(record) = self.record_of(&valid.uid)? {
             if record.state == PrepareState::PrepareCompleted {
-                return Ok(PreparedDevice::of_record(&record));
+                return Ok(record.prepared_devices());
             }
             self.remove_claim(&valid.uid)?;
         }
@@ -525,21 +526,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W
         durable::write(&self.config.cdi_dir, &spec_file, &bytes, CDI_FILE_MODE)
             .map_err(|source| Error::WriteSpec { file: spec_file.clone(), source })?;
         kill_point::reached(Step::DomainSpecWritten);
-        record.devices = devices
-            .iter()
-            .map(|d| CheckpointDevice {
-                request_names: d.request_names.clone(),
-                pool_name: d.pool_name.clone(),
-                device_name: d.device_name.clone(),
-                cdi_device_ids: d.cdi_device_ids.clone(),
-                share_id: None,
-                admin_access: false,
-                time_slice: None,
-                dynamic_mig: None,
-                mig_mode_off: None,
-                vfio: None,
-            })
-            .collect();
+        record.devices = devices.iter().map(|d| CheckpointDevice::new(d.clone(), false)).collect();
         record.state = PrepareState::PrepareCompleted;
         self.checkpoint.write(uid, &record)?;
         kill_point::reached(Step::DomainCompleted);

@@ -38,6 +38,7 @@ use gpu_dra_driver::inventory::{Inventory, PublishedDevice};
 use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName, NodeName};
 
 use super::error::OpenError;
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{Adopted, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 use crate::state::nvidia_checkpoint::{self, NvidiaCheckpoint, NvidiaClaim, NvidiaDevice, NvidiaDeviceKind};
@@ -244,18 +245,14 @@ fn adopt_device(
         return Err(Refusal::Request { device: name.to_string(), request: request.clone() });
     }
     let why = not_served(&name, &device.kind, node.inventory);
-    let recorded = CheckpointDevice {
+    let prepared = PreparedDevice {
         request_names: device.requests.clone(),
         pool_name: device.pool.clone(),
         device_name: name.to_string(),
         cdi_device_ids: device.cdi_device_ids.clone(),
         share_id: device.share_id.clone(),
-        admin_access,
-        time_slice: None,
-        dynamic_mig: None,
-        mig_mode_off: None,
-        vfio: None,
     };
+    let recorded = CheckpointDevice::new(prepared, admin_access);
     Ok((recorded, why))
 }
 

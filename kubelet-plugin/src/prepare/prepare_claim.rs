@@ -13,10 +13,11 @@ use super::offload::blocking;
 use super::plan::{self, PlanError, PlannedDevice};
 use super::preparer::{Preparer, device_key, gpu_keys};
 use super::reconcile;
-use super::types::{ClaimSource, PreparedDevice, ValidClaim};
+use super::types::{ClaimSource, ValidClaim};
 use super::{configs, dynamic_mig, mps, passthrough, sharing, with_mig};
 use crate::deadline::Deadline;
 use crate::observe::metrics::ErrorKind;
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{CheckpointDevice, ClaimRecord, PrepareState, TimeSlice, derived};
 
 impl<S: ClaimSource> Preparer<S> {
@@ -180,7 +181,7 @@ impl<S: ClaimSource> Preparer<S> {
             .map_err(kind(ErrorKind::Checkpoint))?;
         match written {
             Ok(record) => {
-                let devices = PreparedDevice::of_record(&record);
+                let devices = record.prepared_devices();
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = names.len(), "prepared");
                 Ok(devices)
@@ -323,7 +324,7 @@ impl<S: ClaimSource> Preparer<S> {
         };
         match completed {
             Ok(record) => {
-                let devices = PreparedDevice::of_record(&record);
+                let devices = record.prepared_devices();
                 self.records().insert(uid, record);
                 tracing::info!(claim = %claim, devices = devices.len(), "{done}");
                 Ok(devices)
@@ -402,17 +403,15 @@ impl<S: ClaimSource> Preparer<S> {
             cdi_spec_file: Some(spec.file_name.clone()),
             devices: planned
                 .iter()
-                .map(|d| CheckpointDevice {
-                    request_names: vec![d.request.clone()],
-                    pool_name: d.pool.clone(),
-                    device_name: d.device.to_string(),
-                    cdi_device_ids: spec.device_id(&d.device).map(str::to_string).into_iter().collect(),
-                    share_id: d.share_id.clone(),
-                    admin_access: d.admin_access,
-                    time_slice: None,
-                    dynamic_mig: None,
-                    mig_mode_off: None,
-                    vfio: None,
+                .map(|d| {
+                    let prepared = PreparedDevice {
+                        request_names: vec![d.request.clone()],
+                        pool_name: d.pool.clone(),
+                        device_name: d.device.to_string(),
+                        cdi_device_ids: spec.device_id(&d.device).map(str::to_string).into_iter().collect(),
+                        share_id: d.share_id.clone(),
+                    };
+                    CheckpointDevice::new(prepared, d.admin_access)
                 })
                 .collect(),
             mps: None,

@@ -17,10 +17,12 @@ use super::files::Files;
 use super::locks::{self, KeyedLocks};
 use super::offload::ALONE;
 use super::reconcile::{self, ReconcileReport};
-use super::types::{ClaimOutcome, ClaimRef, ClaimSource, PreparedDevice, ValidClaim};
+use super::types::{ClaimOutcome, ClaimRef, ClaimSource, ValidClaim};
 use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
 use crate::deadline::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
+use crate::observe::telemetry::snapshot::PreparedClaim;
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
 
@@ -145,29 +147,12 @@ impl<S: ClaimSource> Preparer<S> {
     }
 
     /// The completed claims and their devices, for telemetry.
-    pub fn prepared(&self) -> Vec<crate::observe::telemetry::snapshot::PreparedClaim> {
+    pub fn prepared(&self) -> Vec<PreparedClaim> {
         let mut out: Vec<_> = self
             .records()
             .values()
             .filter(|r| r.state == PrepareState::PrepareCompleted)
-            .map(|r| crate::observe::telemetry::snapshot::PreparedClaim {
-                uid: r.uid.clone(),
-                namespace: r.namespace.clone(),
-                name: r.name.clone(),
-                devices: r.devices.iter().map(|d| d.device_name.clone()).collect(),
-                made_mig: r
-                    .devices
-                    .iter()
-                    .filter_map(|d| {
-                        let made = d.dynamic_mig.as_ref()?.made.as_ref()?;
-                        Some(crate::observe::telemetry::snapshot::MadeMigDevice {
-                            device: d.device_name.clone(),
-                            uuid: made.uuid.clone(),
-                            gpu_instance_id: made.gpu_instance_id,
-                        })
-                    })
-                    .collect(),
-            })
+            .map(PreparedClaim::of_record)
             .collect();
         out.sort_by(|a, b| a.uid.cmp(&b.uid));
         out
@@ -243,7 +228,7 @@ impl<S: ClaimSource> Preparer<S> {
     pub(super) fn completed(&self, uid: &str) -> Option<Vec<PreparedDevice>> {
         let records = self.records();
         let record = records.get(uid).filter(|r| r.state == PrepareState::PrepareCompleted)?;
-        Some(PreparedDevice::of_record(record))
+        Some(record.prepared_devices())
     }
 
     async fn prepare_one(

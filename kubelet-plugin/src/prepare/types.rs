@@ -7,7 +7,7 @@ use gpu_dra_driver::k8s_format;
 use gpu_dra_driver::names::{ClaimUid, InvalidName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
-use crate::state::checkpoint::ClaimRecord;
+use crate::prepared::PreparedDevice;
 
 /// A claim as the kubelet names it; raw, [`ClaimRef::validate`] checks it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -48,39 +48,6 @@ impl ClaimRef {
 impl std::fmt::Display for ValidClaim {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}/{} ({})", self.namespace, self.name, self.uid)
-    }
-}
-
-/// One device prepared for a claim.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct PreparedDevice {
-    /// Request names as in the allocation result (`req` or `req/sub`); the
-    /// gRPC edge strips them to base names.
-    pub request_names: Vec<String>,
-    pub pool_name: String,
-    pub device_name: String,
-    pub cdi_device_ids: Vec<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub share_id: Option<String>,
-}
-
-impl PreparedDevice {
-    /// The devices a record gave its claim, as the kubelet gets them again
-    /// (here, not in the checkpoint: the record's format knows nothing of
-    /// the kubelet's answer).
-    pub fn of_record(record: &ClaimRecord) -> Vec<PreparedDevice> {
-        record
-            .devices
-            .iter()
-            .map(|d| PreparedDevice {
-                request_names: d.request_names.clone(),
-                pool_name: d.pool_name.clone(),
-                device_name: d.device_name.clone(),
-                cdi_device_ids: d.cdi_device_ids.clone(),
-                share_id: d.share_id.clone(),
-            })
-            .collect()
     }
 }
 

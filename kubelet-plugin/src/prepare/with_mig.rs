@@ -34,10 +34,11 @@ use super::mps;
 use super::offload::blocking;
 use super::plan::PlannedDevice;
 use super::preparer::Preparer;
-use super::types::{ClaimSource, PreparedDevice, ValidClaim};
+use super::types::{ClaimSource, ValidClaim};
 use crate::mig::lifecycle;
 use crate::mig::lifecycle::MigHost;
 use crate::observe::metrics::{ErrorKind, Operation};
+use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::MigIntent;
 use crate::state::checkpoint::{ClaimRecord, DynamicMigDevice};
 use crate::state::kill_point::{self, Step};
@@ -109,7 +110,7 @@ impl<S: ClaimSource> Preparer<S> {
                 Err(self.undo(claim, failure).await)
             }
             Reached::Completed(record) => {
-                let devices = PreparedDevice::of_record(&record);
+                let devices = record.prepared_devices();
                 self.records().insert(uid, record);
                 self.tell_selection();
                 tracing::info!(claim = %claim, devices = devices.len(), "prepared (dynamic MIG)");

@@ -2,7 +2,8 @@
 
 use kubelet_proto::{dra_v1, dra_v1beta1};
 
-use crate::prepare::types::{ClaimRef, PreparedDevice};
+use crate::prepare::types::ClaimRef;
+use crate::prepared::PreparedDevice;
 
 /// The base name of a request reference: `gpu/large` (a subrequest of a
 /// `firstAvailable` request) becomes `gpu`. The kubelet matches
@@ -21,42 +22,33 @@ pub(super) fn base_request_names(names: &[String]) -> Vec<String> {
     out
 }
 
-impl From<dra_v1::Claim> for ClaimRef {
-    fn from(c: dra_v1::Claim) -> Self {
-        Self { namespace: c.namespace, name: c.name, uid: c.uid }
-    }
-}
-
-impl From<dra_v1beta1::Claim> for ClaimRef {
-    fn from(c: dra_v1beta1::Claim) -> Self {
-        Self { namespace: c.namespace, name: c.name, uid: c.uid }
-    }
-}
-
-impl From<PreparedDevice> for dra_v1::Device {
-    fn from(d: PreparedDevice) -> Self {
-        Self {
-            request_names: base_request_names(&d.request_names),
-            pool_name: d.pool_name,
-            device_name: d.device_name,
-            cdi_device_ids: d.cdi_device_ids,
-            share_id: d.share_id,
+// Both API versions' `Claim` and `Device` are the same messages (v1beta1's
+// `Device` without `share_id`, which the kubelet's own v1beta1 conversion
+// drops the same way): one conversion each, spelled once.
+macro_rules! conversions {
+    ($proto:ident $(, $share_id:ident)?) => {
+        impl From<$proto::Claim> for ClaimRef {
+            fn from(c: $proto::Claim) -> Self {
+                Self { namespace: c.namespace, name: c.name, uid: c.uid }
+            }
         }
-    }
+
+        impl From<PreparedDevice> for $proto::Device {
+            fn from(d: PreparedDevice) -> Self {
+                Self {
+                    request_names: base_request_names(&d.request_names),
+                    pool_name: d.pool_name,
+                    device_name: d.device_name,
+                    cdi_device_ids: d.cdi_device_ids,
+                    $($share_id: d.$share_id,)?
+                }
+            }
+        }
+    };
 }
 
-/// v1beta1 has no `share_id`; the kubelet's own v1beta1 conversion drops it
-/// the same way.
-impl From<PreparedDevice> for dra_v1beta1::Device {
-    fn from(d: PreparedDevice) -> Self {
-        Self {
-            request_names: base_request_names(&d.request_names),
-            pool_name: d.pool_name,
-            device_name: d.device_name,
-            cdi_device_ids: d.cdi_device_ids,
-        }
-    }
-}
+conversions!(dra_v1, share_id);
+conversions!(dra_v1beta1);
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@ use gpu_dra_driver::inventory::{Fault, Inventory, PublishedDevice};
 
 use super::idle::ClaimLoad;
 use super::readings::{ClaimHolder, DeviceIdentity, DeviceReading, DeviceSample, MigIdentity, PodRef};
+use crate::state::checkpoint::ClaimRecord;
 
 /// A claim prepared on this node (from the preparer's checkpoint mirror).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +31,31 @@ pub struct MadeMigDevice {
     /// `MIG-…`.
     pub uuid: String,
     pub gpu_instance_id: u32,
+}
+
+impl PreparedClaim {
+    /// A completed record's claim: its devices' names, and the dynamic MIG
+    /// devices prepare made for it.
+    pub fn of_record(record: &ClaimRecord) -> Self {
+        PreparedClaim {
+            uid: record.uid.clone(),
+            namespace: record.namespace.clone(),
+            name: record.name.clone(),
+            devices: record.devices.iter().map(|d| d.device_name.clone()).collect(),
+            made_mig: record
+                .devices
+                .iter()
+                .filter_map(|d| {
+                    let made = d.dynamic_mig.as_ref()?.made.as_ref()?;
+                    Some(MadeMigDevice {
+                        device: d.device_name.clone(),
+                        uuid: made.uuid.clone(),
+                        gpu_instance_id: made.gpu_instance_id,
+                    })
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A published device's identity and faults. A dynamic MIG device is

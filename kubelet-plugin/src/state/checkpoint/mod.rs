@@ -285,6 +285,7 @@ pub fn boot_id(proc_root: &Path) -> io::Result<String> {
 #[cfg(test)]
 pub(crate) mod test_support {
     use super::*;
+    use crate::prepared::PreparedDevice;
 
     pub fn record(uid: &str, devices: &[&str]) -> ClaimRecord {
         ClaimRecord {
@@ -296,17 +297,15 @@ pub(crate) mod test_support {
             cdi_spec_file: Some(format!("k8s.gpu.nvidia.com-claim_{uid}.json")),
             devices: devices
                 .iter()
-                .map(|d| CheckpointDevice {
-                    request_names: vec!["gpu".into()],
-                    pool_name: "node-a".into(),
-                    device_name: d.to_string(),
-                    cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={uid}-{d}")],
-                    share_id: None,
-                    admin_access: false,
-                    time_slice: None,
-                    dynamic_mig: None,
-                    mig_mode_off: None,
-                    vfio: None,
+                .map(|d| {
+                    let prepared = PreparedDevice {
+                        request_names: vec!["gpu".into()],
+                        pool_name: "node-a".into(),
+                        device_name: d.to_string(),
+                        cdi_device_ids: vec![format!("k8s.gpu.nvidia.com/claim={uid}-{d}")],
+                        share_id: None,
+                    };
+                    CheckpointDevice::new(prepared, false)
                 })
                 .collect(),
             mps: None,

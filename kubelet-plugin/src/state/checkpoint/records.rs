@@ -9,6 +9,7 @@ use gpu_dra_driver::inventory::PciBusId;
 use gpu_dra_driver::names::DomainUid;
 
 use super::mig_records::{MadeInstance, MigIntent};
+use crate::prepared::PreparedDevice;
 
 /// Where a claim is in its prepare.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -188,6 +189,36 @@ impl MpsDaemon {
 }
 
 impl CheckpointDevice {
+    /// The record of a device prepared for a claim, before anything else is
+    /// known of it (its time-slice, MIG or passthrough work is added as it
+    /// is planned); the one place a device's record is spelled out.
+    pub fn new(device: PreparedDevice, admin_access: bool) -> Self {
+        let PreparedDevice { request_names, pool_name, device_name, cdi_device_ids, share_id } = device;
+        CheckpointDevice {
+            request_names,
+            pool_name,
+            device_name,
+            cdi_device_ids,
+            share_id,
+            admin_access,
+            time_slice: None,
+            dynamic_mig: None,
+            mig_mode_off: None,
+            vfio: None,
+        }
+    }
+
+    /// The device as the kubelet was told of it.
+    pub fn prepared(&self) -> PreparedDevice {
+        PreparedDevice {
+            request_names: self.request_names.clone(),
+            pool_name: self.pool_name.clone(),
+            device_name: self.device_name.clone(),
+            cdi_device_ids: self.cdi_device_ids.clone(),
+            share_id: self.share_id.clone(),
+        }
+    }
+
     /// Whether no other claim may hold this device at the same time.
     pub fn is_exclusive(&self) -> bool {
         !self.admin_access && self.share_id.is_none()
@@ -224,6 +255,13 @@ pub struct ClaimRecord {
     /// [`crate::prepare::adopt`]); absent for the claims we prepared.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub adopted: Option<Adopted>,
+}
+
+impl ClaimRecord {
+    /// The devices the record gave its claim, as the kubelet gets them again.
+    pub fn prepared_devices(&self) -> Vec<PreparedDevice> {
+        self.devices.iter().map(CheckpointDevice::prepared).collect()
+    }
 }
 
 /// Where an adopted claim came from, and whether this plugin serves it.
