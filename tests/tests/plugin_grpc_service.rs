@@ -13,7 +13,7 @@ use gpu_kubelet_plugin::kubelet_api::grpc::DraService;
 use gpu_kubelet_plugin::kubelet_api::grpc::serve::{self, ServeConfig};
 use gpu_kubelet_plugin::kubelet_api::sockets::SocketPaths;
 use gpu_kubelet_plugin::observe::metrics::Metrics;
-use gpu_kubelet_plugin::prepare::types::{ClaimOutcome, ClaimRef};
+use gpu_kubelet_plugin::prepare::types::{ClaimError, ClaimOutcome, ClaimRef};
 use gpu_kubelet_plugin::prepared::PreparedDevice;
 use integration_tests::kubelet::{DraVersion, Kubelet, KubeletConfig, KubeletError, claim};
 
@@ -51,14 +51,17 @@ impl DraService for Scripted {
                 FLAKY => {
                     let calls = self.calls.lock().unwrap().iter().flatten().filter(|c| c.uid == FLAKY).count();
                     let result = if calls <= 2 {
-                        Err(format!("attempt {calls}: API server unavailable"))
+                        Err(ClaimError::service(format!("attempt {calls}: API server unavailable")))
                     } else {
                         Ok(Vec::new())
                     };
                     out.insert(c.uid, result);
                 }
                 FAILS => {
-                    out.insert(c.uid, Err(format!("claim {}/{}: not allocated", c.namespace, c.name)));
+                    out.insert(
+                        c.uid,
+                        Err(ClaimError::service(format!("claim {}/{}: not allocated", c.namespace, c.name))),
+                    );
                 }
                 _ => {}
             }
@@ -67,7 +70,7 @@ impl DraService for Scripted {
         out
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), ClaimError>> {
         self.deadlines.lock().unwrap().push(deadline);
         claims.into_iter().filter(|c| c.uid != FORGOTTEN).map(|c| (c.uid, Ok(()))).collect()
     }

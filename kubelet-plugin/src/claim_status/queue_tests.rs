@@ -170,7 +170,7 @@ async fn a_prepared_claim_shows_each_device_ready_with_its_uuid_until_unprepared
 async fn a_failed_prepare_shows_not_ready_with_the_reason() {
     let setup = Setup::new(&["gpu-7"]);
     let p = setup.preparer(WRITE_TIMEOUT);
-    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     p.settled_status().await;
     let ours = setup.server.ours();
     assert_eq!(ready(&ours[0]), ("False".into(), "PrepareFailed".into()));

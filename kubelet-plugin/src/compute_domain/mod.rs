@@ -77,7 +77,7 @@ use crate::deadline::Deadline;
 use crate::kubelet_api::grpc::DraService;
 use crate::observe::metrics::{ErrorKind, Metrics};
 use crate::prepare::types::ClaimSource;
-use crate::prepare::types::{ClaimOutcome, ClaimRef};
+use crate::prepare::types::{ClaimError, ClaimOutcome, ClaimRef};
 use crate::prepared::PreparedDevice;
 use crate::state::checkpoint::{self as checkpoint, CheckpointDevice, CheckpointDir, ClaimRecord, PrepareState};
 use crate::state::durable;
@@ -590,7 +590,7 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
         let mut out = HashMap::new();
         for claim in claims {
             // The kubelet's answer carries the message.
-            let outcome = self.prepare_one(&claim, &deadline).await.map_err(|e| e.to_string());
+            let outcome = self.prepare_one(&claim, &deadline).await.map_err(ClaimError::service);
             if let Err(error) = &outcome {
                 tracing::warn!(claim = %format!("{}/{}", claim.namespace, claim.name), %error, "compute-domain prepare failed");
             }
@@ -599,11 +599,11 @@ impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DraService for DomainP
         out
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>, _deadline: Deadline) -> HashMap<String, Result<(), String>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>, _deadline: Deadline) -> HashMap<String, Result<(), ClaimError>> {
         let _guard = self.lock.lock().await;
         let mut out = HashMap::new();
         for claim in claims {
-            out.insert(claim.uid.clone(), self.unprepare_one(&claim).await.map_err(|e| e.to_string()));
+            out.insert(claim.uid.clone(), self.unprepare_one(&claim).await.map_err(ClaimError::service));
         }
         out
     }

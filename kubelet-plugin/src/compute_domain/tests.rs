@@ -253,8 +253,12 @@ impl Node {
 pub(super) const UID_A: &str = "11111111-2222-4333-8444-555555555551";
 pub(super) const UID_B: &str = "11111111-2222-4333-8444-555555555552";
 
-pub(super) async fn prepare(p: &Preparer, claim: &ClaimRef) -> ClaimOutcome {
-    p.prepare(vec![claim.clone()], Deadline::default_from_now()).await.remove(&claim.uid).unwrap()
+pub(super) async fn prepare(p: &Preparer, claim: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
+    p.prepare(vec![claim.clone()], Deadline::default_from_now())
+        .await
+        .remove(&claim.uid)
+        .unwrap()
+        .map_err(|e| e.to_string())
 }
 
 pub(super) async fn unprepare(p: &Preparer, claim: &ClaimRef) {

@@ -5,7 +5,6 @@
 use std::path::PathBuf;
 
 use super::{mps, passthrough, sharing};
-use crate::observe::metrics::ErrorKind;
 use crate::state::checkpoint::CheckpointError;
 
 /// A step of undoing a claim that failed.
@@ -54,15 +53,4 @@ pub enum OpenError {
          the plugin serves nothing until it can set the file aside (check the directory's permissions and space)"
     )]
     Adopt { path: PathBuf, error: std::io::Error },
-}
-
-/// A claim's failure: the text for the kubelet and its kind for metrics.
-pub(super) struct Failure {
-    pub(super) kind: ErrorKind,
-    pub(super) message: String,
-}
-
-/// Tags an error with its kind: `result.map_err(kind(ErrorKind::Cdi))`.
-pub(super) fn kind<E: ToString>(kind: ErrorKind) -> impl FnOnce(E) -> Failure {
-    move |error| Failure { kind, message: error.to_string() }
 }

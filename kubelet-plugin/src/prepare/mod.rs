@@ -26,6 +26,7 @@ mod config;
 pub mod configs;
 pub mod dynamic_mig;
 mod error;
+pub mod failure;
 mod files;
 pub mod locks;
 pub mod mps;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use gpu_dra_driver::cdi;
 use tokio::time::Instant;
 
-use super::error::{Failure, kind};
+use super::failure::{Failure, kind};
 use super::offload::blocking;
 use super::plan::{self, PlanError, PlannedDevice};
 use super::preparer::{Preparer, device_key, gpu_keys};
@@ -91,7 +91,7 @@ impl<S: ClaimSource> Preparer<S> {
         let _device_locks = self
             .lock_until(keys.collect(), deadline, until, "the claim's devices (another claim's call holds them)")
             .await?;
-        self.check_conflicts(&uid, &planned).map_err(kind(ErrorKind::Prepare))?;
+        self.check_conflicts(&uid, &planned)?;
         passthrough::check_records(&uid, &planned, self.records().values()).map_err(kind(ErrorKind::Prepare))?;
         if !dynamic.is_empty() {
             if self.config.mig.is_none() {
@@ -367,7 +367,7 @@ impl<S: ClaimSource> Preparer<S> {
     /// `shareID` each) or either has admin access. The scheduler should
     /// never allocate that way, but the kubelet can ask to prepare a new
     /// claim before it unprepared the old one (kubernetes#136269).
-    pub(super) fn check_conflicts(&self, uid: &str, planned: &[PlannedDevice]) -> Result<(), String> {
+    fn check_conflicts(&self, uid: &str, planned: &[PlannedDevice]) -> Result<(), Failure> {
         let records = self.records();
         for ours in planned.iter().filter(|d| !d.admin_access) {
             for other in records.values().filter(|r| r.uid != uid) {
@@ -377,11 +377,14 @@ impl<S: ClaimSource> Preparer<S> {
                         && (ours.share_id.is_none() || theirs.share_id.is_none())
                 });
                 if clash {
-                    return Err(format!(
-                        "device {} is already prepared for ResourceClaim {}/{} ({}); a device serves one claim \
-                         at a time unless both share it: wait for that claim to be unprepared",
-                        ours.device, other.namespace, other.name, other.uid
-                    ));
+                    return Err(Failure {
+                        kind: ErrorKind::Prepare,
+                        message: format!(
+                            "device {} is already prepared for ResourceClaim {}/{} ({}); a device serves one claim \
+                             at a time unless both share it: wait for that claim to be unprepared",
+                            ours.device, other.namespace, other.name, other.uid
+                        ),
+                    });
                 }
             }
         }

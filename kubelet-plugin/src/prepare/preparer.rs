@@ -12,12 +12,13 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::config::PreparerConfig;
-use super::error::{Failure, OpenError, kind};
+use super::error::OpenError;
+use super::failure::{Failure, kind};
 use super::files::Files;
 use super::locks::{self, KeyedLocks};
 use super::offload::ALONE;
 use super::reconcile::{self, ReconcileReport};
-use super::types::{ClaimOutcome, ClaimRef, ClaimSource, ValidClaim};
+use super::types::{ClaimError, ClaimOutcome, ClaimRef, ClaimSource, ValidClaim};
 use crate::claim_status::queue::{ClaimName, StatusQueue, Wanted, uuid_data};
 use crate::deadline::Deadline;
 use crate::observe::metrics::{ErrorKind, Metrics};
@@ -132,12 +133,12 @@ impl<S: ClaimSource> Preparer<S> {
         record.devices.iter().filter_map(|d| Some((d.device_name.clone(), uuid_data(&uuid_of(d)?)))).collect()
     }
 
-    fn count<T>(&self, result: Result<T, Failure>) -> Result<T, String> {
+    fn count<T>(&self, result: Result<T, Failure>) -> Result<T, ClaimError> {
         result.map_err(|failure| {
             if let Some(metrics) = &self.metrics {
                 metrics.error(failure.kind);
             }
-            failure.message
+            ClaimError::from(failure)
         })
     }
 
@@ -180,12 +181,16 @@ impl<S: ClaimSource> Preparer<S> {
     }
 
     /// Unprepares a batch with the default deadline.
-    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), String>> {
+    pub async fn unprepare(&self, claims: Vec<ClaimRef>) -> HashMap<String, Result<(), ClaimError>> {
         self.unprepare_by(claims, Deadline::default_from_now()).await
     }
 
     /// Unprepares a batch; a claim that is not prepared succeeds.
-    pub async fn unprepare_by(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+    pub async fn unprepare_by(
+        &self,
+        claims: Vec<ClaimRef>,
+        deadline: Deadline,
+    ) -> HashMap<String, Result<(), ClaimError>> {
         let until = deadline.work_until();
         if let [claim] = claims.as_slice() {
             let outcome = ALONE.scope(true, self.unprepare_one(claim, deadline, until)).await;

@@ -57,7 +57,7 @@ async fn a_device_serves_one_claim_unless_shared() {
     h.source.put(allocated(B, "b", &["gpu-0"]));
     let (p, _) = h.open();
     assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
-    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(err.contains("gpu-0 is already prepared for ResourceClaim default/a"), "{err}");
     assert_eq!(h.cdi_files(), [spec_file(A)], "the refused claim left nothing");
     p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
@@ -86,12 +86,12 @@ async fn bad_references_and_lookups_fail_per_claim() {
     h.source.put(allocated(A, "a", &["gpu-0"]));
     let (p, _) = h.open();
     let out = p.prepare(vec![claim_ref("../../etc", "x"), claim_ref(A, "a"), claim_ref(B, "missing")]).await;
-    assert!(out["../../etc"].as_ref().unwrap_err().contains("invalid claim UID"), "{:?}", out["../../etc"]);
+    assert!(out["../../etc"].as_ref().unwrap_err().to_string().contains("invalid claim UID"), "{:?}", out["../../etc"]);
     assert!(out[A].is_ok());
-    assert!(out[B].as_ref().unwrap_err().contains("default/missing not found"));
+    assert!(out[B].as_ref().unwrap_err().to_string().contains("default/missing not found"));
     *h.source.error.lock().unwrap() = Some("API server unavailable".into());
     h.source.put(allocated(B, "b", &["gpu-2"]));
-    assert_eq!(p.prepare(vec![claim_ref(B, "b")]).await[B], Err("API server unavailable".into()));
+    assert_eq!(p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string(), "API server unavailable");
     assert_eq!(h.cdi_files(), [spec_file(A)]);
 }
 
@@ -106,7 +106,7 @@ async fn a_failed_spec_write_is_retried_from_a_started_record() {
     let cdi = h.dir.path().join("cdi");
     std::fs::remove_dir(&cdi).unwrap();
     std::fs::write(&cdi, b"not a directory").unwrap();
-    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(err.contains("writing CDI spec"), "{err}");
     assert_eq!(p.prepared_claims(), 0);
     let loaded = CheckpointDir::open(h.dir.path().join("state/checkpoint")).unwrap().load().unwrap();
@@ -334,14 +334,14 @@ async fn one_gpu_cannot_take_two_intervals_and_gates_stay_closed_by_default() {
     h.source.put(time_sliced(B, "b", "Short", Some("s-2")));
     let (p, _) = h.open();
     assert!(p.prepare(vec![claim_ref(A, "a")]).await[A].is_ok());
-    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(err.contains("Long for ResourceClaim default/a and Short for ResourceClaim default/b"), "{err}");
     assert_eq!(calls(&gpu).len(), 1, "the refused claim changed nothing");
 
     let closed = Harness::new();
     closed.source.put(time_sliced(A, "a", "Long", None));
     let (p, _) = closed.open();
-    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(err.contains(r#"the "TimeSlicingSettings" feature gate is not enabled"#), "{err}");
 }
 

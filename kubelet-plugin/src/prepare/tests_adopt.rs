@@ -121,14 +121,14 @@ async fn claims_nvidia_prepared_are_served_kept_or_refused_and_their_specs_go_wi
     let served = p.prepare(vec![claim_ref(GPU, "gpu")]).await[GPU].clone().unwrap();
     assert_eq!(served[0].cdi_device_ids, [format!("k8s.gpu.nvidia.com/claim={GPU}-gpu-0")]);
     assert_eq!(h.source.gets(), 0);
-    let refused = p.prepare(vec![claim_ref(MPS, "mps")]).await[MPS].clone().unwrap_err();
+    let refused = p.prepare(vec![claim_ref(MPS, "mps")]).await[MPS].clone().unwrap_err().to_string();
     assert!(
         refused.contains("prepared on this node by NVIDIA's DRA driver, and this driver does not serve it"),
         "{refused}"
     );
     // The adopted claims hold their devices.
     h.source.put(allocated(NEW, "new", &["gpu-0"]));
-    let busy = p.prepare(vec![claim_ref(NEW, "new")]).await[NEW].clone().unwrap_err();
+    let busy = p.prepare(vec![claim_ref(NEW, "new")]).await[NEW].clone().unwrap_err().to_string();
     assert!(busy.contains("gpu-0 is already prepared for ResourceClaim default/gpu"), "{busy}");
 
     for (uid, name) in [(GPU, "gpu"), (MIG, "mig"), (MPS, "mps")] {

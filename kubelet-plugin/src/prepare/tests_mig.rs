@@ -113,14 +113,14 @@ async fn overlapping_layouts_and_failures_leave_nothing_behind() {
     n.h.source.put(allocated(B, "b", &["gpu-0-mig-3g40gb-9-4"]));
     let (p, _) = n.h.open();
     p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
-    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(error.contains("conflicts with device gpu-0-mig-2g20gb-14-4 of ResourceClaim default/a"), "{error}");
     assert_eq!(n.control.count(&n.gpu0), 1);
     p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
 
     // A compute instance that cannot be made: the GPU instance goes too.
     *n.control.fail.lock().unwrap() = Some("create-ci".into());
-    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(error.contains("injected"), "{error}");
     assert_eq!(n.control.count(&n.gpu0), 0);
     assert!(n.h.cdi_files().is_empty() && n.h.checkpoint_files().is_empty());
@@ -136,7 +136,7 @@ async fn the_whole_gpu_leaves_mig_mode_while_prepared() {
     let (p, _) = n.h.open();
     p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
     assert!(!n.control.mig_mode(&n.gpu0).unwrap().current, "MIG mode off for the whole GPU");
-    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(error.contains("conflicts with device gpu-0"), "{error}");
     assert_eq!(records(&n.h)[0].devices[0].mig_mode_off.as_ref().unwrap().gpu_uuid, n.gpu0);
     p.unprepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
@@ -391,7 +391,7 @@ async fn a_record_or_spec_that_cannot_be_written_leaves_no_instance() {
     // The record cannot be written (a directory holds its name): nothing is made.
     let record = n.h.dir.path().join(format!("state/checkpoint/{A}.json"));
     std::fs::create_dir(&record).unwrap();
-    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(error.contains(A), "{error}");
     assert_eq!(n.control.count(&n.gpu0), 0, "nothing made without a record");
     assert!(!n.control.calls.lock().unwrap().iter().any(|c| c.starts_with("create-gi") && c.contains(&n.gpu0)));
@@ -400,7 +400,7 @@ async fn a_record_or_spec_that_cannot_be_written_leaves_no_instance() {
     // The spec cannot be written, after the instances exist: they go again.
     let spec_path = n.h.dir.path().join(format!("cdi/k8s.gpu.nvidia.com-claim_{A}.json"));
     std::fs::create_dir(&spec_path).unwrap();
-    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(error.contains("writing CDI spec"), "{error}");
     assert_eq!(n.control.count(&n.gpu0), 0, "the instances are destroyed");
     std::fs::remove_dir(&spec_path).unwrap();

@@ -123,7 +123,7 @@ async fn a_daemon_that_never_answers_fails_the_claim_and_is_rolled_back() {
     h.source.put(with_mps(A, "a", 25));
     *host.fail.lock().unwrap() = Some("get");
     let (p, _) = h.open();
-    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(err.contains("MPS: the MPS control daemon in") && err.contains("did not answer within"), "{err}");
     let calls = take(&host.calls);
     assert_eq!(calls[calls.len() - 3..], ["control quit", "unmount", "rmdirs"], "{calls:?}");
@@ -183,7 +183,7 @@ async fn mps_and_time_slicing_do_not_mix_on_one_gpu() {
     h.source.put(sliced);
     let (p, _) = h.open();
     p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
-    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
     assert!(err.contains("is MPS for ResourceClaim default/a and would be time-sliced"), "{err}");
 }
 
@@ -244,7 +244,7 @@ async fn nvidia_consumable_shares_prepare_without_daemons_and_refuse_mps() {
 
     const C: &str = "4b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
     h.source.put(with_mps(C, "mps", 50));
-    let err = p.prepare(vec![claim_ref(C, "mps")]).await[C].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(C, "mps")]).await[C].clone().unwrap_err().to_string();
     assert!(err.contains("MPS is not supported with the ConsumableShares feature gate"), "{err}");
     assert!(err.contains(".sharing:"), "names the config's path: {err}");
 }

@@ -83,7 +83,7 @@ async fn a_group_that_never_reaches_vfio_pci_is_given_back_and_leaves_nothing() 
     kernel.vfio_binds.store(false, Ordering::SeqCst);
     h.source.put(allocated(A, "a", &["gpu-vfio-0"]));
     let (p, _) = h.open();
-    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let err = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(err.contains("was not bound to vfio-pci"), "{err}");
     assert_eq!(kernel.drivers(), original());
     assert!(h.cdi_files().is_empty() && h.checkpoint_files().is_empty());
@@ -101,7 +101,7 @@ async fn a_gpu_held_under_its_other_name_is_never_unbound() {
         let (p, _) = h.open();
         p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap();
         let before = kernel.drivers();
-        let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err();
+        let err = p.prepare(vec![claim_ref(B, "b")]).await[B].clone().unwrap_err().to_string();
         assert!(err.contains("are the same GPU, one of them passed through"), "{held}: {err}");
         assert!(err.contains("ResourceClaim default/a"), "{err}");
         assert_eq!(kernel.drivers(), before, "{held}: the refusal touched nothing");
@@ -174,7 +174,7 @@ async fn a_gpu_a_process_holds_open_is_not_passed_through_and_nothing_changes() 
     std::os::unix::fs::symlink("/dev/nvidia0", fd_dir.join("5")).unwrap();
     let before = kernel.drivers();
     let (p, _) = h.open();
-    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err();
+    let error = p.prepare(vec![claim_ref(A, "a")]).await[A].clone().unwrap_err().to_string();
     assert!(error.contains("GPU gpu-0 (/dev/nvidia0) is still open in process(es) [4242]"), "{error}");
     assert_eq!(kernel.drivers(), before, "no sysfs write");
     assert!(h.checkpoint_files().is_empty() && h.cdi_files().is_empty());

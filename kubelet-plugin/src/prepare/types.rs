@@ -2,11 +2,13 @@
 //! from these, so the preparer never sees protobuf types.
 
 use std::future::Future;
+use std::sync::Arc;
 
 use gpu_dra_driver::k8s_format;
 use gpu_dra_driver::names::{ClaimUid, InvalidName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 
+use super::failure::Failure;
 use crate::prepared::PreparedDevice;
 
 /// A claim as the kubelet names it; raw, [`ClaimRef::validate`] checks it.
@@ -51,8 +53,37 @@ impl std::fmt::Display for ValidClaim {
     }
 }
 
-/// A claim's result: its devices, or the error text the kubelet shows.
-pub type ClaimOutcome = Result<Vec<PreparedDevice>, String>;
+/// A claim's result: its devices, or why it failed.
+pub type ClaimOutcome = Result<Vec<PreparedDevice>, ClaimError>;
+
+/// Why one claim of a batch failed. Its text is the claim's `error` in the
+/// kubelet's answer, made only at the gRPC edge.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClaimError {
+    /// The GPU preparer's, counted in metrics by its kind.
+    #[error(transparent)]
+    Failed(#[from] Failure),
+    /// Another service's (the ComputeDomain preparer's, a test's).
+    #[error(transparent)]
+    Service(Arc<dyn std::error::Error + Send + Sync>),
+    /// The batch gave no result for the claim (the operation named).
+    #[error("internal error: the driver returned no {0} result for this claim")]
+    NoResult(&'static str),
+}
+
+impl ClaimError {
+    /// Another service's error, kept whole (its text and its sources).
+    pub fn service(error: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Self {
+        ClaimError::Service(Arc::from(error.into()))
+    }
+}
+
+/// Two claim errors are the same when the kubelet reads the same text.
+impl PartialEq for ClaimError {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_string() == other.to_string()
+    }
+}
 
 /// Where the preparer reads ResourceClaims: the API server in production
 /// ([`crate::prepare::claims::KubeClaimSource`]), a map in tests.

@@ -6,7 +6,8 @@ use gpu_dra_driver::cdi;
 use gpu_dra_driver::names::ClaimUid;
 use tokio::time::Instant;
 
-use super::error::{Failure, UndoError, kind};
+use super::error::UndoError;
+use super::failure::{Failure, kind};
 use super::offload::blocking;
 use super::preparer::{Preparer, device_key, gpu_keys};
 use super::types::{ClaimSource, ValidClaim};

@@ -28,7 +28,7 @@ use gpu_dra_driver::names::{ClaimUid, DeviceName, DriverName};
 
 use super::dynamic_mig::{self, DynamicPlan};
 use super::error::UndoError;
-use super::error::{Failure, kind};
+use super::failure::{Failure, kind};
 use super::files::Files;
 use super::mps;
 use super::offload::blocking;

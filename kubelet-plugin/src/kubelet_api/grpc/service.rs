@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::deadline::Deadline;
 use crate::observe::metrics::{ApiVersion, Metrics, Operation, Outcome};
 use crate::prepare::Preparer;
-use crate::prepare::types::{ClaimOutcome, ClaimRef, ClaimSource};
+use crate::prepare::types::{ClaimError, ClaimOutcome, ClaimRef, ClaimSource};
 
 /// What the gRPC servers need from the core: prepare and unprepare a batch
 /// of claims, one result per claim UID, answered before `deadline` (the
@@ -27,7 +27,7 @@ pub trait DraService: Send + Sync + 'static {
         &self,
         claims: Vec<ClaimRef>,
         deadline: Deadline,
-    ) -> impl Future<Output = HashMap<String, Result<(), String>>> + Send;
+    ) -> impl Future<Output = HashMap<String, Result<(), ClaimError>>> + Send;
 }
 
 /// The GPU preparer serves the kubelet here, at the edge, so that
@@ -37,7 +37,7 @@ impl<S: ClaimSource> DraService for Preparer<S> {
         Preparer::prepare_by(self, claims, deadline).await
     }
 
-    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), String>> {
+    async fn unprepare(&self, claims: Vec<ClaimRef>, deadline: Deadline) -> HashMap<String, Result<(), ClaimError>> {
         Preparer::unprepare_by(self, claims, deadline).await
     }
 }
@@ -104,7 +104,7 @@ impl<S: DraService> DraCore<S> {
         api: ApiVersion,
         claims: Vec<ClaimRef>,
         deadline: Deadline,
-    ) -> HashMap<String, Result<(), String>> {
+    ) -> HashMap<String, Result<(), ClaimError>> {
         let service = self.service.clone();
         let batch = move |claims| async move { service.unprepare(claims, deadline).await };
         self.run(Operation::Unprepare, api, claims, batch).await
@@ -121,11 +121,11 @@ impl<S: DraService> DraCore<S> {
         api: ApiVersion,
         claims: Vec<ClaimRef>,
         batch: F,
-    ) -> HashMap<String, Result<T, String>>
+    ) -> HashMap<String, Result<T, ClaimError>>
     where
         T: Send + 'static,
         F: FnOnce(Vec<ClaimRef>) -> Fut,
-        Fut: Future<Output = HashMap<String, Result<T, String>>> + Send + 'static,
+        Fut: Future<Output = HashMap<String, Result<T, ClaimError>>> + Send + 'static,
     {
         let started = Instant::now();
         let uids: Vec<String> = claims.iter().map(|c| c.uid.clone()).collect();
@@ -164,17 +164,15 @@ impl<S: DraService> DraCore<S> {
 /// "returned result for unknown claim UID").
 fn complete<T>(
     requested: &[String],
-    mut results: HashMap<String, Result<T, String>>,
-    what: &str,
-) -> HashMap<String, Result<T, String>> {
+    mut results: HashMap<String, Result<T, ClaimError>>,
+    what: &'static str,
+) -> HashMap<String, Result<T, ClaimError>> {
     let mut out = HashMap::with_capacity(requested.len());
     for uid in requested {
         if out.contains_key(uid) {
             continue;
         }
-        let result = results
-            .remove(uid)
-            .unwrap_or_else(|| Err(format!("internal error: the driver returned no {what} result for this claim")));
+        let result = results.remove(uid).unwrap_or(Err(ClaimError::NoResult(what)));
         out.insert(uid.clone(), result);
     }
     for uid in results.keys() {
@@ -183,8 +181,8 @@ fn complete<T>(
     out
 }
 
-fn log_batch<T>(call: &str, api: ApiVersion, results: &HashMap<String, Result<T, String>>, started: Instant) {
-    let failed: Vec<(&String, &String)> =
+fn log_batch<T>(call: &str, api: ApiVersion, results: &HashMap<String, Result<T, ClaimError>>, started: Instant) {
+    let failed: Vec<(&String, &ClaimError)> =
         results.iter().filter_map(|(uid, r)| r.as_ref().err().map(|e| (uid, e))).collect();
     if failed.is_empty() {
         tracing::info!(call, api = api.as_str(), claims = results.len(), elapsed = ?started.elapsed(), "done");
@@ -202,13 +200,13 @@ mod tests {
     #[test]
     fn complete_fills_missing_and_drops_extra_claims() {
         let requested = vec!["a".to_owned(), "b".to_owned(), "a".to_owned()];
-        let mut results: HashMap<String, Result<u8, String>> = HashMap::new();
+        let mut results: HashMap<String, Result<u8, ClaimError>> = HashMap::new();
         results.insert("a".into(), Ok(1));
         results.insert("z".into(), Ok(9));
         let out = complete(&requested, results, "prepare");
         assert_eq!(out.len(), 2);
         assert_eq!(out["a"], Ok(1));
-        assert!(out["b"].as_ref().unwrap_err().contains("no prepare result"));
+        assert!(out["b"].as_ref().unwrap_err().to_string().contains("no prepare result"));
         assert!(!out.contains_key("z"));
     }
 }

@@ -40,7 +40,7 @@ macro_rules! dra_plugin_server {
                                 devices: devices.into_iter().map(Device::from).collect(),
                                 error: String::new(),
                             },
-                            Err(error) => NodePrepareResourceResponse { devices: Vec::new(), error },
+                            Err(error) => NodePrepareResourceResponse { devices: Vec::new(), error: error.to_string() },
                         };
                         (uid, response)
                     })
@@ -58,7 +58,7 @@ macro_rules! dra_plugin_server {
                 let results = self.0.unprepare($api, claims, deadline).await;
                 let claims = results
                     .into_iter()
-                    .map(|(uid, result)| (uid, NodeUnprepareResourceResponse { error: result.err().unwrap_or_default() }))
+                    .map(|(uid, result)| (uid, NodeUnprepareResourceResponse { error: result.err().map(|e| e.to_string()).unwrap_or_default() }))
                     .collect();
                 Ok(Response::new(NodeUnprepareResourcesResponse { claims }))
             }
