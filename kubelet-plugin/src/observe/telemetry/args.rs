@@ -59,17 +59,30 @@ impl TelemetryArgs {
     }
 }
 
-fn parse_interval(text: &str) -> Result<u64, String> {
-    let ms: u64 = text.trim().parse().map_err(|e| format!("{e}; expected milliseconds, e.g. 15000, or 0 for off"))?;
+/// A bad value of a telemetry flag; clap shows it after the flag's name.
+#[derive(Debug, thiserror::Error)]
+enum FlagError {
+    #[error("{0}; expected milliseconds, e.g. 15000, or 0 for off")]
+    Interval(std::num::ParseIntError),
+    #[error("{0} is out of range: 0 (off) or 100 to 3600000 milliseconds")]
+    IntervalRange(u64),
+    #[error("{0}; expected a percentage from 0 to 100")]
+    Percent(std::num::ParseFloatError),
+    #[error("{0} is out of range: 0 to 100")]
+    PercentRange(f64),
+}
+
+fn parse_interval(text: &str) -> Result<u64, FlagError> {
+    let ms: u64 = text.trim().parse().map_err(FlagError::Interval)?;
     match ms {
         0 | 100..=3_600_000 => Ok(ms),
-        _ => Err(format!("{ms} is out of range: 0 (off) or 100 to 3600000 milliseconds")),
+        _ => Err(FlagError::IntervalRange(ms)),
     }
 }
 
-fn parse_percent(text: &str) -> Result<f64, String> {
-    let p: f64 = text.trim().parse().map_err(|e| format!("{e}; expected a percentage from 0 to 100"))?;
-    if (0.0..=100.0).contains(&p) { Ok(p) } else { Err(format!("{p} is out of range: 0 to 100")) }
+fn parse_percent(text: &str) -> Result<f64, FlagError> {
+    let p: f64 = text.trim().parse().map_err(FlagError::Percent)?;
+    if (0.0..=100.0).contains(&p) { Ok(p) } else { Err(FlagError::PercentRange(p)) }
 }
 
 #[cfg(test)]
@@ -108,5 +121,22 @@ mod tests {
             let err = parse(&[flag, value]).unwrap_err();
             assert!(err.contains(flag) && err.contains(value), "{err}");
         }
+    }
+
+    #[test]
+    fn bad_values_say_what_is_expected() {
+        assert_eq!(
+            parse_interval("50").unwrap_err().to_string(),
+            "50 is out of range: 0 (off) or 100 to 3600000 milliseconds"
+        );
+        assert_eq!(
+            parse_interval("x").unwrap_err().to_string(),
+            "invalid digit found in string; expected milliseconds, e.g. 15000, or 0 for off"
+        );
+        assert_eq!(parse_percent("101").unwrap_err().to_string(), "101 is out of range: 0 to 100");
+        assert_eq!(
+            parse_percent("x").unwrap_err().to_string(),
+            "invalid float literal; expected a percentage from 0 to 100"
+        );
     }
 }
