@@ -58,15 +58,7 @@ fn record(uid: &str, state: PrepareState, boot: &str) -> ClaimRecord {
 }
 
 fn daemon(root: PathBuf, process: Option<DaemonProcess>) -> MpsDaemon {
-    MpsDaemon {
-        root,
-        devices: Vec::new(),
-        visible: vec!["GPU-forged".into()],
-        gpus: Vec::new(),
-        active_thread_percentage: None,
-        pinned_limits: Vec::new(),
-        process,
-    }
+    MpsDaemon { visible: vec!["GPU-forged".into()], process, ..MpsDaemon::at(root) }
 }
 
 fn checkpoint(node: &RunningNode) -> CheckpointDir {

@@ -262,15 +262,7 @@ fn sweep_mps_dir(
             tracing::warn!(path = %entry.path().display(), "not an MPS daemon directory the plugin made (a directory named by a claim UID); left alone");
             continue;
         }
-        let orphan = crate::state::checkpoint::MpsDaemon {
-            root: config.mps_dir.join(&name),
-            devices: Vec::new(),
-            visible: Vec::new(),
-            gpus: Vec::new(),
-            active_thread_percentage: None,
-            pinned_limits: Vec::new(),
-            process: None,
-        };
+        let orphan = crate::state::checkpoint::MpsDaemon::at(config.mps_dir.join(&name));
         match super::mps::lifecycle::tear_down(host, &orphan, config.mps_timeouts) {
             Ok(()) => tracing::warn!(dir = %orphan.root.display(), "removed an MPS daemon directory no claim owns"),
             Err(error) => {

@@ -400,15 +400,7 @@ mod tests {
     #[test]
     fn strays_are_found_by_their_pipe_directory() {
         let dir = tempfile::tempdir().unwrap();
-        let daemon = MpsDaemon {
-            root: dir.path().to_path_buf(),
-            devices: vec![],
-            visible: vec![],
-            gpus: vec![],
-            active_thread_percentage: None,
-            pinned_limits: vec![],
-            process: None,
-        };
+        let daemon = MpsDaemon::at(dir.path().to_path_buf());
         let host = LocalMps::new("/nonexistent".into(), None);
         let mut stray =
             Command::new("sleep").arg("30").env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).spawn().unwrap();

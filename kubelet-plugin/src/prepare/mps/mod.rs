@@ -60,15 +60,7 @@ pub fn plan_daemon(
     gates: &FeatureGates,
     mps_dir: &Path,
 ) -> Result<Option<MpsDaemon>, PlanError> {
-    let mut daemon = MpsDaemon {
-        root: mps_dir.join(uid.as_str()),
-        devices: Vec::new(),
-        visible: Vec::new(),
-        gpus: Vec::new(),
-        active_thread_percentage: None,
-        pinned_limits: Vec::new(),
-        process: None,
-    };
+    let mut daemon = MpsDaemon::at(mps_dir.join(uid.as_str()));
     let mut percentage_from: Option<String> = None;
     for (device, config) in planned.iter().zip(resolved) {
         let published =

@@ -122,15 +122,7 @@ fn answer(host: &LocalMps, daemon: &MpsDaemon) {
 }
 
 fn daemon_at(root: PathBuf, visible: Vec<String>) -> MpsDaemon {
-    MpsDaemon {
-        root,
-        devices: Vec::new(),
-        visible,
-        gpus: Vec::new(),
-        active_thread_percentage: None,
-        pinned_limits: Vec::new(),
-        process: None,
-    }
+    MpsDaemon { visible, ..MpsDaemon::at(root) }
 }
 
 /// Serves launch requests until the process is stopped: the daemons it

@@ -113,15 +113,7 @@ mod tests {
     }
 
     fn daemon(root: &str) -> MpsDaemon {
-        MpsDaemon {
-            root: root.into(),
-            devices: vec![],
-            visible: vec![],
-            gpus: vec![],
-            active_thread_percentage: None,
-            pinned_limits: vec![],
-            process: None,
-        }
+        MpsDaemon::at(root.into())
     }
 
     #[test]

@@ -175,6 +175,21 @@ pub struct DaemonProcess {
 }
 
 impl MpsDaemon {
+    /// A daemon in `root` with nothing else known of it yet: prepare's plan
+    /// fills in its devices, start-up tears down an orphan by its directory
+    /// alone, the supervisor names the GPUs a launch request makes visible.
+    pub fn at(root: PathBuf) -> Self {
+        MpsDaemon {
+            root,
+            devices: Vec::new(),
+            visible: Vec::new(),
+            gpus: Vec::new(),
+            active_thread_percentage: None,
+            pinned_limits: Vec::new(),
+            process: None,
+        }
+    }
+
     pub fn pipe_dir(&self) -> PathBuf {
         self.root.join("pipe")
     }
