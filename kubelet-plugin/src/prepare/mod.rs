@@ -19,6 +19,12 @@
 //! ([`reconcile`]); the kubelet then retries and gets a fresh prepare. A
 //! spec file is never written without a record that names it, so start-up
 //! can delete any spec file no record owns.
+//!
+//! Where each part is: the preparer and its batches in `preparer.rs`, one
+//! claim's prepare in `prepare_claim.rs` (its dynamic MIG devices in
+//! `with_mig.rs`), its unprepare and roll-back in `unprepare_claim.rs`, a
+//! claim's failure in `failure.rs`; this file only declares the modules
+//! and re-exports what callers outside name.
 
 pub mod adopt;
 pub mod claims;

@@ -12,8 +12,10 @@ use k8s_openapi::api::resource::v1::{
 };
 use tokio::sync::watch;
 
+use super::config::PreparerConfig;
+use super::preparer::Preparer;
+use super::reconcile::ReconcileReport;
 use super::types::{ClaimRef, ClaimSource};
-use super::{Preparer, PreparerConfig, ReconcileReport};
 
 /// Two A100s on `node-a`: `gpu-0` whole, `gpu-1` with one 1g.10gb MIG
 /// device `gpu-1-mig-1g10gb-19-0`.

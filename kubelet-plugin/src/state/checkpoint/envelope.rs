@@ -12,6 +12,7 @@
 //! its re-marshalled struct, which broke exactly this way (their #1080).
 //! `version` changes only for a change old readers cannot understand.
 
+use serde::Deserialize as _;
 use serde_json::Value;
 
 use super::records::ClaimRecord;
@@ -61,8 +62,9 @@ pub fn decode(bytes: &[u8]) -> Result<ClaimRecord, DecodeError> {
     if stored != computed {
         return Err(DecodeError::Checksum { stored: stored.to_string(), computed });
     }
-    // Lenient on purpose: fields a newer plugin added are ignored.
-    ClaimRecord::deserialize_lenient(claim).map_err(DecodeError::Record)
+    // Lenient on purpose: fields a newer plugin added are ignored (the
+    // derive's default).
+    ClaimRecord::deserialize(claim).map_err(|e| DecodeError::Record(e.to_string()))
 }
 
 /// `crc32:<hex>` of the canonical JSON of `value`.

@@ -28,16 +28,6 @@ use gpu_dra_driver::names::ClaimUid;
 
 use crate::state::durable;
 
-impl ClaimRecord {
-    /// Serde with unknown fields ignored (the derive's default), as a
-    /// function so the intent is visible at the call site.
-    fn deserialize_lenient(value: &serde_json::Value) -> Result<Self, String> {
-        Self::deserialize(value).map_err(|e| e.to_string())
-    }
-}
-
-use serde::Deserialize as _;
-
 /// Why the checkpoint could not be read or written.
 #[derive(Debug, thiserror::Error)]
 pub enum CheckpointError {
