@@ -142,7 +142,7 @@ pub(super) fn adopt(dir: &Path, checkpoint: &CheckpointDir, node: &Node<'_>) -> 
             return Ok(report);
         }
     };
-    report.refused.extend(file.undecodable.iter().cloned());
+    report.refused.extend(file.undecodable.iter().map(|(uid, why)| (uid.clone(), why.to_string())));
     for (uid, record) in decide_all(&file, node, &mut report) {
         if checkpoint.record_path(uid.as_str()).exists() {
             report.had_record.push(uid.to_string());

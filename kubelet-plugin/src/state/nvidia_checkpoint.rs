@@ -63,7 +63,19 @@ pub struct NvidiaCheckpoint {
     pub boot_id: Option<String>,
     pub claims: Vec<NvidiaClaim>,
     /// Claims whose entry does not decode: (the key, why).
-    pub undecodable: Vec<(String, String)>,
+    pub undecodable: Vec<(String, Undecodable)>,
+}
+
+/// Why one claim's entry does not decode; it costs only that claim.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Undecodable {
+    /// Serde's message (its error is neither `Clone` nor `Eq`).
+    #[error("{0}")]
+    Json(String),
+    #[error("field `checkpointState` is {0:?}; NVIDIA's plugin writes PrepareStarted or PrepareCompleted")]
+    State(Option<String>),
+    #[error("preparedDevices[{group}]: devices[{device}]: {reason}")]
+    Device { group: usize, device: usize, reason: &'static str },
 }
 
 /// One claim NVIDIA's plugin recorded.
@@ -140,23 +152,19 @@ pub fn decode(bytes: &[u8]) -> Result<NvidiaCheckpoint, DecodeError> {
     Ok(NvidiaCheckpoint { layout, boot_id, claims, undecodable })
 }
 
-fn decode_claim(layout: Layout, uid: &str, value: serde_json::Value) -> Result<NvidiaClaim, String> {
-    let raw = RawClaim::deserialize(value).map_err(|e| e.to_string())?;
+fn decode_claim(layout: Layout, uid: &str, value: serde_json::Value) -> Result<NvidiaClaim, Undecodable> {
+    let raw = RawClaim::deserialize(value).map_err(|e| Undecodable::Json(e.to_string()))?;
     let completed = match (layout, raw.checkpoint_state.as_deref()) {
         (Layout::V1, _) | (Layout::V2, Some("PrepareCompleted")) => true,
         (Layout::V2, Some("PrepareStarted")) => false,
-        (Layout::V2, other) => {
-            return Err(format!(
-                "field `checkpointState` is {other:?}; NVIDIA's plugin writes PrepareStarted or PrepareCompleted"
-            ));
-        }
+        (Layout::V2, other) => return Err(Undecodable::State(other.map(str::to_owned))),
     };
     let groups = raw
         .prepared_devices
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(g, group)| decode_group(group).map_err(|e| format!("preparedDevices[{g}]: {e}")))
+        .map(|(g, group)| decode_group(g, group))
         .collect::<Result<Vec<_>, _>>()?;
     let admin_access = raw
         .status
@@ -178,19 +186,20 @@ fn decode_claim(layout: Layout, uid: &str, value: serde_json::Value) -> Result<N
     })
 }
 
-fn decode_group(group: RawGroup) -> Result<NvidiaGroup, String> {
+fn decode_group(g: usize, group: RawGroup) -> Result<NvidiaGroup, Undecodable> {
     let devices = group
         .devices
         .unwrap_or_default()
         .into_iter()
         .enumerate()
-        .map(|(d, device)| decode_device(device).map_err(|e| format!("devices[{d}]: {e}")))
+        .map(|(d, device)| decode_device(device).map_err(|reason| Undecodable::Device { group: g, device: d, reason }))
         .collect::<Result<Vec<_>, _>>()?;
     let mps_daemon = group.config_state.and_then(|c| c.mps_control_daemon_id).filter(|id| !id.is_empty());
     Ok(NvidiaGroup { mps_daemon, devices })
 }
 
-fn decode_device(device: RawDevice) -> Result<NvidiaDevice, String> {
+/// The device, or which of its fields is wrong.
+fn decode_device(device: RawDevice) -> Result<NvidiaDevice, &'static str> {
     let (kind, recorded) = match (device.gpu, device.mig, device.vfio) {
         (Some(gpu), None, None) => {
             let uuid = gpu.info.map(|i| i.uuid).ok_or("field `gpu.info` is missing")?;
@@ -200,12 +209,12 @@ fn decode_device(device: RawDevice) -> Result<NvidiaDevice, String> {
             let uuid = match (mig.concrete, mig.info) {
                 (Some(concrete), _) => concrete.mig_uuid,
                 (None, Some(info)) => info.uuid,
-                (None, None) => return Err("field `mig` has neither `concrete` nor `info`".into()),
+                (None, None) => return Err("field `mig` has neither `concrete` nor `info`"),
             };
             (NvidiaDeviceKind::Mig { uuid }, mig.device)
         }
         (None, None, Some(vfio)) => (NvidiaDeviceKind::Vfio, vfio.device),
-        _ => return Err("exactly one of `gpu`, `mig` and `vfio` must be set".into()),
+        _ => return Err("exactly one of `gpu`, `mig` and `vfio` must be set"),
     };
     let recorded = recorded.ok_or("field `device` is missing")?;
     Ok(NvidiaDevice {
@@ -393,10 +402,26 @@ mod tests {
             "d": {"checkpointState": "PrepareCompleted", "preparedDevices": "many"}}}});
         let cp = decode(file.to_string().as_bytes()).unwrap();
         assert_eq!(cp.claims.iter().map(|c| c.uid.as_str()).collect::<Vec<_>>(), ["a"]);
-        let reasons: BTreeMap<_, _> = cp.undecodable.into_iter().collect();
+        let reasons: BTreeMap<_, _> = cp.undecodable.into_iter().map(|(uid, why)| (uid, why.to_string())).collect();
         assert!(reasons["b"].contains("checkpointState"), "{reasons:?}");
         assert!(reasons["c"].contains("preparedDevices[0]: devices[0]: exactly one of"), "{reasons:?}");
         assert!(reasons.contains_key("d"));
+    }
+
+    #[test]
+    fn an_undecodable_claim_says_where_and_why() {
+        let file = serde_json::json!({"v2": {"preparedClaims": {
+            "b": {"checkpointState": "Sideways"},
+            "c": {"checkpointState": "PrepareCompleted", "preparedDevices": [{"devices": [{"gpu": null, "mig": null}]}]}}}});
+        let reasons: BTreeMap<_, _> = decode(file.to_string().as_bytes()).unwrap().undecodable.into_iter().collect();
+        assert_eq!(
+            reasons["b"].to_string(),
+            "field `checkpointState` is Some(\"Sideways\"); NVIDIA's plugin writes PrepareStarted or PrepareCompleted"
+        );
+        assert_eq!(
+            reasons["c"].to_string(),
+            "preparedDevices[0]: devices[0]: exactly one of `gpu`, `mig` and `vfio` must be set"
+        );
     }
 
     #[test]
