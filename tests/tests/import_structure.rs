@@ -339,7 +339,7 @@ fn read_tree(src: &Path) -> BTreeMap<String, String> {
 
 #[test]
 fn no_file_imports_from_above_it_or_in_a_circle() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let root = integration_tests::workspace_root();
     let mut findings = Vec::new();
     for krate in CRATES {
         let files = read_tree(&root.join(krate).join("src"));
