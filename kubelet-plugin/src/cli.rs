@@ -204,14 +204,22 @@ fn parse_metrics_addr(value: &str) -> Result<MetricsAddr, String> {
     }
 }
 
+/// The node a print command describes, with `run`'s flags for it: which
+/// node and driver, where its GPUs are read from, and the host's paths.
 #[derive(Debug, Args)]
-pub struct PrintSlicesArgs {
+pub struct PrintedNodeArgs {
     #[command(flatten)]
     pub node: NodeArgs,
     #[command(flatten)]
     pub driver_root: DriverRootArgs,
     #[command(flatten)]
     pub host: HostRootsArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct PrintSlicesArgs {
+    #[command(flatten)]
+    pub printed: PrintedNodeArgs,
     /// Output format: YAML documents ready for `kubectl apply -f -`, or a
     /// JSON `v1` List.
     #[arg(short = 'o', long, value_enum, default_value_t = OutputFormat::Yaml)]
@@ -242,11 +250,7 @@ fn parse_kubernetes_version(
 #[derive(Debug, Args)]
 pub struct PrintCdiArgs {
     #[command(flatten)]
-    pub node: NodeArgs,
-    #[command(flatten)]
-    pub driver_root: DriverRootArgs,
-    #[command(flatten)]
-    pub host: HostRootsArgs,
+    pub printed: PrintedNodeArgs,
     /// UID of the ResourceClaim (RFC 4122, lower case).
     #[arg(long)]
     pub claim_uid: ClaimUid,

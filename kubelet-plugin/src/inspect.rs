@@ -11,7 +11,7 @@ use gpu_dra_driver::slices::SliceBuilder;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use serde::Serialize;
 
-use crate::cli::{OutputFormat, PrintCdiArgs, PrintSlicesArgs};
+use crate::cli::{OutputFormat, PrintCdiArgs, PrintSlicesArgs, PrintedNodeArgs};
 use crate::flags::{DriverRootArgs, HostRootsArgs, NodeArgs};
 use crate::mig::selection::DynamicMigSelection;
 
@@ -28,19 +28,19 @@ pub fn inventory_source(
     }
 }
 
-fn discover(node: &NodeArgs, driver_root: &DriverRootArgs, host: &HostRootsArgs) -> Result<Inventory> {
-    Ok(inventory_source(node, driver_root, host).discover()?)
+fn discover(printed: &PrintedNodeArgs) -> Result<Inventory> {
+    Ok(inventory_source(&printed.node, &printed.driver_root, &printed.host).discover()?)
 }
 
 pub fn print_slices(args: &PrintSlicesArgs, out: &mut impl Write) -> Result<()> {
-    let mut inventory = discover(&args.node, &args.driver_root, &args.host)?;
-    DynamicMigSelection::new(args.feature_gates, args.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
-    let builder = SliceBuilder::new(args.node.driver_name.clone(), args.node.node_name.clone())
-        .ignoring_xids(args.node.additional_xids_to_ignore.iter().copied())
+    let mut inventory = discover(&args.printed)?;
+    DynamicMigSelection::new(args.feature_gates, args.printed.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
+    let builder = SliceBuilder::new(args.printed.node.driver_name.clone(), args.printed.node.node_name.clone())
+        .ignoring_xids(args.printed.node.additional_xids_to_ignore.iter().copied())
         .for_server(args.kubernetes_version)
         .with_gates(args.feature_gates)
-        .with_consumable_shares(args.feature_gates, args.node.consumable_shares);
-    args.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
+        .with_consumable_shares(args.feature_gates, args.printed.node.consumable_shares);
+    args.printed.node.check_consumable_shares(args.feature_gates).map_err(anyhow::Error::msg)?;
     let slices = builder.build(&inventory, args.generation)?;
     match args.output {
         OutputFormat::Yaml => {
@@ -68,13 +68,13 @@ struct SliceList<'a> {
 }
 
 pub fn print_cdi(args: &PrintCdiArgs, out: &mut impl Write, note: &mut impl Write) -> Result<()> {
-    let mut inventory = discover(&args.node, &args.driver_root, &args.host)?;
+    let mut inventory = discover(&args.printed)?;
     // Which GPUs are dynamic does not depend on the gate here: a dynamic
     // MIG device has no spec before prepare creates its instance.
     let gates = "DynamicMIG=true".parse().unwrap_or_default();
-    DynamicMigSelection::new(gates, args.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
-    let edits = crate::host::driver_files::driver_edits(&args.driver_root, &args.node, &inventory)?;
-    let spec = cdi::claim_spec(&args.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
+    DynamicMigSelection::new(gates, args.printed.node.dynamic_mig_gpus.clone()).apply(&mut inventory);
+    let edits = crate::host::driver_files::driver_edits(&args.printed.driver_root, &args.printed.node, &inventory)?;
+    let spec = cdi::claim_spec(&args.printed.node.driver_name, &inventory, &edits, &args.claim_uid, &args.devices)
         .with_context(|| format!("claim {}", args.claim_uid))?;
     match args.output {
         OutputFormat::Json => {

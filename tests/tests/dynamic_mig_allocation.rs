@@ -14,12 +14,12 @@ use gpu_dra_driver::inventory::{Inventory, Placement, fake};
 use gpu_dra_driver::inventory::{MigCapabilities, MigCapableProfile};
 use gpu_dra_driver::names::{DriverName, NodeName};
 use gpu_dra_driver::slices::{ServerRules, SliceBuilder, validate_slice_for};
+use integration_tests::claim_fixtures::shipped_device_class;
 use k8s_openapi::api::resource::v1::{
-    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClass, DeviceClassSpec, DeviceConstraint,
-    DeviceRequest, DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest, ResourceClaim,
-    ResourceClaimStatus, ResourceSlice,
+    AllocationResult, CELDeviceSelector, DeviceAllocationResult, DeviceClass, DeviceConstraint, DeviceRequest,
+    DeviceRequestAllocationResult, DeviceSelector, ExactDeviceRequest, ResourceClaim, ResourceClaimStatus,
+    ResourceSlice,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 const MODELS: [&str; 6] = ["A100-SXM4-40GB", "A100-SXM4-80GB", "A30-24GB", "H100-80GB", "H200-141GB", "B200-180GB"];
 const RULES: [ServerRules; 2] = [ServerRules { minor: 34 }, ServerRules { minor: 37 }];
@@ -43,20 +43,8 @@ fn slices(inv: &Inventory, rules: ServerRules) -> Vec<ResourceSlice> {
         .unwrap_or_else(|e| panic!("1.{}: {e}", rules.minor))
 }
 
-fn class(name: &str, kind: &str) -> DeviceClass {
-    DeviceClass {
-        metadata: ObjectMeta { name: Some(name.into()), ..Default::default() },
-        spec: Some(DeviceClassSpec {
-            selectors: Some(vec![selector(&format!(
-                "device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == '{kind}'"
-            ))]),
-            ..Default::default()
-        }),
-    }
-}
-
 fn classes() -> Vec<DeviceClass> {
-    vec![class("mig.nvidia.com", "mig"), class("gpu.nvidia.com", "gpu")]
+    vec![shipped_device_class("mig.nvidia.com"), shipped_device_class("gpu.nvidia.com")]
 }
 
 fn selector(cel: &str) -> DeviceSelector {

@@ -17,10 +17,10 @@ use std::process::Output;
 use std::time::Duration;
 
 use integration_tests::apiserver::ApiServer;
-use integration_tests::claim_fixtures::pending_claim;
+use integration_tests::claim_fixtures::{pending_claim, shipped_device_class};
 use integration_tests::fault_proxy::{Fault, FaultProxy, Rule};
 use integration_tests::webhook_process::gpus_slice;
-use integration_tests::{kubectl_gpu, run_or_kill, stdout_ok, workspace_root};
+use integration_tests::{kubectl_gpu, run_or_kill, stdout_ok};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value, json};
 
@@ -46,8 +46,7 @@ fn slice(node: &str, product: &str, devices: usize) -> ResourceSlice {
 
 /// The shipped `gpu.nvidia.com` DeviceClass.
 fn gpu_class() -> DeviceClass {
-    let text = std::fs::read_to_string(workspace_root().join("deviceclasses/gpu.nvidia.com.yaml")).unwrap();
-    serde_yaml_ng::from_str(&text).unwrap()
+    shipped_device_class("gpu.nvidia.com")
 }
 
 fn claim(name: &str, selector: Option<&str>) -> ResourceClaim {

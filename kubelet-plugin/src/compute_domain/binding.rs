@@ -40,10 +40,11 @@ use gpu_dra_driver::names::ClaimUid;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::time::Instant;
 
+use super::channel_claim::ChannelClaim;
 use super::claim_plan;
 use super::cluster::{ConditionWriter, DomainLookup};
-use super::ready_condition::ChannelClaim;
-use super::{DomainPreparer, Server};
+use super::imex_server::Server;
+use super::preparer::DomainPreparer;
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
 

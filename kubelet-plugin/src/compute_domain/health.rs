@@ -18,10 +18,11 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::DomainUid;
 
+use super::channel_claim::ChannelClaim;
 use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::Error;
-use super::ready_condition::ChannelClaim;
-use super::{DomainPreparer, Server};
+use super::imex_server::Server;
+use super::preparer::DomainPreparer;
 use crate::prepare::types::ClaimSource;
 
 pub async fn run<S: ClaimSource, D: DomainLookup, W: ConditionWriter>(

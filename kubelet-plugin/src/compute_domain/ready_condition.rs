@@ -13,8 +13,9 @@ use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::compute_domain::{DRIVER_NAME, api};
 use k8s_openapi::api::core::v1::ObjectReference;
 
-use super::DomainPreparer;
+use super::channel_claim::ChannelClaim;
 use super::cluster::{ConditionWriter, DomainLookup};
+use super::preparer::DomainPreparer;
 use crate::claim_status::refusal::{Explanation, REFUSED_REASON, Stakes, claim_reference, refusal_note};
 use crate::claim_status::write::ConditionError;
 use crate::prepare::types::ClaimSource;
@@ -25,15 +26,6 @@ const CHANNEL: Stakes<'static> = Stakes {
     role: "its kubelet-plugin -compute-domains ClusterRole",
     cost: "This node stays NotReady in the ComputeDomain until the write succeeds; the agent retries it.",
 };
-
-/// The claim whose condition is written.
-pub(crate) struct ChannelClaim<'a> {
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub uid: &'a str,
-    pub domain_uid: &'a str,
-    pub device: &'a str,
-}
 
 impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W> {
     /// Writes the claim's `Ready` condition; `true` when it is written.

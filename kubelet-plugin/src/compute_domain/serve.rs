@@ -18,9 +18,9 @@ use kube::runtime::{WatchStreamExt as _, watcher};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::DomainPreparer;
 use super::config::DomainConfig;
 use super::daemons::{Daemons, ImexPrograms};
+use super::preparer::DomainPreparer;
 use super::status::{KubeConditions, StoreDomains};
 use crate::cli::RunArgs;
 use crate::kubelet_api::grpc::serve::{self, PluginServers, ServeConfig};

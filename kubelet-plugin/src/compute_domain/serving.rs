@@ -8,24 +8,16 @@ use std::time::Duration;
 use gpu_dra_driver::compute_domain::imex::DaemonState;
 use gpu_dra_driver::names::{ClaimUid, DomainUid};
 
-use super::DomainPreparer;
 use super::cluster::{ConditionWriter, DomainLookup};
 use super::error::Error;
 use super::host_imex::HostDaemon;
+use super::imex_server::Server;
+use super::preparer::DomainPreparer;
 use crate::prepare::types::ClaimSource;
 use crate::state::checkpoint::{ClaimRecord, PrepareState};
 
 /// How long the health loop waits for the API to say whether a claim exists.
 pub(super) const CLAIM_CHECK_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Which daemon serves a domain on this node.
-#[derive(Debug, Clone)]
-pub(crate) enum Server {
-    /// This agent's own `nvidia-imex` for the domain.
-    Own,
-    /// A host-managed one that lists every node of the domain.
-    Host(HostDaemon),
-}
 
 impl<S: ClaimSource, D: DomainLookup, W: ConditionWriter> DomainPreparer<S, D, W> {
     /// Starts again the daemons of prepared claims that are not running

@@ -6,16 +6,25 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use gpu_dra_driver::compute_domain::api::{ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness};
+use gpu_dra_driver::compute_domain::api::{
+    ComputeDomain, ComputeDomainNode, ComputeDomainSpec, ComputeDomainStatus, Readiness,
+};
+use gpu_dra_driver::compute_domain::imex::{self, DaemonState};
 use gpu_dra_driver::driver_root::fake_imex;
-use gpu_dra_driver::names::{DriverName, NodeName};
+use gpu_dra_driver::names::{ClaimUid, DomainUid, DriverName, NodeName};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde_json::json;
 
+use super::daemons::Daemons;
 use super::*;
 use crate::claim_status::refusal::Explanation;
 use crate::claim_status::write::ConditionError;
+use crate::deadline::Deadline;
+use crate::kubelet_api::grpc::DraService;
 use crate::prepare::test_support::MapSource;
+use crate::prepare::types::ClaimRef;
+use crate::prepared::PreparedDevice;
+use crate::state::checkpoint::{CheckpointDir, PrepareState};
 
 pub(super) const DOMAIN: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 pub(super) const NODE: &str = "gb200-0";

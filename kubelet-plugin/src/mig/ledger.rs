@@ -367,23 +367,11 @@ impl ClaimOwnership<'_> {
 }
 
 #[cfg(test)]
-pub(super) mod tests {
+mod tests {
+    use super::super::test_support::intent;
     use super::*;
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
-
-    /// A 1g.10gb intent on GPU-a at `start` (also the ownership tests').
-    pub(in crate::mig) fn intent(start: u32) -> MigIntent {
-        MigIntent {
-            gpu_uuid: "GPU-a".into(),
-            gpu_minor: 0,
-            profile: "1g.10gb".into(),
-            profile_id: 19,
-            compute_profile_index: 0,
-            placement_start: start,
-            placement_size: 1,
-        }
-    }
 
     #[test]
     fn each_step_is_on_disk_before_it_returns_and_reads_back() {

@@ -35,6 +35,8 @@ pub mod nvml;
 pub mod order;
 pub mod ownership;
 pub mod selection;
+#[cfg(test)]
+mod test_support;
 
 pub use control::{MigControl, MigControlError, ObservedInstance};
 pub use error::{CapFileError, Error};

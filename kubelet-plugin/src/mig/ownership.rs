@@ -221,7 +221,7 @@ mod tests {
 
     const UID: &str = "0b4f5a1e-9c1d-4a57-8d3c-1f2e3d4c5b6a";
 
-    use super::super::ledger::tests::intent;
+    use super::super::test_support::intent;
 
     fn entry(start: u32, made: Made) -> OwnedInstance {
         OwnedInstance { gpu_uuid: "GPU-a".into(), profile_id: 19, placement_start: start, placement_size: 1, made }
