@@ -160,6 +160,25 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
     Some(ProcStat { state, start_time })
 }
 
+/// Waits until the child `pid` has finished its `execve`, for tests that read
+/// its `/proc` entries right after `spawn`. `spawn` returns once the child
+/// has let go of the parent's memory (fs/exec.c: `exec_mmap` wakes a vfork
+/// parent, and a fork's close-on-exec pipe closes right after), which is
+/// before the new image's arguments and environment are laid out
+/// (`create_elf_tables`); until then `/proc/<pid>/cmdline` and `environ`
+/// read empty (fs/proc/base.c). Its executable and start time are already
+/// final (`set_mm_exe_file` runs before `exec_mmap`).
+#[cfg(test)]
+pub fn wait_for_exec(pid: u32) {
+    use std::time::{Duration, Instant};
+    let cmdline = format!("/proc/{pid}/cmdline");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read(&cmdline).map_or(true, |args| args.is_empty()) {
+        assert!(Instant::now() < deadline, "pid {pid} did not finish its exec within 10 s");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::os::unix::fs::PermissionsExt as _;
@@ -194,6 +213,8 @@ mod tests {
         let program = Program::at(&script).unwrap();
         let mut ours = Command::new(&script).arg("-c").arg("x").spawn().unwrap();
         let mut other = Command::new(&copy).arg("-c").arg("x").spawn().unwrap();
+        wait_for_exec(ours.id());
+        wait_for_exec(other.id());
         let read = |pid: u32| {
             let proc_dir = PathBuf::from(format!("/proc/{pid}"));
             (Process::read(&proc_dir).unwrap(), proc_dir)

@@ -280,8 +280,11 @@ impl Daemons {
         std::os::unix::process::CommandExt::process_group(&mut command, 0);
         let mut child =
             command.spawn().map_err(|source| Error::StartDaemon { program: programs.daemon.clone(), source })?;
-        // `spawn` returns once the program is executing: its start time and
-        // executable are what the kernel shows from now on.
+        // `spawn` returns once the child has let go of our memory, in the
+        // middle of its exec: its start time and executable are already what
+        // the kernel shows from now on (fs/exec.c sets the executable before
+        // `exec_mmap`), its arguments and environment not yet, so only the
+        // first two are recorded.
         let started = Process::read(&proc_dir(child.id() as i32));
         let Some(process) = started else {
             let status = child.wait().map_err(Error::DaemonIo)?;

@@ -51,6 +51,8 @@ impl Stranger {
 
     /// Seen in the node's `--proc-root`, as a host process through hostPID.
     fn show_in(&self, proc_root: &Path) {
+        // What the scan reads of it (its arguments) is there once its exec is done.
+        crate::process::wait_for_exec(self.0.id());
         symlink(format!("/proc/{}", self.0.id()), proc_root.join(self.0.id().to_string())).unwrap();
     }
 }

@@ -404,6 +404,8 @@ mod tests {
         let host = LocalMps::new("/nonexistent".into(), None);
         let mut stray =
             Command::new("sleep").arg("30").env("CUDA_MPS_PIPE_DIRECTORY", daemon.pipe_dir()).spawn().unwrap();
+        // Its environment is readable only once its exec is done.
+        crate::process::wait_for_exec(stray.id());
         let found = host.strays(&daemon);
         assert_eq!(found.iter().map(|p| p.pid).collect::<Vec<_>>(), [stray.id() as i32]);
         host.kill(&found[0]);
