@@ -2,16 +2,13 @@
 //! module above it (its parent's `mod.rs`, the crate root), and no files
 //! import one another in a circle (a parent declaring its children counts).
 //!
-//! Read the way the review scripts read it (`upcheck.py`, `scc.py`): a
-//! module is a file (`mod.rs`, `lib.rs` and `main.rs` are their
+//! A module is a file (`mod.rs`, `lib.rs` and `main.rs` are their
 //! directory's); a reference is a `crate::` or `super::` path in code, in a
 //! `use`, an expression, a type or a macro's tokens (not in comments,
 //! strings or a `pub(in …)` visibility, which imports nothing), and lands in
 //! the longest module its path names. Test code is left out: files whose
-//! name holds `test`, and `#[cfg(test)]` items. Where the scripts read text
-//! and this reads Rust, it follows Rust: `super` inside an inline
-//! `mod x { … }` is relative to that module, and a `#[cfg(test)] pub(super)
-//! mod tests` is test code like a private one.
+//! name holds `test`, and `#[cfg(test)]` items (public or not). `super`
+//! inside an inline `mod x { … }` is relative to that module, as in Rust.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
